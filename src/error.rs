@@ -1,0 +1,57 @@
+//! The library's one error type. Every variant says what went wrong and, where a
+//! user can fix it, where to look (the config key and file, the data file, ...).
+
+use std::path::PathBuf;
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A config value is missing, mistyped or impossible. `file` is the config
+    /// file (or the override source) and `key` the dotted key, e.g. `data.batch_size`.
+    #[error("config error in {file}: `{key}`: {msg}")]
+    Config { file: String, key: String, msg: String },
+
+    /// A data file is missing, truncated or inconsistent.
+    #[error("data error in {}: {msg}", path.display())]
+    Data { path: PathBuf, msg: String },
+
+    /// A checkpoint or weights file cannot be read or does not fit the model.
+    #[error("checkpoint error in {}: {msg}", path.display())]
+    Checkpoint { path: PathBuf, msg: String },
+
+    /// Tensor shapes that do not fit together (a bug in the caller, or a model
+    /// that validation should have refused).
+    #[error("shape error: {0}")]
+    Shape(String),
+
+    /// A feature that is accepted by the config but not implemented yet.
+    #[error("not yet supported: {0}")]
+    Unsupported(String),
+
+    /// Training produced something that cannot go on (NaN loss, ...).
+    #[error("training error: {0}")]
+    Training(String),
+
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl Error {
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        Error::Io { context: context.into(), source }
+    }
+    pub fn data(path: impl Into<PathBuf>, msg: impl Into<String>) -> Self {
+        Error::Data { path: path.into(), msg: msg.into() }
+    }
+    pub fn config(file: impl Into<String>, key: impl Into<String>, msg: impl Into<String>) -> Self {
+        Error::Config { file: file.into(), key: key.into(), msg: msg.into() }
+    }
+    pub fn shape(msg: impl Into<String>) -> Self {
+        Error::Shape(msg.into())
+    }
+}
