@@ -1,1 +1,85 @@
-//! (in progress)
+//! What a run reports: `metrics.jsonl` (one JSON object per logged step and per
+//! evaluation), `summary.json` at the end, and human-readable progress (an
+//! indicatif bar on a terminal, plain lines otherwise).
+
+use crate::error::{Error, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use std::fs::File;
+use std::io::{BufWriter, IsTerminal, Write};
+use std::path::{Path, PathBuf};
+
+pub struct MetricsWriter {
+    path: PathBuf,
+    out: BufWriter<File>,
+}
+
+impl MetricsWriter {
+    pub fn create(out_dir: &Path) -> Result<Self> {
+        let path = out_dir.join("metrics.jsonl");
+        let f = File::create(&path).map_err(|e| Error::io(format!("cannot create {}", path.display()), e))?;
+        Ok(MetricsWriter { path, out: BufWriter::new(f) })
+    }
+
+    /// One line per record, flushed at once so a crashed run keeps what it logged.
+    pub fn write(&mut self, record: &serde_json::Value) -> Result<()> {
+        let io = |e| Error::io(format!("cannot write {}", self.path.display()), e);
+        serde_json::to_writer(&mut self.out, record).map_err(|e| io(std::io::Error::other(e)))?;
+        self.out.write_all(b"\n").map_err(io)?;
+        self.out.flush().map_err(io)
+    }
+}
+
+pub fn write_json(path: &Path, value: &impl serde::Serialize) -> Result<()> {
+    let text = serde_json::to_string_pretty(value).map_err(|e| Error::io("cannot encode JSON", std::io::Error::other(e)))?;
+    std::fs::write(path, text + "\n").map_err(|e| Error::io(format!("cannot write {}", path.display()), e))
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProgressMode {
+    Auto,
+    Always,
+    Never,
+}
+
+/// Log lines go through the bar when there is one, so they don't tear it.
+pub struct Progress {
+    bar: Option<ProgressBar>,
+}
+
+impl Progress {
+    pub fn new(mode: ProgressMode, total_steps: u64) -> Self {
+        let show = match mode {
+            ProgressMode::Always => true,
+            ProgressMode::Never => false,
+            ProgressMode::Auto => std::io::stderr().is_terminal(),
+        };
+        let bar = show.then(|| {
+            let bar = ProgressBar::new(total_steps);
+            if let Ok(style) = ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} steps {msg}") {
+                bar.set_style(style.progress_chars("=> "));
+            }
+            bar
+        });
+        Progress { bar }
+    }
+
+    pub fn set_step(&self, step: u64, msg: &str) {
+        if let Some(bar) = &self.bar {
+            bar.set_position(step);
+            bar.set_message(msg.to_string());
+        }
+    }
+
+    pub fn println(&self, line: &str) {
+        match &self.bar {
+            Some(bar) => bar.println(line),
+            None => println!("{line}"),
+        }
+    }
+
+    pub fn finish(&self) {
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
+    }
+}

@@ -1,1 +1,305 @@
-//! (in progress)
+//! The model: a flat list of [`Layer`]s built from the resolved `[model]` config,
+//! each holding its parameters under PyTorch's `state_dict()` names. Forward in
+//! training mode returns what each layer's backward needs ([`Saved`]); backward
+//! walks the layers in reverse and accumulates into each parameter's `.grad`.
+
+mod init;
+mod state;
+
+pub use state::{StateEntry, StateValue};
+
+use crate::config::model::{LayerKind, ResolvedLayer};
+use crate::error::Result;
+use crate::ops::{self, batch_norm::BatchNormSaved, conv2d::Conv2dArgs};
+use crate::tensor::Tensor;
+
+/// A learnable tensor and its gradient (same shape, accumulated by backward).
+#[derive(Debug, Clone)]
+pub struct Param {
+    pub name: String,
+    pub value: Tensor,
+    pub grad: Tensor,
+}
+
+impl Param {
+    fn new(name: String, value: Tensor) -> Self {
+        let grad = Tensor::zeros(value.shape());
+        Param { name, value, grad }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct BatchNorm2d {
+    pub weight: Param,
+    pub bias: Param,
+    pub running_mean: Tensor,
+    pub running_var: Tensor,
+    pub num_batches_tracked: i64,
+    pub eps: f32,
+    pub momentum: f32,
+}
+
+#[derive(Debug, Clone)]
+pub enum Layer {
+    Conv2d { weight: Param, bias: Option<Param>, args: Conv2dArgs },
+    BatchNorm2d(Box<BatchNorm2d>),
+    Relu,
+    MaxPool2d { kernel_size: usize, stride: usize },
+    Flatten,
+    Linear { weight: Param, bias: Option<Param> },
+}
+
+/// What a layer's backward needs from its forward.
+pub enum Saved {
+    Input(Tensor),
+    BatchNorm { x: Tensor, stats: BatchNormSaved },
+    Output(Tensor),
+    MaxPool { indices: Vec<u32>, x_shape: Vec<usize> },
+    Shape(Vec<usize>),
+}
+
+impl Layer {
+    fn params(&self) -> Vec<&Param> {
+        match self {
+            Layer::Conv2d { weight, bias, .. } | Layer::Linear { weight, bias } => {
+                std::iter::once(weight).chain(bias.as_ref()).collect()
+            }
+            Layer::BatchNorm2d(bn) => vec![&bn.weight, &bn.bias],
+            Layer::Relu | Layer::MaxPool2d { .. } | Layer::Flatten => Vec::new(),
+        }
+    }
+
+    fn params_mut(&mut self) -> Vec<&mut Param> {
+        match self {
+            Layer::Conv2d { weight, bias, .. } | Layer::Linear { weight, bias } => {
+                std::iter::once(weight).chain(bias.as_mut()).collect()
+            }
+            Layer::BatchNorm2d(bn) => vec![&mut bn.weight, &mut bn.bias],
+            Layer::Relu | Layer::MaxPool2d { .. } | Layer::Flatten => Vec::new(),
+        }
+    }
+
+    fn forward_train(&mut self, x: Tensor) -> Result<(Tensor, Saved)> {
+        Ok(match self {
+            Layer::Conv2d { weight, bias, args } => {
+                let y = ops::conv2d::forward(&x, &weight.value, bias.as_ref().map(|b| &b.value), *args)?;
+                (y, Saved::Input(x))
+            }
+            Layer::BatchNorm2d(bn) => {
+                let (y, stats) = ops::batch_norm::forward_train(
+                    &x,
+                    &bn.weight.value,
+                    &bn.bias.value,
+                    &mut bn.running_mean,
+                    &mut bn.running_var,
+                    bn.momentum,
+                    bn.eps,
+                )?;
+                bn.num_batches_tracked += 1;
+                (y, Saved::BatchNorm { x, stats })
+            }
+            Layer::Relu => {
+                let mut y = x;
+                ops::relu::forward_(&mut y)?;
+                (y.clone(), Saved::Output(y))
+            }
+            Layer::MaxPool2d { kernel_size, stride } => {
+                let (y, indices) = ops::max_pool2d::forward(&x, *kernel_size, *stride)?;
+                (y, Saved::MaxPool { indices, x_shape: x.shape().to_vec() })
+            }
+            Layer::Flatten => {
+                let shape = x.shape().to_vec();
+                let n = shape[0];
+                (x.reshape(&[n, shape[1..].iter().product()])?, Saved::Shape(shape))
+            }
+            Layer::Linear { weight, bias } => {
+                let y = ops::linear::forward(&x, &weight.value, bias.as_ref().map(|b| &b.value))?;
+                (y, Saved::Input(x))
+            }
+        })
+    }
+
+    fn forward_eval(&self, x: Tensor) -> Result<Tensor> {
+        match self {
+            Layer::BatchNorm2d(bn) => ops::batch_norm::forward_eval(
+                &x,
+                &bn.weight.value,
+                &bn.bias.value,
+                &bn.running_mean,
+                &bn.running_var,
+                bn.eps,
+            ),
+            Layer::Relu => {
+                let mut y = x;
+                ops::relu::forward_(&mut y)?;
+                Ok(y)
+            }
+            Layer::Conv2d { weight, bias, args } => {
+                ops::conv2d::forward(&x, &weight.value, bias.as_ref().map(|b| &b.value), *args)
+            }
+            Layer::MaxPool2d { kernel_size, stride } => Ok(ops::max_pool2d::forward(&x, *kernel_size, *stride)?.0),
+            Layer::Flatten => {
+                let n = x.shape()[0];
+                let rest = x.shape()[1..].iter().product::<usize>();
+                x.reshape(&[n, rest])
+            }
+            Layer::Linear { weight, bias } => ops::linear::forward(&x, &weight.value, bias.as_ref().map(|b| &b.value)),
+        }
+    }
+
+    /// Accumulates parameter gradients; returns dx when `need_dx`.
+    fn backward(&mut self, saved: Saved, dy: Tensor, need_dx: bool) -> Result<Option<Tensor>> {
+        match (self, saved) {
+            (Layer::Conv2d { weight, bias, args }, Saved::Input(x)) => ops::conv2d::backward(
+                &x,
+                &weight.value,
+                &dy,
+                *args,
+                &mut weight.grad,
+                bias.as_mut().map(|b| &mut b.grad),
+                need_dx,
+            ),
+            (Layer::BatchNorm2d(bn), Saved::BatchNorm { x, stats }) => {
+                let BatchNorm2d { weight, bias, .. } = &mut **bn;
+                let dx = ops::batch_norm::backward(&x, &weight.value, &stats, &dy, &mut weight.grad, &mut bias.grad)?;
+                Ok(Some(dx))
+            }
+            (Layer::Relu, Saved::Output(y)) => {
+                let mut dx = dy;
+                ops::relu::backward_(&y, &mut dx)?;
+                Ok(Some(dx))
+            }
+            (Layer::MaxPool2d { .. }, Saved::MaxPool { indices, x_shape }) => {
+                Ok(Some(ops::max_pool2d::backward(&dy, &indices, &x_shape)?))
+            }
+            (Layer::Flatten, Saved::Shape(shape)) => Ok(Some(dy.reshape(&shape)?)),
+            (Layer::Linear { weight, bias }, Saved::Input(x)) => ops::linear::backward(
+                &x,
+                &weight.value,
+                &dy,
+                &mut weight.grad,
+                bias.as_mut().map(|b| &mut b.grad),
+                need_dx,
+            ),
+            _ => Err(crate::Error::Training("internal error: a layer's saved state does not match the layer".into())),
+        }
+    }
+}
+
+/// The model: layers in execution order, with their resolved descriptions.
+pub struct Model {
+    pub layers: Vec<Layer>,
+    pub resolved: Vec<ResolvedLayer>,
+}
+
+impl Model {
+    /// Builds the layers with PyTorch's default initialization, drawn from `seed`.
+    pub fn new(resolved: &[ResolvedLayer], seed: u64) -> Result<Self> {
+        let mut layers = Vec::with_capacity(resolved.len());
+        for (i, r) in resolved.iter().enumerate() {
+            let mut rng = crate::rng::stream(seed, crate::rng::Purpose::Init, i as u64);
+            let pname = |p: &str| format!("{}.{p}", r.name);
+            let layer = match &r.kind {
+                LayerKind::Conv2d { in_channels, out_channels, kernel_size, stride, padding, bias } => {
+                    let fan_in = in_channels * kernel_size * kernel_size;
+                    let wshape = [*out_channels, *in_channels, *kernel_size, *kernel_size];
+                    let weight = Param::new(pname("weight"), init::kaiming_uniform(&mut rng, &wshape, fan_in)?);
+                    let bias = if *bias {
+                        Some(Param::new(pname("bias"), init::fan_in_uniform(&mut rng, &[*out_channels], fan_in)?))
+                    } else {
+                        None
+                    };
+                    Layer::Conv2d { weight, bias, args: Conv2dArgs { stride: *stride, padding: *padding } }
+                }
+                LayerKind::BatchNorm2d { num_features, eps, momentum } => {
+                    let c = [*num_features];
+                    Layer::BatchNorm2d(Box::new(BatchNorm2d {
+                        weight: Param::new(pname("weight"), Tensor::full(&c, 1.0)),
+                        bias: Param::new(pname("bias"), Tensor::zeros(&c)),
+                        running_mean: Tensor::zeros(&c),
+                        running_var: Tensor::full(&c, 1.0),
+                        num_batches_tracked: 0,
+                        eps: *eps,
+                        momentum: *momentum,
+                    }))
+                }
+                LayerKind::Relu => Layer::Relu,
+                LayerKind::MaxPool2d { kernel_size, stride } => {
+                    Layer::MaxPool2d { kernel_size: *kernel_size, stride: *stride }
+                }
+                LayerKind::Flatten => Layer::Flatten,
+                LayerKind::Linear { in_features, out_features, bias } => {
+                    let wshape = [*out_features, *in_features];
+                    let weight = Param::new(pname("weight"), init::kaiming_uniform(&mut rng, &wshape, *in_features)?);
+                    let bias = if *bias {
+                        Some(Param::new(pname("bias"), init::fan_in_uniform(&mut rng, &[*out_features], *in_features)?))
+                    } else {
+                        None
+                    };
+                    Layer::Linear { weight, bias }
+                }
+            };
+            layers.push(layer);
+        }
+        Ok(Model { layers, resolved: resolved.to_vec() })
+    }
+
+    /// Parameters in registration order (the order of `parameters()` in PyTorch).
+    pub fn params(&self) -> Vec<&Param> {
+        self.layers.iter().flat_map(|l| l.params()).collect()
+    }
+
+    pub fn params_mut(&mut self) -> Vec<&mut Param> {
+        self.layers.iter_mut().flat_map(|l| l.params_mut()).collect()
+    }
+
+    pub fn num_params(&self) -> usize {
+        self.params().iter().map(|p| p.value.numel()).sum()
+    }
+
+    pub fn zero_grad(&mut self) -> Result<()> {
+        for p in self.params_mut() {
+            p.grad.as_f32_mut()?.fill(0.0);
+        }
+        Ok(())
+    }
+
+    /// Training-mode forward: logits and the saved state of every layer.
+    pub fn forward_train(&mut self, x: Tensor) -> Result<(Tensor, Vec<Saved>)> {
+        let mut saved = Vec::with_capacity(self.layers.len());
+        let mut cur = x;
+        for layer in &mut self.layers {
+            let (y, s) = layer.forward_train(cur)?;
+            saved.push(s);
+            cur = y;
+        }
+        Ok((cur, saved))
+    }
+
+    /// Evaluation-mode forward (BatchNorm uses running statistics).
+    pub fn forward_eval(&self, x: Tensor) -> Result<Tensor> {
+        let mut cur = x;
+        for layer in &self.layers {
+            cur = layer.forward_eval(cur)?;
+        }
+        Ok(cur)
+    }
+
+    /// Backward from dlogits, accumulating into every parameter's grad.
+    /// The input gradient of the first layer is never computed.
+    pub fn backward(&mut self, saved: Vec<Saved>, dlogits: Tensor) -> Result<()> {
+        let mut dy = dlogits;
+        let n = self.layers.len();
+        for (i, (layer, s)) in self.layers.iter_mut().zip(saved).enumerate().rev() {
+            let need_dx = i > 0;
+            match layer.backward(s, dy, need_dx)? {
+                Some(dx) => dy = dx,
+                None => {
+                    debug_assert!(!need_dx, "layer {i}/{n} returned no input gradient");
+                    return Ok(());
+                }
+            }
+        }
+        Ok(())
+    }
+}

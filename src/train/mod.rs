@@ -1,1 +1,324 @@
-//! (in progress)
+//! The training run: set up from a validated [`Config`], then the step loop
+//! (forward, loss, backward, optimizer step), evaluation after each epoch,
+//! metrics, and the summary the `[expect]` gates judge.
+
+mod eval;
+pub mod expect;
+
+pub use eval::{evaluate, EvalResult};
+
+use crate::config::{self, Config};
+use crate::data::{self, Dataset, DistributedSampler, Loader, Normalize, Split};
+use crate::error::{Error, Result};
+use crate::metrics::{self, MetricsWriter, Progress, ProgressMode};
+use crate::nn::Model;
+use crate::ops;
+use crate::optim::{LrSchedule, Optimizer};
+use serde_json::json;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// What `summary.json` holds.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Summary {
+    pub name: String,
+    /// Mean training loss over the last logging interval (at most `logging.every_steps` steps).
+    pub final_loss: f64,
+    pub test_accuracy: Option<f64>,
+    pub test_loss: Option<f64>,
+    /// Training images per second, counting training steps only (not evaluation).
+    pub images_per_s: f64,
+    pub steps: u64,
+    pub epochs: u64,
+    pub wall_s: f64,
+    pub opt_level: String,
+    pub world_size: usize,
+    pub device: String,
+    pub num_params: usize,
+    pub weights: PathBuf,
+}
+
+/// Everything loaded and checked before anything is written to `out_dir`.
+pub struct Prepared {
+    pub model: Model,
+    pub train_ds: Arc<Dataset>,
+    pub test_ds: Arc<Dataset>,
+}
+
+/// Refuses what this build cannot do yet, with the reason, before any work.
+fn check_supported(cfg: &Config) -> Result<&'static str> {
+    if cfg.amp.opt_level != config::OptLevel::O0 {
+        return Err(Error::Unsupported(format!(
+            "amp.opt_level = \"{}\": only O0 (fp32) training is implemented so far; set amp.opt_level = \"O0\"",
+            cfg.amp.opt_level
+        )));
+    }
+    let world: usize = std::env::var("WORLD_SIZE").ok().and_then(|v| v.parse().ok()).unwrap_or(1);
+    if world > 1 {
+        return Err(Error::Unsupported(format!(
+            "WORLD_SIZE={world}: distributed training is not implemented yet; run a single process"
+        )));
+    }
+    if cfg.checkpoint.every_steps > 0 || cfg.checkpoint.every_epochs > 0 {
+        return Err(Error::Unsupported(
+            "checkpoint.every_steps / checkpoint.every_epochs: periodic checkpoints are not implemented yet; set both to 0 \
+             (the final weights are always written to <out_dir>/model.safetensors)"
+                .into(),
+        ));
+    }
+    match cfg.run.device {
+        config::Device::Cuda => Err(Error::Unsupported(
+            "run.device = \"cuda\": the CUDA backend is not implemented yet; use \"cpu\" or \"auto\"".into(),
+        )),
+        config::Device::Cpu => Ok("cpu"),
+        config::Device::Auto => {
+            if cudarc::driver::sys::is_culib_present() {
+                eprintln!("warning: run.device = \"auto\": the CUDA backend is not implemented yet; training on the CPU");
+            } else {
+                eprintln!("warning: run.device = \"auto\": no CUDA driver found; training on the CPU");
+            }
+            Ok("cpu")
+        }
+    }
+}
+
+pub fn load_datasets(cfg: &Config) -> Result<(Arc<Dataset>, Arc<Dataset>)> {
+    let d = &cfg.data;
+    let [c, h, w] = cfg.model.input_shape;
+    let load = |split: Split| -> Result<Dataset> {
+        match d.dataset {
+            config::DatasetKind::Mnist => {
+                let norm = Normalize { mean: d.mean.clone(), std: d.std.clone() };
+                data::load_mnist(&d.path, split, &norm)
+            }
+            config::DatasetKind::Synthetic => {
+                let n = if split == Split::Train { d.synthetic_train_size } else { d.synthetic_test_size };
+                Ok(data::synthetic(cfg.run.seed, split, n, [c, h, w], d.num_classes))
+            }
+        }
+    };
+    let train = load(Split::Train)?;
+    let test = load(Split::Test)?;
+    for (ds, split) in [(&train, "train"), (&test, "test")] {
+        if ds.sample_shape != [c, h, w] {
+            return Err(Error::config(
+                cfg.config_path.display().to_string(),
+                "model.input_shape",
+                format!("is {:?} but the {split} images are {:?}", [c, h, w], ds.sample_shape),
+            ));
+        }
+    }
+    Ok((Arc::new(train), Arc::new(test)))
+}
+
+/// Builds the model and loads the data; fails before writing anything.
+pub fn prepare(cfg: &Config) -> Result<Prepared> {
+    let resolved = config::model::resolve(&cfg.model)?;
+    let mut model = Model::new(&resolved, cfg.run.seed)?;
+    if let Some(path) = &cfg.model.init_from {
+        let entries = crate::checkpoint::load_safetensors(path)?;
+        model.load_state_dict(entries, path)?;
+    }
+    let (train_ds, test_ds) = load_datasets(cfg)?;
+    Ok(Prepared { model, train_ds, test_ds })
+}
+
+fn clip_grad_norm(model: &mut Model, max_norm: f32) -> Result<f32> {
+    let mut sq = 0.0f64;
+    for p in model.params() {
+        sq += p.grad.as_f32()?.iter().map(|&g| (g as f64) * (g as f64)).sum::<f64>();
+    }
+    let norm = sq.sqrt() as f32;
+    // torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when that is < 1.
+    let coef = max_norm / (norm + 1e-6);
+    if coef < 1.0 {
+        for p in model.params_mut() {
+            p.grad.as_f32_mut()?.iter_mut().for_each(|g| *g *= coef);
+        }
+    }
+    Ok(norm)
+}
+
+pub fn train(cfg: &Config) -> Result<Summary> {
+    let device = check_supported(cfg)?;
+    let Prepared { mut model, train_ds, test_ds } = prepare(cfg)?;
+
+    let d = &cfg.data;
+    let sampler = DistributedSampler {
+        len: train_ds.len(),
+        num_replicas: 1,
+        rank: 0,
+        shuffle: d.shuffle,
+        seed: cfg.run.seed,
+        drop_last: d.drop_last,
+    };
+    let accum = cfg.train.grad_accum_steps.max(1) as usize;
+    let batches_per_epoch = Loader::count_batches(sampler.num_samples(), d.batch_size, d.drop_last);
+    let steps_per_epoch = (batches_per_epoch / accum) as u64;
+    if steps_per_epoch == 0 {
+        return Err(Error::config(
+            cfg.config_path.display().to_string(),
+            "data.batch_size",
+            format!(
+                "{} samples at batch_size {} x train.grad_accum_steps {accum} give no optimizer step per epoch",
+                train_ds.len(),
+                d.batch_size
+            ),
+        ));
+    }
+    let by_epochs = cfg.train.epochs.map(|e| e * steps_per_epoch);
+    let total_steps = match (by_epochs, cfg.train.max_steps) {
+        (Some(a), Some(b)) => a.min(b),
+        (Some(a), None) => a,
+        (None, Some(b)) => b,
+        (None, None) => 0,
+    };
+    let schedule = LrSchedule::from_config(&cfg.scheduler, cfg.optimizer.lr, total_steps);
+    let sizes: Vec<usize> = model.params().iter().map(|p| p.value.numel()).collect();
+    let mut optimizer = Optimizer::new(crate::optim::OptimizerConfig::from_config(&cfg.optimizer), &sizes)?;
+
+    let out_dir = cfg.run.out_dir.clone();
+    std::fs::create_dir_all(&out_dir).map_err(|e| Error::io(format!("cannot create {}", out_dir.display()), e))?;
+    let mut metrics_out = MetricsWriter::create(&out_dir)?;
+    let progress = Progress::new(
+        match cfg.logging.progress {
+            config::ProgressSetting::Auto => ProgressMode::Auto,
+            config::ProgressSetting::Always => ProgressMode::Always,
+            config::ProgressSetting::Never => ProgressMode::Never,
+        },
+        total_steps,
+    );
+    progress.println(&format!(
+        "ddptrain: {} | {} params | {} train / {} test samples | batch {} | {} steps ({} per epoch) | device {device} | opt_level {}",
+        cfg.run.name,
+        model.num_params(),
+        train_ds.len(),
+        test_ds.len(),
+        d.batch_size,
+        total_steps,
+        steps_per_epoch,
+        cfg.amp.opt_level
+    ));
+
+    let wall = Instant::now();
+    let mut train_time = 0.0f64;
+    let mut train_images = 0usize;
+    let mut step = 0u64;
+    let mut epoch = 0u64;
+    let (mut window_loss, mut window_n) = (0.0f64, 0u64);
+    let mut final_loss = f64::NAN;
+    let mut last_eval: Option<EvalResult> = None;
+    let log_every = cfg.logging.every_steps.max(1);
+    let mut window_start = Instant::now();
+    let mut window_images = 0usize;
+    let mut grad_norm: Option<f32> = None;
+
+    while step < total_steps {
+        let loader = Loader::new(train_ds.clone(), sampler.indices(epoch), d.batch_size, d.drop_last, d.prefetch);
+        let mut micro = 0usize;
+        let mut t0 = Instant::now();
+        for batch in loader {
+            let n = batch.labels.len();
+            let (logits, saved) = model.forward_train(batch.images)?;
+            let out = ops::cross_entropy::forward_backward(&logits, &batch.labels, 1.0 / accum as f32)?;
+            if !out.loss.is_finite() {
+                return Err(Error::Training(format!(
+                    "loss is {} at step {} (epoch {epoch}); lower optimizer.lr or set train.grad_clip_norm",
+                    out.loss,
+                    step + 1
+                )));
+            }
+            model.backward(saved, out.dlogits)?;
+            window_loss += out.loss as f64 / accum as f64;
+            train_images += n;
+            window_images += n;
+            micro += 1;
+            if micro % accum != 0 {
+                continue;
+            }
+            if let Some(max_norm) = cfg.train.grad_clip_norm {
+                grad_norm = Some(clip_grad_norm(&mut model, max_norm)?);
+            }
+            let lr = schedule.lr_at(step);
+            {
+                let mut params = model.params_mut();
+                let (mut values, grads): (Vec<&mut [f32]>, Vec<&[f32]>) = params
+                    .iter_mut()
+                    .map(|p| {
+                        let crate::nn::Param { value, grad, .. } = &mut **p;
+                        Ok((value.as_f32_mut()?, grad.as_f32()?))
+                    })
+                    .collect::<Result<Vec<_>>>()?
+                    .into_iter()
+                    .unzip();
+                optimizer.step(&mut values, &grads, lr)?;
+            }
+            model.zero_grad()?;
+            step += 1;
+            window_n += 1;
+            train_time += t0.elapsed().as_secs_f64();
+
+            if step % log_every == 0 || step == total_steps {
+                let loss = window_loss / window_n as f64;
+                let ips = window_images as f64 / window_start.elapsed().as_secs_f64().max(1e-9);
+                final_loss = loss;
+                let mut rec = json!({"kind": "train", "step": step, "epoch": epoch, "loss": loss, "lr": lr, "images_per_s": ips});
+                if let Some(g) = grad_norm {
+                    rec["grad_norm"] = json!(g);
+                }
+                metrics_out.write(&rec)?;
+                let line = format!("step {step:>6}/{total_steps} | epoch {epoch} | loss {loss:.4} | lr {lr:.5} | {ips:.0} images/s");
+                progress.set_step(step, &format!("loss {loss:.4}"));
+                if progress_is_plain(cfg) || step % (log_every * 10) == 0 || step == total_steps {
+                    progress.println(&line);
+                }
+                (window_loss, window_n, window_images) = (0.0, 0, 0);
+                window_start = Instant::now();
+            }
+            if step >= total_steps {
+                break;
+            }
+            t0 = Instant::now();
+        }
+        epoch += 1;
+        let ev = evaluate(&model, &test_ds, d.eval_batch_size, d.prefetch)?;
+        metrics_out.write(&json!({"kind": "eval", "step": step, "epoch": epoch, "test_accuracy": ev.accuracy, "test_loss": ev.loss}))?;
+        progress.println(&format!(
+            "epoch {epoch} | step {step} | test accuracy {:.4} ({}/{}) | test loss {:.4}",
+            ev.accuracy, ev.correct, ev.total, ev.loss
+        ));
+        last_eval = Some(ev);
+        window_start = Instant::now();
+    }
+    progress.finish();
+
+    let weights = out_dir.join("model.safetensors");
+    crate::checkpoint::save_safetensors(&weights, &model.state_dict()?)?;
+    let summary = Summary {
+        name: cfg.run.name.clone(),
+        final_loss,
+        test_accuracy: last_eval.map(|e| e.accuracy),
+        test_loss: last_eval.map(|e| e.loss),
+        images_per_s: train_images as f64 / train_time.max(1e-9),
+        steps: step,
+        epochs: epoch,
+        wall_s: wall.elapsed().as_secs_f64(),
+        opt_level: cfg.amp.opt_level.to_string(),
+        world_size: 1,
+        device: device.to_string(),
+        num_params: model.num_params(),
+        weights,
+    };
+    metrics::write_json(&out_dir.join("summary.json"), &summary)?;
+    Ok(summary)
+}
+
+/// Without a bar every log line is printed; with one, every tenth (the bar shows the rest).
+fn progress_is_plain(cfg: &Config) -> bool {
+    match cfg.logging.progress {
+        config::ProgressSetting::Never => true,
+        config::ProgressSetting::Always => false,
+        config::ProgressSetting::Auto => !std::io::IsTerminal::is_terminal(&std::io::stderr()),
+    }
+}

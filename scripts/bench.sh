@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Benchmark, not a test: training throughput of the seed ConvNet (configs/mnist_o0.toml)
+# on synthetic data at batch 100 on the CPU, and, when a python with torch is
+# importable, PyTorch on the same model, batch and thread count, side by side.
+#
+#   scripts/bench.sh                 # 300 steps, all cores
+#   STEPS=500 THREADS=2 PYTHON=/path/to/python scripts/bench.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+STEPS=${STEPS:-300}
+THREADS=${THREADS:-$(nproc)}
+PYTHON=${PYTHON:-python3}
+BATCH=100
+
+cargo build --release --quiet
+BIN="${CARGO_TARGET_DIR:-target}/release/ddptrain"
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+
+RAYON_NUM_THREADS=$THREADS "$BIN" --config configs/mnist_o0.toml \
+  --set data.dataset=synthetic --set data.synthetic_train_size=$((STEPS * BATCH)) \
+  --set data.synthetic_test_size=$BATCH --set data.batch_size=$BATCH \
+  --set train.max_steps="$STEPS" --set run.out_dir="$out" \
+  --set logging.progress=never --set expect.min_test_accuracy=0.0 >/dev/null
+ours=$(python3 -c "import json,sys; print(round(json.load(open(sys.argv[1]))['images_per_s']))" "$out/summary.json")
+
+echo "seed ConvNet, batch $BATCH, $THREADS threads, $STEPS steps, fp32 (O0), $(nproc) cores: $(lscpu | sed -n 's/^Model name: *//p')"
+printf '%-10s %12s\n' "trainer" "images/s"
+printf '%-10s %12s\n' "ddptrain" "$ours"
+if "$PYTHON" -c "import torch" 2>/dev/null; then
+  theirs=$("$PYTHON" scripts/bench_torch.py --steps "$STEPS" --threads "$THREADS" --batch "$BATCH")
+  printf '%-10s %12s\n' "pytorch" "$theirs"
+  python3 -c "import sys; print(f'ratio ddptrain/pytorch: {float(sys.argv[1]) / float(sys.argv[2]):.2f}x')" "$ours" "$theirs"
+else
+  echo "pytorch: not measured ($PYTHON cannot import torch; set PYTHON to one that can)"
+fi

@@ -1,0 +1,110 @@
+//! `state_dict()` / `load_state_dict(strict=True)` with PyTorch's names, order
+//! and dtypes (f32 tensors; `num_batches_tracked` an i64 scalar).
+
+use super::{Layer, Model};
+use crate::error::{Error, Result};
+use crate::tensor::Tensor;
+use std::collections::HashMap;
+use std::path::Path;
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum StateValue {
+    F32(Vec<f32>),
+    I64(i64),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct StateEntry {
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub value: StateValue,
+}
+
+fn f32_entry(name: &str, t: &Tensor) -> Result<StateEntry> {
+    Ok(StateEntry { name: name.to_string(), shape: t.shape().to_vec(), value: StateValue::F32(t.as_f32()?.to_vec()) })
+}
+
+impl Model {
+    /// Parameters and buffers, module by module, parameters before buffers (PyTorch's order).
+    pub fn state_dict(&self) -> Result<Vec<StateEntry>> {
+        let mut out = Vec::new();
+        for (layer, r) in self.layers.iter().zip(&self.resolved) {
+            for p in layer.params() {
+                out.push(f32_entry(&p.name, &p.value)?);
+            }
+            if let Layer::BatchNorm2d(bn) = layer {
+                out.push(f32_entry(&format!("{}.running_mean", r.name), &bn.running_mean)?);
+                out.push(f32_entry(&format!("{}.running_var", r.name), &bn.running_var)?);
+                out.push(StateEntry {
+                    name: format!("{}.num_batches_tracked", r.name),
+                    shape: Vec::new(),
+                    value: StateValue::I64(bn.num_batches_tracked),
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Strict load: every name of `state_dict()` must be present with its exact
+    /// shape, and nothing else may be. `source` names the file in errors.
+    pub fn load_state_dict(&mut self, entries: Vec<StateEntry>, source: &Path) -> Result<()> {
+        let err = |msg: String| Error::Checkpoint { path: source.to_path_buf(), msg };
+        let mut by_name: HashMap<String, StateEntry> = HashMap::new();
+        for e in entries {
+            by_name.insert(e.name.clone(), e);
+        }
+        let expected = self.state_dict()?;
+        let mut missing = Vec::new();
+        for e in &expected {
+            match by_name.get(&e.name) {
+                None => missing.push(e.name.clone()),
+                Some(got) if got.shape != e.shape => {
+                    return Err(err(format!(
+                        "tensor `{}` has shape {:?} but the model expects {:?}",
+                        e.name, got.shape, e.shape
+                    )))
+                }
+                Some(_) => {}
+            }
+        }
+        if !missing.is_empty() {
+            return Err(err(format!("missing tensors: {}", missing.join(", "))));
+        }
+        let known: std::collections::HashSet<&str> = expected.iter().map(|e| e.name.as_str()).collect();
+        let mut unexpected: Vec<&str> = by_name.keys().map(String::as_str).filter(|n| !known.contains(n)).collect();
+        if !unexpected.is_empty() {
+            unexpected.sort_unstable();
+            return Err(err(format!("unexpected tensors (not in this model): {}", unexpected.join(", "))));
+        }
+
+        let take_f32 = |name: &str, dst: &mut Tensor, by_name: &mut HashMap<String, StateEntry>| -> Result<()> {
+            match by_name.remove(name).map(|e| e.value) {
+                Some(StateValue::F32(v)) => {
+                    dst.as_f32_mut()?.copy_from_slice(&v);
+                    Ok(())
+                }
+                _ => Err(Error::Checkpoint {
+                    path: source.to_path_buf(),
+                    msg: format!("tensor `{name}` must be a floating-point tensor"),
+                }),
+            }
+        };
+        for (layer, r) in self.layers.iter_mut().zip(&self.resolved) {
+            for p in layer.params_mut() {
+                take_f32(&p.name, &mut p.value, &mut by_name)?;
+            }
+            if let Layer::BatchNorm2d(bn) = layer {
+                take_f32(&format!("{}.running_mean", r.name), &mut bn.running_mean, &mut by_name)?;
+                take_f32(&format!("{}.running_var", r.name), &mut bn.running_var, &mut by_name)?;
+                let key = format!("{}.num_batches_tracked", r.name);
+                bn.num_batches_tracked = match by_name.remove(&key).map(|e| e.value) {
+                    Some(StateValue::I64(v)) => v,
+                    // Files converted from other frameworks sometimes store it as a float.
+                    Some(StateValue::F32(v)) if v.len() == 1 => v[0] as i64,
+                    _ => return Err(err(format!("tensor `{key}` must be an integer scalar"))),
+                };
+            }
+        }
+        Ok(())
+    }
+}

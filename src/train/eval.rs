@@ -1,0 +1,30 @@
+//! Evaluation on the test split: BatchNorm in eval mode, loss summed in f64.
+
+use crate::data::{Dataset, Loader};
+use crate::error::Result;
+use crate::nn::Model;
+use crate::ops;
+use std::sync::Arc;
+
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct EvalResult {
+    pub accuracy: f64,
+    pub loss: f64,
+    pub correct: usize,
+    pub total: usize,
+}
+
+pub fn evaluate(model: &Model, ds: &Arc<Dataset>, batch_size: usize, prefetch: usize) -> Result<EvalResult> {
+    let indices: Vec<usize> = (0..ds.len()).collect();
+    let loader = Loader::new(ds.clone(), indices, batch_size, false, prefetch);
+    let (mut loss_sum, mut correct, mut total) = (0.0f64, 0usize, 0usize);
+    for batch in loader {
+        let logits = model.forward_eval(batch.images)?;
+        let (l, c) = ops::cross_entropy::forward(&logits, &batch.labels)?;
+        loss_sum += l;
+        correct += c;
+        total += batch.labels.len();
+    }
+    let denom = total.max(1) as f64;
+    Ok(EvalResult { accuracy: correct as f64 / denom, loss: loss_sum / denom, correct, total })
+}

@@ -1,0 +1,53 @@
+#![allow(dead_code)]
+//! Helpers for the tests that run the `ddptrain` binary.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+pub fn ddptrain(args: &[&str], cwd: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ddptrain"))
+        .args(args)
+        .current_dir(cwd)
+        .env_remove("WORLD_SIZE")
+        .output()
+        .expect("cannot run the ddptrain binary")
+}
+
+pub fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+/// A small synthetic-data run of the seed ConvNet: fast, needs no files.
+pub const SYNTH: &[&str] = &[
+    "--set",
+    "data.dataset=synthetic",
+    "--set",
+    "data.synthetic_train_size=400",
+    "--set",
+    "data.synthetic_test_size=200",
+    "--set",
+    "train.max_steps=4",
+    "--set",
+    "logging.progress=never",
+];
+
+/// The MNIST digits fetched by scripts/fetch-mnist.sh (scripts/test.sh fetches them first).
+pub fn mnist_dir() -> PathBuf {
+    let dir = repo_root().join("data/mnist");
+    assert!(
+        dir.join("train-images-idx3-ubyte").exists(),
+        "{} has no MNIST files: run scripts/fetch-mnist.sh (scripts/test.sh does)",
+        dir.display()
+    );
+    dir
+}
+
+pub fn write(dir: &Path, name: &str, body: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, body).expect("write test file");
+    p
+}
