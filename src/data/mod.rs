@@ -1,1 +1,188 @@
-//! (in progress)
+//! Training data: MNIST from IDX files (raw or .gz), a seeded synthetic set for
+//! benchmarks, PyTorch's `DistributedSampler`, and a prefetching batch loader.
+//!
+//! A dataset is decoded and normalized once into memory (MNIST is 47 MB as
+//! f32); the loader thread only gathers samples into batches.
+
+pub mod idx;
+mod loader;
+mod sampler;
+mod synthetic;
+
+#[cfg(test)]
+mod tests;
+
+pub use loader::{Batch, Loader};
+pub use sampler::DistributedSampler;
+pub use synthetic::synthetic;
+
+use crate::error::{Error, Result};
+use std::path::Path;
+
+/// MNIST's digit classes.
+pub const MNIST_CLASSES: usize = 10;
+const MNIST_SIDE: usize = 28;
+
+/// Samples in memory: `images` is `[n, C, H, W]` row-major, already normalized.
+#[derive(Debug, Clone)]
+pub struct Dataset {
+    pub images: Vec<f32>,
+    pub labels: Vec<u32>,
+    /// `[C, H, W]`.
+    pub sample_shape: [usize; 3],
+    pub num_classes: usize,
+}
+
+impl Dataset {
+    pub fn len(&self) -> usize {
+        self.labels.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.labels.is_empty()
+    }
+
+    /// Values per sample, `C * H * W`.
+    pub fn sample_numel(&self) -> usize {
+        self.sample_shape.iter().product()
+    }
+
+    /// The `i`-th sample's normalized pixels.
+    pub fn sample(&self, i: usize) -> &[f32] {
+        let n = self.sample_numel();
+        &self.images[i * n..(i + 1) * n]
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Split {
+    Train,
+    Test,
+}
+
+impl Split {
+    /// Stable index, used as the synthetic data's stream index.
+    pub fn index(self) -> u64 {
+        match self {
+            Split::Train => 0,
+            Split::Test => 1,
+        }
+    }
+
+    /// File-name prefix of the split in the MNIST distribution.
+    pub fn mnist_prefix(self) -> &'static str {
+        match self {
+            Split::Train => "train",
+            Split::Test => "t10k",
+        }
+    }
+}
+
+/// Per-channel normalization as torchvision's `ToTensor` + `Normalize`:
+/// `v = pixel / 255`, then `(v - mean[c]) / std[c]`, all in f32.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Normalize {
+    pub mean: Vec<f32>,
+    pub std: Vec<f32>,
+}
+
+impl Normalize {
+    /// The usual MNIST statistics (`transforms.Normalize((0.1307,), (0.3081,))`).
+    pub fn mnist() -> Self {
+        Normalize { mean: vec![0.1307], std: vec![0.3081] }
+    }
+
+    /// `pixel / 255` only.
+    pub fn identity(channels: usize) -> Self {
+        Normalize { mean: vec![0.0; channels], std: vec![1.0; channels] }
+    }
+
+    /// Checks that there is one finite mean and one finite positive std per
+    /// channel; `path` is the data the normalization is applied to.
+    pub fn check(&self, path: &Path, channels: usize) -> Result<()> {
+        if self.mean.len() != channels || self.std.len() != channels {
+            return Err(Error::data(
+                path,
+                format!(
+                    "normalization has {} mean and {} std values but the images have {channels} channel(s); \
+                     set `data.mean` and `data.std` to one value per channel",
+                    self.mean.len(),
+                    self.std.len()
+                ),
+            ));
+        }
+        if let Some(m) = self.mean.iter().find(|m| !m.is_finite()) {
+            return Err(Error::data(path, format!("normalization mean {m} is not finite")));
+        }
+        if let Some(s) = self.std.iter().find(|s| !(s.is_finite() && **s > 0.0)) {
+            return Err(Error::data(path, format!("normalization std {s} must be finite and > 0")));
+        }
+        Ok(())
+    }
+
+    /// Lookup table of the normalized value of every byte, for channel `c`.
+    fn table(&self, c: usize) -> [f32; 256] {
+        let mut t = [0.0f32; 256];
+        for (p, v) in t.iter_mut().enumerate() {
+            *v = (p as f32 / 255.0 - self.mean[c]) / self.std[c];
+        }
+        t
+    }
+
+    /// Normalizes `[n, C, H*W]` bytes into f32 (C = `self.mean.len()`; call
+    /// `check` first, or a short `std` silently drops channels).
+    pub fn apply(&self, pixels: &[u8], plane: usize) -> Vec<f32> {
+        let channels = self.mean.len().min(self.std.len());
+        let tables: Vec<[f32; 256]> = (0..channels).map(|c| self.table(c)).collect();
+        let mut out = Vec::with_capacity(pixels.len());
+        if plane == 0 || tables.is_empty() {
+            return out;
+        }
+        for (k, chunk) in pixels.chunks(plane).enumerate() {
+            let t = &tables[k % tables.len()];
+            out.extend(chunk.iter().map(|&p| t[p as usize]));
+        }
+        out
+    }
+}
+
+/// Loads one MNIST split from `dir`: `train-{images-idx3,labels-idx1}-ubyte` or
+/// `t10k-...` (each raw or `.gz`). Accepts any count (the 8k/2k files from
+/// `scripts/fetch-mnist.sh`, the standard 60k/10k ones) but requires 28x28
+/// images, as many labels as images, and labels in 0..10.
+pub fn load_mnist(dir: &Path, split: Split, norm: &Normalize) -> Result<Dataset> {
+    let prefix = split.mnist_prefix();
+    let images_path = idx::find(dir, &format!("{prefix}-images-idx3-ubyte"))?;
+    let labels_path = idx::find(dir, &format!("{prefix}-labels-idx1-ubyte"))?;
+    norm.check(&images_path, 1)?;
+    let images = idx::read_images(&images_path)?;
+    if (images.rows, images.cols) != (MNIST_SIDE, MNIST_SIDE) {
+        return Err(Error::data(
+            &images_path,
+            format!(
+                "images are {}x{}, but MNIST images are {MNIST_SIDE}x{MNIST_SIDE}",
+                images.rows, images.cols
+            ),
+        ));
+    }
+    let labels = idx::read_labels(&labels_path)?;
+    if labels.labels.len() != images.count {
+        let name = images_path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default();
+        return Err(Error::data(
+            &labels_path,
+            format!("count mismatch: {} labels but {name} has {} images", labels.labels.len(), images.count),
+        ));
+    }
+    if let Some((i, &l)) = labels.labels.iter().enumerate().find(|(_, &l)| l as usize >= MNIST_CLASSES) {
+        return Err(Error::data(
+            &labels_path,
+            format!("label {l} at index {i} is out of range: MNIST labels are 0..={}", MNIST_CLASSES - 1),
+        ));
+    }
+    Ok(Dataset {
+        images: norm.apply(&images.pixels, images.rows * images.cols),
+        labels: labels.labels.iter().map(|&l| l as u32).collect(),
+        sample_shape: [1, images.rows, images.cols],
+        num_classes: MNIST_CLASSES,
+    })
+}
