@@ -154,7 +154,8 @@ pub fn train(cfg: &Config) -> Result<Summary> {
         drop_last: d.drop_last,
     };
     let accum = cfg.train.grad_accum_steps.max(1) as usize;
-    let batches_per_epoch = Loader::count_batches(sampler.num_samples(), d.batch_size, d.drop_last);
+    let n = sampler.num_samples();
+    let batches_per_epoch = if d.drop_last { n / d.batch_size } else { n.div_ceil(d.batch_size) };
     let steps_per_epoch = (batches_per_epoch / accum) as u64;
     if steps_per_epoch == 0 {
         return Err(Error::config(
