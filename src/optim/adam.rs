@@ -59,7 +59,7 @@ impl AdamScalars {
 
 /// `torch.lerp(start, end, weight)` as PyTorch's vectorized CPU kernel computes
 /// it: from the nearer end, to keep the result exact at weight 0 and 1.
-#[inline]
+#[inline(always)]
 fn lerp(start: f32, end: f32, weight: f32) -> f32 {
     if weight.abs() < 0.5 {
         weight.mul_add(end - start, start)
@@ -71,6 +71,42 @@ fn lerp(start: f32, end: f32, weight: f32) -> f32 {
 /// One Adam/AdamW update of one parameter tensor. Lengths are checked by the
 /// caller.
 pub(super) fn update(
+    param: &mut [f32],
+    grad: &[f32],
+    exp_avg: &mut [f32],
+    exp_avg_sq: &mut [f32],
+    hp: &AdamScalars,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: `update_fma` only needs the FMA instructions, checked just above.
+        unsafe { update_fma(param, grad, exp_avg, exp_avg_sq, hp) };
+        return;
+    }
+    update_portable(param, grad, exp_avg, exp_avg_sq, hp);
+}
+
+/// [`update_portable`] compiled with hardware FMA: `mul_add` becomes one
+/// instruction (and the loop can vectorize) instead of a call into libm.
+/// Fused multiply-adds are exactly rounded either way, so the results are
+/// the same bits.
+///
+/// # Safety
+/// The CPU must support FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "fma")]
+pub(super) unsafe fn update_fma(
+    param: &mut [f32],
+    grad: &[f32],
+    exp_avg: &mut [f32],
+    exp_avg_sq: &mut [f32],
+    hp: &AdamScalars,
+) {
+    update_portable(param, grad, exp_avg, exp_avg_sq, hp);
+}
+
+#[inline(always)]
+pub(super) fn update_portable(
     param: &mut [f32],
     grad: &[f32],
     exp_avg: &mut [f32],

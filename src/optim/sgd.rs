@@ -46,6 +46,40 @@ pub(super) fn update(
     momentum_buffer: &mut Option<Vec<f32>>,
     hp: &SgdScalars,
 ) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: `update_fma` only needs the FMA instructions, checked just above.
+        unsafe { update_fma(param, grad, momentum_buffer, hp) };
+        return;
+    }
+    update_portable(param, grad, momentum_buffer, hp);
+}
+
+/// [`update_portable`] compiled with hardware FMA: `mul_add` becomes one
+/// instruction (and the loop can vectorize) instead of a call into libm.
+/// Fused multiply-adds are exactly rounded either way, so the results are
+/// the same bits.
+///
+/// # Safety
+/// The CPU must support FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "fma")]
+pub(super) unsafe fn update_fma(
+    param: &mut [f32],
+    grad: &[f32],
+    momentum_buffer: &mut Option<Vec<f32>>,
+    hp: &SgdScalars,
+) {
+    update_portable(param, grad, momentum_buffer, hp);
+}
+
+#[inline(always)]
+pub(super) fn update_portable(
+    param: &mut [f32],
+    grad: &[f32],
+    momentum_buffer: &mut Option<Vec<f32>>,
+    hp: &SgdScalars,
+) {
     let with_decay = |p: f32, g: f32| {
         if hp.weight_decay != 0.0 {
             p.mul_add(hp.weight_decay, g)

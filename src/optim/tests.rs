@@ -575,3 +575,46 @@ fn bad_checkpoint_state_is_refused_and_changes_nothing() {
     plain.load_state_tensors(src, 3, &[]).unwrap();
     assert_eq!(plain.step_count(), 3);
 }
+
+/// The hardware-FMA build of the update loops gives the same bits as the
+/// portable one (which calls libm's `fmaf`), for every rule.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn fma_and_portable_paths_agree_bit_for_bit() {
+    if !std::arch::is_x86_feature_detected!("fma") {
+        return;
+    }
+    let n = 1001;
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let (p0, g) = (rand_vec_f32(n, 1), rand_vec_f32(n, 2));
+    for nesterov in [false, true] {
+        let hp = sgd::SgdScalars::new(0.1, 0.9, 0.0, nesterov, 1e-4);
+        let (mut pa, mut pb) = (p0.clone(), p0.clone());
+        let (mut ba, mut bb) = (None, None);
+        for _ in 0..3 {
+            sgd::update_portable(&mut pa, &g, &mut ba, &hp);
+            // SAFETY: FMA support checked above.
+            unsafe { sgd::update_fma(&mut pb, &g, &mut bb, &hp) };
+        }
+        assert_eq!(bits(&pa), bits(&pb), "sgd nesterov={nesterov}");
+    }
+    for decoupled in [false, true] {
+        for beta1 in [0.9, 0.2] {
+            let (mut pa, mut pb) = (p0.clone(), p0.clone());
+            let (mut ma, mut mb, mut va, mut vb) =
+                (vec![0.0; n], vec![0.0; n], vec![0.0; n], vec![0.0; n]);
+            for t in 1..4 {
+                let hp = adam::AdamScalars::new(0.01, (beta1, 0.999), 1e-8, 0.1, decoupled, t);
+                adam::update_portable(&mut pa, &g, &mut ma, &mut va, &hp);
+                // SAFETY: FMA support checked above.
+                unsafe { adam::update_fma(&mut pb, &g, &mut mb, &mut vb, &hp) };
+            }
+            assert_eq!(
+                bits(&pa),
+                bits(&pb),
+                "adam decoupled={decoupled} beta1={beta1}"
+            );
+            assert_eq!((bits(&ma), bits(&va)), (bits(&mb), bits(&vb)));
+        }
+    }
+}
