@@ -76,10 +76,12 @@ pub fn load_with_env(path: &Path, sets: &[String], env: &[(String, String)]) -> 
     let mut cfg: Config = fig.extract().map_err(|e| convert_error(e, &file))?;
     cfg.config_path = path.to_path_buf();
     cfg.validate().map_err(|e| match e {
-        // validate() names the file; the value may have come from env or --set.
+        // validate() names the file; say so when the value came from env or --set.
         Error::Config { key, msg, .. } => {
             let base = key.split('[').next().unwrap_or(&key);
-            Error::Config { file: source_name(fig.find_metadata(base), &file), key, msg }
+            let source = source_name(fig.find_metadata(base), &file);
+            let file = if source == file { file.clone() } else { format!("{file} (value from {source})") };
+            Error::Config { file, key, msg }
         }
         other => other,
     })?;
@@ -264,6 +266,11 @@ fn convert_error(e: figment::Error, file: &str) -> Error {
             path.push(field.to_string());
             if section {
                 format!("missing required section [{field}]")
+            } else if field == "type" {
+                // Only layer tables have a `type`.
+                "missing required key (every layer needs a type: conv2d, batchnorm2d, relu, maxpool2d, \
+                 flatten, linear or sequential)"
+                    .to_owned()
             } else {
                 "missing required key".to_owned()
             }
@@ -280,6 +287,9 @@ fn convert_error(e: figment::Error, file: &str) -> Error {
         }
         Kind::InvalidValue(actual, expected) => {
             format!("invalid value {actual}: expected {}", readable_type(expected))
+        }
+        Kind::InvalidLength(n, _) if format_key(&path) == "model.input_shape" => {
+            format!("expected [C, H, W] (3 numbers), found {n} element(s)")
         }
         Kind::InvalidLength(n, expected) => format!("expected {expected}, found {n} element(s)"),
         Kind::DuplicateField(field) => {

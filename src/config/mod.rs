@@ -23,9 +23,9 @@ pub use layers::LayerConfig;
 pub use load::{load, load_with_env};
 pub use model::{param_count, resolve, summary, LayerKind, ResolvedLayer};
 pub use schema::{
-    AmpConfig, Backend, CheckpointConfig, Config, DataConfig, Dataset, Device, ExpectConfig, LoggingConfig,
-    LossScale, ModelConfig, OptLevel, OptimizerConfig, OptimizerName, ParallelConfig, Progress, Resume,
-    RunConfig, SchedulerConfig, SchedulerName, TrainConfig,
+    AmpConfig, Backend, CheckpointConfig, Config, DataConfig, DatasetKind, Device, Expect, LoggingConfig,
+    LossScale, ModelConfig, OptLevel, OptimizerConfig, OptimizerName, ParallelConfig, ProgressSetting,
+    Resume, RunConfig, SchedulerConfig, SchedulerName, TrainConfig,
 };
 
 impl Config {

@@ -130,9 +130,6 @@ impl fmt::Display for LayerKind {
 /// Flattens `model.layers` into execution order and infers every shape.
 pub fn resolve(model: &ModelConfig) -> Result<Vec<ResolvedLayer>> {
     let input = &model.input_shape;
-    if input.len() != 3 {
-        return Err(err("model.input_shape", format!("must be [C, H, W] (3 numbers), got {input:?}")));
-    }
     if input.contains(&0) {
         return Err(err("model.input_shape", format!("sizes must be at least 1, got {input:?}")));
     }
@@ -140,7 +137,7 @@ pub fn resolve(model: &ModelConfig) -> Result<Vec<ResolvedLayer>> {
         return Err(err("model.layers", "must not be empty"));
     }
     let mut out = Vec::new();
-    let mut shape = input.clone();
+    let mut shape = input.to_vec();
     walk(&model.layers, "", "model.layers", &mut shape, &mut out)?;
     if shape.len() != 1 {
         return Err(err(
@@ -168,7 +165,7 @@ pub fn summary(layers: &[ResolvedLayer]) -> String {
             l.name.clone(),
             l.kind.to_string(),
             format!("{:?}", l.out_shape),
-            group_digits(l.kind.num_params()),
+            l.kind.num_params().to_string(),
         ]);
     }
     let mut width = [0usize; 4];
@@ -197,20 +194,8 @@ pub fn summary(layers: &[ResolvedLayer]) -> String {
             s.push('\n');
         }
     }
-    s.push_str(&format!("Total params: {}\n", group_digits(param_count(layers))));
+    s.push_str(&format!("Total params: {}\n", param_count(layers)));
     s
-}
-
-fn group_digits(n: usize) -> String {
-    let digits = n.to_string();
-    let mut out = String::new();
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
 }
 
 fn err(key: impl Into<String>, msg: impl Into<String>) -> Error {

@@ -32,7 +32,7 @@ pub struct Config {
     #[serde(default)]
     pub logging: LoggingConfig,
     #[serde(default)]
-    pub expect: ExpectConfig,
+    pub expect: Expect,
     /// The file the config was loaded from, so later errors can name it.
     #[serde(skip)]
     pub config_path: PathBuf,
@@ -65,7 +65,7 @@ pub enum Device {
 #[serde(deny_unknown_fields)]
 pub struct ModelConfig {
     /// Per-sample input shape `[C, H, W]`.
-    pub input_shape: Vec<usize>,
+    pub input_shape: [usize; 3],
     pub layers: Vec<LayerConfig>,
     /// Start from these weights (safetensors, PyTorch state_dict names).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -76,7 +76,7 @@ pub struct ModelConfig {
 #[serde(deny_unknown_fields)]
 pub struct DataConfig {
     #[serde(default)]
-    pub dataset: Dataset,
+    pub dataset: DatasetKind,
     #[serde(default = "default_data_path")]
     pub path: PathBuf,
     /// Samples per rank per step (like DataLoader's batch_size under DDP).
@@ -104,7 +104,7 @@ pub struct DataConfig {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Dataset {
+pub enum DatasetKind {
     #[default]
     Mnist,
     Synthetic,
@@ -215,6 +215,17 @@ pub enum OptLevel {
     O1,
     O2,
     O3,
+}
+
+impl std::fmt::Display for OptLevel {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str(match self {
+            OptLevel::O0 => "O0",
+            OptLevel::O1 => "O1",
+            OptLevel::O2 => "O2",
+            OptLevel::O3 => "O3",
+        })
+    }
 }
 
 /// apex's `loss_scale`: "dynamic" or a fixed number.
@@ -378,20 +389,24 @@ pub struct LoggingConfig {
     #[serde(default = "default_log_every")]
     pub every_steps: u64,
     #[serde(default)]
-    pub progress: Progress,
+    pub progress: ProgressSetting,
     #[serde(default = "yes")]
     pub tensorboard: bool,
 }
 
 impl Default for LoggingConfig {
     fn default() -> Self {
-        LoggingConfig { every_steps: default_log_every(), progress: Progress::default(), tensorboard: true }
+        LoggingConfig {
+            every_steps: default_log_every(),
+            progress: ProgressSetting::default(),
+            tensorboard: true,
+        }
     }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Progress {
+pub enum ProgressSetting {
     /// A progress bar when stderr is a terminal.
     #[default]
     Auto,
@@ -402,7 +417,7 @@ pub enum Progress {
 /// Gates checked at the end of training; a miss makes the run exit non-zero.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct ExpectConfig {
+pub struct Expect {
     /// Fraction in [0, 1].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_test_accuracy: Option<f64>,

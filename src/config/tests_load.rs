@@ -63,7 +63,7 @@ fn defaults_are_pytorch_defaults() {
     assert_eq!(c.run.name, "exp");
     assert_eq!(c.run.out_dir, PathBuf::from("runs/exp"));
     assert_eq!((c.run.seed, c.run.device), (0, Device::Auto));
-    assert_eq!(c.data.dataset, Dataset::Mnist);
+    assert_eq!(c.data.dataset, DatasetKind::Mnist);
     assert_eq!(c.data.path, PathBuf::from("data/mnist"));
     assert_eq!(c.data.eval_batch_size, 8);
     assert!(c.data.shuffle && !c.data.drop_last);
@@ -93,9 +93,9 @@ fn defaults_are_pytorch_defaults() {
     assert_eq!((k.every_steps, k.every_epochs, k.keep_last, k.resume.clone()), (0, 0, 3, Resume::Auto));
     assert_eq!(
         (c.logging.every_steps, c.logging.progress, c.logging.tensorboard),
-        (50, Progress::Auto, true)
+        (50, ProgressSetting::Auto, true)
     );
-    assert_eq!(c.expect, ExpectConfig::default());
+    assert_eq!(c.expect, Expect::default());
 }
 
 #[test]
@@ -220,15 +220,17 @@ fn number_for_a_string_from_set_suggests_quoting() {
 }
 
 #[test]
-fn invalid_value_from_set_is_attributed_to_set() {
-    let (file, key, msg) = config_err(load_text(MINIMAL, &["data.batch_size=0"], &[]).0);
-    assert_eq!((file.as_str(), key.as_str()), ("--set", "data.batch_size"));
+fn invalid_value_from_set_names_file_and_set() {
+    // Validation errors name the file and, when the value was overridden, where from.
+    let (r, path) = load_text(MINIMAL, &["data.batch_size=0"], &[]);
+    let (file, key, msg) = config_err(r);
+    assert_eq!(file, format!("{} (value from --set)", path.display()));
+    assert_eq!(key, "data.batch_size");
     assert!(msg.contains("at least 1"), "{msg}");
-    let (file, key, _) = config_err(load_text(MINIMAL, &[], &[("DDPTRAIN_OPTIMIZER__LR", "-1")]).0);
-    assert_eq!(
-        (file.as_str(), key.as_str()),
-        ("environment variable DDPTRAIN_OPTIMIZER__LR", "optimizer.lr")
-    );
+    let (r, path) = load_text(MINIMAL, &[], &[("DDPTRAIN_OPTIMIZER__LR", "-1")]);
+    let (file, key, _) = config_err(r);
+    assert_eq!(file, format!("{} (value from environment variable DDPTRAIN_OPTIMIZER__LR)", path.display()));
+    assert_eq!(key, "optimizer.lr");
 }
 
 #[test]
@@ -296,7 +298,7 @@ fn missing_required_keys_are_named() {
             "model.layers[1].out_features",
             "missing",
         ),
-        (r#"{ type = "flatten" }"#, r#"{ name = "f" }"#, "model.layers[0].type", "missing"),
+        (r#"{ type = "flatten" }"#, r#"{ name = "f" }"#, "model.layers[0].type", "needs a type: conv2d,"),
     ];
     for (from, to, want_key, want_msg) in cases {
         let (file, key, msg) = config_err(load_text(&MINIMAL.replace(from, to), &[], &[]).0);
@@ -321,6 +323,12 @@ fn wrong_types_and_enum_values_are_named() {
     let (file, key, msg) = config_err(load_text(MINIMAL, &["run.device=gpu"], &[]).0);
     assert_eq!((file.as_str(), key.as_str()), ("--set", "run.device"));
     assert!(msg.contains("\"gpu\"") && msg.contains("auto, cpu, cuda"), "{msg}");
+    let (file, key, msg) = config_err(load_text(MINIMAL, &["amp.loss_scale=dymanic"], &[]).0);
+    assert_eq!((file.as_str(), key.as_str()), ("--set", "amp.loss_scale"));
+    assert!(
+        msg.contains("\"dymanic\"") && msg.contains("expected \"dynamic\" or a positive number"),
+        "{msg}"
+    );
     let (_, key, msg) = config_err(load_text(MINIMAL, &["amp.opt_level=O4"], &[]).0);
     assert_eq!(key, "amp.opt_level");
     assert!(msg.contains("O0, O1, O2, O3"), "{msg}");

@@ -3,7 +3,7 @@
 
 use super::model::{self, LayerKind, MODEL_FILE};
 use super::schema::{
-    default_adam_eps, default_betas, Backend, Config, Dataset, Device, LossScale, OptimizerName, Resume,
+    default_adam_eps, default_betas, Backend, Config, DatasetKind, Device, LossScale, OptimizerName, Resume,
     SchedulerName,
 };
 use crate::error::{Error, Result};
@@ -77,7 +77,7 @@ impl Config {
         if d.eval_batch_size == 0 {
             return Err(bad("data.eval_batch_size", "must be at least 1"));
         }
-        let channels = self.model.input_shape.first().copied().unwrap_or(0);
+        let channels = self.model.input_shape[0];
         for (key, v) in [("data.mean", &d.mean), ("data.std", &d.std)] {
             if v.len() != channels {
                 return Err(bad(
@@ -95,7 +95,7 @@ impl Config {
         if let Some(s) = d.std.iter().find(|s| **s <= 0.0) {
             return Err(bad("data.std", format!("must be positive (it divides the input), got {s}")));
         }
-        if d.dataset == Dataset::Synthetic {
+        if d.dataset == DatasetKind::Synthetic {
             if d.synthetic_train_size == 0 {
                 return Err(bad("data.synthetic_train_size", "must be at least 1"));
             }
