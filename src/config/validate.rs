@@ -1,0 +1,287 @@
+//! Checks that need more than a type: ranges, cross-field rules (PyTorch's
+//! where it has them) and the model's shapes. Each error names its key.
+
+use super::model::{self, LayerKind, MODEL_FILE};
+use super::schema::{
+    default_adam_eps, default_betas, Backend, Config, DatasetKind, Device, LossScale, OptimizerName, Resume,
+    SchedulerName,
+};
+use crate::error::{Error, Result};
+
+impl Config {
+    /// Checks every value and the model's shapes. Errors name the config file;
+    /// `load` re-attributes them to the env variable or `--set` that gave the value.
+    pub fn validate(&self) -> Result<()> {
+        let file = if self.config_path.as_os_str().is_empty() {
+            "the config".to_owned()
+        } else {
+            self.config_path.display().to_string()
+        };
+        self.check().map_err(|e| match e {
+            Error::Config { file: f, key, msg } if f == MODEL_FILE || f.is_empty() => {
+                Error::Config { file, key, msg }
+            }
+            other => other,
+        })
+    }
+
+    fn check(&self) -> Result<()> {
+        let r = &self.run;
+        if r.name.trim().is_empty() {
+            return Err(bad("run.name", "must not be empty"));
+        }
+        if r.out_dir.as_os_str().is_empty() {
+            return Err(bad("run.out_dir", "must not be empty"));
+        }
+        self.check_model()?;
+        self.check_data()?;
+        self.check_optimizer()?;
+        self.check_scheduler()?;
+        self.check_train()?;
+        self.check_rest()
+    }
+
+    fn check_model(&self) -> Result<()> {
+        let layers = model::resolve(&self.model)?;
+        let classes = self.data.num_classes;
+        if classes < 2 {
+            return Err(bad("data.num_classes", format!("must be at least 2, got {classes}")));
+        }
+        let outputs = layers.last().map_or(0, |l| l.out_shape.iter().product::<usize>());
+        if outputs != classes {
+            let key = match layers.iter().rev().find(|l| matches!(l.kind, LayerKind::Linear { .. })) {
+                Some(l) => format!("{}.out_features", l.key),
+                None => "model.layers".to_owned(),
+            };
+            return Err(bad(
+                key,
+                format!("the model outputs {outputs} logits but data.num_classes is {classes}"),
+            ));
+        }
+        if let Some(p) = &self.model.init_from {
+            if p.as_os_str().is_empty() {
+                return Err(bad(
+                    "model.init_from",
+                    "must not be empty (leave it out to start from random weights)",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn check_data(&self) -> Result<()> {
+        let d = &self.data;
+        if d.batch_size == 0 {
+            return Err(bad("data.batch_size", "must be at least 1"));
+        }
+        if d.eval_batch_size == 0 {
+            return Err(bad("data.eval_batch_size", "must be at least 1"));
+        }
+        let channels = self.model.input_shape[0];
+        for (key, v) in [("data.mean", &d.mean), ("data.std", &d.std)] {
+            if v.len() != channels {
+                return Err(bad(
+                    key,
+                    format!(
+                        "has {} value(s) but the input has {channels} channel(s) (model.input_shape[0]); give one per channel",
+                        v.len()
+                    ),
+                ));
+            }
+            if let Some(x) = v.iter().find(|x| !x.is_finite()) {
+                return Err(bad(key, format!("must be finite numbers, got {x}")));
+            }
+        }
+        if let Some(s) = d.std.iter().find(|s| **s <= 0.0) {
+            return Err(bad("data.std", format!("must be positive (it divides the input), got {s}")));
+        }
+        if d.dataset == DatasetKind::Synthetic {
+            if d.synthetic_train_size == 0 {
+                return Err(bad("data.synthetic_train_size", "must be at least 1"));
+            }
+            if d.synthetic_test_size == 0 {
+                return Err(bad("data.synthetic_test_size", "must be at least 1"));
+            }
+        }
+        if d.path.as_os_str().is_empty() {
+            return Err(bad("data.path", "must not be empty"));
+        }
+        Ok(())
+    }
+
+    fn check_optimizer(&self) -> Result<()> {
+        let o = &self.optimizer;
+        if !(o.lr.is_finite() && o.lr > 0.0) {
+            return Err(bad("optimizer.lr", format!("must be a positive number, got {}", o.lr)));
+        }
+        if !(0.0..1.0).contains(&o.momentum) {
+            return Err(bad("optimizer.momentum", format!("must be in [0, 1), got {}", o.momentum)));
+        }
+        if !(0.0..=1.0).contains(&o.dampening) {
+            return Err(bad("optimizer.dampening", format!("must be in [0, 1], got {}", o.dampening)));
+        }
+        if !(o.weight_decay.is_finite() && o.weight_decay >= 0.0) {
+            return Err(bad("optimizer.weight_decay", format!("must be >= 0, got {}", o.weight_decay)));
+        }
+        for (i, b) in o.betas.iter().enumerate() {
+            if !(0.0..1.0).contains(b) {
+                return Err(bad("optimizer.betas", format!("betas[{i}] must be in [0, 1), got {b}")));
+            }
+        }
+        if !(o.eps.is_finite() && o.eps >= 0.0) {
+            return Err(bad("optimizer.eps", format!("must be >= 0, got {}", o.eps)));
+        }
+        match o.name {
+            OptimizerName::Sgd => {
+                if o.nesterov && (o.momentum == 0.0 || o.dampening != 0.0) {
+                    return Err(bad(
+                        "optimizer.nesterov",
+                        format!(
+                            "Nesterov momentum requires a momentum > 0 and zero dampening (PyTorch's rule); \
+                             momentum is {}, dampening is {}",
+                            o.momentum, o.dampening
+                        ),
+                    ));
+                }
+                // Settings that only Adam reads would be silently ignored.
+                if o.betas != default_betas() {
+                    return Err(bad("optimizer.betas", "applies to adam and adamw only, not sgd"));
+                }
+                if o.eps != default_adam_eps() {
+                    return Err(bad("optimizer.eps", "applies to adam and adamw only, not sgd"));
+                }
+            }
+            OptimizerName::Adam | OptimizerName::AdamW => {
+                for (key, set) in [
+                    ("optimizer.momentum", o.momentum != 0.0),
+                    ("optimizer.dampening", o.dampening != 0.0),
+                    ("optimizer.nesterov", o.nesterov),
+                ] {
+                    if set {
+                        return Err(bad(key, "applies to sgd only; adam and adamw use betas"));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn check_scheduler(&self) -> Result<()> {
+        let s = &self.scheduler;
+        match (s.name, s.step_size) {
+            (SchedulerName::Step, None) => {
+                return Err(bad(
+                    "scheduler.step_size",
+                    "is required for the step scheduler (optimizer steps between decays)",
+                ));
+            }
+            (SchedulerName::Step, Some(0)) => return Err(bad("scheduler.step_size", "must be at least 1")),
+            (SchedulerName::Constant | SchedulerName::Cosine, Some(_)) => {
+                return Err(bad("scheduler.step_size", "applies to the step scheduler only"));
+            }
+            _ => {}
+        }
+        if !(s.gamma.is_finite() && s.gamma > 0.0) {
+            return Err(bad("scheduler.gamma", format!("must be a positive number, got {}", s.gamma)));
+        }
+        if !(s.eta_min.is_finite() && s.eta_min >= 0.0 && s.eta_min <= self.optimizer.lr) {
+            return Err(bad(
+                "scheduler.eta_min",
+                format!("must be in [0, optimizer.lr = {}], got {}", self.optimizer.lr, s.eta_min),
+            ));
+        }
+        Ok(())
+    }
+
+    fn check_train(&self) -> Result<()> {
+        let t = &self.train;
+        match (t.epochs, t.max_steps) {
+            (None, None) => {
+                return Err(bad(
+                    "train.epochs",
+                    "set train.epochs or train.max_steps (or both: training stops at whichever comes first)",
+                ));
+            }
+            (Some(0), _) => {
+                return Err(bad("train.epochs", "must be at least 1 (leave it out to stop on max_steps)"))
+            }
+            (_, Some(0)) => {
+                return Err(bad("train.max_steps", "must be at least 1 (leave it out to stop on epochs)"))
+            }
+            _ => {}
+        }
+        if let Some(n) = t.grad_clip_norm {
+            if !(n.is_finite() && n > 0.0) {
+                return Err(bad("train.grad_clip_norm", format!("must be a positive number, got {n}")));
+            }
+        }
+        if t.grad_accum_steps == 0 {
+            return Err(bad("train.grad_accum_steps", "must be at least 1"));
+        }
+        Ok(())
+    }
+
+    fn check_rest(&self) -> Result<()> {
+        if let Some(LossScale::Static(v)) = self.amp.loss_scale {
+            if !(v.is_finite() && v > 0.0) {
+                return Err(bad(
+                    "amp.loss_scale",
+                    format!("must be \"dynamic\" or a positive number, got {v}"),
+                ));
+            }
+        }
+        let p = &self.parallel;
+        if p.backend == Backend::Nccl && self.run.device == Device::Cpu {
+            return Err(bad(
+                "parallel.backend",
+                "nccl needs CUDA devices but run.device is \"cpu\"; use \"tcp\" or \"auto\"",
+            ));
+        }
+        if p.master_addr.as_deref().is_some_and(|a| a.trim().is_empty()) {
+            return Err(bad("parallel.master_addr", "must not be empty"));
+        }
+        if p.master_port == Some(0) {
+            return Err(bad("parallel.master_port", "must be in 1..=65535"));
+        }
+        if p.timeout_s == 0 {
+            return Err(bad("parallel.timeout_s", "must be at least 1 second"));
+        }
+        for (key, v) in [
+            ("parallel.bucket_cap_mb", p.bucket_cap_mb),
+            ("parallel.first_bucket_mb", p.first_bucket_mb),
+            ("parallel.gradient_predivide_factor", p.gradient_predivide_factor),
+        ] {
+            if !(v.is_finite() && v > 0.0) {
+                return Err(bad(key, format!("must be a positive number, got {v}")));
+            }
+        }
+        if self.checkpoint.keep_last == 0 {
+            return Err(bad("checkpoint.keep_last", "must be at least 1"));
+        }
+        if matches!(&self.checkpoint.resume, Resume::Path(p) if p.as_os_str().is_empty()) {
+            return Err(bad("checkpoint.resume", "must be \"auto\", \"never\" or a checkpoint directory"));
+        }
+        if self.logging.every_steps == 0 {
+            return Err(bad("logging.every_steps", "must be at least 1"));
+        }
+        if let Some(a) = self.expect.min_test_accuracy {
+            if !(0.0..=1.0).contains(&a) {
+                return Err(bad(
+                    "expect.min_test_accuracy",
+                    format!("is a fraction in [0, 1] (97% is 0.97), got {a}"),
+                ));
+            }
+        }
+        if let Some(l) = self.expect.max_final_loss {
+            if !(l.is_finite() && l > 0.0) {
+                return Err(bad("expect.max_final_loss", format!("must be a positive number, got {l}")));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The file is filled in by `validate`.
+fn bad(key: impl Into<String>, msg: impl Into<String>) -> Error {
+    Error::config(String::new(), key, msg)
+}
