@@ -51,13 +51,14 @@ fn kernel_larger_than_input_is_refused() {
 
 #[test]
 fn layers_that_do_not_chain_are_refused() {
-    // Drop the flatten layer: the linear layer then sees a 3-D input.
-    let body: String = seed_config()
-        .lines()
-        .filter(|l| !l.contains("\"flatten\""))
-        .collect::<Vec<_>>()
-        .join("\n");
-    expect_config_error(&body, &[], &["flatten", "bad.toml"]);
+    // Drop the flatten table: the linear layer then sees a 3-D input.
+    let seed = seed_config();
+    let start = seed.find("[[model.layers]]\ntype = \"flatten\"").expect("seed config has a flatten table");
+    let end = start + seed[start..].find('\n').unwrap() + 1;
+    let end = end + seed[end..].find('\n').unwrap() + 1;
+    let body = format!("{}{}", &seed[..start], &seed[end..]);
+    assert!(!body.contains("flatten"));
+    expect_config_error(&body, &[], &["model.layers[2]", "flatten", "bad.toml"]);
 }
 
 #[test]

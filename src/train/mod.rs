@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 use crate::metrics::{self, MetricsWriter, Progress, ProgressMode};
 use crate::nn::Model;
 use crate::ops;
-use crate::optim::{LrSchedule, Optimizer};
+use crate::optim::{LrSchedule, Optimizer, OptimizerKind, ScheduleKind};
 use serde_json::json;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -73,7 +73,8 @@ fn check_supported(cfg: &Config) -> Result<&'static str> {
         )),
         config::Device::Cpu => Ok("cpu"),
         config::Device::Auto => {
-            if cudarc::driver::sys::is_culib_present() {
+            // SAFETY: only probes whether libcuda can be dlopen'ed; it calls nothing in it.
+            if unsafe { cudarc::driver::sys::is_culib_present() } {
                 eprintln!("warning: run.device = \"auto\": the CUDA backend is not implemented yet; training on the CPU");
             } else {
                 eprintln!("warning: run.device = \"auto\": no CUDA driver found; training on the CPU");
@@ -175,9 +176,10 @@ pub fn train(cfg: &Config) -> Result<Summary> {
         (None, Some(b)) => b,
         (None, None) => 0,
     };
-    let schedule = LrSchedule::from_config(&cfg.scheduler, cfg.optimizer.lr, total_steps);
+    let schedule = lr_schedule(cfg, total_steps);
+    schedule.validate()?;
     let sizes: Vec<usize> = model.params().iter().map(|p| p.value.numel()).collect();
-    let mut optimizer = Optimizer::new(crate::optim::OptimizerConfig::from_config(&cfg.optimizer), &sizes)?;
+    let mut optimizer = Optimizer::new(optimizer_config(&cfg.optimizer), &sizes)?;
 
     let out_dir = cfg.run.out_dir.clone();
     std::fs::create_dir_all(&out_dir).map_err(|e| Error::io(format!("cannot create {}", out_dir.display()), e))?;
@@ -313,6 +315,40 @@ pub fn train(cfg: &Config) -> Result<Summary> {
     };
     metrics::write_json(&out_dir.join("summary.json"), &summary)?;
     Ok(summary)
+}
+
+pub fn optimizer_config(o: &config::OptimizerConfig) -> crate::optim::OptimizerConfig {
+    crate::optim::OptimizerConfig {
+        kind: match o.name {
+            config::OptimizerName::Sgd => OptimizerKind::Sgd,
+            config::OptimizerName::Adam => OptimizerKind::Adam,
+            config::OptimizerName::AdamW => OptimizerKind::AdamW,
+        },
+        lr: o.lr as f32,
+        momentum: o.momentum as f32,
+        dampening: o.dampening as f32,
+        nesterov: o.nesterov,
+        weight_decay: o.weight_decay as f32,
+        betas: (o.betas[0] as f32, o.betas[1] as f32),
+        eps: o.eps as f32,
+    }
+}
+
+pub fn lr_schedule(cfg: &Config, total_steps: u64) -> LrSchedule {
+    let s = &cfg.scheduler;
+    LrSchedule {
+        base_lr: cfg.optimizer.lr as f32,
+        kind: match s.name {
+            config::SchedulerName::Constant => ScheduleKind::Constant,
+            // validate() guarantees step_size for the step schedule.
+            config::SchedulerName::Step => {
+                ScheduleKind::Step { step_size: s.step_size.unwrap_or(1).max(1), gamma: s.gamma as f32 }
+            }
+            config::SchedulerName::Cosine => ScheduleKind::Cosine { eta_min: s.eta_min as f32 },
+        },
+        warmup_steps: s.warmup_steps,
+        total_steps,
+    }
 }
 
 /// Without a bar every log line is printed; with one, every tenth (the bar shows the rest).
