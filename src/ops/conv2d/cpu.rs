@@ -42,7 +42,11 @@ impl ConvGeom {
     fn schedule(&self) -> (usize, Par) {
         let threads = rayon::current_num_threads().max(1);
         let per_task = self.n.div_ceil(threads).max(1);
-        let par = if self.n < threads { Par::Rayon(0) } else { Par::Seq };
+        let par = if self.n < threads {
+            Par::Rayon(0)
+        } else {
+            Par::Seq
+        };
         (per_task, par)
     }
 
@@ -51,7 +55,11 @@ impl ConvGeom {
     fn valid(&self, out: usize, len: usize, kk: usize) -> (usize, usize) {
         let s = self.stride;
         let lo = self.padding.saturating_sub(kk).div_ceil(s);
-        let hi = if len + self.padding > kk { (len + self.padding - kk).div_ceil(s) } else { 0 };
+        let hi = if len + self.padding > kk {
+            (len + self.padding - kk).div_ceil(s)
+        } else {
+            0
+        };
         let hi = hi.min(out);
         (lo.min(hi), hi)
     }
@@ -85,7 +93,10 @@ fn im2col<T: Elem>(g: &ConvGeom, x: &[T], col: &mut [T]) {
                     if s == 1 {
                         out[ow_lo..ow_hi].copy_from_slice(&xrow[start..start + (ow_hi - ow_lo)]);
                     } else {
-                        for (o, v) in out[ow_lo..ow_hi].iter_mut().zip(xrow[start..].iter().step_by(s)) {
+                        for (o, v) in out[ow_lo..ow_hi]
+                            .iter_mut()
+                            .zip(xrow[start..].iter().step_by(s))
+                        {
                             *o = *v;
                         }
                     }
@@ -136,19 +147,21 @@ fn col2im<T: Elem>(g: &ConvGeom, col: &[T], dx: &mut [T]) {
 pub fn forward<T: Elem>(g: &ConvGeom, x: &[T], w: &[T], bias: Option<&[T]>, y: &mut [T]) {
     let (per_task, par) = g.schedule();
     let (ckk, hw) = (g.ckk(), g.out_hw());
-    y.par_chunks_mut(per_task * g.y_len()).zip(x.par_chunks(per_task * g.x_len())).for_each(|(yt, xt)| {
-        let mut col = vec![T::zero(); ckk * hw];
-        for (yi, xi) in yt.chunks_mut(g.y_len()).zip(xt.chunks(g.x_len())) {
-            im2col(g, xi, &mut col);
-            if let Some(b) = bias {
-                for (yo, &bo) in yi.chunks_mut(hw).zip(b) {
-                    yo.fill(bo);
+    y.par_chunks_mut(per_task * g.y_len())
+        .zip(x.par_chunks(per_task * g.x_len()))
+        .for_each(|(yt, xt)| {
+            let mut col = vec![T::zero(); ckk * hw];
+            for (yi, xi) in yt.chunks_mut(g.y_len()).zip(xt.chunks(g.x_len())) {
+                im2col(g, xi, &mut col);
+                if let Some(b) = bias {
+                    for (yo, &bo) in yi.chunks_mut(hw).zip(b) {
+                        yo.fill(bo);
+                    }
                 }
+                // y_i[O, HoWo] (+)= W[O, CKK] * col[CKK, HoWo]
+                gemm(g.o, hw, ckk, w, false, &col, false, yi, bias.is_some(), par);
             }
-            // y_i[O, HoWo] (+)= W[O, CKK] * col[CKK, HoWo]
-            gemm(g.o, hw, ckk, w, false, &col, false, yi, bias.is_some(), par);
-        }
-    });
+        });
 }
 
 /// Gradients of [`forward`] for upstream `dy[N, O, Ho, Wo]`. `dw` and `db`

@@ -30,7 +30,10 @@ pub fn out_size(input: usize, kernel: usize, stride: usize, padding: usize) -> u
 fn cpu_f32<'a>(what: &str, t: &'a Tensor) -> Result<&'a [f32]> {
     match t.storage() {
         Storage::Cpu(CpuStorage::F32(v)) => Ok(v),
-        _ => Err(Error::Unsupported(format!("conv2d: {what} of dtype {:?} on this device", t.dtype()))),
+        _ => Err(Error::Unsupported(format!(
+            "conv2d: {what} of dtype {:?} on this device",
+            t.dtype()
+        ))),
     }
 }
 
@@ -42,7 +45,10 @@ fn cpu_f32_mut<'a>(what: &str, t: &'a mut Tensor) -> Result<&'a mut [f32]> {
 /// Checks that `x` and `weight` fit together and works out every size.
 fn geometry(x: &Tensor, weight: &Tensor, args: Conv2dArgs) -> Result<ConvGeom> {
     let &[n, c, h, w] = x.shape() else {
-        return Err(Error::shape(format!("conv2d: input must be 4-D [N, C, H, W], got shape {:?}", x.shape())));
+        return Err(Error::shape(format!(
+            "conv2d: input must be 4-D [N, C, H, W], got shape {:?}",
+            x.shape()
+        )));
     };
     let &[o, wc, k, k2] = weight.shape() else {
         return Err(Error::shape(format!(
@@ -73,18 +79,37 @@ fn geometry(x: &Tensor, weight: &Tensor, args: Conv2dArgs) -> Result<ConvGeom> {
     if args.stride == 0 {
         return Err(Error::shape("conv2d: stride must be at least 1, got 0"));
     }
-    let (ho, wo) = (out_size(h, k, args.stride, args.padding), out_size(w, k, args.stride, args.padding));
+    let (ho, wo) = (
+        out_size(h, k, args.stride, args.padding),
+        out_size(w, k, args.stride, args.padding),
+    );
     if ho == 0 || wo == 0 {
         return Err(Error::shape(format!(
             "conv2d: kernel {k}x{k} does not fit input {h}x{w} with padding {}",
             args.padding
         )));
     }
-    Ok(ConvGeom { n, c, h, w, o, k, stride: args.stride, padding: args.padding, ho, wo })
+    Ok(ConvGeom {
+        n,
+        c,
+        h,
+        w,
+        o,
+        k,
+        stride: args.stride,
+        padding: args.padding,
+        ho,
+        wo,
+    })
 }
 
 /// `x[N, C, H, W]`, `weight[O, C, K, K]`, `bias[O]` -> `[N, O, Ho, Wo]`.
-pub fn forward(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>, args: Conv2dArgs) -> Result<Tensor> {
+pub fn forward(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+    args: Conv2dArgs,
+) -> Result<Tensor> {
     let g = geometry(x, weight, args)?;
     if let Some(b) = bias {
         b.check_shape("conv2d bias", &[g.o])?;
@@ -123,7 +148,11 @@ pub fn backward(
         Some(db) => Some(cpu_f32_mut("dbias", db)?),
         None => None,
     };
-    let mut dx = if need_dx { Some(vec![0f32; xs.len()]) } else { None };
+    let mut dx = if need_dx {
+        Some(vec![0f32; xs.len()])
+    } else {
+        None
+    };
     cpu::backward(&g, xs, ws, dys, dws, dbs, dx.as_deref_mut());
     dx.map(|d| Tensor::from_vec(x.shape(), d)).transpose()
 }
