@@ -1,1 +1,158 @@
-//! (in progress)
+//! 2-D convolution, NCHW, square kernels, PyTorch `F.conv2d` semantics
+//! (cross-correlation, zero padding, no dilation or groups).
+
+pub mod cpu;
+#[cfg(test)]
+mod tests;
+
+use crate::error::{Error, Result};
+use crate::tensor::{CpuStorage, Storage, Tensor};
+use cpu::ConvGeom;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Conv2dArgs {
+    pub stride: usize,
+    pub padding: usize,
+}
+
+/// Output length along one axis: `floor((input + 2*padding - kernel) / stride) + 1`,
+/// or 0 where no window fits (or `stride` is 0).
+pub fn out_size(input: usize, kernel: usize, stride: usize, padding: usize) -> usize {
+    let padded = input + 2 * padding;
+    if stride == 0 || padded < kernel {
+        return 0;
+    }
+    (padded - kernel) / stride + 1
+}
+
+/// The host f32 data of `t`, or `Unsupported` naming the op, the operand and
+/// its dtype (f16 and device tensors have their own kernels elsewhere).
+fn cpu_f32<'a>(what: &str, t: &'a Tensor) -> Result<&'a [f32]> {
+    match t.storage() {
+        Storage::Cpu(CpuStorage::F32(v)) => Ok(v),
+        _ => Err(Error::Unsupported(format!(
+            "conv2d: {what} of dtype {:?} on this device",
+            t.dtype()
+        ))),
+    }
+}
+
+fn cpu_f32_mut<'a>(what: &str, t: &'a mut Tensor) -> Result<&'a mut [f32]> {
+    cpu_f32(what, t)?;
+    t.as_f32_mut()
+}
+
+/// Checks that `x` and `weight` fit together and works out every size.
+fn geometry(x: &Tensor, weight: &Tensor, args: Conv2dArgs) -> Result<ConvGeom> {
+    let &[n, c, h, w] = x.shape() else {
+        return Err(Error::shape(format!(
+            "conv2d: input must be 4-D [N, C, H, W], got shape {:?}",
+            x.shape()
+        )));
+    };
+    let &[o, wc, k, k2] = weight.shape() else {
+        return Err(Error::shape(format!(
+            "conv2d: weight must be 4-D [O, C, K, K], got shape {:?}",
+            weight.shape()
+        )));
+    };
+    if k != k2 {
+        return Err(Error::shape(format!(
+            "conv2d: only square kernels are supported, weight {:?} has a {k}x{k2} kernel",
+            weight.shape()
+        )));
+    }
+    if wc != c {
+        return Err(Error::shape(format!(
+            "conv2d: weight {:?} expects {wc} input channels but input {:?} has {c}",
+            weight.shape(),
+            x.shape()
+        )));
+    }
+    if c == 0 || h == 0 || w == 0 || o == 0 || k == 0 {
+        return Err(Error::shape(format!(
+            "conv2d: zero-sized dimension in input {:?} or weight {:?} (only the batch may be empty)",
+            x.shape(),
+            weight.shape()
+        )));
+    }
+    if args.stride == 0 {
+        return Err(Error::shape("conv2d: stride must be at least 1, got 0"));
+    }
+    let (ho, wo) = (
+        out_size(h, k, args.stride, args.padding),
+        out_size(w, k, args.stride, args.padding),
+    );
+    if ho == 0 || wo == 0 {
+        return Err(Error::shape(format!(
+            "conv2d: kernel {k}x{k} does not fit input {h}x{w} with padding {}",
+            args.padding
+        )));
+    }
+    Ok(ConvGeom {
+        n,
+        c,
+        h,
+        w,
+        o,
+        k,
+        stride: args.stride,
+        padding: args.padding,
+        ho,
+        wo,
+    })
+}
+
+/// `x[N, C, H, W]`, `weight[O, C, K, K]`, `bias[O]` -> `[N, O, Ho, Wo]`.
+pub fn forward(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+    args: Conv2dArgs,
+) -> Result<Tensor> {
+    let g = geometry(x, weight, args)?;
+    if let Some(b) = bias {
+        b.check_shape("conv2d bias", &[g.o])?;
+    }
+    let xs = cpu_f32("input", x)?;
+    let ws = cpu_f32("weight", weight)?;
+    let bs = bias.map(|b| cpu_f32("bias", b)).transpose()?;
+    let mut y = vec![0f32; g.n * g.y_len()];
+    cpu::forward(&g, xs, ws, bs, &mut y);
+    Tensor::from_vec(&[g.n, g.o, g.ho, g.wo], y)
+}
+
+/// Backward of [`forward`] for upstream gradient `dy[N, O, Ho, Wo]`.
+/// Adds into `dweight` (shape of `weight`) and `dbias` (`[O]`), like
+/// PyTorch's `.grad`; returns `dx` (shape of `x`) when `need_dx`.
+pub fn backward(
+    x: &Tensor,
+    weight: &Tensor,
+    dy: &Tensor,
+    args: Conv2dArgs,
+    dweight: &mut Tensor,
+    dbias: Option<&mut Tensor>,
+    need_dx: bool,
+) -> Result<Option<Tensor>> {
+    let g = geometry(x, weight, args)?;
+    dy.check_shape("conv2d dy", &[g.n, g.o, g.ho, g.wo])?;
+    dweight.check_shape("conv2d dweight", weight.shape())?;
+    if let Some(db) = dbias.as_deref() {
+        db.check_shape("conv2d dbias", &[g.o])?;
+    }
+    let xs = cpu_f32("input", x)?;
+    let ws = cpu_f32("weight", weight)?;
+    let dys = cpu_f32("dy", dy)?;
+    let dws = cpu_f32_mut("dweight", dweight)?;
+    let dbs = match dbias {
+        Some(db) => Some(cpu_f32_mut("dbias", db)?),
+        None => None,
+    };
+    let mut dx = if need_dx {
+        Some(vec![0f32; xs.len()])
+    } else {
+        None
+    };
+    cpu::backward(&g, xs, ws, dys, dws, dbs, dx.as_deref_mut());
+    dx.map(|d| Tensor::from_vec(x.shape(), d)).transpose()
+}

@@ -1,1 +1,98 @@
-//! (in progress)
+//! Fully connected layer, PyTorch `F.linear` semantics: `y = x W^T + b` with
+//! `W[out_features, in_features]`.
+
+pub mod cpu;
+#[cfg(test)]
+mod tests;
+
+use crate::error::{Error, Result};
+use crate::tensor::{CpuStorage, Storage, Tensor};
+
+/// The host f32 data of `t`, or `Unsupported` naming the op, the operand and
+/// its dtype (f16 and device tensors have their own kernels elsewhere).
+fn cpu_f32<'a>(what: &str, t: &'a Tensor) -> Result<&'a [f32]> {
+    match t.storage() {
+        Storage::Cpu(CpuStorage::F32(v)) => Ok(v),
+        _ => Err(Error::Unsupported(format!(
+            "linear: {what} of dtype {:?} on this device",
+            t.dtype()
+        ))),
+    }
+}
+
+fn cpu_f32_mut<'a>(what: &str, t: &'a mut Tensor) -> Result<&'a mut [f32]> {
+    cpu_f32(what, t)?;
+    t.as_f32_mut()
+}
+
+/// `(batch, in_features, out_features)` once `x` and `weight` fit together.
+fn dims(x: &Tensor, weight: &Tensor) -> Result<(usize, usize, usize)> {
+    let &[n, in_f] = x.shape() else {
+        return Err(Error::shape(format!(
+            "linear: input must be 2-D [N, in_features], got shape {:?}",
+            x.shape()
+        )));
+    };
+    let &[out_f, w_in] = weight.shape() else {
+        return Err(Error::shape(format!(
+            "linear: weight must be 2-D [out_features, in_features], got shape {:?}",
+            weight.shape()
+        )));
+    };
+    if w_in != in_f {
+        return Err(Error::shape(format!(
+            "linear: weight {:?} expects {w_in} input features but input {:?} has {in_f}",
+            weight.shape(),
+            x.shape()
+        )));
+    }
+    Ok((n, in_f, out_f))
+}
+
+/// `x[N, in]`, `weight[out, in]`, `bias[out]` -> `[N, out]`.
+pub fn forward(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+    let (n, in_f, out_f) = dims(x, weight)?;
+    if let Some(b) = bias {
+        b.check_shape("linear bias", &[out_f])?;
+    }
+    let xs = cpu_f32("input", x)?;
+    let ws = cpu_f32("weight", weight)?;
+    let bs = bias.map(|b| cpu_f32("bias", b)).transpose()?;
+    let mut y = vec![0f32; n * out_f];
+    cpu::forward(n, in_f, out_f, xs, ws, bs, &mut y);
+    Tensor::from_vec(&[n, out_f], y)
+}
+
+/// Backward of [`forward`] for upstream gradient `dy[N, out]`. Adds into
+/// `dweight` (`[out, in]`) and `dbias` (`[out]`), like PyTorch's `.grad`;
+/// returns `dx` (`[N, in]`) when `need_dx`.
+pub fn backward(
+    x: &Tensor,
+    weight: &Tensor,
+    dy: &Tensor,
+    dweight: &mut Tensor,
+    dbias: Option<&mut Tensor>,
+    need_dx: bool,
+) -> Result<Option<Tensor>> {
+    let (n, in_f, out_f) = dims(x, weight)?;
+    dy.check_shape("linear dy", &[n, out_f])?;
+    dweight.check_shape("linear dweight", weight.shape())?;
+    if let Some(db) = dbias.as_deref() {
+        db.check_shape("linear dbias", &[out_f])?;
+    }
+    let xs = cpu_f32("input", x)?;
+    let ws = cpu_f32("weight", weight)?;
+    let dys = cpu_f32("dy", dy)?;
+    let dws = cpu_f32_mut("dweight", dweight)?;
+    let dbs = match dbias {
+        Some(db) => Some(cpu_f32_mut("dbias", db)?),
+        None => None,
+    };
+    let mut dx = if need_dx {
+        Some(vec![0f32; n * in_f])
+    } else {
+        None
+    };
+    cpu::backward(n, in_f, out_f, xs, ws, dys, dws, dbs, dx.as_deref_mut());
+    dx.map(|d| Tensor::from_vec(x.shape(), d)).transpose()
+}

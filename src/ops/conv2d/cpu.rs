@@ -1,0 +1,271 @@
+//! CPU conv2d as im2col + GEMM, parallel over the batch: each rayon task owns
+//! a run of images, its own im2col scratch and (backward) its own weight
+//! gradient, which are summed at the end. GEMMs inside a task run sequentially.
+
+use crate::ops::gemm::{gemm, Par};
+use crate::ops::Elem;
+use rayon::prelude::*;
+
+/// Every size a conv2d kernel needs, already validated by the caller.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConvGeom {
+    pub n: usize,
+    pub c: usize,
+    pub h: usize,
+    pub w: usize,
+    pub o: usize,
+    pub k: usize,
+    pub stride: usize,
+    pub padding: usize,
+    pub ho: usize,
+    pub wo: usize,
+}
+
+impl ConvGeom {
+    /// Rows of the im2col matrix (= columns of the flattened weight).
+    pub fn ckk(&self) -> usize {
+        self.c * self.k * self.k
+    }
+    pub fn out_hw(&self) -> usize {
+        self.ho * self.wo
+    }
+    pub fn x_len(&self) -> usize {
+        self.c * self.h * self.w
+    }
+    pub fn y_len(&self) -> usize {
+        self.o * self.out_hw()
+    }
+
+    /// Images per rayon task, and how GEMMs inside a task may be split: with
+    /// fewer images than threads the batch cannot feed the pool, so the
+    /// products themselves go parallel.
+    fn schedule(&self) -> (usize, Par) {
+        let threads = rayon::current_num_threads().max(1);
+        let per_task = self.n.div_ceil(threads).max(1);
+        let par = if self.n < threads {
+            Par::Rayon(0)
+        } else {
+            Par::Seq
+        };
+        (per_task, par)
+    }
+
+    fn padded_len(&self) -> usize {
+        self.c * (self.h + 2 * self.padding) * (self.w + 2 * self.padding)
+    }
+}
+
+/// Per-task scratch for the zero-padded image. Padding once per image lets
+/// im2col/col2im run without any bounds logic (they dominate otherwise);
+/// without padding the image itself is used.
+struct Padded<T> {
+    buf: Vec<T>,
+}
+
+impl<T: Elem> Padded<T> {
+    fn new(g: &ConvGeom) -> Self {
+        let len = if g.padding > 0 { g.padded_len() } else { 0 };
+        Padded {
+            buf: vec![T::zero(); len],
+        }
+    }
+
+    /// `x[C, H, W]` as `[C, H+2p, W+2p]`. Only the interior is ever
+    /// written, so the zero border set up in `new` stays.
+    fn image<'a>(&'a mut self, g: &ConvGeom, x: &'a [T]) -> &'a [T] {
+        if g.padding == 0 {
+            return x;
+        }
+        let (p, hp, wp) = (g.padding, g.h + 2 * g.padding, g.w + 2 * g.padding);
+        for (c, xc) in x.chunks_exact(g.h * g.w).enumerate() {
+            for (ih, xrow) in xc.chunks_exact(g.w).enumerate() {
+                let at = (c * hp + ih + p) * wp + p;
+                self.buf[at..at + g.w].copy_from_slice(xrow);
+            }
+        }
+        &self.buf
+    }
+}
+
+/// Unfolds one zero-padded image `[C, H+2p, W+2p]` into `col[C*K*K, Ho*Wo]`.
+fn im2col<T: Elem>(g: &ConvGeom, xp: &[T], col: &mut [T]) {
+    let (k, s, wo, hw) = (g.k, g.stride, g.wo, g.out_hw());
+    let (hp, wp) = (g.h + 2 * g.padding, g.w + 2 * g.padding);
+    for (c, xc) in xp.chunks_exact(hp * wp).enumerate() {
+        for ki in 0..k {
+            for kj in 0..k {
+                let r = (c * k + ki) * k + kj;
+                for (oh, out) in col[r * hw..(r + 1) * hw].chunks_exact_mut(wo).enumerate() {
+                    let src = &xc[(oh * s + ki) * wp + kj..];
+                    if s == 1 {
+                        out.copy_from_slice(&src[..wo]);
+                    } else {
+                        for (o, v) in out.iter_mut().zip(src.iter().step_by(s)) {
+                            *o = *v;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The adjoint of padding + [`im2col`]: scatters `col` back onto one image
+/// `dx[C, H, W]` (overwritten), adding where windows overlap. `dxp` is
+/// scratch for the padded image (unused without padding).
+fn col2im<T: Elem>(g: &ConvGeom, col: &[T], dxp: &mut [T], dx: &mut [T]) {
+    let (k, s, p, wo, hw) = (g.k, g.stride, g.padding, g.wo, g.out_hw());
+    let (hp, wp) = (g.h + 2 * p, g.w + 2 * p);
+    let acc: &mut [T] = if p == 0 { &mut *dx } else { &mut *dxp };
+    acc.fill(T::zero());
+    for (c, ac) in acc.chunks_exact_mut(hp * wp).enumerate() {
+        for ki in 0..k {
+            for kj in 0..k {
+                let r = (c * k + ki) * k + kj;
+                for (oh, src) in col[r * hw..(r + 1) * hw].chunks_exact(wo).enumerate() {
+                    let dst = &mut ac[(oh * s + ki) * wp + kj..];
+                    if s == 1 {
+                        for (d, v) in dst[..wo].iter_mut().zip(src) {
+                            *d = *d + *v;
+                        }
+                    } else {
+                        for (d, v) in dst.iter_mut().step_by(s).zip(src) {
+                            *d = *d + *v;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    if p > 0 {
+        for (c, dxc) in dx.chunks_exact_mut(g.h * g.w).enumerate() {
+            for (ih, dxrow) in dxc.chunks_exact_mut(g.w).enumerate() {
+                let at = (c * hp + ih + p) * wp + p;
+                dxrow.copy_from_slice(&dxp[at..at + g.w]);
+            }
+        }
+    }
+}
+
+/// `y[N, O, Ho, Wo] = conv(x[N, C, H, W], w[O, C, K, K]) + bias[O]`.
+pub fn forward<T: Elem>(g: &ConvGeom, x: &[T], w: &[T], bias: Option<&[T]>, y: &mut [T]) {
+    let (per_task, par) = g.schedule();
+    let (ckk, hw) = (g.ckk(), g.out_hw());
+    // Both orientations give the same sums; which one the GEMM crate runs
+    // faster depends on the output width fitting its 16-lane register
+    // blocks (measured: transposed wins for 14x14 and 7x7 outputs, loses
+    // for 28x28 and 32x32 ones).
+    let transposed = hw % 16 != 0;
+    y.par_chunks_mut(per_task * g.y_len())
+        .zip(x.par_chunks(per_task * g.x_len()))
+        .for_each(|(yc, xc)| {
+            let mut col = vec![T::zero(); ckk * hw];
+            let mut padded = Padded::new(g);
+            let mut yt = vec![T::zero(); if transposed { hw * g.o } else { 0 }];
+            for (yi, xi) in yc.chunks_mut(g.y_len()).zip(xc.chunks(g.x_len())) {
+                im2col(g, padded.image(g, xi), &mut col);
+                if transposed {
+                    // y_i^T[HoWo, O] = col^T[HoWo, CKK] * W^T[CKK, O], then
+                    // transposed into place with the bias.
+                    gemm(hw, g.o, ckk, &col, true, w, true, &mut yt, false, par);
+                    for (o, yo) in yi.chunks_mut(hw).enumerate() {
+                        let b = bias.map_or(T::zero(), |b| b[o]);
+                        for (v, t) in yo.iter_mut().zip(yt[o..].iter().step_by(g.o)) {
+                            *v = *t + b;
+                        }
+                    }
+                } else {
+                    if let Some(b) = bias {
+                        for (yo, &bo) in yi.chunks_mut(hw).zip(b) {
+                            yo.fill(bo);
+                        }
+                    }
+                    // y_i[O, HoWo] (+)= W[O, CKK] * col[CKK, HoWo]
+                    gemm(g.o, hw, ckk, w, false, &col, false, yi, bias.is_some(), par);
+                }
+            }
+        });
+}
+
+/// Gradients of [`forward`] for upstream `dy[N, O, Ho, Wo]`. `dw` and `db`
+/// are accumulated into (`+=`, like PyTorch's `.grad`); `dx`, when asked for,
+/// is overwritten.
+#[allow(clippy::too_many_arguments)]
+pub fn backward<T: Elem>(
+    g: &ConvGeom,
+    x: &[T],
+    w: &[T],
+    dy: &[T],
+    dw: &mut [T],
+    db: Option<&mut [T]>,
+    dx: Option<&mut [T]>,
+) {
+    let (per_task, par) = g.schedule();
+    let (ckk, hw) = (g.ckk(), g.out_hw());
+    let tasks = g.n.div_ceil(per_task);
+    let need_db = db.is_some();
+    let dx_parts: Vec<Option<&mut [T]>> = match dx {
+        Some(d) => d.chunks_mut(per_task * g.x_len()).map(Some).collect(),
+        None => (0..tasks).map(|_| None).collect(),
+    };
+    let partials: Vec<(Vec<T>, Vec<T>)> = dx_parts
+        .into_par_iter()
+        .enumerate()
+        .map(|(t, mut dxt)| {
+            let first = t * per_task;
+            let imgs = per_task.min(g.n - first);
+            // Accumulates dW^T[CKK, O]: the GEMM crate runs this orientation
+            // 1.5x faster than dW[O, CKK] for the MNIST layers (measured).
+            let mut dwt = vec![T::zero(); ckk * g.o];
+            let mut db_t = vec![T::zero(); if need_db { g.o } else { 0 }];
+            let mut col = vec![T::zero(); ckk * hw];
+            let mut padded = Padded::new(g);
+            let need_dx = dxt.is_some();
+            let mut dcol = vec![T::zero(); if need_dx { ckk * hw } else { 0 }];
+            let mut dxp = vec![
+                T::zero();
+                if need_dx && g.padding > 0 {
+                    g.padded_len()
+                } else {
+                    0
+                }
+            ];
+            for i in 0..imgs {
+                let img = first + i;
+                let xi = &x[img * g.x_len()..(img + 1) * g.x_len()];
+                let dyi = &dy[img * g.y_len()..(img + 1) * g.y_len()];
+                im2col(g, padded.image(g, xi), &mut col);
+                // dW^T[CKK, O] += col[CKK, HoWo] * dy_i^T[HoWo, O]
+                gemm(ckk, g.o, hw, &col, false, dyi, true, &mut dwt, true, par);
+                for (acc, dyo) in db_t.iter_mut().zip(dyi.chunks(hw)) {
+                    *acc = *acc + dyo.iter().copied().sum::<T>();
+                }
+                if let Some(dxt) = dxt.as_deref_mut() {
+                    // dcol[CKK, HoWo] = W^T[CKK, O] * dy_i[O, HoWo]
+                    gemm(ckk, hw, g.o, w, true, dyi, false, &mut dcol, false, par);
+                    col2im(
+                        g,
+                        &dcol,
+                        &mut dxp,
+                        &mut dxt[i * g.x_len()..(i + 1) * g.x_len()],
+                    );
+                }
+            }
+            (dwt, db_t)
+        })
+        .collect();
+    for (dwt, _) in &partials {
+        for (o, dwo) in dw.chunks_mut(ckk).enumerate() {
+            for (a, b) in dwo.iter_mut().zip(dwt[o..].iter().step_by(g.o)) {
+                *a = *a + *b;
+            }
+        }
+    }
+    if let Some(db) = db {
+        for (_, db_t) in &partials {
+            for (a, b) in db.iter_mut().zip(db_t) {
+                *a = *a + *b;
+            }
+        }
+    }
+}
