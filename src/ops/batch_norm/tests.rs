@@ -41,7 +41,8 @@ fn assert_close(what: &str, got: &[f32], want: &[f64], tol: f64) {
 fn forward_train_matches_naive_and_updates_running_stats() {
     let (n, c, h, w) = (3, 5, 7, 9); // hw = 63: exercises the lane remainder
     let hw = h * w;
-    let x: Vec<f32> = rand_vec_f32(n * c * hw, 1).iter().enumerate().map(|(i, v)| v * 2.0 + (i % 3) as f32).collect();
+    let x: Vec<f32> =
+        rand_vec_f32(n * c * hw, 1).iter().enumerate().map(|(i, v)| v * 2.0 + (i % 3) as f32).collect();
     let wt = rand_vec_f32(c, 2);
     let bs = rand_vec_f32(c, 3);
     let rm0 = rand_vec_f32(c, 4);
@@ -96,8 +97,7 @@ fn large_offset_channels_keep_f32_accurate_statistics() {
     let sums = cpu::local_sums(&x, n, c, hw);
     let st = cpu::batch_stats::<f32>(&sums.sum, &sums.sumsq, sums.count, 1e-5);
     let want = naive_stats(&f64s(&x), n, c, hw);
-    for ch in 0..c {
-        let (mean, var, var_u) = want[ch];
+    for (ch, &(mean, var, var_u)) in want.iter().enumerate() {
         assert!(((st.mean[ch] as f64) - mean).abs() <= 1e-7 * mean.abs(), "mean[{ch}]");
         let want_invstd = 1.0 / (var + 1e-5).sqrt();
         assert!(((st.invstd[ch] as f64) - want_invstd).abs() <= 1e-6 * want_invstd, "invstd[{ch}]");
@@ -115,8 +115,15 @@ fn forward_eval_uses_running_stats() {
     let rm = rand_vec_f32(c, 10);
     let rv: Vec<f32> = rand_vec_f32(c, 11).iter().map(|v| v.abs() + 0.1).collect();
     let t = |v: &Vec<f32>| Tensor::from_vec(&[c], v.clone()).unwrap();
-    let y = forward_eval(&Tensor::from_vec(&[n, c, h, w], x.clone()).unwrap(), &t(&wt), &t(&bs), &t(&rm), &t(&rv), 1e-3)
-        .unwrap();
+    let y = forward_eval(
+        &Tensor::from_vec(&[n, c, h, w], x.clone()).unwrap(),
+        &t(&wt),
+        &t(&bs),
+        &t(&rm),
+        &t(&rv),
+        1e-3,
+    )
+    .unwrap();
     let want: Vec<f64> = (0..x.len())
         .map(|idx| {
             let ch = (idx / hw) % c;
@@ -209,7 +216,10 @@ fn split_batch_sums_reproduce_the_whole_batch() {
     }
     let ba = cpu::backward_sums(&x[..cut], &dy[..cut], n1, c, hw, &st.mean, &st.invstd);
     let bb = cpu::backward_sums(&x[cut..], &dy[cut..], n2, c, hw, &st.mean, &st.invstd);
-    let global = cpu::BackwardSums { sum_dy: add(&ba.sum_dy, &bb.sum_dy), sum_dy_xhat: add(&ba.sum_dy_xhat, &bb.sum_dy_xhat) };
+    let global = cpu::BackwardSums {
+        sum_dy: add(&ba.sum_dy, &bb.sum_dy),
+        sum_dy_xhat: add(&ba.sum_dy_xhat, &bb.sum_dy_xhat),
+    };
     let mut dx = vec![0.0; x.len()];
     let (dxa, dxb) = dx.split_at_mut(cut);
     cpu::backward_dx(&x[..cut], &dy[..cut], c, hw, &st.mean, &st.invstd, &w, &global, whole.count, dxa);
@@ -249,7 +259,10 @@ fn errors_name_the_problem() {
 
     let x1 = Tensor::zeros(&[1, 2, 1, 1]);
     let m = err_msg(forward_train(&x1, &w2, &b2, &mut rm, &mut rv, 0.1, 1e-5));
-    assert!(m.contains("expected more than 1 value per channel when training, got input shape [1, 2, 1, 1]"), "{m}");
+    assert!(
+        m.contains("expected more than 1 value per channel when training, got input shape [1, 2, 1, 1]"),
+        "{m}"
+    );
 
     let (_, saved) = forward_train(&x, &w2, &b2, &mut rm, &mut rv, 0.1, 1e-5).unwrap();
     let (mut dw, mut db) = (Tensor::zeros(&[2]), Tensor::zeros(&[2]));

@@ -84,7 +84,13 @@ pub fn forward<T: Elem>(x: &[T], g: Geometry, y: &mut [T], idx: &mut [u32]) {
 /// Scatters `dy` into `dx` (which must be zeroed) at the saved argmax
 /// positions, adding where overlapping windows chose the same input.
 /// Returns the first out-of-plane index found, if any (then `dx` is partial).
-pub fn backward<T: Elem>(dy: &[T], idx: &[u32], in_plane: usize, out_plane: usize, dx: &mut [T]) -> Result<(), u32> {
+pub fn backward<T: Elem>(
+    dy: &[T],
+    idx: &[u32],
+    in_plane: usize,
+    out_plane: usize,
+    dx: &mut [T],
+) -> Result<(), u32> {
     if in_plane == 0 || out_plane == 0 {
         return Ok(());
     }
@@ -99,7 +105,10 @@ pub fn backward<T: Elem>(dy: &[T], idx: &[u32], in_plane: usize, out_plane: usiz
         Ok(())
     };
     if dx.len() >= PAR_MIN_ELEMS {
-        dy.par_chunks(out_plane).zip(idx.par_chunks(out_plane)).zip(dx.par_chunks_mut(in_plane)).try_for_each(run)
+        dy.par_chunks(out_plane)
+            .zip(idx.par_chunks(out_plane))
+            .zip(dx.par_chunks_mut(in_plane))
+            .try_for_each(run)
     } else {
         dy.chunks(out_plane).zip(idx.chunks(out_plane)).zip(dx.chunks_mut(in_plane)).try_for_each(run)
     }

@@ -14,7 +14,9 @@ fn unsupported(op: &str, t: &Tensor) -> Error {
 fn nchw(op: &str, what: &str, shape: &[usize]) -> Result<[usize; 4]> {
     match *shape {
         [n, c, h, w] => Ok([n, c, h, w]),
-        _ => Err(Error::shape(format!("max_pool2d {op}: expected a 4-D [N, C, H, W] {what}, got shape {shape:?}"))),
+        _ => Err(Error::shape(format!(
+            "max_pool2d {op}: expected a 4-D [N, C, H, W] {what}, got shape {shape:?}"
+        ))),
     }
 }
 
@@ -22,7 +24,8 @@ fn nchw(op: &str, what: &str, shape: &[usize]) -> Result<[usize; 4]> {
 fn geometry(op: &str, h: usize, w: usize, kernel_size: usize, stride: usize) -> Result<Geometry> {
     if kernel_size == 0 || stride == 0 {
         return Err(Error::shape(format!(
-            "max_pool2d {op}: kernel_size and stride must be positive, got kernel_size {kernel_size}, stride {stride}"
+            "max_pool2d {op}: kernel_size and stride must be positive, \
+             got kernel_size {kernel_size}, stride {stride}"
         )));
     }
     if kernel_size > h || kernel_size > w {
@@ -77,7 +80,8 @@ pub fn backward(dy: &Tensor, indices: &[u32], x_shape: &[usize]) -> Result<Tenso
             let mut dx = vec![0.0f32; n * c * h * w];
             cpu::backward(dys, indices, h * w, oh * ow, &mut dx).map_err(|i| {
                 Error::shape(format!(
-                    "max_pool2d backward: index {i} is outside the {h}x{w} input plane (indices do not belong to this input)"
+                    "max_pool2d backward: index {i} is outside the {h}x{w} input plane \
+                     (indices do not belong to this input)"
                 ))
             })?;
             Tensor::from_vec(x_shape, dx)

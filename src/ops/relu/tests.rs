@@ -31,7 +31,8 @@ fn forward_matches_naive_small_and_threaded() {
 #[test]
 fn backward_matches_finite_differences() {
     // Keep inputs away from the kink at 0, where the derivative is undefined.
-    let x: Vec<f64> = rand_vec(200, 3).into_iter().map(|v| if v.abs() < 1e-3 { v + 0.01 } else { v }).collect();
+    let x: Vec<f64> =
+        rand_vec(200, 3).into_iter().map(|v| if v.abs() < 1e-3 { v + 0.01 } else { v }).collect();
     let r = rand_vec(200, 4);
     let y = relu_f64(&x);
     let mut dx = vec![0.0; x.len()];
