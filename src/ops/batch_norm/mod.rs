@@ -1,1 +1,155 @@
-//! (in progress)
+//! BatchNorm2d over NCHW tensors with PyTorch's semantics: training normalizes
+//! with the biased batch variance and moves the running variance towards the
+//! unbiased one; weight/bias gradients accumulate like `.grad`.
+
+pub mod cpu;
+
+use crate::error::{Error, Result};
+use crate::tensor::{CpuStorage, Storage, Tensor};
+
+/// What backward needs from the training forward, per channel.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BatchNormSaved {
+    pub mean: Vec<f32>,
+    pub invstd: Vec<f32>,
+}
+
+fn unsupported(op: &str, t: &Tensor) -> Error {
+    Error::Unsupported(format!("batch_norm {op} on {:?} tensors (only CPU f32 is implemented)", t.dtype()))
+}
+
+/// The CPU f32 data of a parameter-like tensor, after checking it is `[c]`.
+fn param<'a>(op: &str, what: &str, t: &'a Tensor, c: usize) -> Result<&'a [f32]> {
+    t.check_shape(&format!("batch_norm {op}: {what}"), &[c])?;
+    match t.storage() {
+        Storage::Cpu(CpuStorage::F32(v)) => Ok(v),
+        _ => Err(unsupported(op, t)),
+    }
+}
+
+fn param_mut<'a>(op: &str, what: &str, t: &'a mut Tensor, c: usize) -> Result<&'a mut [f32]> {
+    t.check_shape(&format!("batch_norm {op}: {what}"), &[c])?;
+    if !matches!(t.storage(), Storage::Cpu(CpuStorage::F32(_))) {
+        return Err(unsupported(op, t));
+    }
+    t.as_f32_mut()
+}
+
+/// `(n, c, h*w)` of an NCHW input.
+fn dims(op: &str, x: &Tensor) -> Result<(usize, usize, usize)> {
+    match *x.shape() {
+        [n, c, h, w] => Ok((n, c, h * w)),
+        _ => Err(Error::shape(format!(
+            "batch_norm {op}: expected a 4-D [N, C, H, W] input, got shape {:?}",
+            x.shape()
+        ))),
+    }
+}
+
+/// Training-mode forward: normalizes with the batch statistics, updates the
+/// running statistics in place, and returns what backward needs.
+pub fn forward_train(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: &Tensor,
+    running_mean: &mut Tensor,
+    running_var: &mut Tensor,
+    momentum: f32,
+    eps: f32,
+) -> Result<(Tensor, BatchNormSaved)> {
+    const OP: &str = "forward_train";
+    let (n, c, hw) = dims(OP, x)?;
+    if n * hw <= 1 {
+        return Err(Error::shape(format!(
+            "batch_norm {OP}: expected more than 1 value per channel when training, got input shape {:?}",
+            x.shape()
+        )));
+    }
+    match x.storage() {
+        Storage::Cpu(CpuStorage::F32(xs)) => {
+            let w = param(OP, "weight", weight, c)?;
+            let b = param(OP, "bias", bias, c)?;
+            let sums = cpu::local_sums(xs, n, c, hw);
+            let stats = cpu::batch_stats::<f32>(&sums.sum, &sums.sumsq, sums.count, f64::from(eps));
+            let mut out = vec![0.0f32; xs.len()];
+            cpu::normalize_affine(xs, c, hw, &stats.mean, &stats.invstd, w, b, &mut out);
+            let rm = param_mut(OP, "running_mean", running_mean, c)?;
+            let rv = param_mut(OP, "running_var", running_var, c)?;
+            cpu::update_running(rm, rv, &stats, momentum);
+            let saved = BatchNormSaved { mean: stats.mean, invstd: stats.invstd };
+            Ok((Tensor::from_vec(x.shape(), out)?, saved))
+        }
+        _ => Err(unsupported(OP, x)),
+    }
+}
+
+/// Evaluation-mode forward: normalizes with the running statistics.
+pub fn forward_eval(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: &Tensor,
+    running_mean: &Tensor,
+    running_var: &Tensor,
+    eps: f32,
+) -> Result<Tensor> {
+    const OP: &str = "forward_eval";
+    let (_, c, hw) = dims(OP, x)?;
+    match x.storage() {
+        Storage::Cpu(CpuStorage::F32(xs)) => {
+            let w = param(OP, "weight", weight, c)?;
+            let b = param(OP, "bias", bias, c)?;
+            let rm = param(OP, "running_mean", running_mean, c)?;
+            let rv = param(OP, "running_var", running_var, c)?;
+            let invstd = cpu::invstd_from_var(rv, eps);
+            let mut out = vec![0.0f32; xs.len()];
+            cpu::normalize_affine(xs, c, hw, rm, &invstd, w, b, &mut out);
+            Tensor::from_vec(x.shape(), out)
+        }
+        _ => Err(unsupported(OP, x)),
+    }
+}
+
+/// Training-mode backward: returns dx and adds the weight and bias gradients
+/// into `dweight` and `dbias`.
+pub fn backward(
+    x: &Tensor,
+    weight: &Tensor,
+    saved: &BatchNormSaved,
+    dy: &Tensor,
+    dweight: &mut Tensor,
+    dbias: &mut Tensor,
+) -> Result<Tensor> {
+    const OP: &str = "backward";
+    let (n, c, hw) = dims(OP, x)?;
+    dy.check_shape(&format!("batch_norm {OP}: dy (must match x)"), x.shape())?;
+    if saved.mean.len() != c || saved.invstd.len() != c {
+        return Err(Error::shape(format!(
+            "batch_norm {OP}: saved statistics have {} means and {} invstds for {c} channels",
+            saved.mean.len(),
+            saved.invstd.len()
+        )));
+    }
+    match (x.storage(), dy.storage()) {
+        (Storage::Cpu(CpuStorage::F32(xs)), Storage::Cpu(CpuStorage::F32(dys))) => {
+            let w = param(OP, "weight", weight, c)?;
+            // Both gradients are validated before either is written.
+            let dw = param_mut(OP, "dweight", dweight, c)?;
+            let db = param_mut(OP, "dbias", dbias, c)?;
+            let sums = cpu::backward_sums(xs, dys, n, c, hw, &saved.mean, &saved.invstd);
+            for (g, &s) in dw.iter_mut().zip(&sums.sum_dy_xhat) {
+                *g += s as f32;
+            }
+            for (g, &s) in db.iter_mut().zip(&sums.sum_dy) {
+                *g += s as f32;
+            }
+            let mut dx = vec![0.0f32; xs.len()];
+            cpu::backward_dx(xs, dys, c, hw, &saved.mean, &saved.invstd, w, &sums, n * hw, &mut dx);
+            Tensor::from_vec(x.shape(), dx)
+        }
+        (Storage::Cpu(CpuStorage::F32(_)), _) => Err(unsupported(OP, dy)),
+        _ => Err(unsupported(OP, x)),
+    }
+}
+
+#[cfg(test)]
+mod tests;

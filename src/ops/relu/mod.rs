@@ -1,1 +1,67 @@
-//! (in progress)
+//! ReLU, with in-place variants so the trainer can reuse its activation and
+//! gradient buffers instead of allocating per step.
+
+pub mod cpu;
+
+use crate::error::{Error, Result};
+use crate::tensor::{CpuStorage, Storage, Tensor};
+
+fn unsupported(op: &str, t: &Tensor) -> Error {
+    Error::Unsupported(format!("relu {op} on {:?} tensors (only CPU f32 is implemented)", t.dtype()))
+}
+
+fn is_cpu_f32(t: &Tensor) -> bool {
+    matches!(t.storage(), Storage::Cpu(CpuStorage::F32(_)))
+}
+
+pub fn forward(x: &Tensor) -> Result<Tensor> {
+    match x.storage() {
+        Storage::Cpu(CpuStorage::F32(xs)) => {
+            let mut y = vec![0.0f32; xs.len()];
+            cpu::forward(xs, &mut y);
+            Tensor::from_vec(x.shape(), y)
+        }
+        _ => Err(unsupported("forward", x)),
+    }
+}
+
+/// `x = relu(x)` in place.
+pub fn forward_(x: &mut Tensor) -> Result<()> {
+    if !is_cpu_f32(x) {
+        return Err(unsupported("forward_", x));
+    }
+    cpu::forward_inplace(x.as_f32_mut()?);
+    Ok(())
+}
+
+/// `dx = dy` where the output `y > 0`, else 0.
+pub fn backward(y: &Tensor, dy: &Tensor) -> Result<Tensor> {
+    dy.check_shape("relu backward: dy (must match y)", y.shape())?;
+    match (y.storage(), dy.storage()) {
+        (Storage::Cpu(CpuStorage::F32(ys)), Storage::Cpu(CpuStorage::F32(dys))) => {
+            let mut dx = vec![0.0f32; ys.len()];
+            cpu::backward(ys, dys, &mut dx);
+            Tensor::from_vec(y.shape(), dx)
+        }
+        (Storage::Cpu(CpuStorage::F32(_)), _) => Err(unsupported("backward", dy)),
+        _ => Err(unsupported("backward", y)),
+    }
+}
+
+/// `dy` becomes dx in place.
+pub fn backward_(y: &Tensor, dy: &mut Tensor) -> Result<()> {
+    dy.check_shape("relu backward_: dy (must match y)", y.shape())?;
+    if !is_cpu_f32(dy) {
+        return Err(unsupported("backward_", dy));
+    }
+    match y.storage() {
+        Storage::Cpu(CpuStorage::F32(ys)) => {
+            cpu::backward_inplace(ys, dy.as_f32_mut()?);
+            Ok(())
+        }
+        _ => Err(unsupported("backward_", y)),
+    }
+}
+
+#[cfg(test)]
+mod tests;

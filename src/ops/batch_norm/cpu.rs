@@ -1,0 +1,290 @@
+//! BatchNorm2d CPU kernels over NCHW slices, split into the four pieces
+//! SyncBatchNorm needs separately: local forward sums, normalize+affine, local
+//! backward sums, and dx from (possibly all-reduced) sums and the total count.
+//!
+//! Accumulation: every reduction converts the elements to f64 and sums them in
+//! eight independent f64 lanes (vectorizable, and a 78,400-element channel
+//! then loses nothing measurable). The statistics derived from the sums are
+//! computed in f64 and rounded once to `T`, so the f32 results are the
+//! correctly rounded batch statistics, at least as accurate as the f32
+//! contract asks. Callers that all-reduce the sums across ranks may send them
+//! as f32; the variance is still formed from the reduced sums in f64.
+
+use crate::ops::Elem;
+use rayon::prelude::*;
+
+/// Below this many elements per call, rayon's fork/join costs more than the
+/// second core saves.
+const PAR_MIN_ELEMS: usize = 1 << 15;
+
+#[inline(always)]
+fn wide<T: Elem>(v: T) -> f64 {
+    <T as Elem>::to_f64(v)
+}
+
+/// Rounds an f64 statistic to `T` (exact for f64, round-to-nearest for f32).
+#[inline(always)]
+fn narrow<T: Elem>(v: f64) -> T {
+    T::from_f64(v).unwrap_or_else(T::nan)
+}
+
+/// Lanes for the reductions: independent accumulators let the compiler keep
+/// several f64 vector adds in flight, and shorten each rounding chain 8x.
+const LANES: usize = 8;
+
+/// Per-channel `(sum x, sum x^2)` of one contiguous (n, c) plane.
+fn plane_sums<T: Elem>(p: &[T]) -> (f64, f64) {
+    let mut s = [0.0f64; LANES];
+    let mut q = [0.0f64; LANES];
+    let chunks = p.chunks_exact(LANES);
+    let rem = chunks.remainder();
+    for ch in chunks {
+        for l in 0..LANES {
+            let v = wide(ch[l]);
+            s[l] += v;
+            q[l] += v * v;
+        }
+    }
+    for (l, v) in rem.iter().enumerate() {
+        let v = wide(*v);
+        s[l] += v;
+        q[l] += v * v;
+    }
+    (s.iter().sum(), q.iter().sum())
+}
+
+/// `(sum dy, sum dy * (x - mean))` of one plane.
+fn plane_backward_sums<T: Elem>(x: &[T], dy: &[T], mean: f64) -> (f64, f64) {
+    let mut s = [0.0f64; LANES];
+    let mut q = [0.0f64; LANES];
+    let xc = x.chunks_exact(LANES);
+    let dc = dy.chunks_exact(LANES);
+    let (xr, dr) = (xc.remainder(), dc.remainder());
+    for (xa, da) in xc.zip(dc) {
+        for l in 0..LANES {
+            let g = wide(da[l]);
+            s[l] += g;
+            q[l] += g * (wide(xa[l]) - mean);
+        }
+    }
+    for (l, (xv, g)) in xr.iter().zip(dr).enumerate() {
+        let g = wide(*g);
+        s[l] += g;
+        q[l] += g * (wide(*xv) - mean);
+    }
+    (s.iter().sum(), q.iter().sum())
+}
+
+/// Runs `f` for every channel, on both cores when the tensor is large. A
+/// channel's planes are strided through the batch, so channels are the unit
+/// that keeps each reduction on one thread with no merging.
+fn per_channel<R: Send>(c: usize, total: usize, f: impl Fn(usize) -> R + Sync + Send) -> Vec<R> {
+    if total >= PAR_MIN_ELEMS {
+        (0..c).into_par_iter().map(f).collect()
+    } else {
+        (0..c).map(f).collect()
+    }
+}
+
+/// (a) The local per-channel forward reductions of a `[n, c, hw]` batch.
+/// `count` is the number of elements per channel.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LocalSums {
+    pub count: usize,
+    pub sum: Vec<f64>,
+    pub sumsq: Vec<f64>,
+}
+
+pub fn local_sums<T: Elem>(x: &[T], n: usize, c: usize, hw: usize) -> LocalSums {
+    debug_assert_eq!(x.len(), n * c * hw);
+    let per = per_channel(c, x.len(), |ch| {
+        (0..n).fold((0.0, 0.0), |(s, q), i| {
+            let (ps, pq) = plane_sums(&x[(i * c + ch) * hw..][..hw]);
+            (s + ps, q + pq)
+        })
+    });
+    let (sum, sumsq) = per.into_iter().unzip();
+    LocalSums { count: n * hw, sum, sumsq }
+}
+
+/// Batch statistics derived from (possibly globally reduced) sums.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BatchStats<T> {
+    pub mean: Vec<T>,
+    /// `1 / sqrt(biased_var + eps)`: what normalization and backward use.
+    pub invstd: Vec<T>,
+    /// `biased_var * count / (count - 1)`: what the running variance tracks.
+    pub var_unbiased: Vec<T>,
+}
+
+/// `count` must be > 1 (the caller checks, as PyTorch does in training).
+pub fn batch_stats<T: Elem>(sum: &[f64], sumsq: &[f64], count: usize, eps: f64) -> BatchStats<T> {
+    let nf = count as f64;
+    let mut st = BatchStats {
+        mean: Vec::with_capacity(sum.len()),
+        invstd: Vec::with_capacity(sum.len()),
+        var_unbiased: Vec::with_capacity(sum.len()),
+    };
+    for (&s, &q) in sum.iter().zip(sumsq) {
+        let mean = s / nf;
+        // Rounding can push E[x^2] - mean^2 a hair below zero for a constant channel.
+        let var = (q / nf - mean * mean).max(0.0);
+        st.mean.push(narrow(mean));
+        st.invstd.push(narrow(1.0 / (var + eps).sqrt()));
+        st.var_unbiased.push(narrow(var * nf / (nf - 1.0)));
+    }
+    st
+}
+
+/// `running = (1 - momentum) * running + momentum * batch`, PyTorch's update.
+pub fn update_running<T: Elem>(
+    running_mean: &mut [T],
+    running_var: &mut [T],
+    stats: &BatchStats<T>,
+    momentum: T,
+) {
+    let keep = T::one() - momentum;
+    for (r, &m) in running_mean.iter_mut().zip(&stats.mean) {
+        *r = keep * *r + momentum * m;
+    }
+    for (r, &v) in running_var.iter_mut().zip(&stats.var_unbiased) {
+        *r = keep * *r + momentum * v;
+    }
+}
+
+/// Calls `f(plane_index_in_sample, x_plane, out_plane)` over every (n, c)
+/// plane, splitting the batch across cores when it is large.
+fn for_each_plane<T: Elem>(
+    x: &[T],
+    out: &mut [T],
+    c: usize,
+    hw: usize,
+    f: impl Fn(usize, &[T], &mut [T]) + Sync + Send,
+) {
+    let sample = c * hw;
+    if sample == 0 {
+        return;
+    }
+    let per_sample = |(xs, os): (&[T], &mut [T])| {
+        for (ch, (xp, op)) in xs.chunks_exact(hw).zip(os.chunks_exact_mut(hw)).enumerate() {
+            f(ch, xp, op);
+        }
+    };
+    if x.len() >= PAR_MIN_ELEMS {
+        x.par_chunks(sample).zip(out.par_chunks_mut(sample)).for_each(per_sample);
+    } else {
+        x.chunks(sample).zip(out.chunks_mut(sample)).for_each(per_sample);
+    }
+}
+
+/// (b) `out = (x - mean) * invstd * weight + bias`, folded into one
+/// multiply-add per element with per-channel scale and shift.
+#[allow(clippy::too_many_arguments)]
+pub fn normalize_affine<T: Elem>(
+    x: &[T],
+    c: usize,
+    hw: usize,
+    mean: &[T],
+    invstd: &[T],
+    weight: &[T],
+    bias: &[T],
+    out: &mut [T],
+) {
+    debug_assert_eq!(x.len(), out.len());
+    let scale: Vec<T> = (0..c).map(|ch| weight[ch] * invstd[ch]).collect();
+    let shift: Vec<T> = (0..c).map(|ch| bias[ch] - mean[ch] * scale[ch]).collect();
+    for_each_plane(x, out, c, hw, |ch, xp, op| {
+        let (a, b) = (scale[ch], shift[ch]);
+        for (o, &v) in op.iter_mut().zip(xp) {
+            *o = v * a + b;
+        }
+    });
+}
+
+/// `1 / sqrt(running_var + eps)` for evaluation mode.
+pub fn invstd_from_var<T: Elem>(var: &[T], eps: T) -> Vec<T> {
+    var.iter().map(|&v| T::one() / (v + eps).sqrt()).collect()
+}
+
+/// (c) The local per-channel backward reductions: `sum dy` (= dbias) and
+/// `sum dy * xhat` (= dweight), with `xhat = (x - mean) * invstd`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BackwardSums {
+    pub sum_dy: Vec<f64>,
+    pub sum_dy_xhat: Vec<f64>,
+}
+
+#[allow(clippy::too_many_arguments)]
+pub fn backward_sums<T: Elem>(
+    x: &[T],
+    dy: &[T],
+    n: usize,
+    c: usize,
+    hw: usize,
+    mean: &[T],
+    invstd: &[T],
+) -> BackwardSums {
+    debug_assert_eq!(x.len(), dy.len());
+    let per = per_channel(c, x.len(), |ch| {
+        let m = wide(mean[ch]);
+        let (s, q) = (0..n).fold((0.0, 0.0), |(s, q), i| {
+            let off = (i * c + ch) * hw;
+            let (ps, pq) = plane_backward_sums(&x[off..][..hw], &dy[off..][..hw], m);
+            (s + ps, q + pq)
+        });
+        (s, q * wide(invstd[ch]))
+    });
+    let (sum_dy, sum_dy_xhat) = per.into_iter().unzip();
+    BackwardSums { sum_dy, sum_dy_xhat }
+}
+
+/// (d) `dx = weight * invstd * (dy - sum_dy/M - xhat * sum_dy_xhat/M)` with
+/// `M = count` the (global) number of elements per channel. Expanded per
+/// channel into `dx = k*dy + p*x + q` so each element costs two multiply-adds.
+#[allow(clippy::too_many_arguments)]
+pub fn backward_dx<T: Elem>(
+    x: &[T],
+    dy: &[T],
+    c: usize,
+    hw: usize,
+    mean: &[T],
+    invstd: &[T],
+    weight: &[T],
+    sums: &BackwardSums,
+    count: usize,
+    dx: &mut [T],
+) {
+    debug_assert_eq!(x.len(), dy.len());
+    debug_assert_eq!(x.len(), dx.len());
+    let m = count as f64;
+    // (k, p, q) per channel, formed in f64 and rounded once.
+    let coef: Vec<(T, T, T)> = (0..c)
+        .map(|ch| {
+            let istd = wide(invstd[ch]);
+            let k = wide(weight[ch]) * istd;
+            let a = sums.sum_dy[ch] / m;
+            let b = istd * sums.sum_dy_xhat[ch] / m;
+            let p = -k * b;
+            let q = k * (wide(mean[ch]) * b - a);
+            (narrow(k), narrow(p), narrow(q))
+        })
+        .collect();
+    let sample = c * hw;
+    if sample == 0 {
+        return;
+    }
+    let per_sample = |((xs, ds), os): ((&[T], &[T]), &mut [T])| {
+        let planes = xs.chunks_exact(hw).zip(ds.chunks_exact(hw)).zip(os.chunks_exact_mut(hw));
+        for (ch, ((xp, dp), op)) in planes.enumerate() {
+            let (k, p, q) = coef[ch];
+            for ((o, &xv), &g) in op.iter_mut().zip(xp).zip(dp) {
+                *o = k * g + p * xv + q;
+            }
+        }
+    };
+    if x.len() >= PAR_MIN_ELEMS {
+        x.par_chunks(sample).zip(dy.par_chunks(sample)).zip(dx.par_chunks_mut(sample)).for_each(per_sample);
+    } else {
+        x.chunks(sample).zip(dy.chunks(sample)).zip(dx.chunks_mut(sample)).for_each(per_sample);
+    }
+}
