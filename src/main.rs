@@ -8,7 +8,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(name = "ddptrain", version, about = "Mixed-precision data-parallel trainer for networks described in TOML")]
+#[command(
+    name = "ddptrain",
+    version,
+    about = "Mixed-precision data-parallel trainer for networks described in TOML"
+)]
 #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
 struct Cli {
     #[command(subcommand)]

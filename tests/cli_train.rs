@@ -14,7 +14,8 @@ fn synthetic_run_writes_metrics_summary_and_weights() {
     let out = dir.path().join("out");
     let out_set = format!("run.out_dir={}", out.display());
     let cfg = repo_root().join("configs/mnist_o0.toml");
-    let mut args = vec!["--config", cfg.to_str().unwrap(), "--set", &out_set, "--set", "logging.every_steps=2"];
+    let mut args =
+        vec!["--config", cfg.to_str().unwrap(), "--set", &out_set, "--set", "logging.every_steps=2"];
     args.extend_from_slice(SYNTH);
     let o = ddptrain(&args, dir.path());
     let t = text(&o);
@@ -23,7 +24,17 @@ fn synthetic_run_writes_metrics_summary_and_weights() {
     assert!(t.contains("FAIL expect.min_test_accuracy: expected >= 0.9700"), "{t}");
 
     let s = read_json(&out.join("summary.json"));
-    for key in ["final_loss", "test_accuracy", "images_per_s", "steps", "epochs", "wall_s", "opt_level", "world_size", "device"] {
+    for key in [
+        "final_loss",
+        "test_accuracy",
+        "images_per_s",
+        "steps",
+        "epochs",
+        "wall_s",
+        "opt_level",
+        "world_size",
+        "device",
+    ] {
         assert!(s.get(key).is_some(), "summary.json lacks {key}: {s}");
     }
     assert_eq!(s["steps"], 4);
@@ -112,5 +123,8 @@ fn seed_mnist_config_learns_in_one_epoch() {
     let s = read_json(&out.join("summary.json"));
     assert_eq!(s["epochs"], 1);
     assert_eq!(s["steps"], 80, "8000 digits at batch 100");
-    println!("one epoch of the seed config: test accuracy {}, {} images/s", s["test_accuracy"], s["images_per_s"]);
+    println!(
+        "one epoch of the seed config: test accuracy {}, {} images/s",
+        s["test_accuracy"], s["images_per_s"]
+    );
 }

@@ -13,14 +13,18 @@ fn ckpt_err(path: &Path, msg: impl Into<String>) -> Error {
 /// Reads every tensor of a safetensors file as a [`StateEntry`]. Floating
 /// tensors (f32, f16, bf16, f64) become f32; integer scalars stay integers.
 pub fn load_safetensors(path: &Path) -> Result<Vec<StateEntry>> {
-    let bytes = std::fs::read(path).map_err(|e| Error::io(format!("cannot read weights file {}", path.display()), e))?;
-    let st = SafeTensors::deserialize(&bytes).map_err(|e| ckpt_err(path, format!("not a valid safetensors file: {e}")))?;
+    let bytes = std::fs::read(path)
+        .map_err(|e| Error::io(format!("cannot read weights file {}", path.display()), e))?;
+    let st = SafeTensors::deserialize(&bytes)
+        .map_err(|e| ckpt_err(path, format!("not a valid safetensors file: {e}")))?;
     let mut out = Vec::new();
     for (name, view) in st.tensors() {
         let shape = view.shape().to_vec();
         let data = view.data();
         let value = match view.dtype() {
-            Dtype::F32 => StateValue::F32(data.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()),
+            Dtype::F32 => StateValue::F32(
+                data.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+            ),
             Dtype::F16 => StateValue::F32(
                 data.chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
             ),
@@ -32,9 +36,9 @@ pub fn load_safetensors(path: &Path) -> Result<Vec<StateEntry>> {
                     .map(|c| f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]) as f32)
                     .collect(),
             ),
-            Dtype::I64 if data.len() == 8 => {
-                StateValue::I64(i64::from_le_bytes([data[0], data[1], data[2], data[3], data[4], data[5], data[6], data[7]]))
-            }
+            Dtype::I64 if data.len() == 8 => StateValue::I64(i64::from_le_bytes([
+                data[0], data[1], data[2], data[3], data[4], data[5], data[6], data[7],
+            ])),
             other => return Err(ckpt_err(path, format!("tensor `{name}` has unsupported dtype {other:?}"))),
         };
         out.push(StateEntry { name, shape, value });
@@ -48,7 +52,12 @@ pub fn save_safetensors(path: &Path, entries: &[StateEntry]) -> Result<()> {
     let bytes: Vec<(String, Vec<u8>, Dtype, Vec<usize>)> = entries
         .iter()
         .map(|e| match &e.value {
-            StateValue::F32(v) => (e.name.clone(), v.iter().flat_map(|x| x.to_le_bytes()).collect(), Dtype::F32, e.shape.clone()),
+            StateValue::F32(v) => (
+                e.name.clone(),
+                v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+                Dtype::F32,
+                e.shape.clone(),
+            ),
             StateValue::I64(v) => (e.name.clone(), v.to_le_bytes().to_vec(), Dtype::I64, e.shape.clone()),
         })
         .collect();
@@ -57,9 +66,11 @@ pub fn save_safetensors(path: &Path, entries: &[StateEntry]) -> Result<()> {
         .map(|(n, b, d, s)| TensorView::new(*d, s.clone(), b).map(|v| (n.clone(), v)))
         .collect::<std::result::Result<Vec<_>, _>>()
         .map_err(|e| ckpt_err(path, format!("cannot encode tensors: {e}")))?;
-    let data = safetensors::serialize(views, None).map_err(|e| ckpt_err(path, format!("cannot encode tensors: {e}")))?;
+    let data = safetensors::serialize(views, None)
+        .map_err(|e| ckpt_err(path, format!("cannot encode tensors: {e}")))?;
     let tmp = path.with_extension("safetensors.tmp");
     std::fs::write(&tmp, data).map_err(|e| Error::io(format!("cannot write {}", tmp.display()), e))?;
-    std::fs::rename(&tmp, path).map_err(|e| Error::io(format!("cannot rename {} into place", tmp.display()), e))?;
+    std::fs::rename(&tmp, path)
+        .map_err(|e| Error::io(format!("cannot rename {} into place", tmp.display()), e))?;
     Ok(())
 }

@@ -30,7 +30,8 @@ impl MetricsWriter {
 }
 
 pub fn write_json(path: &Path, value: &impl serde::Serialize) -> Result<()> {
-    let text = serde_json::to_string_pretty(value).map_err(|e| Error::io("cannot encode JSON", std::io::Error::other(e)))?;
+    let text = serde_json::to_string_pretty(value)
+        .map_err(|e| Error::io("cannot encode JSON", std::io::Error::other(e)))?;
     std::fs::write(path, text + "\n").map_err(|e| Error::io(format!("cannot write {}", path.display()), e))
 }
 
@@ -55,7 +56,9 @@ impl Progress {
         };
         let bar = show.then(|| {
             let bar = ProgressBar::new(total_steps);
-            if let Ok(style) = ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} steps {msg}") {
+            if let Ok(style) =
+                ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} steps {msg}")
+            {
                 bar.set_style(style.progress_chars("=> "));
             }
             bar

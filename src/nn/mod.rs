@@ -137,13 +137,17 @@ impl Layer {
             Layer::Conv2d { weight, bias, args } => {
                 ops::conv2d::forward(&x, &weight.value, bias.as_ref().map(|b| &b.value), *args)
             }
-            Layer::MaxPool2d { kernel_size, stride } => Ok(ops::max_pool2d::forward(&x, *kernel_size, *stride)?.0),
+            Layer::MaxPool2d { kernel_size, stride } => {
+                Ok(ops::max_pool2d::forward(&x, *kernel_size, *stride)?.0)
+            }
             Layer::Flatten => {
                 let n = x.shape()[0];
                 let rest = x.shape()[1..].iter().product::<usize>();
                 x.reshape(&[n, rest])
             }
-            Layer::Linear { weight, bias } => ops::linear::forward(&x, &weight.value, bias.as_ref().map(|b| &b.value)),
+            Layer::Linear { weight, bias } => {
+                ops::linear::forward(&x, &weight.value, bias.as_ref().map(|b| &b.value))
+            }
         }
     }
 
@@ -161,7 +165,14 @@ impl Layer {
             ),
             (Layer::BatchNorm2d(bn), Saved::BatchNorm { x, stats }) => {
                 let BatchNorm2d { weight, bias, .. } = &mut **bn;
-                let dx = ops::batch_norm::backward(&x, &weight.value, &stats, &dy, &mut weight.grad, &mut bias.grad)?;
+                let dx = ops::batch_norm::backward(
+                    &x,
+                    &weight.value,
+                    &stats,
+                    &dy,
+                    &mut weight.grad,
+                    &mut bias.grad,
+                )?;
                 Ok(Some(dx))
             }
             (Layer::Relu, Saved::Output(y)) => {
@@ -181,7 +192,9 @@ impl Layer {
                 bias.as_mut().map(|b| &mut b.grad),
                 need_dx,
             ),
-            _ => Err(crate::Error::Training("internal error: a layer's saved state does not match the layer".into())),
+            _ => Err(crate::Error::Training(
+                "internal error: a layer's saved state does not match the layer".into(),
+            )),
         }
     }
 }
@@ -203,9 +216,13 @@ impl Model {
                 LayerKind::Conv2d { in_channels, out_channels, kernel_size, stride, padding, bias } => {
                     let fan_in = in_channels * kernel_size * kernel_size;
                     let wshape = [*out_channels, *in_channels, *kernel_size, *kernel_size];
-                    let weight = Param::new(pname("weight"), init::kaiming_uniform(&mut rng, &wshape, fan_in)?);
+                    let weight =
+                        Param::new(pname("weight"), init::kaiming_uniform(&mut rng, &wshape, fan_in)?);
                     let bias = if *bias {
-                        Some(Param::new(pname("bias"), init::fan_in_uniform(&mut rng, &[*out_channels], fan_in)?))
+                        Some(Param::new(
+                            pname("bias"),
+                            init::fan_in_uniform(&mut rng, &[*out_channels], fan_in)?,
+                        ))
                     } else {
                         None
                     };
@@ -230,9 +247,13 @@ impl Model {
                 LayerKind::Flatten => Layer::Flatten,
                 LayerKind::Linear { in_features, out_features, bias } => {
                     let wshape = [*out_features, *in_features];
-                    let weight = Param::new(pname("weight"), init::kaiming_uniform(&mut rng, &wshape, *in_features)?);
+                    let weight =
+                        Param::new(pname("weight"), init::kaiming_uniform(&mut rng, &wshape, *in_features)?);
                     let bias = if *bias {
-                        Some(Param::new(pname("bias"), init::fan_in_uniform(&mut rng, &[*out_features], *in_features)?))
+                        Some(Param::new(
+                            pname("bias"),
+                            init::fan_in_uniform(&mut rng, &[*out_features], *in_features)?,
+                        ))
                     } else {
                         None
                     };

@@ -21,7 +21,11 @@ pub struct StateEntry {
 }
 
 fn f32_entry(name: &str, t: &Tensor) -> Result<StateEntry> {
-    Ok(StateEntry { name: name.to_string(), shape: t.shape().to_vec(), value: StateValue::F32(t.as_f32()?.to_vec()) })
+    Ok(StateEntry {
+        name: name.to_string(),
+        shape: t.shape().to_vec(),
+        value: StateValue::F32(t.as_f32()?.to_vec()),
+    })
 }
 
 impl Model {
@@ -71,24 +75,26 @@ impl Model {
             return Err(err(format!("missing tensors: {}", missing.join(", "))));
         }
         let known: std::collections::HashSet<&str> = expected.iter().map(|e| e.name.as_str()).collect();
-        let mut unexpected: Vec<&str> = by_name.keys().map(String::as_str).filter(|n| !known.contains(n)).collect();
+        let mut unexpected: Vec<&str> =
+            by_name.keys().map(String::as_str).filter(|n| !known.contains(n)).collect();
         if !unexpected.is_empty() {
             unexpected.sort_unstable();
             return Err(err(format!("unexpected tensors (not in this model): {}", unexpected.join(", "))));
         }
 
-        let take_f32 = |name: &str, dst: &mut Tensor, by_name: &mut HashMap<String, StateEntry>| -> Result<()> {
-            match by_name.remove(name).map(|e| e.value) {
-                Some(StateValue::F32(v)) => {
-                    dst.as_f32_mut()?.copy_from_slice(&v);
-                    Ok(())
+        let take_f32 =
+            |name: &str, dst: &mut Tensor, by_name: &mut HashMap<String, StateEntry>| -> Result<()> {
+                match by_name.remove(name).map(|e| e.value) {
+                    Some(StateValue::F32(v)) => {
+                        dst.as_f32_mut()?.copy_from_slice(&v);
+                        Ok(())
+                    }
+                    _ => Err(Error::Checkpoint {
+                        path: source.to_path_buf(),
+                        msg: format!("tensor `{name}` must be a floating-point tensor"),
+                    }),
                 }
-                _ => Err(Error::Checkpoint {
-                    path: source.to_path_buf(),
-                    msg: format!("tensor `{name}` must be a floating-point tensor"),
-                }),
-            }
-        };
+            };
         for (layer, r) in self.layers.iter_mut().zip(&self.resolved) {
             for p in layer.params_mut() {
                 take_f32(&p.name, &mut p.value, &mut by_name)?;

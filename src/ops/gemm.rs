@@ -36,21 +36,9 @@ pub fn gemm<T: Elem>(
     par: Par,
 ) {
     // These checks are what make the raw-pointer call below sound.
-    assert!(
-        a.len() >= m * k,
-        "gemm: A has {} elements, needs {m}x{k}",
-        a.len()
-    );
-    assert!(
-        b.len() >= k * n,
-        "gemm: B has {} elements, needs {k}x{n}",
-        b.len()
-    );
-    assert!(
-        c.len() >= m * n,
-        "gemm: C has {} elements, needs {m}x{n}",
-        c.len()
-    );
+    assert!(a.len() >= m * k, "gemm: A has {} elements, needs {m}x{k}", a.len());
+    assert!(b.len() >= k * n, "gemm: B has {} elements, needs {k}x{n}", b.len());
+    assert!(c.len() >= m * n, "gemm: C has {} elements, needs {m}x{n}", c.len());
     if m == 0 || n == 0 {
         return;
     }
@@ -119,14 +107,7 @@ mod tests {
     }
 
     fn check_all(par: Par) {
-        let sizes = [
-            (1, 1, 1),
-            (3, 5, 7),
-            (17, 9, 33),
-            (64, 31, 5),
-            (5, 70, 129),
-            (2, 3, 0),
-        ];
+        let sizes = [(1, 1, 1), (3, 5, 7), (17, 9, 33), (64, 31, 5), (5, 70, 129), (2, 3, 0)];
         for (si, &(m, n, k)) in sizes.iter().enumerate() {
             for ta in [false, true] {
                 for tb in [false, true] {
@@ -139,19 +120,13 @@ mod tests {
                     let mut c = c0.clone();
                     gemm(m, n, k, &a, ta, &b, tb, &mut c, false, par);
                     for (g, w) in c.iter().zip(&want) {
-                        assert!(
-                            (g - w).abs() < 1e-12,
-                            "{m}x{n}x{k} ta={ta} tb={tb}: {g} vs {w}"
-                        );
+                        assert!((g - w).abs() < 1e-12, "{m}x{n}x{k} ta={ta} tb={tb}: {g} vs {w}");
                     }
 
                     let mut c = c0.clone();
                     gemm(m, n, k, &a, ta, &b, tb, &mut c, true, par);
                     for ((g, w), c0) in c.iter().zip(&want).zip(&c0) {
-                        assert!(
-                            (g - (w + c0)).abs() < 1e-12,
-                            "acc {m}x{n}x{k} ta={ta} tb={tb}"
-                        );
+                        assert!((g - (w + c0)).abs() < 1e-12, "acc {m}x{n}x{k} ta={ta} tb={tb}");
                     }
                 }
             }
@@ -187,17 +162,6 @@ mod tests {
     #[should_panic(expected = "gemm: B has")]
     fn gemm_short_slice_panics() {
         let mut c = vec![0f32; 4];
-        gemm(
-            2,
-            2,
-            2,
-            &[0.0; 4],
-            false,
-            &[0.0; 3],
-            false,
-            &mut c,
-            false,
-            Par::Seq,
-        );
+        gemm(2, 2, 2, &[0.0; 4], false, &[0.0; 3], false, &mut c, false, Par::Seq);
     }
 }

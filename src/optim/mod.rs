@@ -83,19 +83,12 @@ impl OptimizerConfig {
     /// `torch.optim.Adam(params, lr)` defaults: betas (0.9, 0.999), eps 1e-8,
     /// weight_decay 0.
     pub fn adam(lr: f32) -> Self {
-        OptimizerConfig {
-            kind: OptimizerKind::Adam,
-            ..Self::sgd(lr)
-        }
+        OptimizerConfig { kind: OptimizerKind::Adam, ..Self::sgd(lr) }
     }
 
     /// `torch.optim.AdamW(params, lr)` defaults: as Adam but weight_decay 0.01.
     pub fn adamw(lr: f32) -> Self {
-        OptimizerConfig {
-            kind: OptimizerKind::AdamW,
-            weight_decay: 0.01,
-            ..Self::sgd(lr)
-        }
+        OptimizerConfig { kind: OptimizerKind::AdamW, weight_decay: 0.01, ..Self::sgd(lr) }
     }
 
     /// The checks of the PyTorch constructors, plus: NaN and infinity are
@@ -104,21 +97,12 @@ impl OptimizerConfig {
         let bad = |key: &str, msg: String| Err(Error::config(CONFIG_SOURCE, key, msg));
         let non_negative = |x: f32| x.is_finite() && x >= 0.0;
         if !non_negative(self.lr) {
-            return bad(
-                "lr",
-                format!(
-                    "Invalid learning rate: {} (must be a finite number >= 0)",
-                    self.lr
-                ),
-            );
+            return bad("lr", format!("Invalid learning rate: {} (must be a finite number >= 0)", self.lr));
         }
         if !non_negative(self.weight_decay) {
             return bad(
                 "weight_decay",
-                format!(
-                    "Invalid weight_decay value: {} (must be a finite number >= 0)",
-                    self.weight_decay
-                ),
+                format!("Invalid weight_decay value: {} (must be a finite number >= 0)", self.weight_decay),
             );
         }
         match self.kind {
@@ -126,17 +110,11 @@ impl OptimizerConfig {
                 if !non_negative(self.momentum) {
                     return bad(
                         "momentum",
-                        format!(
-                            "Invalid momentum value: {} (must be a finite number >= 0)",
-                            self.momentum
-                        ),
+                        format!("Invalid momentum value: {} (must be a finite number >= 0)", self.momentum),
                     );
                 }
                 if !self.dampening.is_finite() {
-                    return bad(
-                        "dampening",
-                        format!("Invalid dampening value: {}", self.dampening),
-                    );
+                    return bad("dampening", format!("Invalid dampening value: {}", self.dampening));
                 }
                 if self.nesterov && (self.momentum <= 0.0 || self.dampening != 0.0) {
                     return bad(
@@ -153,10 +131,7 @@ impl OptimizerConfig {
                 if !non_negative(self.eps) {
                     return bad(
                         "eps",
-                        format!(
-                            "Invalid epsilon value: {} (must be a finite number >= 0)",
-                            self.eps
-                        ),
+                        format!("Invalid epsilon value: {} (must be a finite number >= 0)", self.eps),
                     );
                 }
                 for (index, beta) in [self.betas.0, self.betas.1].into_iter().enumerate() {
@@ -194,10 +169,7 @@ pub enum ParamState {
     /// Adam and AdamW: first and second moment running averages. PyTorch
     /// allocates them as zeros on the first step; allocating them up front is
     /// the same computation.
-    Adam {
-        exp_avg: Vec<f32>,
-        exp_avg_sq: Vec<f32>,
-    },
+    Adam { exp_avg: Vec<f32>, exp_avg_sq: Vec<f32> },
 }
 
 /// An optimizer over a fixed list of parameter tensors.
@@ -217,27 +189,16 @@ impl Optimizer {
         if param_sizes.is_empty() {
             return Err(Error::shape("optimizer got an empty parameter list"));
         }
-        let state = param_sizes
-            .iter()
-            .map(|&n| Self::initial_state(cfg.kind, n))
-            .collect();
-        Ok(Optimizer {
-            cfg,
-            param_sizes: param_sizes.to_vec(),
-            state,
-            step_count: 0,
-        })
+        let state = param_sizes.iter().map(|&n| Self::initial_state(cfg.kind, n)).collect();
+        Ok(Optimizer { cfg, param_sizes: param_sizes.to_vec(), state, step_count: 0 })
     }
 
     fn initial_state(kind: OptimizerKind, n: usize) -> ParamState {
         match kind {
-            OptimizerKind::Sgd => ParamState::Sgd {
-                momentum_buffer: None,
-            },
-            OptimizerKind::Adam | OptimizerKind::AdamW => ParamState::Adam {
-                exp_avg: vec![0.0; n],
-                exp_avg_sq: vec![0.0; n],
-            },
+            OptimizerKind::Sgd => ParamState::Sgd { momentum_buffer: None },
+            OptimizerKind::Adam | OptimizerKind::AdamW => {
+                ParamState::Adam { exp_avg: vec![0.0; n], exp_avg_sq: vec![0.0; n] }
+            }
         }
     }
 
@@ -294,11 +255,7 @@ impl Optimizer {
                     self.step_count + 1,
                 );
                 for ((param, grad), state) in params.iter_mut().zip(grads).zip(&mut self.state) {
-                    if let ParamState::Adam {
-                        exp_avg,
-                        exp_avg_sq,
-                    } = state
-                    {
+                    if let ParamState::Adam { exp_avg, exp_avg_sq } = state {
                         adam::update(param, grad, exp_avg, exp_avg_sq, &hp);
                     }
                 }
@@ -342,16 +299,11 @@ impl Optimizer {
         let mut out = Vec::new();
         for (i, state) in self.state.iter().enumerate() {
             match state {
-                ParamState::Sgd {
-                    momentum_buffer: Some(buf),
-                } => out.push(("momentum_buffer", i, buf.as_slice())),
-                ParamState::Sgd {
-                    momentum_buffer: None,
-                } => {}
-                ParamState::Adam {
-                    exp_avg,
-                    exp_avg_sq,
-                } => {
+                ParamState::Sgd { momentum_buffer: Some(buf) } => {
+                    out.push(("momentum_buffer", i, buf.as_slice()))
+                }
+                ParamState::Sgd { momentum_buffer: None } => {}
+                ParamState::Adam { exp_avg, exp_avg_sq } => {
                     out.push(("exp_avg", i, exp_avg.as_slice()));
                     out.push(("exp_avg_sq", i, exp_avg_sq.as_slice()));
                 }
@@ -364,9 +316,7 @@ impl Optimizer {
     /// steps (what `state_tensors` returns then).
     fn expected_names(&self, step_count: u64) -> &'static [&'static str] {
         match self.cfg.kind {
-            OptimizerKind::Sgd if self.cfg.momentum != 0.0 && step_count > 0 => {
-                &["momentum_buffer"]
-            }
+            OptimizerKind::Sgd if self.cfg.momentum != 0.0 && step_count > 0 => &["momentum_buffer"],
             OptimizerKind::Sgd => &[],
             OptimizerKind::Adam | OptimizerKind::AdamW => &["exp_avg", "exp_avg_sq"],
         }
@@ -382,12 +332,7 @@ impl Optimizer {
         step_count: u64,
         tensors: &[(&str, usize, &[f32])],
     ) -> Result<()> {
-        let fail = |msg: String| {
-            Err(Error::Checkpoint {
-                path: source.to_path_buf(),
-                msg,
-            })
-        };
+        let fail = |msg: String| Err(Error::Checkpoint { path: source.to_path_buf(), msg });
         let kind = self.cfg.kind.name();
         let names = self.expected_names(step_count);
         let n = self.param_sizes.len();
@@ -395,11 +340,7 @@ impl Optimizer {
         let mut found: Vec<Vec<Option<&[f32]>>> = vec![vec![None; names.len()]; n];
         for &(name, index, values) in tensors {
             let Some(k) = names.iter().position(|&known| known == name) else {
-                let expected = if names.is_empty() {
-                    "none".to_string()
-                } else {
-                    names.join(", ")
-                };
+                let expected = if names.is_empty() { "none".to_string() } else { names.join(", ") };
                 return fail(format!(
                     "unexpected optimizer state `{name}` for parameter {index}: this {kind} optimizer \
                      (momentum {}) after {step_count} steps has state: {expected}",
@@ -419,9 +360,7 @@ impl Optimizer {
                 ));
             }
             if found[index][k].replace(values).is_some() {
-                return fail(format!(
-                    "optimizer state `{name}` for parameter {index} is given twice"
-                ));
+                return fail(format!("optimizer state `{name}` for parameter {index} is given twice"));
             }
         }
         let mut state = Vec::with_capacity(n);
@@ -434,13 +373,12 @@ impl Optimizer {
             }
             let owned = |k: usize| slots[k].map(<[f32]>::to_vec).unwrap_or_default();
             state.push(match self.cfg.kind {
-                OptimizerKind::Sgd => ParamState::Sgd {
-                    momentum_buffer: (!slots.is_empty()).then(|| owned(0)),
-                },
-                OptimizerKind::Adam | OptimizerKind::AdamW => ParamState::Adam {
-                    exp_avg: owned(0),
-                    exp_avg_sq: owned(1),
-                },
+                OptimizerKind::Sgd => {
+                    ParamState::Sgd { momentum_buffer: (!slots.is_empty()).then(|| owned(0)) }
+                }
+                OptimizerKind::Adam | OptimizerKind::AdamW => {
+                    ParamState::Adam { exp_avg: owned(0), exp_avg_sq: owned(1) }
+                }
             });
         }
         self.state = state;

@@ -38,10 +38,7 @@ impl LrSchedule {
         if !non_negative(self.base_lr) {
             return bad(
                 "lr",
-                format!(
-                    "Invalid learning rate: {} (must be a finite number >= 0)",
-                    self.base_lr
-                ),
+                format!("Invalid learning rate: {} (must be a finite number >= 0)", self.base_lr),
             );
         }
         match self.kind {
@@ -51,10 +48,7 @@ impl LrSchedule {
                     return bad("step_size", "step_size must be at least 1".to_string());
                 }
                 if !non_negative(gamma) {
-                    return bad(
-                        "gamma",
-                        format!("Invalid gamma: {gamma} (must be a finite number >= 0)"),
-                    );
+                    return bad("gamma", format!("Invalid gamma: {gamma} (must be a finite number >= 0)"));
                 }
             }
             ScheduleKind::Cosine { eta_min } => {
@@ -129,12 +123,7 @@ mod tests {
     }
 
     fn schedule(kind: ScheduleKind, warmup_steps: u64, total_steps: u64) -> LrSchedule {
-        LrSchedule {
-            base_lr: 0.1,
-            kind,
-            warmup_steps,
-            total_steps,
-        }
+        LrSchedule { base_lr: 0.1, kind, warmup_steps, total_steps }
     }
 
     fn close(a: f32, b: f64) -> bool {
@@ -161,25 +150,9 @@ mod tests {
 
     #[test]
     fn step_decay_changes_exactly_at_boundaries() {
-        let s = schedule(
-            ScheduleKind::Step {
-                step_size: 3,
-                gamma: 0.5,
-            },
-            2,
-            100,
-        );
+        let s = schedule(ScheduleKind::Step { step_size: 3, gamma: 0.5 }, 2, 100);
         // Steps 0,1 warm up; decay counts from step 2.
-        let want = [
-            (0, 0.05),
-            (1, 0.1),
-            (2, 0.1),
-            (4, 0.1),
-            (5, 0.05),
-            (7, 0.05),
-            (8, 0.025),
-            (11, 0.0125),
-        ];
+        let want = [(0, 0.05), (1, 0.1), (2, 0.1), (4, 0.1), (5, 0.05), (7, 0.05), (8, 0.025), (11, 0.0125)];
         for (k, w) in want {
             assert!(close(s.lr_at(k), w), "step {k}: {} vs {w}", s.lr_at(k));
         }
@@ -189,11 +162,7 @@ mod tests {
     fn cosine_endpoints_midpoint_and_clamp() {
         let s = schedule(ScheduleKind::Cosine { eta_min: 0.001 }, 10, 110);
         assert!(close(s.lr_at(10), 0.1), "start {}", s.lr_at(10));
-        assert!(
-            close(s.lr_at(60), 0.001 + 0.099 / 2.0),
-            "midpoint {}",
-            s.lr_at(60)
-        );
+        assert!(close(s.lr_at(60), 0.001 + 0.099 / 2.0), "midpoint {}", s.lr_at(60));
         let quarter = 0.001 + 0.099 * (1.0 + (std::f64::consts::PI / 4.0).cos()) / 2.0;
         assert!(close(s.lr_at(35), quarter), "quarter {}", s.lr_at(35));
         assert!(close(
@@ -223,62 +192,23 @@ mod tests {
     fn validate_refuses_meaningless_schedules() {
         let cases = [
             (
-                LrSchedule {
-                    base_lr: -0.1,
-                    ..schedule(ScheduleKind::Constant, 0, 10)
-                },
+                LrSchedule { base_lr: -0.1, ..schedule(ScheduleKind::Constant, 0, 10) },
                 "Invalid learning rate: -0.1",
             ),
             (
-                schedule(
-                    ScheduleKind::Step {
-                        step_size: 0,
-                        gamma: 0.1,
-                    },
-                    0,
-                    10,
-                ),
+                schedule(ScheduleKind::Step { step_size: 0, gamma: 0.1 }, 0, 10),
                 "step_size must be at least 1",
             ),
-            (
-                schedule(
-                    ScheduleKind::Step {
-                        step_size: 1,
-                        gamma: f32::NAN,
-                    },
-                    0,
-                    10,
-                ),
-                "Invalid gamma: NaN",
-            ),
-            (
-                schedule(ScheduleKind::Cosine { eta_min: -1.0 }, 0, 10),
-                "Invalid eta_min: -1",
-            ),
+            (schedule(ScheduleKind::Step { step_size: 1, gamma: f32::NAN }, 0, 10), "Invalid gamma: NaN"),
+            (schedule(ScheduleKind::Cosine { eta_min: -1.0 }, 0, 10), "Invalid eta_min: -1"),
         ];
         for (s, want) in cases {
             let err = s.validate().expect_err(want).to_string();
             assert!(err.contains(want), "{err:?} should contain {want:?}");
         }
-        assert!(schedule(ScheduleKind::Cosine { eta_min: 0.0 }, 10, 11)
-            .validate()
-            .is_ok());
+        assert!(schedule(ScheduleKind::Cosine { eta_min: 0.0 }, 10, 11).validate().is_ok());
         // Refused schedules still give a number rather than panicking.
-        assert_eq!(
-            schedule(
-                ScheduleKind::Step {
-                    step_size: 0,
-                    gamma: 0.1
-                },
-                0,
-                10
-            )
-            .lr_at(5),
-            0.1
-        );
-        assert_eq!(
-            schedule(ScheduleKind::Cosine { eta_min: 0.0 }, 10, 10).lr_at(10),
-            0.0
-        );
+        assert_eq!(schedule(ScheduleKind::Step { step_size: 0, gamma: 0.1 }, 0, 10).lr_at(5), 0.1);
+        assert_eq!(schedule(ScheduleKind::Cosine { eta_min: 0.0 }, 10, 10).lr_at(10), 0.0);
     }
 }

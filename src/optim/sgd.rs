@@ -22,13 +22,7 @@ pub(super) struct SgdScalars {
 }
 
 impl SgdScalars {
-    pub(super) fn new(
-        lr: f64,
-        momentum: f64,
-        dampening: f64,
-        nesterov: bool,
-        weight_decay: f64,
-    ) -> Self {
+    pub(super) fn new(lr: f64, momentum: f64, dampening: f64, nesterov: bool, weight_decay: f64) -> Self {
         SgdScalars {
             neg_lr: (-lr) as f32,
             momentum: momentum as f32,
@@ -98,16 +92,8 @@ pub(super) fn update_portable(
     let buf = momentum_buffer.get_or_insert_with(|| vec![0.0; param.len()]);
     for ((p, &g), b) in param.iter_mut().zip(grad).zip(buf.iter_mut()) {
         let d = with_decay(*p, g);
-        *b = if first_step {
-            d
-        } else {
-            d.mul_add(hp.one_minus_dampening, *b * hp.momentum)
-        };
-        let d = if hp.nesterov {
-            b.mul_add(hp.momentum, d)
-        } else {
-            *b
-        };
+        *b = if first_step { d } else { d.mul_add(hp.one_minus_dampening, *b * hp.momentum) };
+        let d = if hp.nesterov { b.mul_add(hp.momentum, d) } else { *b };
         *p = d.mul_add(hp.neg_lr, *p);
     }
 }

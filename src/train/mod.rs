@@ -182,7 +182,8 @@ pub fn train(cfg: &Config) -> Result<Summary> {
     let mut optimizer = Optimizer::new(optimizer_config(&cfg.optimizer), &sizes)?;
 
     let out_dir = cfg.run.out_dir.clone();
-    std::fs::create_dir_all(&out_dir).map_err(|e| Error::io(format!("cannot create {}", out_dir.display()), e))?;
+    std::fs::create_dir_all(&out_dir)
+        .map_err(|e| Error::io(format!("cannot create {}", out_dir.display()), e))?;
     let mut metrics_out = MetricsWriter::create(&out_dir)?;
     let progress = Progress::new(
         match cfg.logging.progress {
@@ -218,7 +219,8 @@ pub fn train(cfg: &Config) -> Result<Summary> {
     let mut grad_norm: Option<f32> = None;
 
     while step < total_steps {
-        let loader = Loader::new(train_ds.clone(), sampler.indices(epoch), d.batch_size, d.drop_last, d.prefetch);
+        let loader =
+            Loader::new(train_ds.clone(), sampler.indices(epoch), d.batch_size, d.drop_last, d.prefetch);
         let mut micro = 0usize;
         let mut t0 = Instant::now();
         for batch in loader {

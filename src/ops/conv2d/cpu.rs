@@ -42,11 +42,7 @@ impl ConvGeom {
     fn schedule(&self) -> (usize, Par) {
         let threads = rayon::current_num_threads().max(1);
         let per_task = self.n.div_ceil(threads).max(1);
-        let par = if self.n < threads {
-            Par::Rayon(0)
-        } else {
-            Par::Seq
-        };
+        let par = if self.n < threads { Par::Rayon(0) } else { Par::Seq };
         (per_task, par)
     }
 
@@ -65,9 +61,7 @@ struct Padded<T> {
 impl<T: Elem> Padded<T> {
     fn new(g: &ConvGeom) -> Self {
         let len = if g.padding > 0 { g.padded_len() } else { 0 };
-        Padded {
-            buf: vec![T::zero(); len],
-        }
+        Padded { buf: vec![T::zero(); len] }
     }
 
     /// `x[C, H, W]` as `[C, H+2p, W+2p]`. Only the interior is ever
@@ -156,35 +150,33 @@ pub fn forward<T: Elem>(g: &ConvGeom, x: &[T], w: &[T], bias: Option<&[T]>, y: &
     // blocks (measured: transposed wins for 14x14 and 7x7 outputs, loses
     // for 28x28 and 32x32 ones).
     let transposed = hw % 16 != 0;
-    y.par_chunks_mut(per_task * g.y_len())
-        .zip(x.par_chunks(per_task * g.x_len()))
-        .for_each(|(yc, xc)| {
-            let mut col = vec![T::zero(); ckk * hw];
-            let mut padded = Padded::new(g);
-            let mut yt = vec![T::zero(); if transposed { hw * g.o } else { 0 }];
-            for (yi, xi) in yc.chunks_mut(g.y_len()).zip(xc.chunks(g.x_len())) {
-                im2col(g, padded.image(g, xi), &mut col);
-                if transposed {
-                    // y_i^T[HoWo, O] = col^T[HoWo, CKK] * W^T[CKK, O], then
-                    // transposed into place with the bias.
-                    gemm(hw, g.o, ckk, &col, true, w, true, &mut yt, false, par);
-                    for (o, yo) in yi.chunks_mut(hw).enumerate() {
-                        let b = bias.map_or(T::zero(), |b| b[o]);
-                        for (v, t) in yo.iter_mut().zip(yt[o..].iter().step_by(g.o)) {
-                            *v = *t + b;
-                        }
+    y.par_chunks_mut(per_task * g.y_len()).zip(x.par_chunks(per_task * g.x_len())).for_each(|(yc, xc)| {
+        let mut col = vec![T::zero(); ckk * hw];
+        let mut padded = Padded::new(g);
+        let mut yt = vec![T::zero(); if transposed { hw * g.o } else { 0 }];
+        for (yi, xi) in yc.chunks_mut(g.y_len()).zip(xc.chunks(g.x_len())) {
+            im2col(g, padded.image(g, xi), &mut col);
+            if transposed {
+                // y_i^T[HoWo, O] = col^T[HoWo, CKK] * W^T[CKK, O], then
+                // transposed into place with the bias.
+                gemm(hw, g.o, ckk, &col, true, w, true, &mut yt, false, par);
+                for (o, yo) in yi.chunks_mut(hw).enumerate() {
+                    let b = bias.map_or(T::zero(), |b| b[o]);
+                    for (v, t) in yo.iter_mut().zip(yt[o..].iter().step_by(g.o)) {
+                        *v = *t + b;
                     }
-                } else {
-                    if let Some(b) = bias {
-                        for (yo, &bo) in yi.chunks_mut(hw).zip(b) {
-                            yo.fill(bo);
-                        }
-                    }
-                    // y_i[O, HoWo] (+)= W[O, CKK] * col[CKK, HoWo]
-                    gemm(g.o, hw, ckk, w, false, &col, false, yi, bias.is_some(), par);
                 }
+            } else {
+                if let Some(b) = bias {
+                    for (yo, &bo) in yi.chunks_mut(hw).zip(b) {
+                        yo.fill(bo);
+                    }
+                }
+                // y_i[O, HoWo] (+)= W[O, CKK] * col[CKK, HoWo]
+                gemm(g.o, hw, ckk, w, false, &col, false, yi, bias.is_some(), par);
             }
-        });
+        }
+    });
 }
 
 /// Gradients of [`forward`] for upstream `dy[N, O, Ho, Wo]`. `dw` and `db`
@@ -222,14 +214,7 @@ pub fn backward<T: Elem>(
             let mut padded = Padded::new(g);
             let need_dx = dxt.is_some();
             let mut dcol = vec![T::zero(); if need_dx { ckk * hw } else { 0 }];
-            let mut dxp = vec![
-                T::zero();
-                if need_dx && g.padding > 0 {
-                    g.padded_len()
-                } else {
-                    0
-                }
-            ];
+            let mut dxp = vec![T::zero(); if need_dx && g.padding > 0 { g.padded_len() } else { 0 }];
             for i in 0..imgs {
                 let img = first + i;
                 let xi = &x[img * g.x_len()..(img + 1) * g.x_len()];
@@ -243,12 +228,7 @@ pub fn backward<T: Elem>(
                 if let Some(dxt) = dxt.as_deref_mut() {
                     // dcol[CKK, HoWo] = W^T[CKK, O] * dy_i[O, HoWo]
                     gemm(ckk, hw, g.o, w, true, dyi, false, &mut dcol, false, par);
-                    col2im(
-                        g,
-                        &dcol,
-                        &mut dxp,
-                        &mut dxt[i * g.x_len()..(i + 1) * g.x_len()],
-                    );
+                    col2im(g, &dcol, &mut dxp, &mut dxt[i * g.x_len()..(i + 1) * g.x_len()]);
                 }
             }
             (dwt, db_t)

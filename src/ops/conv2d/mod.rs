@@ -30,10 +30,7 @@ pub fn out_size(input: usize, kernel: usize, stride: usize, padding: usize) -> u
 fn cpu_f32<'a>(what: &str, t: &'a Tensor) -> Result<&'a [f32]> {
     match t.storage() {
         Storage::Cpu(CpuStorage::F32(v)) => Ok(v),
-        _ => Err(Error::Unsupported(format!(
-            "conv2d: {what} of dtype {:?} on this device",
-            t.dtype()
-        ))),
+        _ => Err(Error::Unsupported(format!("conv2d: {what} of dtype {:?} on this device", t.dtype()))),
     }
 }
 
@@ -79,37 +76,18 @@ fn geometry(x: &Tensor, weight: &Tensor, args: Conv2dArgs) -> Result<ConvGeom> {
     if args.stride == 0 {
         return Err(Error::shape("conv2d: stride must be at least 1, got 0"));
     }
-    let (ho, wo) = (
-        out_size(h, k, args.stride, args.padding),
-        out_size(w, k, args.stride, args.padding),
-    );
+    let (ho, wo) = (out_size(h, k, args.stride, args.padding), out_size(w, k, args.stride, args.padding));
     if ho == 0 || wo == 0 {
         return Err(Error::shape(format!(
             "conv2d: kernel {k}x{k} does not fit input {h}x{w} with padding {}",
             args.padding
         )));
     }
-    Ok(ConvGeom {
-        n,
-        c,
-        h,
-        w,
-        o,
-        k,
-        stride: args.stride,
-        padding: args.padding,
-        ho,
-        wo,
-    })
+    Ok(ConvGeom { n, c, h, w, o, k, stride: args.stride, padding: args.padding, ho, wo })
 }
 
 /// `x[N, C, H, W]`, `weight[O, C, K, K]`, `bias[O]` -> `[N, O, Ho, Wo]`.
-pub fn forward(
-    x: &Tensor,
-    weight: &Tensor,
-    bias: Option<&Tensor>,
-    args: Conv2dArgs,
-) -> Result<Tensor> {
+pub fn forward(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>, args: Conv2dArgs) -> Result<Tensor> {
     let g = geometry(x, weight, args)?;
     if let Some(b) = bias {
         b.check_shape("conv2d bias", &[g.o])?;
@@ -148,11 +126,7 @@ pub fn backward(
         Some(db) => Some(cpu_f32_mut("dbias", db)?),
         None => None,
     };
-    let mut dx = if need_dx {
-        Some(vec![0f32; xs.len()])
-    } else {
-        None
-    };
+    let mut dx = if need_dx { Some(vec![0f32; xs.len()]) } else { None };
     cpu::backward(&g, xs, ws, dys, dws, dbs, dx.as_deref_mut());
     dx.map(|d| Tensor::from_vec(x.shape(), d)).transpose()
 }

@@ -20,22 +20,8 @@ const FORWARD_CFGS: &[Cfg] = &[
 
 fn geom(cfg: Cfg) -> ConvGeom {
     let (n, c, h, w, o, k, stride, padding, _) = cfg;
-    let (ho, wo) = (
-        out_size(h, k, stride, padding),
-        out_size(w, k, stride, padding),
-    );
-    ConvGeom {
-        n,
-        c,
-        h,
-        w,
-        o,
-        k,
-        stride,
-        padding,
-        ho,
-        wo,
-    }
+    let (ho, wo) = (out_size(h, k, stride, padding), out_size(w, k, stride, padding));
+    ConvGeom { n, c, h, w, o, k, stride, padding, ho, wo }
 }
 
 fn naive(g: &ConvGeom, x: &[f64], w: &[f64], b: Option<&[f64]>) -> Vec<f64> {
@@ -73,10 +59,7 @@ fn fwd64(g: &ConvGeom, x: &[f64], w: &[f64], b: Option<&[f64]>) -> Vec<f64> {
 }
 
 fn args(cfg: Cfg) -> Conv2dArgs {
-    Conv2dArgs {
-        stride: cfg.6,
-        padding: cfg.7,
-    }
+    Conv2dArgs { stride: cfg.6, padding: cfg.7 }
 }
 
 #[test]
@@ -100,10 +83,7 @@ fn forward_f64_matches_naive_loop() {
         let got = fwd64(&g, &x, &w, b);
         let want = naive(&g, &x, &w, b);
         for (j, (a, e)) in got.iter().zip(&want).enumerate() {
-            assert!(
-                (a - e).abs() < 1e-10,
-                "cfg {cfg:?}: y[{j}] = {a}, naive {e}"
-            );
+            assert!((a - e).abs() < 1e-10, "cfg {cfg:?}: y[{j}] = {a}, naive {e}");
         }
     }
 }
@@ -155,35 +135,14 @@ fn check_backward(cfg: Cfg, need_dx: bool, seed: u64) {
     );
 
     let tol = 1e-6;
-    check_grad(
-        &format!("{cfg:?} dweight"),
-        &w,
-        &dw,
-        |wp| dot(&r, &fwd64(&g, &x, wp, bo)),
-        tol,
-    );
+    check_grad(&format!("{cfg:?} dweight"), &w, &dw, |wp| dot(&r, &fwd64(&g, &x, wp, bo)), tol);
     if bias {
-        check_grad(
-            &format!("{cfg:?} dbias"),
-            &b,
-            &db,
-            |bp| dot(&r, &fwd64(&g, &x, &w, Some(bp))),
-            tol,
-        );
+        check_grad(&format!("{cfg:?} dbias"), &b, &db, |bp| dot(&r, &fwd64(&g, &x, &w, Some(bp))), tol);
     }
     if need_dx {
-        check_grad(
-            &format!("{cfg:?} dx"),
-            &x,
-            &dx,
-            |xp| dot(&r, &fwd64(&g, xp, &w, bo)),
-            tol,
-        );
+        check_grad(&format!("{cfg:?} dx"), &x, &dx, |xp| dot(&r, &fwd64(&g, xp, &w, bo)), tol);
     } else {
-        assert!(
-            dx.iter().all(|v| v.is_nan()),
-            "dx written although not requested"
-        );
+        assert!(dx.iter().all(|v| v.is_nan()), "dx written although not requested");
     }
 }
 
@@ -210,10 +169,7 @@ fn backward_without_dx_leaves_it_untouched() {
 #[test]
 fn backward_uneven_split_over_threads() {
     // 5 images over 3 threads: tasks of 2, 2 and 1 image.
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(3)
-        .build()
-        .unwrap();
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build().unwrap();
     pool.install(|| check_backward((5, 2, 5, 5, 3, 3, 1, 1, true), true, 55));
     // 1 image: the products themselves go parallel.
     pool.install(|| check_backward((1, 2, 6, 6, 3, 3, 2, 1, true), true, 66));
@@ -228,10 +184,7 @@ struct Case {
 
 fn case() -> Case {
     let (n, c, h, o, k) = (3, 2, 6, 4, 3);
-    let a = Conv2dArgs {
-        stride: 1,
-        padding: 1,
-    };
+    let a = Conv2dArgs { stride: 1, padding: 1 };
     Case {
         x: Tensor::from_vec(&[n, c, h, h], rand_vec_f32(n * c * h * h, 1)).unwrap(),
         w: Tensor::from_vec(&[o, c, k, k], rand_vec_f32(o * c * k * k, 2)).unwrap(),
@@ -245,30 +198,13 @@ fn tensor_backward_f32_matches_f64_kernel() {
     let t = case();
     let mut dw = Tensor::zeros(t.w.shape());
     let mut db = Tensor::zeros(&[4]);
-    let dx = backward(&t.x, &t.w, &t.dy, t.a, &mut dw, Some(&mut db), true)
-        .unwrap()
-        .unwrap();
+    let dx = backward(&t.x, &t.w, &t.dy, t.a, &mut dw, Some(&mut db), true).unwrap().unwrap();
     assert_eq!(dx.shape(), t.x.shape());
 
-    let to64 = |t: &Tensor| {
-        t.as_f32()
-            .unwrap()
-            .iter()
-            .map(|&v| v as f64)
-            .collect::<Vec<_>>()
-    };
+    let to64 = |t: &Tensor| t.as_f32().unwrap().iter().map(|&v| v as f64).collect::<Vec<_>>();
     let g = geom((3, 2, 6, 6, 4, 3, 1, 1, true));
-    let (mut dw64, mut db64, mut dx64) =
-        (vec![0.0; dw.numel()], vec![0.0; 4], vec![0.0; dx.numel()]);
-    cpu::backward(
-        &g,
-        &to64(&t.x),
-        &to64(&t.w),
-        &to64(&t.dy),
-        &mut dw64,
-        Some(&mut db64),
-        Some(&mut dx64),
-    );
+    let (mut dw64, mut db64, mut dx64) = (vec![0.0; dw.numel()], vec![0.0; 4], vec![0.0; dx.numel()]);
+    cpu::backward(&g, &to64(&t.x), &to64(&t.w), &to64(&t.dy), &mut dw64, Some(&mut db64), Some(&mut dx64));
     for (got, want) in [(&dw, &dw64), (&db, &db64), (&dx, &dx64)] {
         for (a, e) in got.as_f32().unwrap().iter().zip(want) {
             assert!((*a as f64 - e).abs() < 1e-4, "{a} vs {e}");
@@ -281,32 +217,17 @@ fn backward_accumulates_weight_and_bias_grads() {
     let t = case();
     let mut dw = Tensor::zeros(t.w.shape());
     let mut db = Tensor::zeros(&[4]);
-    let dx1 = backward(&t.x, &t.w, &t.dy, t.a, &mut dw, Some(&mut db), true)
-        .unwrap()
-        .unwrap();
+    let dx1 = backward(&t.x, &t.w, &t.dy, t.a, &mut dw, Some(&mut db), true).unwrap().unwrap();
     let (dw1, db1) = (dw.as_f32().unwrap().to_vec(), db.as_f32().unwrap().to_vec());
-    let dx2 = backward(&t.x, &t.w, &t.dy, t.a, &mut dw, Some(&mut db), true)
-        .unwrap()
-        .unwrap();
-    for (two, one) in dw
-        .as_f32()
-        .unwrap()
-        .iter()
-        .zip(&dw1)
-        .chain(db.as_f32().unwrap().iter().zip(&db1))
-    {
-        assert!(
-            (two - 2.0 * one).abs() <= 1e-6 * one.abs().max(1.0),
-            "{two} vs 2 * {one}"
-        );
+    let dx2 = backward(&t.x, &t.w, &t.dy, t.a, &mut dw, Some(&mut db), true).unwrap().unwrap();
+    for (two, one) in dw.as_f32().unwrap().iter().zip(&dw1).chain(db.as_f32().unwrap().iter().zip(&db1)) {
+        assert!((two - 2.0 * one).abs() <= 1e-6 * one.abs().max(1.0), "{two} vs 2 * {one}");
     }
     assert!(dw1.iter().any(|v| *v != 0.0));
     // dx is a fresh result each call, not accumulated.
     assert_eq!(dx1.as_f32().unwrap(), dx2.as_f32().unwrap());
     // Without need_dx nothing is returned.
-    assert!(backward(&t.x, &t.w, &t.dy, t.a, &mut dw, None, false)
-        .unwrap()
-        .is_none());
+    assert!(backward(&t.x, &t.w, &t.dy, t.a, &mut dw, None, false).unwrap().is_none());
 }
 
 fn shape_err(r: Result<impl std::fmt::Debug>) -> String {
@@ -318,10 +239,7 @@ fn shape_err(r: Result<impl std::fmt::Debug>) -> String {
 
 #[test]
 fn forward_shape_errors_are_clear() {
-    let a = Conv2dArgs {
-        stride: 1,
-        padding: 0,
-    };
+    let a = Conv2dArgs { stride: 1, padding: 0 };
     let x = Tensor::zeros(&[2, 3, 8, 8]);
     let w = Tensor::zeros(&[4, 3, 3, 3]);
     let cases: Vec<(Result<Tensor>, &str)> = vec![
@@ -341,20 +259,9 @@ fn forward_shape_errors_are_clear() {
             forward(&x, &Tensor::zeros(&[4, 1, 3, 3]), None, a),
             "weight [4, 1, 3, 3] expects 1 input channels but input [2, 3, 8, 8] has 3",
         ),
+        (forward(&x, &w, Some(&Tensor::zeros(&[5])), a), "conv2d bias: expected shape [4], got [5]"),
         (
-            forward(&x, &w, Some(&Tensor::zeros(&[5])), a),
-            "conv2d bias: expected shape [4], got [5]",
-        ),
-        (
-            forward(
-                &x,
-                &w,
-                None,
-                Conv2dArgs {
-                    stride: 0,
-                    padding: 0,
-                },
-            ),
+            forward(&x, &w, None, Conv2dArgs { stride: 0, padding: 0 }),
             "conv2d: stride must be at least 1, got 0",
         ),
         (
@@ -362,12 +269,7 @@ fn forward_shape_errors_are_clear() {
             "conv2d: kernel 11x11 does not fit input 8x8 with padding 0",
         ),
         (
-            forward(
-                &Tensor::zeros(&[2, 0, 8, 8]),
-                &Tensor::zeros(&[4, 0, 3, 3]),
-                None,
-                a,
-            ),
+            forward(&Tensor::zeros(&[2, 0, 8, 8]), &Tensor::zeros(&[4, 0, 3, 3]), None, a),
             "zero-sized dimension in input [2, 0, 8, 8]",
         ),
     ];
@@ -384,37 +286,15 @@ fn backward_shape_errors_are_clear() {
     let db = Tensor::zeros(&[4]);
     let bad_dy = Tensor::zeros(&[3, 4, 5, 6]);
     let msg = shape_err(backward(&t.x, &t.w, &bad_dy, t.a, &mut dw, None, true));
-    assert!(
-        msg.contains("conv2d dy: expected shape [3, 4, 6, 6], got [3, 4, 5, 6]"),
-        "{msg}"
-    );
+    assert!(msg.contains("conv2d dy: expected shape [3, 4, 6, 6], got [3, 4, 5, 6]"), "{msg}");
     let mut bad_dw = Tensor::zeros(&[4, 2, 3]);
     let msg = shape_err(backward(&t.x, &t.w, &t.dy, t.a, &mut bad_dw, None, true));
-    assert!(
-        msg.contains("conv2d dweight: expected shape [4, 2, 3, 3], got [4, 2, 3]"),
-        "{msg}"
-    );
+    assert!(msg.contains("conv2d dweight: expected shape [4, 2, 3, 3], got [4, 2, 3]"), "{msg}");
     let mut bad_db = Tensor::zeros(&[3]);
-    let msg = shape_err(backward(
-        &t.x,
-        &t.w,
-        &t.dy,
-        t.a,
-        &mut dw,
-        Some(&mut bad_db),
-        true,
-    ));
-    assert!(
-        msg.contains("conv2d dbias: expected shape [4], got [3]"),
-        "{msg}"
-    );
+    let msg = shape_err(backward(&t.x, &t.w, &t.dy, t.a, &mut dw, Some(&mut bad_db), true));
+    assert!(msg.contains("conv2d dbias: expected shape [4], got [3]"), "{msg}");
     // Nothing was accumulated by the failed calls.
-    assert!(dw
-        .as_f32()
-        .unwrap()
-        .iter()
-        .chain(db.as_f32().unwrap())
-        .all(|v| *v == 0.0));
+    assert!(dw.as_f32().unwrap().iter().chain(db.as_f32().unwrap()).all(|v| *v == 0.0));
 }
 
 /// Timing of the MNIST ConvNet's two convolutions at batch 100 (not an
@@ -423,19 +303,13 @@ fn backward_shape_errors_are_clear() {
 #[ignore]
 fn conv_timing_mnist_batch100() {
     use std::time::Instant;
-    let layers = [
-        ("conv1 1->16 28x28", 1, 28, 16, false),
-        ("conv2 16->32 14x14", 16, 14, 32, true),
-    ];
+    let layers = [("conv1 1->16 28x28", 1, 28, 16, false), ("conv2 16->32 14x14", 16, 14, 32, true)];
     for (name, c, hw, o, need_dx) in layers {
         let n = 100;
         let x = Tensor::from_vec(&[n, c, hw, hw], rand_vec_f32(n * c * hw * hw, 1)).unwrap();
         let w = Tensor::from_vec(&[o, c, 5, 5], rand_vec_f32(o * c * 25, 2)).unwrap();
         let b = Tensor::from_vec(&[o], rand_vec_f32(o, 3)).unwrap();
-        let a = Conv2dArgs {
-            stride: 1,
-            padding: 2,
-        };
+        let a = Conv2dArgs { stride: 1, padding: 2 };
         let dy = Tensor::from_vec(&[n, o, hw, hw], rand_vec_f32(n * o * hw * hw, 4)).unwrap();
         let mut dw = Tensor::zeros(w.shape());
         let mut db = Tensor::zeros(&[o]);

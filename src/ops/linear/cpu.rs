@@ -19,18 +19,7 @@ pub fn forward<T: Elem>(
             row.copy_from_slice(&b[..out_f]);
         }
     }
-    gemm(
-        n,
-        out_f,
-        in_f,
-        x,
-        false,
-        w,
-        true,
-        y,
-        bias.is_some(),
-        Par::Rayon(0),
-    );
+    gemm(n, out_f, in_f, x, false, w, true, y, bias.is_some(), Par::Rayon(0));
 }
 
 /// Gradients of [`forward`] for upstream `dy[n, out]`: `dw += dy^T x`,
@@ -56,17 +45,6 @@ pub fn backward<T: Elem>(
         }
     }
     if let Some(dx) = dx {
-        gemm(
-            n,
-            in_f,
-            out_f,
-            dy,
-            false,
-            w,
-            false,
-            dx,
-            false,
-            Par::Rayon(0),
-        );
+        gemm(n, in_f, out_f, dy, false, w, false, dx, false, Par::Rayon(0));
     }
 }

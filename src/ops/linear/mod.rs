@@ -13,10 +13,7 @@ use crate::tensor::{CpuStorage, Storage, Tensor};
 fn cpu_f32<'a>(what: &str, t: &'a Tensor) -> Result<&'a [f32]> {
     match t.storage() {
         Storage::Cpu(CpuStorage::F32(v)) => Ok(v),
-        _ => Err(Error::Unsupported(format!(
-            "linear: {what} of dtype {:?} on this device",
-            t.dtype()
-        ))),
+        _ => Err(Error::Unsupported(format!("linear: {what} of dtype {:?} on this device", t.dtype()))),
     }
 }
 
@@ -88,11 +85,7 @@ pub fn backward(
         Some(db) => Some(cpu_f32_mut("dbias", db)?),
         None => None,
     };
-    let mut dx = if need_dx {
-        Some(vec![0f32; n * in_f])
-    } else {
-        None
-    };
+    let mut dx = if need_dx { Some(vec![0f32; n * in_f]) } else { None };
     cpu::backward(n, in_f, out_f, xs, ws, dys, dws, dbs, dx.as_deref_mut());
     dx.map(|d| Tensor::from_vec(x.shape(), d)).transpose()
 }

@@ -21,23 +21,14 @@ fn fwd64(n: usize, in_f: usize, out_f: usize, x: &[f64], w: &[f64], b: Option<&[
     y
 }
 
-const CFGS: &[(usize, usize, usize, bool)] = &[
-    (1, 1, 1, true),
-    (4, 7, 3, true),
-    (5, 33, 10, false),
-    (100, 1568, 10, true),
-    (0, 4, 3, true),
-];
+const CFGS: &[(usize, usize, usize, bool)] =
+    &[(1, 1, 1, true), (4, 7, 3, true), (5, 33, 10, false), (100, 1568, 10, true), (0, 4, 3, true)];
 
 #[test]
 fn forward_matches_naive_loop() {
     for (i, &(n, in_f, out_f, bias)) in CFGS.iter().enumerate() {
         let s = 10 * i as u64;
-        let (x, w, b) = (
-            rand_vec(n * in_f, s),
-            rand_vec(out_f * in_f, s + 1),
-            rand_vec(out_f, s + 2),
-        );
+        let (x, w, b) = (rand_vec(n * in_f, s), rand_vec(out_f * in_f, s + 1), rand_vec(out_f, s + 2));
         let b = bias.then_some(b.as_slice());
         let want = naive(n, in_f, out_f, &x, &w, b);
         for (a, e) in fwd64(n, in_f, out_f, &x, &w, b).iter().zip(&want) {
@@ -51,19 +42,15 @@ fn forward_matches_naive_loop() {
         let y = forward(&xt, &wt, bt.as_ref()).unwrap();
         assert_eq!(y.shape(), &[n, out_f]);
         for (a, e) in y.as_f32().unwrap().iter().zip(&want) {
-            assert!(
-                (*a as f64 - e).abs() < 1e-4 * e.abs().max(1.0),
-                "f32 {a} vs {e}"
-            );
+            assert!((*a as f64 - e).abs() < 1e-4 * e.abs().max(1.0), "f32 {a} vs {e}");
         }
     }
 }
 
 #[test]
 fn backward_matches_finite_differences() {
-    for (i, &(n, in_f, out_f, bias)) in [(1, 1, 1, true), (4, 7, 3, true), (6, 13, 5, false)]
-        .iter()
-        .enumerate()
+    for (i, &(n, in_f, out_f, bias)) in
+        [(1, 1, 1, true), (4, 7, 3, true), (6, 13, 5, false)].iter().enumerate()
     {
         let s = 100 + 10 * i as u64;
         let (x, w, b, r) = (
@@ -76,40 +63,12 @@ fn backward_matches_finite_differences() {
         let mut dw = vec![0.0; w.len()];
         let mut db = vec![0.0; if bias { out_f } else { 0 }];
         let mut dx = vec![f64::NAN; x.len()];
-        cpu::backward(
-            n,
-            in_f,
-            out_f,
-            &x,
-            &w,
-            &r,
-            &mut dw,
-            bias.then_some(db.as_mut_slice()),
-            Some(&mut dx),
-        );
+        cpu::backward(n, in_f, out_f, &x, &w, &r, &mut dw, bias.then_some(db.as_mut_slice()), Some(&mut dx));
         let tol = 1e-6;
-        check_grad(
-            "linear dweight",
-            &w,
-            &dw,
-            |wp| dot(&r, &fwd64(n, in_f, out_f, &x, wp, bo)),
-            tol,
-        );
-        check_grad(
-            "linear dx",
-            &x,
-            &dx,
-            |xp| dot(&r, &fwd64(n, in_f, out_f, xp, &w, bo)),
-            tol,
-        );
+        check_grad("linear dweight", &w, &dw, |wp| dot(&r, &fwd64(n, in_f, out_f, &x, wp, bo)), tol);
+        check_grad("linear dx", &x, &dx, |xp| dot(&r, &fwd64(n, in_f, out_f, xp, &w, bo)), tol);
         if bias {
-            check_grad(
-                "linear dbias",
-                &b,
-                &db,
-                |bp| dot(&r, &fwd64(n, in_f, out_f, &x, &w, Some(bp))),
-                tol,
-            );
+            check_grad("linear dbias", &b, &db, |bp| dot(&r, &fwd64(n, in_f, out_f, &x, &w, Some(bp))), tol);
         }
     }
 }
@@ -128,30 +87,12 @@ fn tensor_backward_matches_f64_kernel_and_accumulates() {
     let (x, w, dy) = case();
     let mut dw = Tensor::zeros(w.shape());
     let mut db = Tensor::zeros(&[4]);
-    let dx = backward(&x, &w, &dy, &mut dw, Some(&mut db), true)
-        .unwrap()
-        .unwrap();
+    let dx = backward(&x, &w, &dy, &mut dw, Some(&mut db), true).unwrap().unwrap();
     assert_eq!(dx.shape(), x.shape());
 
-    let to64 = |t: &Tensor| {
-        t.as_f32()
-            .unwrap()
-            .iter()
-            .map(|&v| v as f64)
-            .collect::<Vec<_>>()
-    };
+    let to64 = |t: &Tensor| t.as_f32().unwrap().iter().map(|&v| v as f64).collect::<Vec<_>>();
     let (mut dw64, mut db64, mut dx64) = (vec![0.0; 36], vec![0.0; 4], vec![0.0; 45]);
-    cpu::backward(
-        5,
-        9,
-        4,
-        &to64(&x),
-        &to64(&w),
-        &to64(&dy),
-        &mut dw64,
-        Some(&mut db64),
-        Some(&mut dx64),
-    );
+    cpu::backward(5, 9, 4, &to64(&x), &to64(&w), &to64(&dy), &mut dw64, Some(&mut db64), Some(&mut dx64));
     for (got, want) in [(&dw, &dw64), (&db, &db64), (&dx, &dx64)] {
         for (a, e) in got.as_f32().unwrap().iter().zip(want) {
             assert!((*a as f64 - e).abs() < 1e-5, "{a} vs {e}");
@@ -159,22 +100,12 @@ fn tensor_backward_matches_f64_kernel_and_accumulates() {
     }
 
     // A second call adds the same gradient again; dx is recomputed, not added.
-    let dx2 = backward(&x, &w, &dy, &mut dw, Some(&mut db), true)
-        .unwrap()
-        .unwrap();
-    for (two, one) in dw
-        .as_f32()
-        .unwrap()
-        .iter()
-        .zip(&dw64)
-        .chain(db.as_f32().unwrap().iter().zip(&db64))
-    {
+    let dx2 = backward(&x, &w, &dy, &mut dw, Some(&mut db), true).unwrap().unwrap();
+    for (two, one) in dw.as_f32().unwrap().iter().zip(&dw64).chain(db.as_f32().unwrap().iter().zip(&db64)) {
         assert!((*two as f64 - 2.0 * one).abs() < 1e-5, "{two} vs 2 * {one}");
     }
     assert_eq!(dx.as_f32().unwrap(), dx2.as_f32().unwrap());
-    assert!(backward(&x, &w, &dy, &mut dw, None, false)
-        .unwrap()
-        .is_none());
+    assert!(backward(&x, &w, &dy, &mut dw, None, false).unwrap().is_none());
 }
 
 fn shape_err<T: std::fmt::Debug>(r: Result<T>) -> String {
@@ -200,41 +131,19 @@ fn shape_errors_are_clear() {
             shape_err(forward(&x, &Tensor::zeros(&[4, 8]), None)),
             "linear: weight [4, 8] expects 8 input features but input [5, 9] has 9",
         ),
-        (
-            shape_err(forward(&x, &w, Some(&Tensor::zeros(&[3])))),
-            "linear bias: expected shape [4], got [3]",
-        ),
+        (shape_err(forward(&x, &w, Some(&Tensor::zeros(&[3])))), "linear bias: expected shape [4], got [3]"),
     ];
     for (msg, want) in cases {
         assert!(msg.contains(want), "message {msg:?} lacks {want:?}");
     }
     let mut dw = Tensor::zeros(w.shape());
-    let msg = shape_err(backward(
-        &x,
-        &w,
-        &Tensor::zeros(&[5, 3]),
-        &mut dw,
-        None,
-        true,
-    ));
-    assert!(
-        msg.contains("linear dy: expected shape [5, 4], got [5, 3]"),
-        "{msg}"
-    );
+    let msg = shape_err(backward(&x, &w, &Tensor::zeros(&[5, 3]), &mut dw, None, true));
+    assert!(msg.contains("linear dy: expected shape [5, 4], got [5, 3]"), "{msg}");
     let mut bad_dw = Tensor::zeros(&[9, 4]);
     let msg = shape_err(backward(&x, &w, &dy, &mut bad_dw, None, true));
-    assert!(
-        msg.contains("linear dweight: expected shape [4, 9], got [9, 4]"),
-        "{msg}"
-    );
+    assert!(msg.contains("linear dweight: expected shape [4, 9], got [9, 4]"), "{msg}");
     let mut bad_db = Tensor::zeros(&[5]);
     let msg = shape_err(backward(&x, &w, &dy, &mut dw, Some(&mut bad_db), true));
-    assert!(
-        msg.contains("linear dbias: expected shape [4], got [5]"),
-        "{msg}"
-    );
-    assert!(
-        dw.as_f32().unwrap().iter().all(|v| *v == 0.0),
-        "a failed call changed dweight"
-    );
+    assert!(msg.contains("linear dbias: expected shape [4], got [5]"), "{msg}");
+    assert!(dw.as_f32().unwrap().iter().all(|v| *v == 0.0), "a failed call changed dweight");
 }
