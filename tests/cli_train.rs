@@ -92,7 +92,8 @@ fn missing_data_names_the_file_and_the_fix() {
     assert!(!out.exists(), "nothing may be written when the data cannot be loaded");
 }
 
-/// The seed config, shortened to one epoch, on the real digits.
+/// The seed config, shortened to one epoch (and a 20-step warmup), on the real digits:
+/// 95.9% here; the full 5 epochs reach 98.6%.
 #[test]
 fn seed_mnist_config_learns_in_one_epoch() {
     let data = mnist_dir();
@@ -112,7 +113,9 @@ fn seed_mnist_config_learns_in_one_epoch() {
             "--set",
             "train.epochs=1",
             "--set",
-            "expect.min_test_accuracy=0.93",
+            "scheduler.warmup_steps=20",
+            "--set",
+            "expect.min_test_accuracy=0.95",
             "--set",
             "logging.progress=never",
         ],
