@@ -2,12 +2,15 @@
 //! a run of images, its own scratch and (backward) its own weight gradient,
 //! which are summed at the end. GEMMs inside a task run sequentially.
 //!
-//! Stride 1 uses a "wide" im2col: output pixel (oh, ow) is column
-//! `oh * Wp + ow` (Wp the padded width), so every im2col row is one
-//! contiguous slice of the padded image and col2im one contiguous add. The
-//! `Wp - Wo` junk columns between output rows ride along through the GEMMs
-//! (about 14-30% more GEMM work on the MNIST layers) and are dropped; this
-//! beats the short per-row copies, which took a third of the time.
+//! The image is zero-padded once into a buffer with row pitch `P`; pixel
+//! (ih, iw) of channel c sits at `c * plane + (ih + p) * P + iw + p`. For
+//! stride 1 the right padding of a row doubles as the left padding of the
+//! next (`P = W + p`, when `p < K`), and im2col is "wide": output pixel
+//! (oh, ow) is column `oh * P + ow`, so every im2col row is one contiguous
+//! slice of the padded image and col2im one contiguous add. The `P - Wo`
+//! junk columns per output row (`K - 1 - p`, 2 of 16 for MNIST's conv2) ride
+//! along through the GEMMs and are dropped; this beats the short per-row
+//! copies of a compact im2col, which took a third of the time.
 
 use crate::ops::gemm::{gemm, Par};
 use crate::ops::Elem;
@@ -43,21 +46,33 @@ impl ConvGeom {
         self.o * self.out_hw()
     }
 
-    fn hp(&self) -> usize {
-        self.h + 2 * self.padding
+    /// Whether rows share their padding (see the module doc).
+    fn shared_pad(&self) -> bool {
+        self.stride == 1 && self.padding < self.k
     }
-    fn wp(&self) -> usize {
-        self.w + 2 * self.padding
+    /// Row pitch `P` of the padded image.
+    fn pitch(&self) -> usize {
+        if self.shared_pad() {
+            self.w + self.padding
+        } else {
+            self.w + 2 * self.padding
+        }
+    }
+    /// Length of one padded channel.
+    fn plane(&self) -> usize {
+        let tail = if self.shared_pad() { self.padding } else { 0 };
+        (self.h + 2 * self.padding) * self.pitch() + tail
     }
     fn padded_len(&self) -> usize {
-        self.c * self.hp() * self.wp()
+        self.c * self.plane()
     }
 
     /// Columns of the im2col matrix, and the column distance between two
     /// output rows (see the module doc for the stride-1 layout).
     fn cols(&self) -> (usize, usize) {
         if self.stride == 1 {
-            (self.ho.saturating_sub(1) * self.wp() + self.wo, self.wp())
+            let pitch = self.pitch();
+            (self.ho.saturating_sub(1) * pitch + self.wo, pitch)
         } else {
             (self.out_hw(), self.wo)
         }
@@ -65,10 +80,12 @@ impl ConvGeom {
 
     /// Images per rayon task, and how GEMMs inside a task may be split: with
     /// fewer images than threads the batch cannot feed the pool, so the
-    /// products themselves go parallel.
+    /// products themselves go parallel. A few tasks per thread let work
+    /// stealing even out a core that is busy with something else.
     fn schedule(&self) -> (usize, Par) {
+        const TASKS_PER_THREAD: usize = 4;
         let threads = rayon::current_num_threads().max(1);
-        let per_task = self.n.div_ceil(threads).max(1);
+        let per_task = self.n.div_ceil(threads * TASKS_PER_THREAD).max(1);
         let par = if self.n < threads {
             Par::Rayon(0)
         } else {
@@ -93,16 +110,16 @@ impl<T: Elem> Padded<T> {
         }
     }
 
-    /// `x[C, H, W]` as `[C, H+2p, W+2p]`. Only the interior is ever
-    /// written, so the zero border set up in `new` stays.
+    /// `x[C, H, W]` in the padded layout. Only the pixels are ever
+    /// written, so the zeros set up in `new` stay.
     fn image<'a>(&'a mut self, g: &ConvGeom, x: &'a [T]) -> &'a [T] {
         if g.padding == 0 {
             return x;
         }
-        let (p, hp, wp) = (g.padding, g.h + 2 * g.padding, g.w + 2 * g.padding);
+        let (p, pitch, plane) = (g.padding, g.pitch(), g.plane());
         for (c, xc) in x.chunks_exact(g.h * g.w).enumerate() {
             for (ih, xrow) in xc.chunks_exact(g.w).enumerate() {
-                let at = (c * hp + ih + p) * wp + p;
+                let at = c * plane + (ih + p) * pitch + p;
                 self.buf[at..at + g.w].copy_from_slice(xrow);
             }
         }
@@ -110,11 +127,11 @@ impl<T: Elem> Padded<T> {
     }
 }
 
-/// Unfolds one zero-padded image `[C, Hp, Wp]` into `col[C*K*K, cols]`.
+/// Unfolds one padded image into `col[C*K*K, cols]`.
 fn im2col<T: Elem>(g: &ConvGeom, xp: &[T], col: &mut [T]) {
-    let (k, s, wp) = (g.k, g.stride, g.wp());
+    let (k, s, wp) = (g.k, g.stride, g.pitch());
     let (ncol, pitch) = g.cols();
-    for (c, xc) in xp.chunks_exact(g.hp() * wp).enumerate() {
+    for (c, xc) in xp.chunks_exact(g.plane()).enumerate() {
         for ki in 0..k {
             for kj in 0..k {
                 let r = (c * k + ki) * k + kj;
@@ -140,11 +157,11 @@ fn im2col<T: Elem>(g: &ConvGeom, xp: &[T], col: &mut [T]) {
 /// columns of a wide `col` must be zero. `dxp` is scratch for the padded
 /// image (unused without padding).
 fn col2im<T: Elem>(g: &ConvGeom, col: &[T], dxp: &mut [T], dx: &mut [T]) {
-    let (k, s, p, wp) = (g.k, g.stride, g.padding, g.wp());
+    let (k, s, p, wp) = (g.k, g.stride, g.padding, g.pitch());
     let (ncol, pitch) = g.cols();
     let acc: &mut [T] = if p == 0 { &mut *dx } else { &mut *dxp };
     acc.fill(T::zero());
-    for (c, ac) in acc.chunks_exact_mut(g.hp() * wp).enumerate() {
+    for (c, ac) in acc.chunks_exact_mut(g.plane()).enumerate() {
         for ki in 0..k {
             for kj in 0..k {
                 let r = (c * k + ki) * k + kj;
@@ -168,7 +185,7 @@ fn col2im<T: Elem>(g: &ConvGeom, col: &[T], dxp: &mut [T], dx: &mut [T]) {
     if p > 0 {
         for (c, dxc) in dx.chunks_exact_mut(g.h * g.w).enumerate() {
             for (ih, dxrow) in dxc.chunks_exact_mut(g.w).enumerate() {
-                let at = (c * g.hp() + ih + p) * wp + p;
+                let at = c * g.plane() + (ih + p) * wp + p;
                 dxrow.copy_from_slice(&dxp[at..at + g.w]);
             }
         }
