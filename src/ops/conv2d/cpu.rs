@@ -1,6 +1,16 @@
 //! CPU conv2d as im2col + GEMM, parallel over the batch: each rayon task owns
-//! a run of images, its own im2col scratch and (backward) its own weight
-//! gradient, which are summed at the end. GEMMs inside a task run sequentially.
+//! a run of images, its own scratch and (backward) its own weight gradient,
+//! which are summed at the end. GEMMs inside a task run sequentially.
+//!
+//! The image is zero-padded once into a buffer with row pitch `P`; pixel
+//! (ih, iw) of channel c sits at `c * plane + (ih + p) * P + iw + p`. For
+//! stride 1 the right padding of a row doubles as the left padding of the
+//! next (`P = W + p`, when `p < K`), and im2col is "wide": output pixel
+//! (oh, ow) is column `oh * P + ow`, so every im2col row is one contiguous
+//! slice of the padded image and col2im one contiguous add. The `P - Wo`
+//! junk columns per output row (`K - 1 - p`, 2 of 16 for MNIST's conv2) ride
+//! along through the GEMMs and are dropped; this beats the short per-row
+//! copies of a compact im2col, which took a third of the time.
 
 use crate::ops::gemm::{gemm, Par};
 use crate::ops::Elem;
@@ -36,18 +46,52 @@ impl ConvGeom {
         self.o * self.out_hw()
     }
 
-    /// Images per rayon task, and how GEMMs inside a task may be split: with
-    /// fewer images than threads the batch cannot feed the pool, so the
-    /// products themselves go parallel.
-    fn schedule(&self) -> (usize, Par) {
-        let threads = rayon::current_num_threads().max(1);
-        let per_task = self.n.div_ceil(threads).max(1);
-        let par = if self.n < threads { Par::Rayon(0) } else { Par::Seq };
-        (per_task, par)
+    /// Whether rows share their padding (see the module doc).
+    fn shared_pad(&self) -> bool {
+        self.stride == 1 && self.padding < self.k
+    }
+    /// Row pitch `P` of the padded image.
+    fn pitch(&self) -> usize {
+        if self.shared_pad() {
+            self.w + self.padding
+        } else {
+            self.w + 2 * self.padding
+        }
+    }
+    /// Length of one padded channel.
+    fn plane(&self) -> usize {
+        let tail = if self.shared_pad() { self.padding } else { 0 };
+        (self.h + 2 * self.padding) * self.pitch() + tail
+    }
+    fn padded_len(&self) -> usize {
+        self.c * self.plane()
     }
 
-    fn padded_len(&self) -> usize {
-        self.c * (self.h + 2 * self.padding) * (self.w + 2 * self.padding)
+    /// Columns of the im2col matrix, and the column distance between two
+    /// output rows (see the module doc for the stride-1 layout).
+    fn cols(&self) -> (usize, usize) {
+        if self.stride == 1 {
+            let pitch = self.pitch();
+            (self.ho.saturating_sub(1) * pitch + self.wo, pitch)
+        } else {
+            (self.out_hw(), self.wo)
+        }
+    }
+
+    /// Images per rayon task, and how GEMMs inside a task may be split: with
+    /// fewer images than threads the batch cannot feed the pool, so the
+    /// products themselves go parallel. A few tasks per thread let work
+    /// stealing even out a core that is busy with something else.
+    fn schedule(&self) -> (usize, Par) {
+        const TASKS_PER_THREAD: usize = 4;
+        let threads = rayon::current_num_threads().max(1);
+        let per_task = self.n.div_ceil(threads * TASKS_PER_THREAD).max(1);
+        let par = if self.n < threads {
+            Par::Rayon(0)
+        } else {
+            Par::Seq
+        };
+        (per_task, par)
     }
 }
 
@@ -61,19 +105,21 @@ struct Padded<T> {
 impl<T: Elem> Padded<T> {
     fn new(g: &ConvGeom) -> Self {
         let len = if g.padding > 0 { g.padded_len() } else { 0 };
-        Padded { buf: vec![T::zero(); len] }
+        Padded {
+            buf: vec![T::zero(); len],
+        }
     }
 
-    /// `x[C, H, W]` as `[C, H+2p, W+2p]`. Only the interior is ever
-    /// written, so the zero border set up in `new` stays.
+    /// `x[C, H, W]` in the padded layout. Only the pixels are ever
+    /// written, so the zeros set up in `new` stay.
     fn image<'a>(&'a mut self, g: &ConvGeom, x: &'a [T]) -> &'a [T] {
         if g.padding == 0 {
             return x;
         }
-        let (p, hp, wp) = (g.padding, g.h + 2 * g.padding, g.w + 2 * g.padding);
+        let (p, pitch, plane) = (g.padding, g.pitch(), g.plane());
         for (c, xc) in x.chunks_exact(g.h * g.w).enumerate() {
             for (ih, xrow) in xc.chunks_exact(g.w).enumerate() {
-                let at = (c * hp + ih + p) * wp + p;
+                let at = c * plane + (ih + p) * pitch + p;
                 self.buf[at..at + g.w].copy_from_slice(xrow);
             }
         }
@@ -81,19 +127,21 @@ impl<T: Elem> Padded<T> {
     }
 }
 
-/// Unfolds one zero-padded image `[C, H+2p, W+2p]` into `col[C*K*K, Ho*Wo]`.
+/// Unfolds one padded image into `col[C*K*K, cols]`.
 fn im2col<T: Elem>(g: &ConvGeom, xp: &[T], col: &mut [T]) {
-    let (k, s, wo, hw) = (g.k, g.stride, g.wo, g.out_hw());
-    let (hp, wp) = (g.h + 2 * g.padding, g.w + 2 * g.padding);
-    for (c, xc) in xp.chunks_exact(hp * wp).enumerate() {
+    let (k, s, wp) = (g.k, g.stride, g.pitch());
+    let (ncol, pitch) = g.cols();
+    for (c, xc) in xp.chunks_exact(g.plane()).enumerate() {
         for ki in 0..k {
             for kj in 0..k {
                 let r = (c * k + ki) * k + kj;
-                for (oh, out) in col[r * hw..(r + 1) * hw].chunks_exact_mut(wo).enumerate() {
-                    let src = &xc[(oh * s + ki) * wp + kj..];
-                    if s == 1 {
-                        out.copy_from_slice(&src[..wo]);
-                    } else {
+                let row = &mut col[r * ncol..(r + 1) * ncol];
+                if s == 1 {
+                    let at = ki * wp + kj;
+                    row.copy_from_slice(&xc[at..at + ncol]);
+                } else {
+                    for (oh, out) in row.chunks_exact_mut(pitch).enumerate() {
+                        let src = &xc[(oh * s + ki) * wp + kj..];
                         for (o, v) in out.iter_mut().zip(src.iter().step_by(s)) {
                             *o = *v;
                         }
@@ -105,24 +153,27 @@ fn im2col<T: Elem>(g: &ConvGeom, xp: &[T], col: &mut [T]) {
 }
 
 /// The adjoint of padding + [`im2col`]: scatters `col` back onto one image
-/// `dx[C, H, W]` (overwritten), adding where windows overlap. `dxp` is
-/// scratch for the padded image (unused without padding).
+/// `dx[C, H, W]` (overwritten), adding where windows overlap. The junk
+/// columns of a wide `col` must be zero. `dxp` is scratch for the padded
+/// image (unused without padding).
 fn col2im<T: Elem>(g: &ConvGeom, col: &[T], dxp: &mut [T], dx: &mut [T]) {
-    let (k, s, p, wo, hw) = (g.k, g.stride, g.padding, g.wo, g.out_hw());
-    let (hp, wp) = (g.h + 2 * p, g.w + 2 * p);
+    let (k, s, p, wp) = (g.k, g.stride, g.padding, g.pitch());
+    let (ncol, pitch) = g.cols();
     let acc: &mut [T] = if p == 0 { &mut *dx } else { &mut *dxp };
     acc.fill(T::zero());
-    for (c, ac) in acc.chunks_exact_mut(hp * wp).enumerate() {
+    for (c, ac) in acc.chunks_exact_mut(g.plane()).enumerate() {
         for ki in 0..k {
             for kj in 0..k {
                 let r = (c * k + ki) * k + kj;
-                for (oh, src) in col[r * hw..(r + 1) * hw].chunks_exact(wo).enumerate() {
-                    let dst = &mut ac[(oh * s + ki) * wp + kj..];
-                    if s == 1 {
-                        for (d, v) in dst[..wo].iter_mut().zip(src) {
-                            *d = *d + *v;
-                        }
-                    } else {
+                let row = &col[r * ncol..(r + 1) * ncol];
+                if s == 1 {
+                    let at = ki * wp + kj;
+                    for (d, v) in ac[at..at + ncol].iter_mut().zip(row) {
+                        *d = *d + *v;
+                    }
+                } else {
+                    for (oh, src) in row.chunks_exact(pitch).enumerate() {
+                        let dst = &mut ac[(oh * s + ki) * wp + kj..];
                         for (d, v) in dst.iter_mut().step_by(s).zip(src) {
                             *d = *d + *v;
                         }
@@ -134,7 +185,7 @@ fn col2im<T: Elem>(g: &ConvGeom, col: &[T], dxp: &mut [T], dx: &mut [T]) {
     if p > 0 {
         for (c, dxc) in dx.chunks_exact_mut(g.h * g.w).enumerate() {
             for (ih, dxrow) in dxc.chunks_exact_mut(g.w).enumerate() {
-                let at = (c * hp + ih + p) * wp + p;
+                let at = c * g.plane() + (ih + p) * wp + p;
                 dxrow.copy_from_slice(&dxp[at..at + g.w]);
             }
         }
@@ -145,38 +196,62 @@ fn col2im<T: Elem>(g: &ConvGeom, col: &[T], dxp: &mut [T], dx: &mut [T]) {
 pub fn forward<T: Elem>(g: &ConvGeom, x: &[T], w: &[T], bias: Option<&[T]>, y: &mut [T]) {
     let (per_task, par) = g.schedule();
     let (ckk, hw) = (g.ckk(), g.out_hw());
-    // Both orientations give the same sums; which one the GEMM crate runs
-    // faster depends on the output width fitting its 16-lane register
-    // blocks (measured: transposed wins for 14x14 and 7x7 outputs, loses
-    // for 28x28 and 32x32 ones).
-    let transposed = hw % 16 != 0;
-    y.par_chunks_mut(per_task * g.y_len()).zip(x.par_chunks(per_task * g.x_len())).for_each(|(yc, xc)| {
-        let mut col = vec![T::zero(); ckk * hw];
-        let mut padded = Padded::new(g);
-        let mut yt = vec![T::zero(); if transposed { hw * g.o } else { 0 }];
-        for (yi, xi) in yc.chunks_mut(g.y_len()).zip(xc.chunks(g.x_len())) {
-            im2col(g, padded.image(g, xi), &mut col);
-            if transposed {
-                // y_i^T[HoWo, O] = col^T[HoWo, CKK] * W^T[CKK, O], then
-                // transposed into place with the bias.
-                gemm(hw, g.o, ckk, &col, true, w, true, &mut yt, false, par);
-                for (o, yo) in yi.chunks_mut(hw).enumerate() {
+    let (ncol, pitch) = g.cols();
+    // Both orientations give the same sums. The transposed one puts O on
+    // the GEMM crate's register-blocked side, which pays when O fills its
+    // 32-row tiles and the reduction is not tiny (measured: 1.3x faster for
+    // conv 16->32, 14x14; 1.3x slower for conv 1->16, 28x28, and for O=128).
+    let transposed = g.o % 32 == 0 && g.o <= 64 && ckk >= 64;
+    y.par_chunks_mut(per_task * g.y_len())
+        .zip(x.par_chunks(per_task * g.x_len()))
+        .for_each(|(yc, xc)| {
+            let mut col = vec![T::zero(); ckk * ncol];
+            let mut padded = Padded::new(g);
+            let mut out = vec![T::zero(); g.o * ncol];
+            for (yi, xi) in yc.chunks_mut(g.y_len()).zip(xc.chunks(g.x_len())) {
+                im2col(g, padded.image(g, xi), &mut col);
+                if transposed {
+                    // out[cols, O] = col^T[cols, CKK] * W^T[CKK, O]
+                    gemm(ncol, g.o, ckk, &col, true, w, true, &mut out, false, par);
+                } else {
+                    // out[O, cols] = W[O, CKK] * col[CKK, cols]
+                    gemm(g.o, ncol, ckk, w, false, &col, false, &mut out, false, par);
+                }
+                // Into [O, Ho, Wo] without the junk columns, plus the bias.
+                for (o, yo) in yi.chunks_exact_mut(hw).enumerate() {
                     let b = bias.map_or(T::zero(), |b| b[o]);
-                    for (v, t) in yo.iter_mut().zip(yt[o..].iter().step_by(g.o)) {
-                        *v = *t + b;
+                    for (oh, yrow) in yo.chunks_exact_mut(g.wo).enumerate() {
+                        if transposed {
+                            let src = out[oh * pitch * g.o + o..].iter().step_by(g.o);
+                            for (v, t) in yrow.iter_mut().zip(src) {
+                                *v = *t + b;
+                            }
+                        } else {
+                            let at = o * ncol + oh * pitch;
+                            for (v, t) in yrow.iter_mut().zip(&out[at..at + g.wo]) {
+                                *v = *t + b;
+                            }
+                        }
                     }
                 }
-            } else {
-                if let Some(b) = bias {
-                    for (yo, &bo) in yi.chunks_mut(hw).zip(b) {
-                        yo.fill(bo);
-                    }
-                }
-                // y_i[O, HoWo] (+)= W[O, CKK] * col[CKK, HoWo]
-                gemm(g.o, hw, ckk, w, false, &col, false, yi, bias.is_some(), par);
             }
+        });
+}
+
+/// `v.iter().sum()` over 8 interleaved partial sums, so the compiler can
+/// vectorize it (a strict left-to-right float sum cannot be, and made the
+/// bias gradient a sixth of conv1's backward).
+fn lane_sum<T: Elem>(v: &[T]) -> T {
+    let mut acc = [T::zero(); 8];
+    let chunks = v.chunks_exact(8);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for (a, x) in acc.iter_mut().zip(c) {
+            *a = *a + *x;
         }
-    });
+    }
+    let tail: T = rest.iter().copied().sum();
+    acc.iter().copied().sum::<T>() + tail
 }
 
 /// Gradients of [`forward`] for upstream `dy[N, O, Ho, Wo]`. `dw` and `db`
@@ -194,6 +269,8 @@ pub fn backward<T: Elem>(
 ) {
     let (per_task, par) = g.schedule();
     let (ckk, hw) = (g.ckk(), g.out_hw());
+    let (ncol, pitch) = g.cols();
+    let wide = ncol != hw;
     let tasks = g.n.div_ceil(per_task);
     let need_db = db.is_some();
     let dx_parts: Vec<Option<&mut [T]>> = match dx {
@@ -210,25 +287,45 @@ pub fn backward<T: Elem>(
             // 1.5x faster than dW[O, CKK] for the MNIST layers (measured).
             let mut dwt = vec![T::zero(); ckk * g.o];
             let mut db_t = vec![T::zero(); if need_db { g.o } else { 0 }];
-            let mut col = vec![T::zero(); ckk * hw];
+            let mut col = vec![T::zero(); ckk * ncol];
             let mut padded = Padded::new(g);
+            // dy in the wide column layout; its junk columns stay zero, so
+            // they add nothing to dW and give zero dcol columns.
+            let mut dyw = vec![T::zero(); if wide { g.o * ncol } else { 0 }];
             let need_dx = dxt.is_some();
-            let mut dcol = vec![T::zero(); if need_dx { ckk * hw } else { 0 }];
-            let mut dxp = vec![T::zero(); if need_dx && g.padding > 0 { g.padded_len() } else { 0 }];
+            let mut dcol = vec![T::zero(); if need_dx { ckk * ncol } else { 0 }];
+            let dxp_len = if need_dx && g.padding > 0 {
+                g.padded_len()
+            } else {
+                0
+            };
+            let mut dxp = vec![T::zero(); dxp_len];
             for i in 0..imgs {
                 let img = first + i;
                 let xi = &x[img * g.x_len()..(img + 1) * g.x_len()];
                 let dyi = &dy[img * g.y_len()..(img + 1) * g.y_len()];
                 im2col(g, padded.image(g, xi), &mut col);
-                // dW^T[CKK, O] += col[CKK, HoWo] * dy_i^T[HoWo, O]
-                gemm(ckk, g.o, hw, &col, false, dyi, true, &mut dwt, true, par);
+                let dyc: &[T] = if wide {
+                    for (o, dyo) in dyi.chunks_exact(hw).enumerate() {
+                        for (oh, src) in dyo.chunks_exact(g.wo).enumerate() {
+                            let at = o * ncol + oh * pitch;
+                            dyw[at..at + g.wo].copy_from_slice(src);
+                        }
+                    }
+                    &dyw
+                } else {
+                    dyi
+                };
+                // dW^T[CKK, O] += col[CKK, cols] * dy_i^T[cols, O]
+                gemm(ckk, g.o, ncol, &col, false, dyc, true, &mut dwt, true, par);
                 for (acc, dyo) in db_t.iter_mut().zip(dyi.chunks(hw)) {
-                    *acc = *acc + dyo.iter().copied().sum::<T>();
+                    *acc = *acc + lane_sum(dyo);
                 }
                 if let Some(dxt) = dxt.as_deref_mut() {
-                    // dcol[CKK, HoWo] = W^T[CKK, O] * dy_i[O, HoWo]
-                    gemm(ckk, hw, g.o, w, true, dyi, false, &mut dcol, false, par);
-                    col2im(g, &dcol, &mut dxp, &mut dxt[i * g.x_len()..(i + 1) * g.x_len()]);
+                    // dcol[CKK, cols] = W^T[CKK, O] * dy_i[O, cols]
+                    gemm(ckk, ncol, g.o, w, true, dyc, false, &mut dcol, false, par);
+                    let dxi = &mut dxt[i * g.x_len()..(i + 1) * g.x_len()];
+                    col2im(g, &dcol, &mut dxp, dxi);
                 }
             }
             (dwt, db_t)

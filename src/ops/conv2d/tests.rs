@@ -16,6 +16,12 @@ const FORWARD_CFGS: &[Cfg] = &[
     (2, 2, 7, 5, 3, 4, 2, 1, true),
     (1, 1, 28, 28, 16, 5, 1, 2, true),
     (0, 2, 5, 5, 3, 3, 1, 1, true),
+    // Stride 1 with H != W, an even kernel and padding wider than the kernel.
+    (2, 2, 7, 5, 3, 4, 1, 1, true),
+    (1, 2, 4, 4, 2, 3, 1, 3, true),
+    // O = 32 with a deep reduction takes the transposed forward GEMM.
+    (2, 3, 9, 8, 32, 5, 1, 2, true),
+    (3, 8, 9, 9, 32, 3, 2, 1, false),
 ];
 
 fn geom(cfg: Cfg) -> ConvGeom {
@@ -155,6 +161,9 @@ fn backward_matches_finite_differences() {
         (1, 2, 6, 7, 2, 3, 3, 2, true),
         (2, 2, 7, 5, 3, 4, 2, 1, true),
         (3, 2, 4, 4, 2, 1, 1, 0, true),
+        (2, 2, 7, 5, 3, 4, 1, 1, true),
+        (1, 2, 4, 4, 2, 3, 1, 3, false),
+        (2, 3, 5, 4, 32, 5, 1, 2, true),
     ];
     for (i, &cfg) in cfgs.iter().enumerate() {
         check_backward(cfg, true, 1000 + 10 * i as u64);
