@@ -2,13 +2,15 @@
 //! SyncBatchNorm needs separately: local forward sums, normalize+affine, local
 //! backward sums, and dx from (possibly all-reduced) sums and the total count.
 //!
-//! Accumulation: every reduction converts the elements to f64 and sums them in
-//! eight independent f64 lanes (vectorizable, and a 78,400-element channel
-//! then loses nothing measurable). The statistics derived from the sums are
-//! computed in f64 and rounded once to `T`, so the f32 results are the
-//! correctly rounded batch statistics, at least as accurate as the f32
-//! contract asks. Callers that all-reduce the sums across ranks may send them
-//! as f32; the variance is still formed from the reduced sums in f64.
+//! Accumulation (the numerics contract asks for f32): each reduction sums in
+//! `T` across 16 independent lanes over blocks of at most 1,024 elements,
+//! then adds the block results in f64. No f32 chain is longer than 64 adds,
+//! however large the channel (78,400 values for MNIST's first layer), and the
+//! lanes vectorize. The forward sums are taken around a per-channel shift (the
+//! channel's first value) so `sum x^2 - n mean^2` does not cancel when
+//! |mean| >> std; they are returned shifted back as plain f64 sums, and the
+//! statistics are formed from them in f64 and rounded once to `T`. A caller
+//! that all-reduces the sums (SyncBatchNorm) should do so in f64 to keep that.
 
 use crate::ops::Elem;
 use rayon::prelude::*;
@@ -28,51 +30,73 @@ fn narrow<T: Elem>(v: f64) -> T {
     T::from_f64(v).unwrap_or_else(T::nan)
 }
 
-/// Lanes for the reductions: independent accumulators let the compiler keep
-/// several f64 vector adds in flight, and shorten each rounding chain 8x.
-const LANES: usize = 8;
+/// Independent accumulators: they vectorize (4 f32 per SSE register, 8 per
+/// AVX) and cut each rounding chain 16-fold.
+const LANES: usize = 16;
+/// Elements summed in `T` before the partial sum moves to f64.
+const BLOCK: usize = 1024;
 
-/// Per-channel `(sum x, sum x^2)` of one contiguous (n, c) plane.
-fn plane_sums<T: Elem>(p: &[T]) -> (f64, f64) {
-    let mut s = [0.0f64; LANES];
-    let mut q = [0.0f64; LANES];
-    let chunks = p.chunks_exact(LANES);
-    let rem = chunks.remainder();
-    for ch in chunks {
-        for l in 0..LANES {
-            let v = wide(ch[l]);
-            s[l] += v;
-            q[l] += v * v;
+/// Lane partials to f64, summed.
+#[inline(always)]
+fn lanes_to_f64<T: Elem>(lanes: &[T; LANES]) -> f64 {
+    lanes.iter().map(|&v| wide(v)).sum()
+}
+
+/// `(sum (x - shift), sum (x - shift)^2)` of one contiguous (n, c) plane.
+fn plane_sums<T: Elem>(p: &[T], shift: T) -> (f64, f64) {
+    let (mut s_tot, mut q_tot) = (0.0f64, 0.0f64);
+    for blk in p.chunks(BLOCK) {
+        let mut s = [T::zero(); LANES];
+        let mut q = [T::zero(); LANES];
+        let chunks = blk.chunks_exact(LANES);
+        let rem = chunks.remainder();
+        for c in chunks {
+            for l in 0..LANES {
+                let v = c[l] - shift;
+                s[l] = s[l] + v;
+                q[l] = q[l] + v * v;
+            }
         }
+        // The tail goes to separate scalars: indexing the lanes by a runtime
+        // position would force them out of registers for the whole block.
+        let (mut rs, mut rq) = (T::zero(), T::zero());
+        for &x in rem {
+            let v = x - shift;
+            rs = rs + v;
+            rq = rq + v * v;
+        }
+        s_tot += wide(rs);
+        q_tot += wide(rq);
+        s_tot += lanes_to_f64(&s);
+        q_tot += lanes_to_f64(&q);
     }
-    for (l, v) in rem.iter().enumerate() {
-        let v = wide(*v);
-        s[l] += v;
-        q[l] += v * v;
-    }
-    (s.iter().sum(), q.iter().sum())
+    (s_tot, q_tot)
 }
 
 /// `(sum dy, sum dy * (x - mean))` of one plane.
-fn plane_backward_sums<T: Elem>(x: &[T], dy: &[T], mean: f64) -> (f64, f64) {
-    let mut s = [0.0f64; LANES];
-    let mut q = [0.0f64; LANES];
-    let xc = x.chunks_exact(LANES);
-    let dc = dy.chunks_exact(LANES);
-    let (xr, dr) = (xc.remainder(), dc.remainder());
-    for (xa, da) in xc.zip(dc) {
-        for l in 0..LANES {
-            let g = wide(da[l]);
-            s[l] += g;
-            q[l] += g * (wide(xa[l]) - mean);
+fn plane_backward_sums<T: Elem>(x: &[T], dy: &[T], mean: T) -> (f64, f64) {
+    debug_assert_eq!(x.len(), dy.len());
+    let (mut s_tot, mut q_tot) = (0.0f64, 0.0f64);
+    for (xb, db) in x.chunks(BLOCK).zip(dy.chunks(BLOCK)) {
+        let mut s = [T::zero(); LANES];
+        let mut q = [T::zero(); LANES];
+        let (xc, dc) = (xb.chunks_exact(LANES), db.chunks_exact(LANES));
+        let (xr, dr) = (xc.remainder(), dc.remainder());
+        for (xa, da) in xc.zip(dc) {
+            for (((sl, ql), &xv), &g) in s.iter_mut().zip(q.iter_mut()).zip(xa).zip(da) {
+                *sl = *sl + g;
+                *ql = *ql + g * (xv - mean);
+            }
         }
+        let (mut rs, mut rq) = (T::zero(), T::zero());
+        for (&xv, &g) in xr.iter().zip(dr) {
+            rs = rs + g;
+            rq = rq + g * (xv - mean);
+        }
+        s_tot += lanes_to_f64(&s) + wide(rs);
+        q_tot += lanes_to_f64(&q) + wide(rq);
     }
-    for (l, (xv, g)) in xr.iter().zip(dr).enumerate() {
-        let g = wide(*g);
-        s[l] += g;
-        q[l] += g * (wide(*xv) - mean);
-    }
-    (s.iter().sum(), q.iter().sum())
+    (s_tot, q_tot)
 }
 
 /// Runs `f` for every channel, on both cores when the tensor is large. A
@@ -97,14 +121,19 @@ pub struct LocalSums {
 
 pub fn local_sums<T: Elem>(x: &[T], n: usize, c: usize, hw: usize) -> LocalSums {
     debug_assert_eq!(x.len(), n * c * hw);
+    let count = n * hw;
     let per = per_channel(c, x.len(), |ch| {
-        (0..n).fold((0.0, 0.0), |(s, q), i| {
-            let (ps, pq) = plane_sums(&x[(i * c + ch) * hw..][..hw]);
+        let shift = if count > 0 { x[ch * hw] } else { T::zero() };
+        let (s, q) = (0..n).fold((0.0, 0.0), |(s, q), i| {
+            let (ps, pq) = plane_sums(&x[(i * c + ch) * hw..][..hw], shift);
             (s + ps, q + pq)
-        })
+        });
+        // Undo the shift: sum x = s + n k, sum x^2 = q + 2 k s + n k^2.
+        let (k, m) = (wide(shift), count as f64);
+        (s + m * k, q + 2.0 * k * s + m * k * k)
     });
     let (sum, sumsq) = per.into_iter().unzip();
-    LocalSums { count: n * hw, sum, sumsq }
+    LocalSums { count, sum, sumsq }
 }
 
 /// Batch statistics derived from (possibly globally reduced) sums.
@@ -226,10 +255,9 @@ pub fn backward_sums<T: Elem>(
 ) -> BackwardSums {
     debug_assert_eq!(x.len(), dy.len());
     let per = per_channel(c, x.len(), |ch| {
-        let m = wide(mean[ch]);
         let (s, q) = (0..n).fold((0.0, 0.0), |(s, q), i| {
             let off = (i * c + ch) * hw;
-            let (ps, pq) = plane_backward_sums(&x[off..][..hw], &dy[off..][..hw], m);
+            let (ps, pq) = plane_backward_sums(&x[off..][..hw], &dy[off..][..hw], mean[ch]);
             (s + ps, q + pq)
         });
         (s, q * wide(invstd[ch]))

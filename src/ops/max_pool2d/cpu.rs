@@ -23,8 +23,38 @@ impl Geometry {
     }
 }
 
-/// One plane. `kernel` is passed as a literal by the callers below for the
-/// common sizes, so after inlining the window loops are fully unrolled.
+/// PyTorch's CPU scan of one window: strictly greater wins (so the first of
+/// equal maxima stays) and any NaN is taken (so the last NaN is chosen).
+/// Branchy, so used only where a NaN makes the fast paths inexact.
+fn scan_window<T: Elem>(x: &[T], w: usize, h0: usize, w0: usize, kernel: usize) -> (T, usize) {
+    let mut best = (T::neg_infinity(), h0 * w + w0);
+    for ky in 0..kernel {
+        let row = (h0 + ky) * w + w0;
+        for (kx, &v) in x[row..row + kernel].iter().enumerate() {
+            if v > best.0 || v.is_nan() {
+                best = (v, row + kx);
+            }
+        }
+    }
+    best
+}
+
+/// `a > b ? a : b`, the exact form x86 `maxss`/`maxps` implements, so it
+/// compiles without a branch. Only meaningful for NaN-free inputs.
+#[inline(always)]
+fn max2<T: Elem>(a: T, b: T) -> T {
+    if a > b {
+        a
+    } else {
+        b
+    }
+}
+
+/// One plane, any geometry. The max is found branch-free (on real
+/// activations the comparison is a coin flip the branch predictor cannot
+/// learn), then the first element equal to it is the PyTorch argmax.
+/// `kernel` is passed as a literal by the dispatcher for small sizes, so after
+/// inlining the window loops unroll.
 #[inline(always)]
 fn pool_plane<T: Elem>(x: &[T], g: Geometry, kernel: usize, y: &mut [T], idx: &mut [u32]) {
     let (oh, ow) = g.out_hw();
@@ -34,29 +64,71 @@ fn pool_plane<T: Elem>(x: &[T], g: Geometry, kernel: usize, y: &mut [T], idx: &m
         let (yrow, irow) = (&mut y[oy * ow..][..ow], &mut idx[oy * ow..][..ow]);
         for (ox, (yo, io)) in yrow.iter_mut().zip(irow.iter_mut()).enumerate() {
             let w0 = ox * s;
-            // PyTorch's CPU rule: strictly greater wins (so the first of equal
-            // maxima stays), and any NaN is taken (so NaN propagates).
-            let mut best = T::neg_infinity();
-            let mut best_i = h0 * w + w0;
+            let mut m = T::neg_infinity();
+            let mut nan = false;
             for ky in 0..kernel {
-                let row = (h0 + ky) * w + w0;
-                for kx in 0..kernel {
-                    let v = x[row + kx];
-                    if v > best || v.is_nan() {
-                        best = v;
-                        best_i = row + kx;
-                    }
+                for &v in &x[(h0 + ky) * w + w0..][..kernel] {
+                    nan |= v.is_nan();
+                    m = max2(v, m);
                 }
             }
+            let (best, at) = if nan {
+                scan_window(x, w, h0, w0, kernel)
+            } else {
+                let hit = (0..kernel * kernel)
+                    .map(|k| (h0 + k / kernel) * w + w0 + k % kernel)
+                    .find(|&i| x[i] == m)
+                    .unwrap_or(h0 * w + w0); // all -inf: PyTorch keeps the first
+                (x[hit], hit)
+            };
             *yo = best;
             // Fits: the caller checks that h * w fits in u32.
-            *io = best_i as u32;
+            *io = at as u32;
+        }
+    }
+}
+
+/// The 2x2 stride-2 case (every MNIST pooling layer), written so the
+/// compiler vectorizes a whole output row: NaN-free max, then the argmax
+/// as integer selects taken in reverse scan order so the first maximum
+/// wins. A row holding a NaN is redone with the exact scan. (The output
+/// value can differ from PyTorch's only in the sign of a zero maximum.)
+fn pool_plane_2x2<T: Elem>(x: &[T], w: usize, y: &mut [T], idx: &mut [u32]) {
+    let ow = w / 2;
+    if ow == 0 {
+        return;
+    }
+    // Fits: the caller checks that h * w fits in u32.
+    let w32 = w as u32;
+    for (oy, (yrow, irow)) in y.chunks_exact_mut(ow).zip(idx.chunks_exact_mut(ow)).enumerate() {
+        let top = 2 * oy * w;
+        let (r0, r1) = (&x[top..top + 2 * ow], &x[top + w..top + w + 2 * ow]);
+        let mut nan = false;
+        let cells = r0.chunks_exact(2).zip(r1.chunks_exact(2));
+        for (j, ((yo, io), (a, b))) in yrow.iter_mut().zip(irow.iter_mut()).zip(cells).enumerate() {
+            let (a0, a1, b0, b1) = (a[0], a[1], b[0], b[1]);
+            nan |= a0.is_nan() | a1.is_nan() | b0.is_nan() | b1.is_nan();
+            let m = max2(max2(a0, a1), max2(b0, b1));
+            let mut off = w32 + 1;
+            off = if b0 == m { w32 } else { off };
+            off = if a1 == m { 1 } else { off };
+            off = if a0 == m { 0 } else { off };
+            *yo = m;
+            *io = (top + 2 * j) as u32 + off;
+        }
+        if nan {
+            for (j, (yo, io)) in yrow.iter_mut().zip(irow.iter_mut()).enumerate() {
+                let (v, at) = scan_window(x, w, 2 * oy, 2 * j, 2);
+                *yo = v;
+                *io = at as u32;
+            }
         }
     }
 }
 
 fn pool_plane_dispatch<T: Elem>(x: &[T], g: Geometry, y: &mut [T], idx: &mut [u32]) {
     match g.kernel {
+        2 if g.stride == 2 => pool_plane_2x2(x, g.w, y, idx),
         2 => pool_plane(x, g, 2, y, idx),
         3 => pool_plane(x, g, 3, y, idx),
         k => pool_plane(x, g, k, y, idx),

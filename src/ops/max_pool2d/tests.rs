@@ -47,7 +47,11 @@ fn forward_matches_naive_for_various_geometries() {
         (8, 4, 33, 31, 2, 2),
     ];
     for (seed, &(n, c, h, w, k, s)) in cases.iter().enumerate() {
-        let x = rand_vec_f32(n * c * h * w, seed as u64 + 1);
+        // Odd seeds quantize the values, so many windows hold tied maxima.
+        let x: Vec<f32> = rand_vec_f32(n * c * h * w, seed as u64 + 1)
+            .into_iter()
+            .map(|v| if seed % 2 == 1 { (v * 2.0).round() } else { v })
+            .collect();
         let (y, idx) = forward(&Tensor::from_vec(&[n, c, h, w], x.clone()).unwrap(), k, s).unwrap();
         let (wy, widx) = naive(&x, n * c, h, w, k, s);
         assert_eq!(y.shape(), &[n, c, (h - k) / s + 1, (w - k) / s + 1], "case {:?}", (n, c, h, w, k, s));
@@ -64,9 +68,24 @@ fn ties_pick_the_first_and_nan_propagates() {
     assert_eq!((y[0], idx[0]), (3.0, 1), "first of the tied 3.0s");
     assert!(y[1].is_nan(), "NaN window gives NaN, got {}", y[1]);
     assert_eq!(idx[1], 7, "the NaN's position");
-    let all_neg_inf = Tensor::full(&[1, 1, 2, 2], f32::NEG_INFINITY);
-    let (y, idx) = forward(&all_neg_inf, 2, 2).unwrap();
-    assert_eq!((y.as_f32().unwrap()[0], idx[0]), (f32::NEG_INFINITY, 0));
+    for (k, s) in [(2, 2), (2, 1), (3, 1)] {
+        let all_neg_inf = Tensor::full(&[1, 1, 3, 3], f32::NEG_INFINITY);
+        let (y, idx) = forward(&all_neg_inf, k, s).unwrap();
+        assert_eq!((y.as_f32().unwrap()[0], idx[0]), (f32::NEG_INFINITY, 0), "k {k} s {s}");
+    }
+    // Two NaNs in one window: PyTorch's scan takes every NaN, so the last wins;
+    // checked on the 2x2 fast path and on the general path (k = 3).
+    let nan2 = vec![f32::NAN, 1.0, 9.0, 2.0, f32::NAN, 0.0, 3.0, 4.0, 5.0];
+    let x = Tensor::from_vec(&[1, 1, 3, 3], nan2).unwrap();
+    for (k, s, want_idx) in [(2, 2, 4), (3, 1, 4), (2, 1, 4)] {
+        let (y, idx) = forward(&x, k, s).unwrap();
+        assert!(y.as_f32().unwrap()[0].is_nan(), "k {k} s {s}: NaN propagates");
+        assert_eq!(idx[0], want_idx, "k {k} s {s}: the last NaN");
+    }
+    // Ties on the general path: the first of the equal maxima.
+    let tie = Tensor::from_vec(&[1, 1, 3, 3], vec![0.0, 7.0, 1.0, 7.0, 2.0, 7.0, 0.0, 0.0, 0.0]).unwrap();
+    let (_, idx) = forward(&tie, 3, 1).unwrap();
+    assert_eq!(idx, vec![1]);
 }
 
 #[test]
