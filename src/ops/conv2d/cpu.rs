@@ -86,11 +86,7 @@ impl ConvGeom {
         const TASKS_PER_THREAD: usize = 4;
         let threads = rayon::current_num_threads().max(1);
         let per_task = self.n.div_ceil(threads * TASKS_PER_THREAD).max(1);
-        let par = if self.n < threads {
-            Par::Rayon(0)
-        } else {
-            Par::Seq
-        };
+        let par = if self.n < threads { Par::Rayon(0) } else { Par::Seq };
         (per_task, par)
     }
 }
@@ -105,9 +101,7 @@ struct Padded<T> {
 impl<T: Elem> Padded<T> {
     fn new(g: &ConvGeom) -> Self {
         let len = if g.padding > 0 { g.padded_len() } else { 0 };
-        Padded {
-            buf: vec![T::zero(); len],
-        }
+        Padded { buf: vec![T::zero(); len] }
     }
 
     /// `x[C, H, W]` in the padded layout. Only the pixels are ever
@@ -202,40 +196,38 @@ pub fn forward<T: Elem>(g: &ConvGeom, x: &[T], w: &[T], bias: Option<&[T]>, y: &
     // 32-row tiles and the reduction is not tiny (measured: 1.3x faster for
     // conv 16->32, 14x14; 1.3x slower for conv 1->16, 28x28, and for O=128).
     let transposed = g.o % 32 == 0 && g.o <= 64 && ckk >= 64;
-    y.par_chunks_mut(per_task * g.y_len())
-        .zip(x.par_chunks(per_task * g.x_len()))
-        .for_each(|(yc, xc)| {
-            let mut col = vec![T::zero(); ckk * ncol];
-            let mut padded = Padded::new(g);
-            let mut out = vec![T::zero(); g.o * ncol];
-            for (yi, xi) in yc.chunks_mut(g.y_len()).zip(xc.chunks(g.x_len())) {
-                im2col(g, padded.image(g, xi), &mut col);
-                if transposed {
-                    // out[cols, O] = col^T[cols, CKK] * W^T[CKK, O]
-                    gemm(ncol, g.o, ckk, &col, true, w, true, &mut out, false, par);
-                } else {
-                    // out[O, cols] = W[O, CKK] * col[CKK, cols]
-                    gemm(g.o, ncol, ckk, w, false, &col, false, &mut out, false, par);
-                }
-                // Into [O, Ho, Wo] without the junk columns, plus the bias.
-                for (o, yo) in yi.chunks_exact_mut(hw).enumerate() {
-                    let b = bias.map_or(T::zero(), |b| b[o]);
-                    for (oh, yrow) in yo.chunks_exact_mut(g.wo).enumerate() {
-                        if transposed {
-                            let src = out[oh * pitch * g.o + o..].iter().step_by(g.o);
-                            for (v, t) in yrow.iter_mut().zip(src) {
-                                *v = *t + b;
-                            }
-                        } else {
-                            let at = o * ncol + oh * pitch;
-                            for (v, t) in yrow.iter_mut().zip(&out[at..at + g.wo]) {
-                                *v = *t + b;
-                            }
+    y.par_chunks_mut(per_task * g.y_len()).zip(x.par_chunks(per_task * g.x_len())).for_each(|(yc, xc)| {
+        let mut col = vec![T::zero(); ckk * ncol];
+        let mut padded = Padded::new(g);
+        let mut out = vec![T::zero(); g.o * ncol];
+        for (yi, xi) in yc.chunks_mut(g.y_len()).zip(xc.chunks(g.x_len())) {
+            im2col(g, padded.image(g, xi), &mut col);
+            if transposed {
+                // out[cols, O] = col^T[cols, CKK] * W^T[CKK, O]
+                gemm(ncol, g.o, ckk, &col, true, w, true, &mut out, false, par);
+            } else {
+                // out[O, cols] = W[O, CKK] * col[CKK, cols]
+                gemm(g.o, ncol, ckk, w, false, &col, false, &mut out, false, par);
+            }
+            // Into [O, Ho, Wo] without the junk columns, plus the bias.
+            for (o, yo) in yi.chunks_exact_mut(hw).enumerate() {
+                let b = bias.map_or(T::zero(), |b| b[o]);
+                for (oh, yrow) in yo.chunks_exact_mut(g.wo).enumerate() {
+                    if transposed {
+                        let src = out[oh * pitch * g.o + o..].iter().step_by(g.o);
+                        for (v, t) in yrow.iter_mut().zip(src) {
+                            *v = *t + b;
+                        }
+                    } else {
+                        let at = o * ncol + oh * pitch;
+                        for (v, t) in yrow.iter_mut().zip(&out[at..at + g.wo]) {
+                            *v = *t + b;
                         }
                     }
                 }
             }
-        });
+        }
+    });
 }
 
 /// `v.iter().sum()` over 8 interleaved partial sums, so the compiler can
@@ -294,11 +286,7 @@ pub fn backward<T: Elem>(
             let mut dyw = vec![T::zero(); if wide { g.o * ncol } else { 0 }];
             let need_dx = dxt.is_some();
             let mut dcol = vec![T::zero(); if need_dx { ckk * ncol } else { 0 }];
-            let dxp_len = if need_dx && g.padding > 0 {
-                g.padded_len()
-            } else {
-                0
-            };
+            let dxp_len = if need_dx && g.padding > 0 { g.padded_len() } else { 0 };
             let mut dxp = vec![T::zero(); dxp_len];
             for i in 0..imgs {
                 let img = first + i;
