@@ -98,11 +98,16 @@ fn incompatible_checkpoints_are_refused_naming_what_differs() {
 
     let (code, t) = run(&args(&other, &[&resume, "optimizer.lr=0.1"]), dir.path());
     assert_eq!(code, Some(1), "{t}");
-    assert!(t.contains("the config differs") && t.contains("optimizer.lr: checkpoint 0.05, this run 0.1"), "{t}");
+    assert!(
+        t.contains("the config differs") && t.contains("optimizer.lr: checkpoint 0.05, this run 0.1"),
+        "{t}"
+    );
 
-    let narrow = std::fs::read_to_string(repo_root().join("configs/mnist_o0.toml"))
-        .unwrap()
-        .replacen("out_channels = 16", "out_channels = 8", 1);
+    let narrow = std::fs::read_to_string(repo_root().join("configs/mnist_o0.toml")).unwrap().replacen(
+        "out_channels = 16",
+        "out_channels = 8",
+        1,
+    );
     let mut a = args(&other, &[&resume]);
     a[1] = write(dir.path(), "mnist_o0.toml", &narrow).display().to_string();
     let (code, t) = run(&a, dir.path());
@@ -118,7 +123,8 @@ fn incompatible_checkpoints_are_refused_naming_what_differs() {
 
     // Another opt level (O1+ training is not built yet, so the checkpoint claims it).
     let state = latest.join("state.json");
-    let text = std::fs::read_to_string(&state).unwrap().replace("\"opt_level\": \"O0\"", "\"opt_level\": \"O2\"");
+    let text =
+        std::fs::read_to_string(&state).unwrap().replace("\"opt_level\": \"O0\"", "\"opt_level\": \"O2\"");
     std::fs::write(&state, text).unwrap();
     let (code, t) = run(&args(&other, &[&resume]), dir.path());
     assert_eq!(code, Some(1), "{t}");
@@ -127,7 +133,10 @@ fn incompatible_checkpoints_are_refused_naming_what_differs() {
     // With "auto" and nothing usable left, the run stops rather than silently starting over.
     let (code, t) = run(&args(&out, &["optimizer.lr=0.1"]), dir.path());
     assert_eq!(code, Some(1), "{t}");
-    assert!(t.contains("no usable checkpoint to resume from") && t.contains("checkpoint.resume = \"never\""), "{t}");
+    assert!(
+        t.contains("no usable checkpoint to resume from") && t.contains("checkpoint.resume = \"never\""),
+        "{t}"
+    );
     let (code, t) = run(&args(&out, &["optimizer.lr=0.1", "checkpoint.resume=never"]), dir.path());
     assert_eq!(code, Some(0), "{t}");
 }
@@ -142,7 +151,8 @@ fn wait_for(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
 
 fn tmp_save_dir(ckpt: &Path) -> Option<PathBuf> {
     std::fs::read_dir(ckpt).ok()?.flatten().map(|e| e.path()).find(|p| {
-        p.file_name().unwrap().to_string_lossy().starts_with(".tmp-step_00000004") && p.join("model.safetensors").exists()
+        p.file_name().unwrap().to_string_lossy().starts_with(".tmp-step_00000004")
+            && p.join("model.safetensors").exists()
     })
 }
 

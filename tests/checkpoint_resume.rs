@@ -57,7 +57,11 @@ fn final_state(out: &Path) -> (Vec<u8>, Vec<u8>, serde_json::Value) {
 }
 
 fn assert_same_run(a: &Path, b: &Path) {
-    assert_eq!(read(&a.join("model.safetensors")), read(&b.join("model.safetensors")), "final weights differ");
+    assert_eq!(
+        read(&a.join("model.safetensors")),
+        read(&b.join("model.safetensors")),
+        "final weights differ"
+    );
     let (ma, oa, sa) = final_state(a);
     let (mb, ob, sb) = final_state(b);
     assert_eq!(ma, mb, "checkpointed weights differ");
@@ -87,8 +91,7 @@ fn mid_epoch_resume_is_bitwise() {
     // 8 steps per epoch: the last checkpoint before the crash at step 13 is step 10, batch 2 of epoch 1.
     let cb = cfg(&b, &[]);
     halted(&cb, 13);
-    let state: serde_json::Value =
-        serde_json::from_slice(&read(&b.join("ckpt/latest/state.json"))).unwrap();
+    let state: serde_json::Value = serde_json::from_slice(&read(&b.join("ckpt/latest/state.json"))).unwrap();
     assert_eq!((state["step"].as_u64(), state["epoch"].as_u64()), (Some(10), Some(1)));
     assert_eq!(state["batches_in_epoch"], 2);
     let resumed = train::train(&cb).unwrap();
@@ -124,8 +127,7 @@ fn epoch_end_resume_with_pending_accumulated_gradients_is_bitwise() {
     train::train(&cfg(&a, &extra)).unwrap();
     let cb = cfg(&b, &extra);
     halted(&cb, 5);
-    let state: serde_json::Value =
-        serde_json::from_slice(&read(&b.join("ckpt/latest/state.json"))).unwrap();
+    let state: serde_json::Value = serde_json::from_slice(&read(&b.join("ckpt/latest/state.json"))).unwrap();
     assert_eq!((state["step"].as_u64(), state["epoch"].as_u64()), (Some(4), Some(2)));
     assert_eq!(state["pending_grads"], true);
     train::train(&cb).unwrap();
@@ -151,7 +153,8 @@ fn keep_last_prunes_old_checkpoints_and_latest_is_a_symlink() {
     let dir = tempfile::tempdir().unwrap();
     let a = dir.path().join("a");
     let s = train::train(&cfg(&a, &["checkpoint.keep_last=2"])).unwrap();
-    let names: Vec<String> = s.checkpoints.iter().map(|p| p.file_name().unwrap().to_string_lossy().into()).collect();
+    let names: Vec<String> =
+        s.checkpoints.iter().map(|p| p.file_name().unwrap().to_string_lossy().into()).collect();
     assert_eq!(names, ["step_00000005", "step_00000010", "step_00000015", "step_00000020"]);
     let mut left: Vec<String> = std::fs::read_dir(a.join("ckpt"))
         .unwrap()

@@ -38,7 +38,8 @@ fn same_seed_runs_reproduce_a_trace_bit_for_bit() {
     assert_eq!(l[0]["params"][0]["name"], "layer1.0.weight");
     assert_eq!(l[0]["params"][0]["sha256"].as_str().unwrap().len(), 16);
 
-    let (c, t) = run(dir.path(), "c", &["--check-trace", t1.to_str().unwrap(), "--set", "expect.min_test_accuracy=0"]);
+    let (c, t) =
+        run(dir.path(), "c", &["--check-trace", t1.to_str().unwrap(), "--set", "expect.min_test_accuracy=0"]);
     assert_eq!(c, Some(0), "{t}");
     assert!(t.contains("PASS trace") && t.contains("all 5 steps match"), "{t}");
 
@@ -79,7 +80,11 @@ fn a_check_stops_at_the_first_divergence_with_exit_3() {
     let (c, t) = run(dir.path(), "c", &["--check-trace", e]);
     assert_eq!(c, Some(3), "{t}");
     assert!(t.contains("diverges at step 3: loss is") && t.contains("every parameter digest matches"), "{t}");
-    let (c, t) = run(dir.path(), "d", &["--check-trace", e, "--trace-tolerance", "1e-5", "--set", "expect.min_test_accuracy=0"]);
+    let (c, t) = run(
+        dir.path(),
+        "d",
+        &["--check-trace", e, "--trace-tolerance", "1e-5", "--set", "expect.min_test_accuracy=0"],
+    );
     assert_eq!(c, Some(0), "{t}");
 
     // A run longer than the trace, and a bad tolerance.

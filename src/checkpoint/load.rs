@@ -52,7 +52,8 @@ pub fn read_checkpoint(dir: &Path) -> Result<LoadedCheckpoint> {
         return Err(fail("it holds a loss-scaler state, which this build cannot restore".into()));
     }
     let read = |file: &str| -> Result<Vec<StateEntry>> {
-        let digest = state.files.get(file).ok_or_else(|| fail(format!("state.json does not record {file}")))?;
+        let digest =
+            state.files.get(file).ok_or_else(|| fail(format!("state.json does not record {file}")))?;
         let path = dir.join(file);
         let bytes = std::fs::read(&path).map_err(|e| fail(format!("cannot read {file}: {e}")))?;
         if bytes.len() as u64 != digest.bytes {
@@ -93,11 +94,15 @@ fn check_model_shapes(c: &LoadedCheckpoint, model: &Model) -> Result<()> {
     for (name, shape) in &ours {
         match theirs.get(name) {
             None => diffs.push(format!("`{name}` {shape:?} is not in the checkpoint")),
-            Some(s) if s != shape => diffs.push(format!("`{name}` is {s:?} in the checkpoint, {shape:?} here")),
+            Some(s) if s != shape => {
+                diffs.push(format!("`{name}` is {s:?} in the checkpoint, {shape:?} here"))
+            }
             Some(_) => {}
         }
     }
-    diffs.extend(theirs.keys().filter(|n| !ours.contains_key(*n)).map(|n| format!("`{n}` is not in this model")));
+    diffs.extend(
+        theirs.keys().filter(|n| !ours.contains_key(*n)).map(|n| format!("`{n}` is not in this model")),
+    );
     if diffs.is_empty() {
         return Ok(());
     }
@@ -128,7 +133,9 @@ fn config_diff(theirs: &serde_json::Value, ours: &serde_json::Value) -> Vec<Stri
     let none = "(unset)".to_string();
     keys.into_iter()
         .filter(|k| a.get(*k) != b.get(*k))
-        .map(|k| format!("{k}: checkpoint {}, this run {}", a.get(k).unwrap_or(&none), b.get(k).unwrap_or(&none)))
+        .map(|k| {
+            format!("{k}: checkpoint {}, this run {}", a.get(k).unwrap_or(&none), b.get(k).unwrap_or(&none))
+        })
         .collect()
 }
 
@@ -211,7 +218,11 @@ impl Checkpointer {
             let mut diff = config_diff(&st.config, &self.config_json);
             let more = if diff.len() > 5 { format!(" (and {} more)", diff.len() - 5) } else { String::new() };
             diff.truncate(5);
-            let what = if diff.is_empty() { "state.json's config record is damaged".into() } else { diff.join("; ") };
+            let what = if diff.is_empty() {
+                "state.json's config record is damaged".into()
+            } else {
+                diff.join("; ")
+            };
             return fail(format!("the config differs from the checkpoint's: {what}{more}"));
         }
         let ours = schedule_state(&self.shape);
@@ -234,7 +245,12 @@ impl Checkpointer {
         Ok(())
     }
 
-    fn apply(&mut self, c: LoadedCheckpoint, model: &mut Model, opt: &mut Optimizer) -> Result<TrainProgress> {
+    fn apply(
+        &mut self,
+        c: LoadedCheckpoint,
+        model: &mut Model,
+        opt: &mut Optimizer,
+    ) -> Result<TrainProgress> {
         self.check_compatible(&c, model, opt)?;
         let optim_path = c.dir.join("optim.safetensors");
         let index: HashMap<String, usize> =
@@ -243,7 +259,11 @@ impl Checkpointer {
         let mut grads: Vec<Option<&[f32]>> = vec![None; index.len()];
         for e in &c.optim {
             let split = ["momentum_buffer", "exp_avg_sq", "exp_avg", "grad"].into_iter().find_map(|s| {
-                e.name.strip_suffix(s).and_then(|p| p.strip_suffix('.')).and_then(|p| index.get(p)).map(|&i| (s, i))
+                e.name
+                    .strip_suffix(s)
+                    .and_then(|p| p.strip_suffix('.'))
+                    .and_then(|p| index.get(p))
+                    .map(|&i| (s, i))
             });
             let (Some((state, i)), StateValue::F32(values)) = (split, &e.value) else {
                 return Err(ckpt_err(&optim_path, format!("unexpected tensor `{}`", e.name)));
@@ -264,7 +284,9 @@ impl Checkpointer {
             let dst = p.grad.as_f32_mut()?;
             match g {
                 Some(g) if g.len() == dst.len() => dst.copy_from_slice(g),
-                Some(_) => return Err(ckpt_err(&optim_path, format!("`{}.grad` has the wrong size", p.name))),
+                Some(_) => {
+                    return Err(ckpt_err(&optim_path, format!("`{}.grad` has the wrong size", p.name)))
+                }
                 None => dst.fill(0.0),
             }
         }

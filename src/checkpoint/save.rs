@@ -2,7 +2,9 @@
 //! pruning to `keep_last`, and the metrics file a resumed run continues.
 
 use super::io::{ckpt_err, entries_to_bytes, sync_dir, write_synced};
-use super::state::{CheckpointState, FileDigest, OptimizerState, ScheduleState, TrainProgress, FORMAT_VERSION};
+use super::state::{
+    CheckpointState, FileDigest, OptimizerState, ScheduleState, TrainProgress, FORMAT_VERSION,
+};
 use super::{parse_step_dir, step_dir_name};
 use crate::config::{Config, Resume};
 use crate::error::{Error, Result};
@@ -205,7 +207,8 @@ impl Checkpointer {
     /// Writes a checkpoint of the current state and points `latest` at it.
     pub fn save(&mut self, model: &Model, opt: &Optimizer, p: &TrainProgress) -> Result<PathBuf> {
         let root = &self.root;
-        std::fs::create_dir_all(root).map_err(|e| Error::io(format!("cannot create {}", root.display()), e))?;
+        std::fs::create_dir_all(root)
+            .map_err(|e| Error::io(format!("cannot create {}", root.display()), e))?;
         let name = step_dir_name(p.step);
         let final_dir = root.join(&name);
         let tmp = root.join(format!(".tmp-{name}.{}", std::process::id()));
@@ -217,7 +220,9 @@ impl Checkpointer {
         let (optim_entries, pending_grads) = optim_entries(model, opt)?;
         let mut files = BTreeMap::new();
         for (i, (file, entries)) in
-            [("model.safetensors", model.state_dict()?), ("optim.safetensors", optim_entries)].into_iter().enumerate()
+            [("model.safetensors", model.state_dict()?), ("optim.safetensors", optim_entries)]
+                .into_iter()
+                .enumerate()
         {
             if i == 1 {
                 if let Some(d) = self.save_pause {
@@ -227,7 +232,10 @@ impl Checkpointer {
             let path = tmp.join(file);
             let bytes = entries_to_bytes(&entries, &path)?;
             write_synced(&path, &bytes)?;
-            files.insert(file.to_string(), FileDigest { bytes: bytes.len() as u64, sha256: sha256_hex(&bytes) });
+            files.insert(
+                file.to_string(),
+                FileDigest { bytes: bytes.len() as u64, sha256: sha256_hex(&bytes) },
+            );
         }
         let state = CheckpointState {
             version: FORMAT_VERSION,
@@ -276,7 +284,7 @@ impl Checkpointer {
                 steps.push((s, entry.path()));
             }
         }
-        steps.sort_by(|a, b| b.0.cmp(&a.0));
+        steps.sort_by_key(|s| std::cmp::Reverse(s.0));
         let mut kept = 0;
         for (s, path) in steps {
             if s <= current && kept < self.keep_last {
@@ -343,10 +351,9 @@ fn publish_dir(tmp: &Path, final_dir: &Path) -> Result<()> {
 #[cfg(target_os = "linux")]
 fn exchange(a: &Path, b: &Path) -> bool {
     use std::os::unix::ffi::OsStrExt;
-    let (Ok(ca), Ok(cb)) = (
-        std::ffi::CString::new(a.as_os_str().as_bytes()),
-        std::ffi::CString::new(b.as_os_str().as_bytes()),
-    ) else {
+    let (Ok(ca), Ok(cb)) =
+        (std::ffi::CString::new(a.as_os_str().as_bytes()), std::ffi::CString::new(b.as_os_str().as_bytes()))
+    else {
         return false;
     };
     // SAFETY: both are valid NUL-terminated paths that outlive the call.

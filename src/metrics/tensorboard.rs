@@ -18,14 +18,16 @@ impl TensorBoard {
         // everything it will need is checked here first, as an error.
         std::fs::create_dir_all(dir).map_err(|e| Error::io(format!("cannot create {}", dir.display()), e))?;
         let probe = dir.join(format!(".probe.{}", std::process::id()));
-        std::fs::write(&probe, b"").map_err(|e| Error::io(format!("cannot write in {}", dir.display()), e))?;
+        std::fs::write(&probe, b"")
+            .map_err(|e| Error::io(format!("cannot write in {}", dir.display()), e))?;
         let _ = std::fs::remove_file(&probe);
         // Event files are named by (second, host, pid): a second writer in the
         // same process and second would truncate the first one's file.
         let pid_suffix = format!(".{}.0", std::process::id());
-        let now = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        let now =
+            || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
         let taken = |t: u64| {
-            std::fs::read_dir(dir).map_or(false, |rd| {
+            std::fs::read_dir(dir).is_ok_and(|rd| {
                 rd.flatten().any(|e| {
                     let n = e.file_name().to_string_lossy().into_owned();
                     n.starts_with(&format!("events.out.tfevents.{t:010}.")) && n.ends_with(&pid_suffix)

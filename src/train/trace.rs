@@ -104,11 +104,12 @@ impl Tracer {
             None => None,
             Some(path) => {
                 let bad = |msg: String| Error::data(path, msg);
-                let text = std::fs::read_to_string(path).map_err(|e| bad(format!("cannot read the trace: {e}")))?;
+                let text =
+                    std::fs::read_to_string(path).map_err(|e| bad(format!("cannot read the trace: {e}")))?;
                 let mut lines = BTreeMap::new();
                 for (i, l) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
-                    let t: TraceLine =
-                        serde_json::from_str(l).map_err(|e| bad(format!("line {}: not a trace line: {e}", i + 1)))?;
+                    let t: TraceLine = serde_json::from_str(l)
+                        .map_err(|e| bad(format!("line {}: not a trace line: {e}", i + 1)))?;
                     lines.insert(t.step, t);
                 }
                 if lines.is_empty() {
@@ -157,7 +158,9 @@ impl Tracer {
                 golden.keys().next().copied().unwrap_or(0)
             )));
         };
-        Ok(self.compare(&line, want).map(|what| format!("trace {}: diverges at step {step}: {what}", path.display())))
+        Ok(self
+            .compare(&line, want)
+            .map(|what| format!("trace {}: diverges at step {step}: {what}", path.display())))
     }
 
     /// At the end of the run: a run that stopped before the trace's end diverged too.
@@ -165,7 +168,10 @@ impl Tracer {
         let (path, golden) = self.golden.as_ref()?;
         let last = golden.keys().next_back().copied()?;
         (step < last).then(|| {
-            format!("trace {}: the run ended at step {step} but the trace goes on to step {last}", path.display())
+            format!(
+                "trace {}: the run ended at step {step} but the trace goes on to step {last}",
+                path.display()
+            )
         })
     }
 
