@@ -1,6 +1,9 @@
 //! What a run reports: `metrics.jsonl` (one JSON object per logged step and per
 //! evaluation), `summary.json` at the end, and human-readable progress (an
-//! indicatif bar on a terminal, plain lines otherwise).
+//! indicatif bar on a terminal, plain lines otherwise); TensorBoard event files
+//! mirror the metrics records when enabled.
+
+pub mod tensorboard;
 
 use crate::error::{Error, Result};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -11,13 +14,31 @@ use std::path::{Path, PathBuf};
 pub struct MetricsWriter {
     path: PathBuf,
     out: BufWriter<File>,
+    tb: Option<tensorboard::TensorBoard>,
 }
 
 impl MetricsWriter {
     pub fn create(out_dir: &Path) -> Result<Self> {
         let path = out_dir.join("metrics.jsonl");
         let f = File::create(&path).map_err(|e| Error::io(format!("cannot create {}", path.display()), e))?;
-        Ok(MetricsWriter { path, out: BufWriter::new(f) })
+        Ok(MetricsWriter { path, out: BufWriter::new(f), tb: None })
+    }
+
+    /// Opens an existing `metrics.jsonl` for appending (a resumed run).
+    pub fn append(out_dir: &Path) -> Result<Self> {
+        let path = out_dir.join("metrics.jsonl");
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .map_err(|e| Error::io(format!("cannot open {}", path.display()), e))?;
+        Ok(MetricsWriter { path, out: BufWriter::new(f), tb: None })
+    }
+
+    /// Also writes every record's scalars as TensorBoard events in `dir`.
+    pub fn with_tensorboard(mut self, dir: &Path) -> Result<Self> {
+        self.tb = Some(tensorboard::TensorBoard::create(dir)?);
+        Ok(self)
     }
 
     /// One line per record, flushed at once so a crashed run keeps what it logged.
@@ -25,7 +46,11 @@ impl MetricsWriter {
         let io = |e| Error::io(format!("cannot write {}", self.path.display()), e);
         serde_json::to_writer(&mut self.out, record).map_err(|e| io(std::io::Error::other(e)))?;
         self.out.write_all(b"\n").map_err(io)?;
-        self.out.flush().map_err(io)
+        self.out.flush().map_err(io)?;
+        if let Some(tb) = &mut self.tb {
+            tb.record(record);
+        }
+        Ok(())
     }
 }
 

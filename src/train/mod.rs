@@ -4,8 +4,10 @@
 
 mod eval;
 pub mod expect;
+pub mod trace;
 
 pub use eval::{evaluate, EvalResult};
+pub use trace::RunOptions;
 
 use crate::config::{self, Config};
 use crate::data::{self, Dataset, DistributedSampler, Loader, Normalize, Split};
@@ -37,6 +39,13 @@ pub struct Summary {
     pub device: String,
     pub num_params: usize,
     pub weights: PathBuf,
+    /// Checkpoint directories this process wrote.
+    pub checkpoints: Vec<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resumed_from: Option<PathBuf>,
+    /// Why `--check-trace` stopped the run, when it did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trace_divergence: Option<String>,
 }
 
 /// Everything loaded and checked before anything is written to `out_dir`.
@@ -59,13 +68,6 @@ fn check_supported(cfg: &Config) -> Result<&'static str> {
         return Err(Error::Unsupported(format!(
             "WORLD_SIZE={world}: distributed training is not implemented yet; run a single process"
         )));
-    }
-    if cfg.checkpoint.every_steps > 0 || cfg.checkpoint.every_epochs > 0 {
-        return Err(Error::Unsupported(
-            "checkpoint.every_steps / checkpoint.every_epochs: periodic checkpoints are not implemented yet; set both to 0 \
-             (the final weights are always written to <out_dir>/model.safetensors)"
-                .into(),
-        ));
     }
     match cfg.run.device {
         config::Device::Cuda => Err(Error::Unsupported(
@@ -142,6 +144,11 @@ fn clip_grad_norm(model: &mut Model, max_norm: f32) -> Result<f32> {
 }
 
 pub fn train(cfg: &Config) -> Result<Summary> {
+    train_with(cfg, &RunOptions::default())
+}
+
+/// [`train`] with the options of one invocation (traces, test hooks).
+pub fn train_with(cfg: &Config, opts: &RunOptions) -> Result<Summary> {
     let device = check_supported(cfg)?;
     let Prepared { mut model, train_ds, test_ds } = prepare(cfg)?;
 
@@ -180,11 +187,24 @@ pub fn train(cfg: &Config) -> Result<Summary> {
     schedule.validate()?;
     let sizes: Vec<usize> = model.params().iter().map(|p| p.value.numel()).collect();
     let mut optimizer = Optimizer::new(optimizer_config(&cfg.optimizer), &sizes)?;
+    let shape = crate::checkpoint::RunShape {
+        world_size: 1,
+        rank: 0,
+        steps_per_epoch,
+        total_steps,
+        train_samples: train_ds.len(),
+        schedule: schedule.clone(),
+    };
+    let mut ckpt = crate::checkpoint::Checkpointer::new(cfg, shape)
+        .with_test_hooks(opts.save_pause, opts.halt_after_steps);
+    let resumed = ckpt.resume(&mut model, &mut optimizer)?;
+    let mut tracer = trace::Tracer::new(opts)?;
+    let mut trace_divergence: Option<String> = None;
 
     let out_dir = cfg.run.out_dir.clone();
     std::fs::create_dir_all(&out_dir)
         .map_err(|e| Error::io(format!("cannot create {}", out_dir.display()), e))?;
-    let mut metrics_out = MetricsWriter::create(&out_dir)?;
+    let mut metrics_out: MetricsWriter = crate::checkpoint::open_metrics(cfg, &out_dir, resumed.as_ref())?;
     let progress = Progress::new(
         match cfg.logging.progress {
             config::ProgressSetting::Auto => ProgressMode::Auto,
@@ -217,11 +237,40 @@ pub fn train(cfg: &Config) -> Result<Summary> {
     let mut window_start = Instant::now();
     let mut window_images = 0usize;
     let mut grad_norm: Option<f32> = None;
+    let mut step_loss = 0.0f64;
+    // Batches of the current epoch a resumed checkpoint already consumed.
+    let mut resume_at: Option<usize> = None;
+    if let Some(p) = &resumed {
+        (step, epoch, step_loss, window_loss, window_n, window_images) =
+            (p.step, p.epoch, p.step_loss, p.window_loss, p.window_n, p.window_images);
+        (final_loss, last_eval, grad_norm) = (p.final_loss, p.last_eval.map(Into::into), p.grad_norm);
+        (train_images, train_time, resume_at) = (p.train_images, p.train_time_s, Some(p.batches_in_epoch));
+        progress.set_step(step, "resumed");
+    }
+    macro_rules! train_progress {
+        ($batches_in_epoch:expr) => {
+            crate::checkpoint::TrainProgress {
+                step,
+                epoch,
+                batches_in_epoch: $batches_in_epoch,
+                step_loss,
+                window_loss,
+                window_n,
+                window_images,
+                final_loss,
+                last_eval: last_eval.map(Into::into),
+                grad_norm,
+                train_images,
+                train_time_s: train_time,
+            }
+        };
+    }
 
-    while step < total_steps {
-        let loader =
-            Loader::new(train_ds.clone(), sampler.indices(epoch), d.batch_size, d.drop_last, d.prefetch);
-        let mut micro = 0usize;
+    'train: while step < total_steps {
+        let skip = resume_at.take().unwrap_or(0);
+        let indices = crate::checkpoint::skip_batches(sampler.indices(epoch), skip, d.batch_size);
+        let loader = Loader::new(train_ds.clone(), indices, d.batch_size, d.drop_last, d.prefetch);
+        let mut micro = skip;
         let mut t0 = Instant::now();
         for batch in loader {
             let n = batch.labels.len();
@@ -236,6 +285,7 @@ pub fn train(cfg: &Config) -> Result<Summary> {
             }
             model.backward(saved, out.dlogits)?;
             window_loss += out.loss as f64 / accum as f64;
+            step_loss += out.loss as f64 / accum as f64;
             train_images += n;
             window_images += n;
             micro += 1;
@@ -244,6 +294,9 @@ pub fn train(cfg: &Config) -> Result<Summary> {
             }
             if let Some(max_norm) = cfg.train.grad_clip_norm {
                 grad_norm = Some(clip_grad_norm(&mut model, max_norm)?);
+            }
+            if let Some(t) = &mut tracer {
+                t.before_update(&model, cfg.train.grad_clip_norm.and(grad_norm))?;
             }
             let lr = schedule.lr_at(step);
             {
@@ -263,6 +316,10 @@ pub fn train(cfg: &Config) -> Result<Summary> {
             step += 1;
             window_n += 1;
             train_time += t0.elapsed().as_secs_f64();
+            if let Some(t) = &mut tracer {
+                trace_divergence = t.after_update(step, step_loss, &model)?;
+            }
+            step_loss = 0.0;
 
             if step % log_every == 0 || step == total_steps {
                 let loss = window_loss / window_n as f64;
@@ -281,6 +338,10 @@ pub fn train(cfg: &Config) -> Result<Summary> {
                 (window_loss, window_n, window_images) = (0.0, 0, 0);
                 window_start = Instant::now();
             }
+            if trace_divergence.is_some() {
+                break 'train;
+            }
+            ckpt.after_step(&model, &optimizer, &train_progress!(micro), &mut metrics_out)?;
             if step >= total_steps {
                 break;
             }
@@ -295,8 +356,15 @@ pub fn train(cfg: &Config) -> Result<Summary> {
         ));
         last_eval = Some(ev);
         window_start = Instant::now();
+        ckpt.after_epoch(&model, &optimizer, &train_progress!(0), &mut metrics_out)?;
     }
     progress.finish();
+    if let (None, Some(t)) = (&trace_divergence, &tracer) {
+        trace_divergence = t.finish(step);
+    }
+    if trace_divergence.is_none() {
+        ckpt.finish(&model, &optimizer, &train_progress!(0), &mut metrics_out)?;
+    }
 
     let weights = out_dir.join("model.safetensors");
     crate::checkpoint::save_safetensors(&weights, &model.state_dict()?)?;
@@ -314,6 +382,9 @@ pub fn train(cfg: &Config) -> Result<Summary> {
         device: device.to_string(),
         num_params: model.num_params(),
         weights,
+        checkpoints: ckpt.written().to_vec(),
+        resumed_from: ckpt.resumed_from().map(PathBuf::from),
+        trace_divergence,
     };
     metrics::write_json(&out_dir.join("summary.json"), &summary)?;
     Ok(summary)
