@@ -72,7 +72,7 @@ pub fn rendezvous(env: &DistEnv, opts: &RendezvousOpts) -> Result<Membership> {
     }
 }
 
-struct Hello {
+pub(super) struct Hello {
     version: u32,
     world: usize,
     rank: usize,
@@ -95,7 +95,7 @@ fn encode_hello(world: usize, rank: usize, opts: &RendezvousOpts, data_port: u16
 }
 
 /// Reads and parses one HELLO; anything else is an error saying what was wrong.
-fn read_hello(stream: &mut TcpStream) -> io::Result<Hello> {
+pub(super) fn read_hello(stream: &mut TcpStream) -> io::Result<Hello> {
     let frame = wire::read_frame(stream, MAX_CONTROL_FRAME)?;
     let mut d = Dec::new(&frame);
     if d.take(4)? != MAGIC {
