@@ -5,4 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/fetch-mnist.sh
+# Open MPI for the mpirun launch test (tests/dist_processes.rs); a no-op once installed.
+if ! command -v mpirun >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openmpi-bin >/dev/null; } \
+        || echo "warning: could not install openmpi-bin; the mpirun test will be skipped"
+fi
 cargo test --all-targets "$@"
