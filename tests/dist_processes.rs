@@ -10,9 +10,22 @@ use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_ddptrain");
 const LAUNCHER_VARS: [&str; 16] = [
-    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
-    "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE", "SLURM_PROCID", "SLURM_NTASKS",
-    "DDPTRAIN_JOB_TOKEN", "OMP_NUM_THREADS", "RAYON_NUM_THREADS",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "PMI_RANK",
+    "PMI_SIZE",
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+    "DDPTRAIN_JOB_TOKEN",
+    "OMP_NUM_THREADS",
+    "RAYON_NUM_THREADS",
 ];
 
 fn free_port() -> u16 {
@@ -75,7 +88,9 @@ fn three_processes_rendezvous_and_agree_bitwise() {
     for (world, dtype) in [(3, "f32"), (2, "f16")] {
         let port = free_port();
         let kids: Vec<Child> = (0..world)
-            .map(|r| rank(r, world, port, &["--dtype", dtype, "--iters", "2", "--numel", "40001"]).spawn().unwrap())
+            .map(|r| {
+                rank(r, world, port, &["--dtype", dtype, "--iters", "2", "--numel", "40001"]).spawn().unwrap()
+            })
             .collect();
         let outs: Vec<Output> = kids.into_iter().map(|k| k.wait_with_output().unwrap()).collect();
         for o in &outs {
@@ -90,7 +105,16 @@ fn three_processes_rendezvous_and_agree_bitwise() {
 fn a_killed_rank_makes_the_others_fail_naming_it() {
     let port = free_port();
     let mut kids: Vec<Child> = (0..3)
-        .map(|r| rank(r, 3, port, &["--iters", "100000", "--sleep-ms", "20", "--timeout-s", "3", "--numel", "30000"]).spawn().unwrap())
+        .map(|r| {
+            rank(
+                r,
+                3,
+                port,
+                &["--iters", "100000", "--sleep-ms", "20", "--timeout-s", "3", "--numel", "30000"],
+            )
+            .spawn()
+            .unwrap()
+        })
         .collect();
     let seen: Vec<_> = kids.iter_mut().map(tail).collect();
     for s in &seen {
@@ -116,7 +140,11 @@ fn config_mismatch_is_refused_on_both_sides() {
     for o in [a.wait_with_output().unwrap(), b.wait_with_output().unwrap()] {
         let (_, err) = text(&o);
         assert_eq!(o.status.code(), Some(2), "{err}");
-        assert!(err.contains("config differs: rank 0 has fingerprint aaa111, rank 1") && err.contains("has bbb222"), "{err}");
+        assert!(
+            err.contains("config differs: rank 0 has fingerprint aaa111, rank 1")
+                && err.contains("has bbb222"),
+            "{err}"
+        );
     }
 }
 
@@ -127,7 +155,11 @@ fn a_rank_without_the_job_token_is_turned_away() {
     let b = rank(1, 2, port, &["--timeout-s", "5"]).spawn().unwrap();
     let (ob, oa) = (b.wait_with_output().unwrap(), a.wait_with_output().unwrap());
     let (eb, ea) = (text(&ob).1, text(&oa).1);
-    assert!(!ob.status.success() && eb.contains("rank 0 refused rank 1: rank 0 refused this rank: it presented no job token"), "{eb}");
+    assert!(
+        !ob.status.success()
+            && eb.contains("rank 0 refused rank 1: it presented no job token"),
+        "{eb}"
+    );
     assert!(!oa.status.success() && ea.contains("refused a connection from 127.0.0.1:"), "{ea}");
     assert!(ea.contains("ranks [1] of WORLD_SIZE=2 did not join within 2s"), "{ea}");
 }
@@ -151,7 +183,10 @@ fn junk_on_the_master_port_neither_crashes_nor_hangs_rank_zero() {
     let (oa, ob) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
     assert!(oa.status.success() && ob.status.success(), "{:?} {:?}", text(&oa), text(&ob));
     let ea = text(&oa).1;
-    assert!(ea.contains("ignored a connection from 127.0.0.1:") && ea.contains("more than the 1048576 allowed"), "{ea}");
+    assert!(
+        ea.contains("ignored a connection from 127.0.0.1:") && ea.contains("more than the 1048576 allowed"),
+        "{ea}"
+    );
     assert_eq!(checksum(&text(&oa).0), checksum(&text(&ob).0));
 }
 
@@ -164,9 +199,21 @@ fn launch(args: &[&str]) -> Command {
 #[test]
 fn launch_sets_the_torchrun_environment_and_prefixes_output() {
     let port = free_port().to_string();
-    let o = launch(&["--nproc-per-node", "2", "--nnodes", "2", "--node-rank", "1", "--master-port", &port, "--", "dist-selftest", "--print-env"])
-        .output()
-        .unwrap();
+    let o = launch(&[
+        "--nproc-per-node",
+        "2",
+        "--nnodes",
+        "2",
+        "--node-rank",
+        "1",
+        "--master-port",
+        &port,
+        "--",
+        "dist-selftest",
+        "--print-env",
+    ])
+    .output()
+    .unwrap();
     let (out, err) = text(&o);
     assert!(o.status.success(), "{err}");
     let cores = std::thread::available_parallelism().unwrap().get();
@@ -183,7 +230,10 @@ fn launch_sets_the_torchrun_environment_and_prefixes_output() {
             format!("OMP_NUM_THREADS={threads}"),
             format!("RAYON_NUM_THREADS={threads}"),
         ] {
-            assert!(out.lines().any(|line| line == format!("[rank {g}] {kv}")), "missing `[rank {g}] {kv}` in:\n{out}");
+            assert!(
+                out.lines().any(|line| line == format!("[rank {g}] {kv}")),
+                "missing `[rank {g}] {kv}` in:\n{out}"
+            );
         }
     }
     assert!(!out.contains("[rank 0]"));
@@ -192,12 +242,16 @@ fn launch_sets_the_torchrun_environment_and_prefixes_output() {
 #[test]
 fn launch_runs_three_ranks_that_agree() {
     let port = free_port().to_string();
-    let o = launch(&["--nproc-per-node", "3", "--master-port", &port, "--", "dist-selftest", "--numel", "30001"]).output().unwrap();
+    let o =
+        launch(&["--nproc-per-node", "3", "--master-port", &port, "--", "dist-selftest", "--numel", "30001"])
+            .output()
+            .unwrap();
     let (out, err) = text(&o);
     assert!(o.status.success(), "{out}\n{err}");
     let sums: Vec<&str> = (0..3)
         .map(|r| {
-            let line = out.lines().find(|l| l.starts_with(&format!("[rank {r}] selftest rank {r}/3: ok"))).unwrap();
+            let line =
+                out.lines().find(|l| l.starts_with(&format!("[rank {r}] selftest rank {r}/3: ok"))).unwrap();
             checksum(line)
         })
         .collect();
@@ -208,7 +262,22 @@ fn launch_runs_three_ranks_that_agree() {
 fn launch_stops_the_others_when_a_rank_fails() {
     let port = free_port().to_string();
     let t = Instant::now();
-    let args = ["--nproc-per-node", "3", "--master-port", &port, "--stop-grace-s", "2", "--", "dist-selftest", "--fail-rank", "1", "--exit-code", "3", "--hang-s", "60"];
+    let args = [
+        "--nproc-per-node",
+        "3",
+        "--master-port",
+        &port,
+        "--stop-grace-s",
+        "2",
+        "--",
+        "dist-selftest",
+        "--fail-rank",
+        "1",
+        "--exit-code",
+        "3",
+        "--hang-s",
+        "60",
+    ];
     let o = launch(&args).output().unwrap();
     let (out, err) = text(&o);
     assert!(t.elapsed() < Duration::from_secs(20), "the other ranks were not stopped: {:?}", t.elapsed());
@@ -220,7 +289,24 @@ fn launch_stops_the_others_when_a_rank_fails() {
 #[test]
 fn launch_restarts_all_ranks_up_to_max_restarts() {
     let port = free_port().to_string();
-    let args = ["--nproc-per-node", "2", "--master-port", &port, "--max-restarts", "2", "--stop-grace-s", "2", "--", "dist-selftest", "--fail-rank", "0", "--exit-code", "4", "--hang-s", "60"];
+    let args = [
+        "--nproc-per-node",
+        "2",
+        "--master-port",
+        &port,
+        "--max-restarts",
+        "2",
+        "--stop-grace-s",
+        "2",
+        "--",
+        "dist-selftest",
+        "--fail-rank",
+        "0",
+        "--exit-code",
+        "4",
+        "--hang-s",
+        "60",
+    ];
     let o = launch(&args).output().unwrap();
     let (out, err) = text(&o);
     assert_eq!(out.matches("[rank 0] selftest rank 0: failing with exit code 4").count(), 3, "{out}");
@@ -232,9 +318,20 @@ fn launch_restarts_all_ranks_up_to_max_restarts() {
 #[test]
 fn launch_forwards_sigterm_and_leaves_no_ranks_behind() {
     let port = free_port().to_string();
-    let mut l = launch(&["--nproc-per-node", "2", "--master-port", &port, "--", "dist-selftest", "--fail-rank", "9", "--hang-s", "60"])
-        .spawn()
-        .unwrap();
+    let mut l = launch(&[
+        "--nproc-per-node",
+        "2",
+        "--master-port",
+        &port,
+        "--",
+        "dist-selftest",
+        "--fail-rank",
+        "9",
+        "--hang-s",
+        "60",
+    ])
+    .spawn()
+    .unwrap();
     let seen = tail(&mut l);
     wait_for(&seen, "[rank 0] selftest rank 0: waiting", Duration::from_secs(20));
     wait_for(&seen, "[rank 1] selftest rank 1: waiting", Duration::from_secs(20));
@@ -245,7 +342,8 @@ fn launch_forwards_sigterm_and_leaves_no_ranks_behind() {
     let status = l.wait().unwrap();
     assert!(t.elapsed() < Duration::from_secs(10));
     assert_eq!(status.code(), Some(128 + 15), "{err}");
-    let pids: Vec<&str> = err.lines().filter_map(|x| x.split("pid ").nth(1)).map(|p| p.trim_end_matches(')')).collect();
+    let pids: Vec<&str> =
+        err.lines().filter_map(|x| x.split("pid ").nth(1)).map(|p| p.trim_end_matches(')')).collect();
     assert_eq!(pids.len(), 2, "{err}");
     for p in pids {
         assert!(!std::path::Path::new(&format!("/proc/{p}")).exists(), "rank pid {p} still exists");
@@ -274,7 +372,16 @@ fn mpirun_launches_ranks_that_rendezvous_and_all_reduce() {
         c.env_remove(v);
     }
     let o = c
-        .args(["--allow-run-as-root", "--oversubscribe", "-np", "2", "-x", "MASTER_ADDR", "-x", "MASTER_PORT"])
+        .args([
+            "--allow-run-as-root",
+            "--oversubscribe",
+            "-np",
+            "2",
+            "-x",
+            "MASTER_ADDR",
+            "-x",
+            "MASTER_PORT",
+        ])
         .args([BIN, "dist-selftest", "--timeout-s", "20"])
         .env("MASTER_ADDR", "127.0.0.1")
         .env("MASTER_PORT", &port)

@@ -78,14 +78,16 @@ impl DistEnv {
         let num = |k: &str| -> Result<Option<usize>> {
             match get(k) {
                 None => Ok(None),
-                Some(v) => v.parse::<usize>().map(Some).map_err(|_| {
-                    env_err(k, format!("`{v}` is not a non-negative integer"))
-                }),
+                Some(v) => v
+                    .parse::<usize>()
+                    .map(Some)
+                    .map_err(|_| env_err(k, format!("`{v}` is not a non-negative integer"))),
             }
         };
         // Both of a family's rank and size must be there; one without the other is a broken launcher.
         let need = |k: &str| -> Result<usize> {
-            num(k)?.ok_or_else(|| env_err(k, "is not set, but other variables of its launcher are".to_string()))
+            num(k)?
+                .ok_or_else(|| env_err(k, "is not set, but other variables of its launcher are".to_string()))
         };
 
         let (launcher, rank, world, local_rank, local_world, rank_var, world_var, local_var);
@@ -148,7 +150,10 @@ impl DistEnv {
             ));
         }
         if local_rank >= local_world {
-            return Err(env_err(local_var, format!("local rank {local_rank} is not below the local world size {local_world}")));
+            return Err(env_err(
+                local_var,
+                format!("local rank {local_rank} is not below the local world size {local_world}"),
+            ));
         }
 
         let master_addr = match get("MASTER_ADDR") {
@@ -169,7 +174,16 @@ impl DistEnv {
             return Err(Error::config("[parallel]", "parallel.master_port", "must be a TCP port (1-65535)"));
         }
         let job_token = vars.get(JOB_TOKEN_VAR).filter(|t| !t.is_empty()).cloned();
-        Ok(DistEnv { rank, world_size: world, local_rank, local_world_size: local_world, master_addr, master_port, job_token, launcher })
+        Ok(DistEnv {
+            rank,
+            world_size: world,
+            local_rank,
+            local_world_size: local_world,
+            master_addr,
+            master_port,
+            job_token,
+            launcher,
+        })
     }
 
     /// `host:port` of rank 0's rendezvous store.

@@ -220,7 +220,9 @@ impl Communicator for LocalCommunicator {
     }
     fn broadcast_async(&self, buf: Buffer, root: usize, _label: &str) -> Work {
         if root != 0 {
-            return Work::ready(Err(Error::shape(format!("broadcast root {root} is not a rank of a world of 1"))));
+            return Work::ready(Err(Error::shape(format!(
+                "broadcast root {root} is not a rank of a world of 1"
+            ))));
         }
         Work::ready(Ok(buf))
     }

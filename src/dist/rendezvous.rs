@@ -10,7 +10,7 @@
 //! garbage are a stranger's: rank 0 turns them away and keeps waiting.
 
 use super::wire::{self, Dec, Enc, MAGIC, MAX_CONTROL_FRAME, PROTOCOL_VERSION};
-use super::DistEnv;
+use super::{DistEnv, JOB_TOKEN_VAR};
 use crate::error::{Error, Result};
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
@@ -104,7 +104,14 @@ pub(super) fn read_hello(stream: &mut TcpStream) -> io::Result<Hello> {
     let version = d.u32()?;
     if version != PROTOCOL_VERSION {
         // Fields after the version may differ in shape; report what we know.
-        return Ok(Hello { version, world: 0, rank: 0, fingerprint: String::new(), token: String::new(), data_port: 0 });
+        return Ok(Hello {
+            version,
+            world: 0,
+            rank: 0,
+            fingerprint: String::new(),
+            token: String::new(),
+            data_port: 0,
+        });
     }
     if d.u32()? != HELLO {
         return Err(wire::invalid("expected a HELLO message".into()));
@@ -118,9 +125,9 @@ pub(super) fn read_hello(stream: &mut TcpStream) -> io::Result<Hello> {
     Ok(Hello { version, world, rank, fingerprint, token, data_port })
 }
 
-fn send_reject(stream: &mut TcpStream, reason: &str) {
+fn send_reject(stream: &mut TcpStream, key: &str, reason: &str) {
     // Best effort: the peer may already be gone, and rank 0's own error says it all.
-    let _ = wire::write_frame(stream, &Enc::default().bytes(&MAGIC).u32(REJECT).str(reason).0);
+    let _ = wire::write_frame(stream, &Enc::default().bytes(&MAGIC).u32(REJECT).str(key).str(reason).0);
 }
 
 fn refuse(key: &str, msg: String) -> Error {
@@ -132,11 +139,19 @@ pub fn serve(listener: TcpListener, world: usize, opts: &RendezvousOpts) -> Resu
     let deadline = Instant::now() + opts.timeout;
     let local = listener.local_addr().map_err(|e| Error::io("rendezvous listener", e))?;
     // The data listener lives on the interface the rendezvous does: whoever reaches one reaches the other.
-    let data = TcpListener::bind((local.ip(), 0)).map_err(|e| Error::io("rank 0 cannot open its data listener", e))?;
+    let data = TcpListener::bind((local.ip(), 0))
+        .map_err(|e| Error::io("rank 0 cannot open its data listener", e))?;
     let data_port = data.local_addr().map_err(|e| Error::io("data listener", e))?.port();
     let session: u64 = rand::random();
     if world == 1 {
-        return Ok(Membership { rank: 0, world_size: 1, peers: vec![SocketAddr::new(local.ip(), data_port)], listener: data, session, job_token: opts.job_token.clone() });
+        return Ok(Membership {
+            rank: 0,
+            world_size: 1,
+            peers: vec![SocketAddr::new(local.ip(), data_port)],
+            listener: data,
+            session,
+            job_token: opts.job_token.clone(),
+        });
     }
     listener.set_nonblocking(true).map_err(|e| Error::io("rendezvous listener", e))?;
 
@@ -145,12 +160,11 @@ pub fn serve(listener: TcpListener, world: usize, opts: &RendezvousOpts) -> Resu
     let mut joined: Vec<Option<(TcpStream, SocketAddr, u16)>> = (0..world).map(|_| None).collect();
     let mut count = 1;
 
-    let fail = |joined: &mut Vec<Option<(TcpStream, SocketAddr, u16)>>, err: Error| -> Error {
-        let why = format!("rank 0 aborted the rendezvous: {err}");
+    // Ranks already in are told at once, rather than left to time out.
+    let fail = |joined: &mut Vec<Option<(TcpStream, SocketAddr, u16)>>, key: &str, why: &str| {
         for (s, _, _) in joined.iter_mut().flatten() {
-            send_reject(s, &why);
+            send_reject(s, key, &format!("rank 0 aborted the rendezvous: {why}"));
         }
-        err
     };
 
     while count < world {
@@ -163,7 +177,8 @@ pub fn serve(listener: TcpListener, world: usize, opts: &RendezvousOpts) -> Resu
                 ),
                 io::Error::new(io::ErrorKind::TimedOut, "timed out"),
             );
-            return Err(fail(&mut joined, err));
+            fail(&mut joined, "parallel.timeout_s", &err.to_string());
+            return Err(err);
         }
         match listener.accept() {
             Ok((stream, peer)) => {
@@ -192,29 +207,34 @@ pub fn serve(listener: TcpListener, world: usize, opts: &RendezvousOpts) -> Resu
             if h.token != *tok {
                 let why = if h.token.is_empty() { "no job token" } else { "a wrong job token" };
                 eprintln!("warning: rendezvous (rank 0): refused a connection from {peer} presenting {why} (DDPTRAIN_JOB_TOKEN)");
-                send_reject(&mut stream, &format!("rank 0 refused this rank: it presented {why}; set the same DDPTRAIN_JOB_TOKEN on every rank"));
+                send_reject(
+                    &mut stream,
+                    JOB_TOKEN_VAR,
+                    &format!("it presented {why}; set the same DDPTRAIN_JOB_TOKEN on every rank"),
+                );
                 continue;
             }
         }
         let err = if h.version != PROTOCOL_VERSION {
-            Some(refuse("protocol version", format!("rank 0 speaks protocol {PROTOCOL_VERSION}, the rank at {peer} speaks {}: run the same ddptrain build everywhere", h.version)))
+            Some(("protocol version", format!("rank 0 speaks protocol {PROTOCOL_VERSION}, the rank at {peer} speaks {}: run the same ddptrain build everywhere", h.version)))
         } else if h.world != world {
-            Some(refuse("WORLD_SIZE", format!("world size differs: rank 0 has WORLD_SIZE={world}, rank {} (at {peer}) has WORLD_SIZE={}", h.rank, h.world)))
+            Some(("WORLD_SIZE", format!("world size differs: rank 0 has WORLD_SIZE={world}, rank {} (at {peer}) has WORLD_SIZE={}", h.rank, h.world)))
         } else if h.rank == 0 || h.rank >= world {
-            Some(refuse("RANK", format!("the rank at {peer} claims rank {}, which is not in 1..{world}", h.rank)))
+            Some(("RANK", format!("the rank at {peer} claims rank {}, which is not in 1..{world}", h.rank)))
         } else if let Some((_, first, _)) = &joined[h.rank] {
-            Some(refuse("RANK", format!("rank {} joined twice: from {first} and from {peer}", h.rank)))
+            Some(("RANK", format!("rank {} joined twice: from {first} and from {peer}", h.rank)))
         } else if h.fingerprint != opts.fingerprint {
-            Some(refuse("config fingerprint", format!(
+            Some(("config fingerprint", format!(
                 "config differs: rank 0 has fingerprint {}, rank {} (at {peer}) has {}; compare `ddptrain check` on both",
                 opts.fingerprint, h.rank, h.fingerprint
             )))
         } else {
             None
         };
-        if let Some(err) = err {
-            send_reject(&mut stream, &err.to_string());
-            return Err(fail(&mut joined, err));
+        if let Some((key, msg)) = err {
+            send_reject(&mut stream, key, &msg);
+            fail(&mut joined, key, &msg);
+            return Err(refuse(key, msg));
         }
         joined[h.rank] = Some((stream, peer, h.data_port));
         count += 1;
@@ -237,7 +257,14 @@ pub fn serve(listener: TcpListener, world: usize, opts: &RendezvousOpts) -> Resu
         let _ = stream.set_write_timeout(Some(opts.timeout));
         let _ = wire::write_frame(stream, &enc.0);
     }
-    Ok(Membership { rank: 0, world_size: world, peers, listener: data, session, job_token: opts.job_token.clone() })
+    Ok(Membership {
+        rank: 0,
+        world_size: world,
+        peers,
+        listener: data,
+        session,
+        job_token: opts.job_token.clone(),
+    })
 }
 
 fn connect_until(endpoint: &str, deadline: Instant) -> Result<TcpStream> {
@@ -246,7 +273,8 @@ fn connect_until(endpoint: &str, deadline: Instant) -> Result<TcpStream> {
         match endpoint.to_socket_addrs() {
             Ok(addrs) => {
                 for a in addrs {
-                    let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(10));
+                    let left =
+                        deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(10));
                     match TcpStream::connect_timeout(&a, left.min(Duration::from_secs(2))) {
                         Ok(s) => return Ok(s),
                         Err(e) => last = e.to_string(),
@@ -270,16 +298,21 @@ pub fn join(endpoint: &str, rank: usize, world: usize, opts: &RendezvousOpts) ->
     let deadline = Instant::now() + opts.timeout;
     let mut stream = connect_until(endpoint, deadline)?;
     let my_ip: IpAddr = stream.local_addr().map_err(|e| Error::io("rendezvous socket", e))?.ip();
-    let data = TcpListener::bind((my_ip, 0)).map_err(|e| Error::io(format!("rank {rank} cannot open its data listener"), e))?;
+    let data = TcpListener::bind((my_ip, 0))
+        .map_err(|e| Error::io(format!("rank {rank} cannot open its data listener"), e))?;
     let data_port = data.local_addr().map_err(|e| Error::io("data listener", e))?.port();
     let ctx = |what: &str| format!("rank {rank}: rendezvous with rank 0 at {endpoint}: {what}");
-    wire::write_frame(&mut stream, &encode_hello(world, rank, opts, data_port)).map_err(|e| Error::io(ctx("sending the handshake"), e))?;
+    wire::write_frame(&mut stream, &encode_hello(world, rank, opts, data_port))
+        .map_err(|e| Error::io(ctx("sending the handshake"), e))?;
     let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(10));
     stream.set_read_timeout(Some(left)).map_err(|e| Error::io(ctx("socket"), e))?;
     let frame = wire::read_frame(&mut stream, MAX_CONTROL_FRAME).map_err(|e| {
         let what = match e.kind() {
             io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
-                format!("the other ranks did not all join within {}s (parallel.timeout_s)", opts.timeout.as_secs_f64())
+                format!(
+                    "the other ranks did not all join within {}s (parallel.timeout_s)",
+                    opts.timeout.as_secs_f64()
+                )
             }
             io::ErrorKind::UnexpectedEof => "rank 0 closed the connection".into(),
             _ => "waiting for the address table".into(),
@@ -293,22 +326,34 @@ pub fn join(endpoint: &str, rank: usize, world: usize, opts: &RendezvousOpts) ->
     }
     match d.u32().map_err(bad)? {
         REJECT => {
+            let key = d.str().map_err(bad)?;
             let reason = d.str().map_err(bad)?;
-            Err(refuse("rendezvous", format!("rank 0 refused rank {rank}: {reason}")))
+            Err(refuse(&key, format!("rank 0 refused rank {rank}: {reason}")))
         }
         WELCOME => {
             let session = d.u64().map_err(bad)?;
             let n = d.u32().map_err(bad)? as usize;
             if n != world {
-                return Err(bad(wire::invalid(format!("address table has {n} entries for WORLD_SIZE={world}"))));
+                return Err(bad(wire::invalid(format!(
+                    "address table has {n} entries for WORLD_SIZE={world}"
+                ))));
             }
             let mut peers = Vec::with_capacity(n);
             for _ in 0..n {
                 let s = d.str().map_err(bad)?;
-                peers.push(s.parse::<SocketAddr>().map_err(|_| bad(wire::invalid(format!("bad address `{s}`"))))?);
+                peers.push(
+                    s.parse::<SocketAddr>().map_err(|_| bad(wire::invalid(format!("bad address `{s}`"))))?,
+                );
             }
             d.finish().map_err(bad)?;
-            Ok(Membership { rank, world_size: world, peers, listener: data, session, job_token: opts.job_token.clone() })
+            Ok(Membership {
+                rank,
+                world_size: world,
+                peers,
+                listener: data,
+                session,
+                job_token: opts.job_token.clone(),
+            })
         }
         k => Err(bad(wire::invalid(format!("unknown message kind {k}")))),
     }

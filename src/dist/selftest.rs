@@ -2,7 +2,7 @@
 //! collectives through the real binary, for the multi-process tests and for
 //! checking a cluster's network before a long run.
 
-use super::{Buffer, Communicator, DistEnv, RendezvousOpts, ReduceOp, TcpCommunicator};
+use super::{Buffer, Communicator, DistEnv, ReduceOp, RendezvousOpts, TcpCommunicator};
 use crate::config::ParallelConfig;
 use crate::error::{Error, Result};
 use half::f16;
@@ -121,7 +121,9 @@ pub fn run(args: &SelftestArgs) -> Result<u8> {
             for (i, g) in got.iter().enumerate() {
                 let want: f32 = (0..w).map(|q| elem(q, i)).sum();
                 if (g - want).abs() > 1e-2 * want.abs().max(1.0) {
-                    return Err(Error::Training(format!("all_reduce ({label}) element {i}: got {g}, want {want}")));
+                    return Err(Error::Training(format!(
+                        "all_reduce ({label}) element {i}: got {g}, want {want}"
+                    )));
                 }
                 if i > 50 {
                     break;

@@ -106,7 +106,10 @@ impl TcpCommunicator {
                 match TcpStream::connect_timeout(&addr, left.max(Duration::from_millis(10))) {
                     Ok(s) => break s,
                     Err(e) if Instant::now() >= deadline => {
-                        return Err(Error::io(format!("rank {rank}: cannot connect to rank {j} at {addr} (data mesh)"), e))
+                        return Err(Error::io(
+                            format!("rank {rank}: cannot connect to rank {j} at {addr} (data mesh)"),
+                            e,
+                        ))
                     }
                     Err(_) => std::thread::sleep(Duration::from_millis(50)),
                 }
@@ -156,7 +159,9 @@ impl TcpCommunicator {
             };
             match check(&mut s) {
                 Ok(j) if peers[j].is_none() => peers[j] = Some(s),
-                Ok(j) => eprintln!("warning: rank {rank}: ignored a second mesh connection claiming rank {j} from {from}"),
+                Ok(j) => eprintln!(
+                    "warning: rank {rank}: ignored a second mesh connection claiming rank {j} from {from}"
+                ),
                 Err(e) => eprintln!("warning: rank {rank}: ignored a data-mesh connection from {from}: {e}"),
             }
         }
@@ -186,7 +191,10 @@ impl TcpCommunicator {
             Err(_) => Err(job),
         };
         if let Err(job) = sent {
-            job.done.complete(Err(Error::Training(format!("{}: the communication thread has stopped", kind.name()))));
+            job.done.complete(Err(Error::Training(format!(
+                "{}: the communication thread has stopped",
+                kind.name()
+            ))));
         }
         work
     }
@@ -216,7 +224,10 @@ impl Communicator for TcpCommunicator {
     }
     fn broadcast_async(&self, buf: Buffer, root: usize, label: &str) -> Work {
         if root >= self.world {
-            return Work::ready(Err(Error::shape(format!("broadcast root {root} is not a rank of a world of {}", self.world))));
+            return Work::ready(Err(Error::shape(format!(
+                "broadcast root {root} is not a rank of a world of {}",
+                self.world
+            ))));
         }
         self.submit(OpKind::Broadcast(root), buf, label)
     }
@@ -228,7 +239,13 @@ impl Communicator for TcpCommunicator {
     }
 }
 
-fn comm_thread(rank: usize, world: usize, peers: Vec<Option<TcpStream>>, timeout: Duration, rx: mpsc::Receiver<Job>) {
+fn comm_thread(
+    rank: usize,
+    world: usize,
+    peers: Vec<Option<TcpStream>>,
+    timeout: Duration,
+    rx: mpsc::Receiver<Job>,
+) {
     let mut seq: u64 = 0;
     let mut failed: Option<Fail> = None;
     while let Ok(job) = rx.recv() {
@@ -240,7 +257,10 @@ fn comm_thread(rank: usize, world: usize, peers: Vec<Option<TcpStream>>, timeout
         };
         job.done.start();
         if let Some(f) = &failed {
-            let e = Error::io(format!("{desc} not run, an earlier collective failed: {}", f.context), io::Error::new(f.kind, f.detail.clone()));
+            let e = Error::io(
+                format!("{desc} not run, an earlier collective failed: {}", f.context),
+                io::Error::new(f.kind, f.detail.clone()),
+            );
             job.done.complete(Err(e));
             continue;
         }

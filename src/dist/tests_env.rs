@@ -49,31 +49,58 @@ fn open_mpi_variables() {
         ("OMPI_COMM_WORLD_LOCAL_SIZE", "2"),
     ])
     .unwrap();
-    assert_eq!((e.rank, e.world_size, e.local_rank, e.local_world_size, e.launcher), (3, 4, 1, 2, Launcher::OpenMpi));
+    assert_eq!(
+        (e.rank, e.world_size, e.local_rank, e.local_world_size, e.launcher),
+        (3, 4, 1, 2, Launcher::OpenMpi)
+    );
 }
 
 #[test]
 fn pmi_variables_with_and_without_hydra_locals() {
     let e = parse(&[("PMI_RANK", "1"), ("PMI_SIZE", "2")]).unwrap();
-    assert_eq!((e.rank, e.world_size, e.local_rank, e.local_world_size, e.launcher), (1, 2, 1, 2, Launcher::Pmi));
-    let e = parse(&[("PMI_RANK", "3"), ("PMI_SIZE", "4"), ("MPI_LOCALRANKID", "1"), ("MPI_LOCALNRANKS", "2")]).unwrap();
+    assert_eq!(
+        (e.rank, e.world_size, e.local_rank, e.local_world_size, e.launcher),
+        (1, 2, 1, 2, Launcher::Pmi)
+    );
+    let e =
+        parse(&[("PMI_RANK", "3"), ("PMI_SIZE", "4"), ("MPI_LOCALRANKID", "1"), ("MPI_LOCALNRANKS", "2")])
+            .unwrap();
     assert_eq!((e.local_rank, e.local_world_size), (1, 2));
 }
 
 #[test]
 fn slurm_variables() {
-    let e = parse(&[("SLURM_PROCID", "5"), ("SLURM_NTASKS", "8"), ("SLURM_LOCALID", "1"), ("SLURM_NTASKS_PER_NODE", "4")])
-        .unwrap();
-    assert_eq!((e.rank, e.world_size, e.local_rank, e.local_world_size, e.launcher), (5, 8, 1, 4, Launcher::Slurm));
-    let e = parse(&[("SLURM_PROCID", "2"), ("SLURM_NTASKS", "6"), ("SLURM_LOCALID", "2"), ("SLURM_TASKS_PER_NODE", "3(x2)")])
-        .unwrap();
+    let e = parse(&[
+        ("SLURM_PROCID", "5"),
+        ("SLURM_NTASKS", "8"),
+        ("SLURM_LOCALID", "1"),
+        ("SLURM_NTASKS_PER_NODE", "4"),
+    ])
+    .unwrap();
+    assert_eq!(
+        (e.rank, e.world_size, e.local_rank, e.local_world_size, e.launcher),
+        (5, 8, 1, 4, Launcher::Slurm)
+    );
+    let e = parse(&[
+        ("SLURM_PROCID", "2"),
+        ("SLURM_NTASKS", "6"),
+        ("SLURM_LOCALID", "2"),
+        ("SLURM_TASKS_PER_NODE", "3(x2)"),
+    ])
+    .unwrap();
     assert_eq!((e.local_rank, e.local_world_size), (2, 3));
 }
 
 #[test]
 fn torchrun_wins_over_mpi_and_slurm() {
-    let e = parse(&[("RANK", "1"), ("WORLD_SIZE", "2"), ("OMPI_COMM_WORLD_RANK", "0"), ("OMPI_COMM_WORLD_SIZE", "4"), ("SLURM_PROCID", "0")])
-        .unwrap();
+    let e = parse(&[
+        ("RANK", "1"),
+        ("WORLD_SIZE", "2"),
+        ("OMPI_COMM_WORLD_RANK", "0"),
+        ("OMPI_COMM_WORLD_SIZE", "4"),
+        ("SLURM_PROCID", "0"),
+    ])
+    .unwrap();
     assert_eq!((e.rank, e.world_size, e.launcher), (1, 2, Launcher::Torchrun));
 }
 
@@ -105,7 +132,11 @@ fn inconsistent_values_name_the_variable() {
 
 #[test]
 fn master_address_environment_wins_over_config_which_wins_over_default() {
-    let par = ParallelConfig { master_addr: Some("10.0.0.9".into()), master_port: Some(4000), ..ParallelConfig::default() };
+    let par = ParallelConfig {
+        master_addr: Some("10.0.0.9".into()),
+        master_port: Some(4000),
+        ..ParallelConfig::default()
+    };
     let e = DistEnv::from_vars(&vars(&[]), &par).unwrap();
     assert_eq!(e.master_endpoint(), "10.0.0.9:4000");
     let e = DistEnv::from_vars(&vars(&[("MASTER_ADDR", "node7"), ("MASTER_PORT", "5000")]), &par).unwrap();

@@ -6,7 +6,11 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 fn opts(fp: &str, token: Option<&str>, timeout_ms: u64) -> RendezvousOpts {
-    RendezvousOpts { fingerprint: fp.into(), job_token: token.map(Into::into), timeout: Duration::from_millis(timeout_ms) }
+    RendezvousOpts {
+        fingerprint: fp.into(),
+        job_token: token.map(Into::into),
+        timeout: Duration::from_millis(timeout_ms),
+    }
 }
 
 /// Rank 0 serving on a fresh loopback port, and that port's endpoint.
@@ -16,7 +20,12 @@ fn start_master(world: usize, o: RendezvousOpts) -> (JoinHandle<crate::Result<Me
     (std::thread::spawn(move || serve(l, world, &o)), ep)
 }
 
-fn start_rank(ep: &str, rank: usize, world: usize, o: RendezvousOpts) -> JoinHandle<crate::Result<Membership>> {
+fn start_rank(
+    ep: &str,
+    rank: usize,
+    world: usize,
+    o: RendezvousOpts,
+) -> JoinHandle<crate::Result<Membership>> {
     let ep = ep.to_string();
     std::thread::spawn(move || join(&ep, rank, world, &o))
 }
@@ -90,7 +99,8 @@ fn job_token_is_required_when_rank_zero_has_one() {
     let (m0, ep) = start_master(2, opts("fp", Some("s3cret"), 5000));
     let none = start_rank(&ep, 1, 2, opts("fp", None, 5000)).join().unwrap().unwrap_err().to_string();
     assert!(none.contains("it presented no job token; set the same DDPTRAIN_JOB_TOKEN"), "{none}");
-    let wrong = start_rank(&ep, 1, 2, opts("fp", Some("guess"), 5000)).join().unwrap().unwrap_err().to_string();
+    let wrong =
+        start_rank(&ep, 1, 2, opts("fp", Some("guess"), 5000)).join().unwrap().unwrap_err().to_string();
     assert!(wrong.contains("it presented a wrong job token"), "{wrong}");
     // Strangers do not end the job: the real rank still gets in.
     let ok = start_rank(&ep, 1, 2, opts("fp", Some("s3cret"), 5000)).join().unwrap().unwrap();
@@ -102,7 +112,8 @@ fn garbage_on_the_port_is_ignored_and_never_allocated() {
     let (m0, ep) = start_master(2, opts("fp", None, 5000));
     // A length prefix of 4 GiB, an HTTP request (its first bytes read as ~1.2 GB), a
     // valid-size frame with the wrong magic, and one that connects and hangs up.
-    let junk: [&[u8]; 4] = [&[0xff, 0xff, 0xff, 0xff, 1, 2, 3], b"GET / HTTP/1.1\r\n\r\n", b"\0\0\0\x08NOPE1234", b""];
+    let junk: [&[u8]; 4] =
+        [&[0xff, 0xff, 0xff, 0xff, 1, 2, 3], b"GET / HTTP/1.1\r\n\r\n", b"\0\0\0\x08NOPE1234", b""];
     for j in junk {
         let mut s = TcpStream::connect(&ep).unwrap();
         s.write_all(j).unwrap();

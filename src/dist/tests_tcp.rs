@@ -7,7 +7,11 @@ use std::time::{Duration, Instant};
 
 /// A connected job of `world` ranks on loopback, in rank order.
 fn group(world: usize, timeout_ms: u64) -> Vec<TcpCommunicator> {
-    let o = RendezvousOpts { fingerprint: "fp".into(), job_token: Some("tok".into()), timeout: Duration::from_millis(timeout_ms) };
+    let o = RendezvousOpts {
+        fingerprint: "fp".into(),
+        job_token: Some("tok".into()),
+        timeout: Duration::from_millis(timeout_ms),
+    };
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let ep = l.local_addr().unwrap().to_string();
     let mut hs = Vec::new();
@@ -56,7 +60,17 @@ fn all_reduce_small_and_ring_f32_f16_sum_avg_bitwise_equal_across_ranks() {
         let comms = group(world, 5000);
         let f32_ring = RING_MIN_BYTES / 4 + 1;
         let f16_ring = RING_MIN_BYTES / 2 + 2;
-        let cases = [(0, false), (1, false), (2, false), (7, true), (1000, false), (f32_ring, false), (100_001, false), (f16_ring, true), (1001, true)];
+        let cases = [
+            (0, false),
+            (1, false),
+            (2, false),
+            (7, true),
+            (1000, false),
+            (f32_ring, false),
+            (100_001, false),
+            (f16_ring, true),
+            (1001, true),
+        ];
         for (n, half) in cases {
             for op in [ReduceOp::Sum, ReduceOp::Avg] {
                 let outs = on_all(&comms, |c| c.all_reduce(input(c.rank(), n, half), op, "t").unwrap());
@@ -69,7 +83,10 @@ fn all_reduce_small_and_ring_f32_f16_sum_avg_bitwise_equal_across_ranks() {
                     let sum: f64 = (0..world).map(|r| f64::from(input(r, n, half).to_f32()[i])).sum();
                     let want = if op == ReduceOp::Avg { sum / world as f64 } else { sum };
                     let tol = if half { 2e-3 * want.abs().max(1.0) } else { 1e-5 };
-                    assert!((f64::from(*g) - want).abs() <= tol, "world {world} n {n} half {half} {op:?} [{i}]: {g} vs {want}");
+                    assert!(
+                        (f64::from(*g) - want).abs() <= tol,
+                        "world {world} n {n} half {half} {op:?} [{i}]: {g} vs {want}"
+                    );
                     if i > 300 {
                         break;
                     }
@@ -124,7 +141,11 @@ fn broadcast_all_gather_and_barrier() {
 fn async_all_reduce_completes_while_the_caller_computes() {
     let comms = group(2, 10_000);
     let runs = on_all(&comms, |c| {
-        let h = c.all_reduce_async(Buffer::F32(vec![c.rank() as f32 + 1.0; 2_000_000]), ReduceOp::Sum, "bucket 0");
+        let h = c.all_reduce_async(
+            Buffer::F32(vec![c.rank() as f32 + 1.0; 2_000_000]),
+            ReduceOp::Sum,
+            "bucket 0",
+        );
         let t0 = Instant::now();
         let (mut spins, mut acc) = (0u64, 0f64);
         // The caller never waits: the result can only arrive if the communication thread did the work.
@@ -169,13 +190,18 @@ fn mismatched_collectives_are_errors_on_every_rank() {
     });
     for (r, m) in errs.iter().enumerate() {
         let other = 1 - r;
-        assert!(m.contains(&format!("rank {other} is out of step with rank {r} in all_reduce #1 (grads)")), "{m}");
+        assert!(
+            m.contains(&format!("rank {other} is out of step with rank {r} in all_reduce #1 (grads)")),
+            "{m}"
+        );
         assert!(m.contains("every rank must issue the same collectives"), "{m}");
     }
     let comms = group(2, 3000);
     let errs = on_all(&comms, |c| {
         let b = Buffer::F32(vec![1.0; 4]);
-        if c.rank() == 0 { c.all_gather(b, "") } else { c.all_reduce(b, ReduceOp::Sum, "") }.unwrap_err().to_string()
+        if c.rank() == 0 { c.all_gather(b, "") } else { c.all_reduce(b, ReduceOp::Sum, "") }
+            .unwrap_err()
+            .to_string()
     });
     assert!(errs[1].contains("it sent all_gather #1"), "{}", errs[1]);
     assert!(errs[0].contains("it sent all_reduce #1"), "{}", errs[0]);
@@ -187,14 +213,19 @@ fn a_lost_peer_fails_the_others_naming_it() {
     on_all(&comms, |c| c.barrier("").unwrap());
     drop(comms.pop());
     let t = Instant::now();
-    let errs = on_all(&comms, |c| c.all_reduce(Buffer::F32(vec![1.0; 50_000]), ReduceOp::Sum, "bucket 3").unwrap_err().to_string());
+    let errs = on_all(&comms, |c| {
+        c.all_reduce(Buffer::F32(vec![1.0; 50_000]), ReduceOp::Sum, "bucket 3").unwrap_err().to_string()
+    });
     assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
     for m in &errs {
         assert!(m.contains("rank 2 lost during all_reduce #2 (bucket 3)"), "{m}");
     }
     // The communicator stays failed, and says why.
     let m = comms[0].barrier("after").unwrap_err().to_string();
-    assert!(m.contains("barrier #3 (after) not run, an earlier collective failed") && m.contains("rank 2 lost"), "{m}");
+    assert!(
+        m.contains("barrier #3 (after) not run, an earlier collective failed") && m.contains("rank 2 lost"),
+        "{m}"
+    );
 }
 
 #[test]
@@ -210,7 +241,16 @@ fn a_silent_peer_times_out_naming_it() {
         first.and_then(|_| c.barrier("next")).unwrap_err().to_string()
     });
     assert!(t.elapsed() < Duration::from_secs(4));
-    assert!(errs[0].contains("rank 1 lost during all_reduce #1 (grads): no progress for 0.5s (parallel.timeout_s)"), "{}", errs[0]);
+    assert!(
+        errs[0]
+            .contains("rank 1 lost during all_reduce #1 (grads): no progress for 0.5s (parallel.timeout_s)"),
+        "{}",
+        errs[0]
+    );
     assert!(errs[1].contains("rank 0 aborted") || errs[1].contains("rank 0 lost"), "{}", errs[1]);
-    assert!(errs[1].contains("rank 1 lost during all_reduce #1 (grads)") || errs[1].contains("rank 0 lost"), "{}", errs[1]);
+    assert!(
+        errs[1].contains("rank 1 lost during all_reduce #1 (grads)") || errs[1].contains("rank 0 lost"),
+        "{}",
+        errs[1]
+    );
 }

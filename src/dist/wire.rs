@@ -72,7 +72,11 @@ impl<'a> Dec<'a> {
     }
     pub fn take(&mut self, n: usize) -> io::Result<&'a [u8]> {
         let end = self.pos.checked_add(n).filter(|&e| e <= self.buf.len()).ok_or_else(|| {
-            invalid(format!("message truncated: wanted {n} more bytes at offset {} of {}", self.pos, self.buf.len()))
+            invalid(format!(
+                "message truncated: wanted {n} more bytes at offset {} of {}",
+                self.pos,
+                self.buf.len()
+            ))
         })?;
         let s = &self.buf[self.pos..end];
         self.pos = end;

@@ -110,7 +110,11 @@ fn stop_all(ranks: &mut [Rank], sig: i32, grace: Duration) {
         std::thread::sleep(Duration::from_millis(20));
     }
     for r in ranks.iter_mut().filter(|r| r.status.is_none()) {
-        eprintln!("launch: rank {} did not stop within {:.1}s of signal {sig}; killing it", r.global, grace.as_secs_f64());
+        eprintln!(
+            "launch: rank {} did not stop within {:.1}s of signal {sig}; killing it",
+            r.global,
+            grace.as_secs_f64()
+        );
         let _ = r.child.kill();
         r.status = r.child.wait().ok();
     }
@@ -223,14 +227,23 @@ pub fn run(a: &LaunchArgs) -> Result<u8> {
             pumps.into_iter().for_each(|p| drop(p.join()));
             return Ok(0);
         };
-        eprintln!("launch: rank {rank} (pid {pid}) failed with {}; stopping the other ranks", describe(&status));
+        eprintln!(
+            "launch: rank {rank} (pid {pid}) failed with {}; stopping the other ranks",
+            describe(&status)
+        );
         stop_all(&mut ranks, libc::SIGTERM, grace);
         pumps.into_iter().for_each(|p| drop(p.join()));
         if attempt < a.max_restarts {
-            eprintln!("launch: restarting all {} local ranks (restart {} of {})", a.nproc_per_node, attempt + 1, a.max_restarts);
+            eprintln!(
+                "launch: restarting all {} local ranks (restart {} of {})",
+                a.nproc_per_node,
+                attempt + 1,
+                a.max_restarts
+            );
             continue;
         }
-        let tried = if a.max_restarts > 0 { format!(" after {} restarts", a.max_restarts) } else { String::new() };
+        let tried =
+            if a.max_restarts > 0 { format!(" after {} restarts", a.max_restarts) } else { String::new() };
         eprintln!("error: launch: rank {rank} failed with {}{tried}", describe(&status));
         return Ok(1);
     }

@@ -79,7 +79,9 @@ impl Ctx<'_> {
 
     fn lost(&self, p: usize, e: io::Error) -> Fail {
         let detail = match e.kind() {
-            io::ErrorKind::UnexpectedEof => "connection closed (the process exited or was killed)".to_string(),
+            io::ErrorKind::UnexpectedEof => {
+                "connection closed (the process exited or was killed)".to_string()
+            }
             io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
                 format!("no progress for {}s (parallel.timeout_s)", self.timeout.as_secs_f64())
             }
@@ -100,7 +102,7 @@ impl Ctx<'_> {
     }
 
     fn send(&self, p: usize, frame: &[u8]) -> Result<(), Fail> {
-        (&mut &*self.stream(p)).write_all(frame).map_err(|e| self.lost(p, e))
+        self.stream(p).write_all(frame).map_err(|e| self.lost(p, e))
     }
 
     /// Receives the frame rank `p` must send now: `total` elements in the
@@ -159,11 +161,20 @@ impl Ctx<'_> {
 
     /// Sends `frame` to `to` on a helper thread while receiving from `from`, so
     /// that a ring of ranks all sending at once cannot deadlock on full buffers.
-    fn sendrecv(&self, to: usize, frame: &[u8], from: usize, dtype: DType, total: usize, len: usize) -> Result<Vec<u8>, Fail> {
+    fn sendrecv(
+        &self,
+        to: usize,
+        frame: &[u8],
+        from: usize,
+        dtype: DType,
+        total: usize,
+        len: usize,
+    ) -> Result<Vec<u8>, Fail> {
         std::thread::scope(|sc| {
             let h = sc.spawn(|| self.send(to, frame));
             let got = self.recv(from, dtype, total, len);
-            let sent = h.join().unwrap_or_else(|_| Err(self.lost(to, io::Error::other("sender thread panicked"))));
+            let sent =
+                h.join().unwrap_or_else(|_| Err(self.lost(to, io::Error::other("sender thread panicked"))));
             let got = got?;
             sent?;
             Ok(got)
@@ -172,7 +183,13 @@ impl Ctx<'_> {
 
     /// Every rank sends `frame` to every other and receives one frame of `len`
     /// bytes from each; slot `rank` of the result is `None`.
-    fn exchange(&self, frame: &[u8], dtype: DType, total: usize, len: usize) -> Result<Vec<Option<Vec<u8>>>, Fail> {
+    fn exchange(
+        &self,
+        frame: &[u8],
+        dtype: DType,
+        total: usize,
+        len: usize,
+    ) -> Result<Vec<Option<Vec<u8>>>, Fail> {
         std::thread::scope(|sc| {
             let senders: Vec<_> = (0..self.world)
                 .filter(|&p| p != self.rank)
@@ -191,7 +208,9 @@ impl Ctx<'_> {
                 }
             }
             for h in senders {
-                let r = h.join().unwrap_or_else(|_| Err(self.lost(self.rank, io::Error::other("sender thread panicked"))));
+                let r = h.join().unwrap_or_else(|_| {
+                    Err(self.lost(self.rank, io::Error::other("sender thread panicked")))
+                });
                 if let (Err(f), None) = (r, &first_err) {
                     first_err = Some(f);
                 }
@@ -208,7 +227,10 @@ impl Ctx<'_> {
             return Err(Fail {
                 context: format!("{} on rank {}", self.desc, self.rank),
                 kind: io::ErrorKind::InvalidInput,
-                detail: format!("a buffer of {} elements is too large for one collective; split it", buf.len()),
+                detail: format!(
+                    "a buffer of {} elements is too large for one collective; split it",
+                    buf.len()
+                ),
             });
         }
         match self.kind {
@@ -280,7 +302,8 @@ impl Ctx<'_> {
             let frame = self.frame(DType::F32, n, &f32_bytes(&acc[a..b]));
             let (a, b) = bounds(rc);
             let got = self.sendrecv(next, &frame, prev, DType::F32, n, (b - a) * 4)?;
-            acc[a..b].iter_mut().zip(bytes_f32(&got)).for_each(|(x, g)| *x = g + *x);
+            acc[a..b].iter_mut().zip(bytes_f32(&got)).for_each(|(x, g)| *x += g);
+            // IEEE addition commutes: same bits either way
         }
         let own = (r + 1) % w;
         let (a, b) = bounds(own);
@@ -326,7 +349,9 @@ impl Ctx<'_> {
                     .collect();
                 let mut res = Ok(());
                 for h in hs {
-                    let r = h.join().unwrap_or_else(|_| Err(self.lost(root, io::Error::other("sender thread panicked"))));
+                    let r = h
+                        .join()
+                        .unwrap_or_else(|_| Err(self.lost(root, io::Error::other("sender thread panicked"))));
                     if res.is_ok() {
                         res = r;
                     }
