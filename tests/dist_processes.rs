@@ -155,11 +155,7 @@ fn a_rank_without_the_job_token_is_turned_away() {
     let b = rank(1, 2, port, &["--timeout-s", "5"]).spawn().unwrap();
     let (ob, oa) = (b.wait_with_output().unwrap(), a.wait_with_output().unwrap());
     let (eb, ea) = (text(&ob).1, text(&oa).1);
-    assert!(
-        !ob.status.success()
-            && eb.contains("rank 0 refused rank 1: it presented no job token"),
-        "{eb}"
-    );
+    assert!(!ob.status.success() && eb.contains("rank 0 refused rank 1: it presented no job token"), "{eb}");
     assert!(!oa.status.success() && ea.contains("refused a connection from 127.0.0.1:"), "{ea}");
     assert!(ea.contains("ranks [1] of WORLD_SIZE=2 did not join within 2s"), "{ea}");
 }
