@@ -13,4 +13,9 @@ if ! .venv/bin/python -c "import tensorboard" 2>/dev/null; then
 fi
 # tests/tensorboard_events.rs reads the events with this interpreter.
 export DDPTRAIN_TB_PYTHON="$PWD/.venv/bin/python"
+# Open MPI for the mpirun launch test (tests/dist_processes.rs); a no-op once installed.
+if ! command -v mpirun >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openmpi-bin >/dev/null; } \
+        || echo "warning: could not install openmpi-bin; the mpirun test will be skipped"
+fi
 cargo test --all-targets "$@"

@@ -7,7 +7,9 @@
 pub mod checkpoint;
 pub mod config;
 pub mod data;
+pub mod dist;
 pub mod error;
+pub mod launch;
 pub mod metrics;
 pub mod nn;
 pub mod ops;

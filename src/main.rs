@@ -69,6 +69,11 @@ enum Command {
     Eval(EvalArgs),
     /// Validate the config; print the resolved config and the model summary.
     Check(ConfigArgs),
+    /// Start this node's ranks with torchrun's environment: `launch --nproc-per-node N -- <ddptrain args>`.
+    Launch(ddptrain::launch::LaunchArgs),
+    /// Rendezvous and collectives self-test of the distributed layer (for tests and cluster checks).
+    #[command(hide = true)]
+    DistSelftest(ddptrain::dist::selftest::SelftestArgs),
 }
 
 const EXIT_FAILURE: u8 = 1;
@@ -154,6 +159,8 @@ fn main() -> ExitCode {
         Some(Command::Check(a)) => check(a),
         Some(Command::Train(a)) => run_train(a),
         Some(Command::Eval(a)) => eval(a),
+        Some(Command::Launch(a)) => ddptrain::launch::run(a).map_err(Into::into),
+        Some(Command::DistSelftest(a)) => ddptrain::dist::selftest::run(a).map_err(Into::into),
         None => run_train(&cli.train),
     };
     match result {
