@@ -166,7 +166,8 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => ExitCode::from(code),
         Err(err) => {
-            eprintln!("error: {err:#}");
+            // Library errors carry their cause in their own text; `{err:#}` would repeat it.
+            eprintln!("error: {err}");
             ExitCode::from(exit_code_for(&err))
         }
     }
