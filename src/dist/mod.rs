@@ -9,6 +9,7 @@
 //! results are bitwise equal on every rank.
 
 pub mod env;
+pub mod reducer;
 pub mod rendezvous;
 pub mod selftest;
 pub mod tcp;

@@ -13,7 +13,8 @@ use std::path::{Path, PathBuf};
 
 pub struct MetricsWriter {
     path: PathBuf,
-    out: BufWriter<File>,
+    /// None on ranks other than 0: only rank 0 writes a run's files.
+    out: Option<BufWriter<File>>,
     tb: Option<tensorboard::TensorBoard>,
 }
 
@@ -21,7 +22,7 @@ impl MetricsWriter {
     pub fn create(out_dir: &Path) -> Result<Self> {
         let path = out_dir.join("metrics.jsonl");
         let f = File::create(&path).map_err(|e| Error::io(format!("cannot create {}", path.display()), e))?;
-        Ok(MetricsWriter { path, out: BufWriter::new(f), tb: None })
+        Ok(MetricsWriter { path, out: Some(BufWriter::new(f)), tb: None })
     }
 
     /// Opens an existing `metrics.jsonl` for appending (a resumed run).
@@ -32,7 +33,12 @@ impl MetricsWriter {
             .append(true)
             .open(&path)
             .map_err(|e| Error::io(format!("cannot open {}", path.display()), e))?;
-        Ok(MetricsWriter { path, out: BufWriter::new(f), tb: None })
+        Ok(MetricsWriter { path, out: Some(BufWriter::new(f)), tb: None })
+    }
+
+    /// A writer that writes nothing (ranks other than 0).
+    pub fn disabled() -> Self {
+        MetricsWriter { path: PathBuf::new(), out: None, tb: None }
     }
 
     /// Also writes every record's scalars as TensorBoard events in `dir`.
@@ -43,10 +49,11 @@ impl MetricsWriter {
 
     /// One line per record, flushed at once so a crashed run keeps what it logged.
     pub fn write(&mut self, record: &serde_json::Value) -> Result<()> {
+        let Some(out) = &mut self.out else { return Ok(()) };
         let io = |e| Error::io(format!("cannot write {}", self.path.display()), e);
-        serde_json::to_writer(&mut self.out, record).map_err(|e| io(std::io::Error::other(e)))?;
-        self.out.write_all(b"\n").map_err(io)?;
-        self.out.flush().map_err(io)?;
+        serde_json::to_writer(&mut *out, record).map_err(|e| io(std::io::Error::other(e)))?;
+        out.write_all(b"\n").map_err(io)?;
+        out.flush().map_err(io)?;
         if let Some(tb) = &mut self.tb {
             tb.record(record);
         }
@@ -70,6 +77,7 @@ pub enum ProgressMode {
 /// Log lines go through the bar when there is one, so they don't tear it.
 pub struct Progress {
     bar: Option<ProgressBar>,
+    silent: bool,
 }
 
 impl Progress {
@@ -88,7 +96,12 @@ impl Progress {
             }
             bar
         });
-        Progress { bar }
+        Progress { bar, silent: false }
+    }
+
+    /// Prints nothing (ranks other than 0: one rank reports for the job).
+    pub fn silent() -> Self {
+        Progress { bar: None, silent: true }
     }
 
     pub fn set_step(&self, step: u64, msg: &str) {
@@ -99,6 +112,9 @@ impl Progress {
     }
 
     pub fn println(&self, line: &str) {
+        if self.silent {
+            return;
+        }
         match &self.bar {
             Some(bar) => bar.println(line),
             None => println!("{line}"),

@@ -2,11 +2,13 @@
 //! (forward, loss, backward, optimizer step), evaluation after each epoch,
 //! metrics, and the summary the `[expect]` gates judge.
 
+mod ddp;
 mod eval;
 pub mod expect;
 pub mod trace;
 
-pub use eval::{evaluate, EvalResult};
+pub use ddp::Ddp;
+pub use eval::{evaluate, evaluate_shard, EvalResult};
 pub use trace::RunOptions;
 
 use crate::config::{self, Config};
@@ -61,12 +63,6 @@ fn check_supported(cfg: &Config) -> Result<&'static str> {
         return Err(Error::Unsupported(format!(
             "amp.opt_level = \"{}\": only O0 (fp32) training is implemented so far; set amp.opt_level = \"O0\"",
             cfg.amp.opt_level
-        )));
-    }
-    let world: usize = std::env::var("WORLD_SIZE").ok().and_then(|v| v.parse().ok()).unwrap_or(1);
-    if world > 1 {
-        return Err(Error::Unsupported(format!(
-            "WORLD_SIZE={world}: distributed training is not implemented yet; run a single process"
         )));
     }
     match cfg.run.device {
@@ -151,12 +147,13 @@ pub fn train(cfg: &Config) -> Result<Summary> {
 pub fn train_with(cfg: &Config, opts: &RunOptions) -> Result<Summary> {
     let device = check_supported(cfg)?;
     let Prepared { mut model, train_ds, test_ds } = prepare(cfg)?;
+    let mut ddp = Ddp::init(cfg, &mut model)?;
 
     let d = &cfg.data;
     let sampler = DistributedSampler {
         len: train_ds.len(),
-        num_replicas: 1,
-        rank: 0,
+        num_replicas: ddp.world_size(),
+        rank: ddp.rank(),
         shuffle: d.shuffle,
         seed: cfg.run.seed,
         drop_last: d.drop_last,
@@ -188,8 +185,8 @@ pub fn train_with(cfg: &Config, opts: &RunOptions) -> Result<Summary> {
     let sizes: Vec<usize> = model.params().iter().map(|p| p.value.numel()).collect();
     let mut optimizer = Optimizer::new(optimizer_config(&cfg.optimizer), &sizes)?;
     let shape = crate::checkpoint::RunShape {
-        world_size: 1,
-        rank: 0,
+        world_size: ddp.world_size(),
+        rank: ddp.rank(),
         steps_per_epoch,
         total_steps,
         train_samples: train_ds.len(),
@@ -202,23 +199,33 @@ pub fn train_with(cfg: &Config, opts: &RunOptions) -> Result<Summary> {
     let mut trace_divergence: Option<String> = None;
 
     let out_dir = cfg.run.out_dir.clone();
-    std::fs::create_dir_all(&out_dir)
-        .map_err(|e| Error::io(format!("cannot create {}", out_dir.display()), e))?;
-    let mut metrics_out: MetricsWriter = crate::checkpoint::open_metrics(cfg, &out_dir, resumed.as_ref())?;
-    let progress = Progress::new(
-        match cfg.logging.progress {
-            config::ProgressSetting::Auto => ProgressMode::Auto,
-            config::ProgressSetting::Always => ProgressMode::Always,
-            config::ProgressSetting::Never => ProgressMode::Never,
-        },
-        total_steps,
-    );
+    let primary = ddp.is_primary();
+    let mut metrics_out = if primary {
+        std::fs::create_dir_all(&out_dir)
+            .map_err(|e| Error::io(format!("cannot create {}", out_dir.display()), e))?;
+        crate::checkpoint::open_metrics(cfg, &out_dir, resumed.as_ref())?
+    } else {
+        MetricsWriter::disabled()
+    };
+    let progress = if !primary {
+        Progress::silent()
+    } else {
+        Progress::new(
+            match cfg.logging.progress {
+                config::ProgressSetting::Auto => ProgressMode::Auto,
+                config::ProgressSetting::Always => ProgressMode::Always,
+                config::ProgressSetting::Never => ProgressMode::Never,
+            },
+            total_steps,
+        )
+    };
     progress.println(&format!(
-        "ddptrain: {} | {} params | {} train / {} test samples | batch {} | {} steps ({} per epoch) | device {device} | opt_level {}",
+        "ddptrain: {} | {} params | {} train / {} test samples | world size {} x batch {} | {} steps ({} per epoch) | device {device} | opt_level {}",
         cfg.run.name,
         model.num_params(),
         train_ds.len(),
         test_ds.len(),
+        ddp.world_size(),
         d.batch_size,
         total_steps,
         steps_per_epoch,
@@ -274,6 +281,7 @@ pub fn train_with(cfg: &Config, opts: &RunOptions) -> Result<Summary> {
         let mut t0 = Instant::now();
         for batch in loader {
             let n = batch.labels.len();
+            ddp.sync_buffers(&mut model)?;
             let (logits, saved) = model.forward_train(batch.images)?;
             let out = ops::cross_entropy::forward_backward(&logits, &batch.labels, 1.0 / accum as f32)?;
             if !out.loss.is_finite() {
@@ -283,7 +291,7 @@ pub fn train_with(cfg: &Config, opts: &RunOptions) -> Result<Summary> {
                     step + 1
                 )));
             }
-            model.backward(saved, out.dlogits)?;
+            ddp.backward(&mut model, saved, out.dlogits, (micro + 1) % accum == 0)?;
             window_loss += out.loss as f64 / accum as f64;
             step_loss += out.loss as f64 / accum as f64;
             train_images += n;
@@ -322,7 +330,7 @@ pub fn train_with(cfg: &Config, opts: &RunOptions) -> Result<Summary> {
             step_loss = 0.0;
 
             if step % log_every == 0 || step == total_steps {
-                let loss = window_loss / window_n as f64;
+                let loss = ddp.mean(window_loss / window_n as f64)?;
                 let ips = window_images as f64 / window_start.elapsed().as_secs_f64().max(1e-9);
                 final_loss = loss;
                 let mut rec = json!({"kind": "train", "step": step, "epoch": epoch, "loss": loss, "lr": lr, "images_per_s": ips});
@@ -348,8 +356,11 @@ pub fn train_with(cfg: &Config, opts: &RunOptions) -> Result<Summary> {
             t0 = Instant::now();
         }
         epoch += 1;
-        let ev = evaluate(&model, &test_ds, d.eval_batch_size, d.prefetch)?;
-        metrics_out.write(&json!({"kind": "eval", "step": step, "epoch": epoch, "test_accuracy": ev.accuracy, "test_loss": ev.loss}))?;
+        ddp.sync_buffers(&mut model)?;
+        let local =
+            evaluate_shard(&model, &test_ds, ddp.rank(), ddp.world_size(), d.eval_batch_size, d.prefetch)?;
+        let ev = ddp.reduce_eval(local)?;
+        metrics_out.write(&json!({"kind": "eval", "step": step, "epoch": epoch, "test_accuracy": ev.accuracy, "test_loss": ev.loss, "correct": ev.correct, "total": ev.total}))?;
         progress.println(&format!(
             "epoch {epoch} | step {step} | test accuracy {:.4} ({}/{}) | test loss {:.4}",
             ev.accuracy, ev.correct, ev.total, ev.loss
@@ -367,7 +378,9 @@ pub fn train_with(cfg: &Config, opts: &RunOptions) -> Result<Summary> {
     }
 
     let weights = out_dir.join("model.safetensors");
-    crate::checkpoint::save_safetensors(&weights, &model.state_dict()?)?;
+    if primary {
+        crate::checkpoint::save_safetensors(&weights, &model.state_dict()?)?;
+    }
     let summary = Summary {
         name: cfg.run.name.clone(),
         final_loss,
@@ -378,7 +391,7 @@ pub fn train_with(cfg: &Config, opts: &RunOptions) -> Result<Summary> {
         epochs: epoch,
         wall_s: wall.elapsed().as_secs_f64(),
         opt_level: cfg.amp.opt_level.to_string(),
-        world_size: 1,
+        world_size: ddp.world_size(),
         device: device.to_string(),
         num_params: model.num_params(),
         weights,
@@ -386,7 +399,11 @@ pub fn train_with(cfg: &Config, opts: &RunOptions) -> Result<Summary> {
         resumed_from: ckpt.resumed_from().map(PathBuf::from),
         trace_divergence,
     };
-    metrics::write_json(&out_dir.join("summary.json"), &summary)?;
+    if primary {
+        metrics::write_json(&out_dir.join("summary.json"), &summary)?;
+    }
+    // No rank leaves while another may still need it for a collective.
+    ddp.barrier("end of training")?;
     Ok(summary)
 }
 

@@ -3,6 +3,7 @@
 //! unbiased one; weight/bias gradients accumulate like `.grad`.
 
 pub mod cpu;
+pub mod sync;
 
 use crate::error::{Error, Result};
 use crate::tensor::{CpuStorage, Storage, Tensor};
