@@ -146,7 +146,7 @@ impl Ddp {
         if self.world_size() == 1 {
             return Ok(local);
         }
-        let buf = vec![local.loss * local.total as f64, local.correct as f64, local.total as f64];
+        let buf = [local.loss * local.total as f64, local.correct as f64, local.total as f64];
         let g = self.comm.all_reduce(
             Buffer::F32(buf.iter().map(|&v| v as f32).collect()),
             ReduceOp::Sum,
