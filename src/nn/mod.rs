@@ -10,8 +10,13 @@ pub use state::{StateEntry, StateValue};
 
 use crate::config::model::{LayerKind, ResolvedLayer};
 use crate::error::Result;
-use crate::ops::{self, batch_norm::BatchNormSaved, conv2d::Conv2dArgs};
+use crate::ops::{
+    self,
+    batch_norm::{BatchNormSaved, BnReluPoolSaved},
+    conv2d::Conv2dArgs,
+};
 use crate::tensor::Tensor;
+use crate::tensor::{CpuStorage, Storage};
 
 /// A learnable tensor and its gradient (same shape, accumulated by backward).
 #[derive(Debug, Clone)]
@@ -52,10 +57,23 @@ pub enum Layer {
 /// What a layer's backward needs from its forward.
 pub enum Saved {
     Input(Tensor),
-    BatchNorm { x: Tensor, stats: BatchNormSaved },
+    BatchNorm {
+        x: Tensor,
+        stats: BatchNormSaved,
+    },
     Output(Tensor),
-    MaxPool { indices: Vec<u32>, x_shape: Vec<usize> },
+    MaxPool {
+        indices: Vec<u32>,
+        x_shape: Vec<usize>,
+    },
     Shape(Vec<usize>),
+    /// BatchNorm2d fused with the ReLU and 2x2 max-pool after it.
+    BnReluPool {
+        x: Tensor,
+        saved: BnReluPoolSaved,
+    },
+    /// A layer whose work the previous layer's fused kernel did.
+    Fused,
 }
 
 impl Layer {
@@ -175,6 +193,19 @@ impl Layer {
                 )?;
                 Ok(Some(dx))
             }
+            (Layer::BatchNorm2d(bn), Saved::BnReluPool { x, saved }) => {
+                let BatchNorm2d { weight, bias, .. } = &mut **bn;
+                let dx = ops::batch_norm::backward_relu_maxpool2(
+                    &x,
+                    &weight.value,
+                    &saved,
+                    &dy,
+                    &mut weight.grad,
+                    &mut bias.grad,
+                )?;
+                Ok(Some(dx))
+            }
+            (Layer::Relu | Layer::MaxPool2d { .. }, Saved::Fused) => Ok(Some(dy)),
             (Layer::Relu, Saved::Output(y)) => {
                 let mut dx = dy;
                 ops::relu::backward_(&y, &mut dx)?;
@@ -197,6 +228,26 @@ impl Layer {
             )),
         }
     }
+}
+
+fn is_cpu_f32(t: &Tensor) -> bool {
+    matches!(t.storage(), Storage::Cpu(CpuStorage::F32(_)))
+}
+
+/// The BatchNorm2d heading `layers` when it is followed by ReLU and
+/// MaxPool2d(2, 2) and the fused kernel takes `x` (host f32, even H and W,
+/// more than one value per channel); otherwise the layers run one by one.
+fn fusable_bn_relu_pool<'a>(layers: &'a mut [Layer], x: &Tensor) -> Option<&'a mut BatchNorm2d> {
+    let [Layer::BatchNorm2d(bn), Layer::Relu, Layer::MaxPool2d { kernel_size: 2, stride: 2 }, ..] = layers
+    else {
+        return None;
+    };
+    let &[n, _, h, w] = x.shape() else {
+        return None;
+    };
+    let fits = h % 2 == 0 && w % 2 == 0 && n * h * w > 1;
+    let f32s = is_cpu_f32(x) && is_cpu_f32(&bn.weight.value) && is_cpu_f32(&bn.bias.value);
+    (fits && f32s).then_some(&mut **bn)
 }
 
 /// The model: layers in execution order, with their resolved descriptions.
@@ -289,10 +340,28 @@ impl Model {
     pub fn forward_train(&mut self, x: Tensor) -> Result<(Tensor, Vec<Saved>)> {
         let mut saved = Vec::with_capacity(self.layers.len());
         let mut cur = x;
-        for layer in &mut self.layers {
-            let (y, s) = layer.forward_train(cur)?;
+        let mut i = 0;
+        while i < self.layers.len() {
+            if let Some(bn) = fusable_bn_relu_pool(&mut self.layers[i..], &cur) {
+                let (y, s) = ops::batch_norm::forward_train_relu_maxpool2(
+                    &cur,
+                    &bn.weight.value,
+                    &bn.bias.value,
+                    &mut bn.running_mean,
+                    &mut bn.running_var,
+                    bn.momentum,
+                    bn.eps,
+                )?;
+                bn.num_batches_tracked += 1;
+                saved.extend([Saved::BnReluPool { x: cur, saved: s }, Saved::Fused, Saved::Fused]);
+                cur = y;
+                i += 3;
+                continue;
+            }
+            let (y, s) = self.layers[i].forward_train(cur)?;
             saved.push(s);
             cur = y;
+            i += 1;
         }
         Ok((cur, saved))
     }
