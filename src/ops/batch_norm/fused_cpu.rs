@@ -102,11 +102,10 @@ pub fn forward<T: Elem>(
     }
 }
 
-/// Flat position in the input plane of window `cell` (row-major over the
-/// `ow`-wide pooled plane) and live `code`.
+/// Flat position in the input plane of the live `code` of window
+/// (`oy`, `ox`).
 #[inline(always)]
-fn source(cell: usize, code: u8, w: usize, ow: usize) -> usize {
-    let (oy, ox) = (cell / ow, cell % ow);
+fn source(oy: usize, ox: usize, code: u8, w: usize) -> usize {
     (2 * oy + usize::from(code >> 1)) * w + 2 * ox + usize::from(code & 1)
 }
 
@@ -139,7 +138,7 @@ pub fn backward_sums<T: Elem>(
                 let (mut rs, mut rq) = (T::zero(), T::zero());
                 for (j, (&g, &code)) in drow.iter().zip(crow).enumerate() {
                     if code < KILLED {
-                        let xv = xp[source(row * ow + j, code, w, ow)];
+                        let xv = xp[source(row, j, code, w)];
                         rs = rs + g;
                         rq = rq + g * (xv - mean[ch]);
                     }
@@ -193,10 +192,12 @@ pub fn backward_dx<T: Elem>(
             for (o, &xv) in outp.iter_mut().zip(xp) {
                 *o = p * xv + q;
             }
-            for (cell, (&g, &code)) in dp.iter().zip(cp).enumerate() {
-                if code < KILLED {
-                    let at = source(cell, code, w, ow);
-                    outp[at] = k * g + p * xp[at] + q;
+            for (oy, (drow, crow)) in dp.chunks_exact(ow).zip(cp.chunks_exact(ow)).enumerate() {
+                for (ox, (&g, &code)) in drow.iter().zip(crow).enumerate() {
+                    if code < KILLED {
+                        let at = source(oy, ox, code, w);
+                        outp[at] = k * g + p * xp[at] + q;
+                    }
                 }
             }
         }
