@@ -158,6 +158,9 @@ pub fn backward_sums<T: Elem>(
     BackwardSums { sum_dy, sum_dy_xhat }
 }
 
+/// One sample's `((x, dy), codes)` and its `dx`, as the zipped iterators yield them.
+type SampleSlices<'a, T> = (((&'a [T], &'a [T]), &'a [u8]), &'a mut [T]);
+
 /// `dx[n, c, h, w]` (overwritten) of BN for the pooled gradient `dy`, given
 /// [`backward_sums`] (possibly all-reduced) and the per-channel `count`.
 #[allow(clippy::too_many_arguments)]
@@ -180,7 +183,7 @@ pub fn backward_dx<T: Elem>(
         return;
     }
     let coef = dx_coefficients(c, mean, invstd, weight, sums, count);
-    let per_sample = |(((xi, di), ci), oi): (((&[T], &[T]), &[u8]), &mut [T])| {
+    let per_sample = |(((xi, di), ci), oi): SampleSlices<'_, T>| {
         let planes = xi
             .chunks_exact(ip)
             .zip(di.chunks_exact(op))
