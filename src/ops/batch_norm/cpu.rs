@@ -206,6 +206,19 @@ fn for_each_plane<T: Elem>(
     }
 }
 
+/// Per channel `(scale, shift)` with `out = x * scale + shift`.
+pub fn affine_coefficients<T: Elem>(
+    c: usize,
+    mean: &[T],
+    invstd: &[T],
+    weight: &[T],
+    bias: &[T],
+) -> (Vec<T>, Vec<T>) {
+    let scale: Vec<T> = (0..c).map(|ch| weight[ch] * invstd[ch]).collect();
+    let shift: Vec<T> = (0..c).map(|ch| bias[ch] - mean[ch] * scale[ch]).collect();
+    (scale, shift)
+}
+
 /// (b) `out = (x - mean) * invstd * weight + bias`, folded into one
 /// multiply-add per element with per-channel scale and shift.
 #[allow(clippy::too_many_arguments)]
@@ -220,8 +233,7 @@ pub fn normalize_affine<T: Elem>(
     out: &mut [T],
 ) {
     debug_assert_eq!(x.len(), out.len());
-    let scale: Vec<T> = (0..c).map(|ch| weight[ch] * invstd[ch]).collect();
-    let shift: Vec<T> = (0..c).map(|ch| bias[ch] - mean[ch] * scale[ch]).collect();
+    let (scale, shift) = affine_coefficients(c, mean, invstd, weight, bias);
     for_each_plane(x, out, c, hw, |ch, xp, op| {
         let (a, b) = (scale[ch], shift[ch]);
         for (o, &v) in op.iter_mut().zip(xp) {
@@ -266,6 +278,30 @@ pub fn backward_sums<T: Elem>(
     BackwardSums { sum_dy, sum_dy_xhat }
 }
 
+/// Per channel `(k, p, q)` with `dx = k*dy + p*x + q` (see [`backward_dx`]),
+/// formed in f64 and rounded once.
+pub fn dx_coefficients<T: Elem>(
+    c: usize,
+    mean: &[T],
+    invstd: &[T],
+    weight: &[T],
+    sums: &BackwardSums,
+    count: usize,
+) -> Vec<(T, T, T)> {
+    let m = count as f64;
+    (0..c)
+        .map(|ch| {
+            let istd = wide(invstd[ch]);
+            let k = wide(weight[ch]) * istd;
+            let a = sums.sum_dy[ch] / m;
+            let b = istd * sums.sum_dy_xhat[ch] / m;
+            let p = -k * b;
+            let q = k * (wide(mean[ch]) * b - a);
+            (narrow(k), narrow(p), narrow(q))
+        })
+        .collect()
+}
+
 /// (d) `dx = weight * invstd * (dy - sum_dy/M - xhat * sum_dy_xhat/M)` with
 /// `M = count` the (global) number of elements per channel. Expanded per
 /// channel into `dx = k*dy + p*x + q` so each element costs two multiply-adds.
@@ -284,19 +320,7 @@ pub fn backward_dx<T: Elem>(
 ) {
     debug_assert_eq!(x.len(), dy.len());
     debug_assert_eq!(x.len(), dx.len());
-    let m = count as f64;
-    // (k, p, q) per channel, formed in f64 and rounded once.
-    let coef: Vec<(T, T, T)> = (0..c)
-        .map(|ch| {
-            let istd = wide(invstd[ch]);
-            let k = wide(weight[ch]) * istd;
-            let a = sums.sum_dy[ch] / m;
-            let b = istd * sums.sum_dy_xhat[ch] / m;
-            let p = -k * b;
-            let q = k * (wide(mean[ch]) * b - a);
-            (narrow(k), narrow(p), narrow(q))
-        })
-        .collect();
+    let coef = dx_coefficients(c, mean, invstd, weight, sums, count);
     let sample = c * hw;
     if sample == 0 {
         return;

@@ -3,6 +3,7 @@
 //! unbiased one; weight/bias gradients accumulate like `.grad`.
 
 pub mod cpu;
+pub mod fused_cpu;
 pub mod sync;
 
 use crate::error::{Error, Result};
@@ -152,5 +153,128 @@ pub fn backward(
     }
 }
 
+/// What the fused BatchNorm + ReLU + MaxPool2d(2, 2) backward needs: the BN
+/// statistics and one window code per pooled element (see [`fused_cpu`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct BnReluPoolSaved {
+    pub stats: BatchNormSaved,
+    pub codes: Vec<u8>,
+}
+
+/// `(n, c, h, w)` of an input the fused block takes: 4-D with even H and W
+/// (where 2x2 stride-2 pooling covers every element).
+fn fused_dims(op: &str, x: &Tensor) -> Result<(usize, usize, usize, usize)> {
+    match *x.shape() {
+        [n, c, h, w] if h % 2 == 0 && w % 2 == 0 => Ok((n, c, h, w)),
+        _ => Err(Error::shape(format!(
+            "batch_norm {op}: expected a 4-D [N, C, H, W] input with even H and W, got shape {:?}",
+            x.shape()
+        ))),
+    }
+}
+
+/// `max_pool2d(relu(batch_norm_train(x)), 2, 2)` in one pass, with the same
+/// values and running-statistics update as the three ops in sequence.
+/// Returns the pooled `[N, C, H/2, W/2]` tensor and what the backward needs.
+pub fn forward_train_relu_maxpool2(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: &Tensor,
+    running_mean: &mut Tensor,
+    running_var: &mut Tensor,
+    momentum: f32,
+    eps: f32,
+) -> Result<(Tensor, BnReluPoolSaved)> {
+    const OP: &str = "forward_train_relu_maxpool2";
+    let (n, c, h, w) = fused_dims(OP, x)?;
+    if n * h * w <= 1 {
+        return Err(Error::shape(format!(
+            "batch_norm {OP}: expected more than 1 value per channel when training, got input shape {:?}",
+            x.shape()
+        )));
+    }
+    match x.storage() {
+        Storage::Cpu(CpuStorage::F32(xs)) => {
+            let wt = param(OP, "weight", weight, c)?;
+            let b = param(OP, "bias", bias, c)?;
+            let sums = cpu::local_sums(xs, n, c, h * w);
+            let stats = cpu::batch_stats::<f32>(&sums.sum, &sums.sumsq, sums.count, f64::from(eps));
+            let (scale, shift) = cpu::affine_coefficients(c, &stats.mean, &stats.invstd, wt, b);
+            let len = n * c * (h / 2) * (w / 2);
+            let mut out = vec![0.0f32; len];
+            let mut codes = vec![0u8; len];
+            fused_cpu::forward(xs, c, h, w, &scale, &shift, &mut out, &mut codes);
+            let rm = param_mut(OP, "running_mean", running_mean, c)?;
+            let rv = param_mut(OP, "running_var", running_var, c)?;
+            cpu::update_running(rm, rv, &stats, momentum);
+            let saved =
+                BnReluPoolSaved { stats: BatchNormSaved { mean: stats.mean, invstd: stats.invstd }, codes };
+            Ok((Tensor::from_vec(&[n, c, h / 2, w / 2], out)?, saved))
+        }
+        _ => Err(unsupported(OP, x)),
+    }
+}
+
+/// Backward of [`forward_train_relu_maxpool2`] for the pooled gradient `dy`:
+/// returns dx (shape of `x`) and adds into `dweight` and `dbias`.
+pub fn backward_relu_maxpool2(
+    x: &Tensor,
+    weight: &Tensor,
+    saved: &BnReluPoolSaved,
+    dy: &Tensor,
+    dweight: &mut Tensor,
+    dbias: &mut Tensor,
+) -> Result<Tensor> {
+    const OP: &str = "backward_relu_maxpool2";
+    let (n, c, h, w) = fused_dims(OP, x)?;
+    dy.check_shape(&format!("batch_norm {OP}: dy (must be x pooled 2x2)"), &[n, c, h / 2, w / 2])?;
+    let stats = &saved.stats;
+    if stats.mean.len() != c || stats.invstd.len() != c || saved.codes.len() != dy.numel() {
+        return Err(Error::shape(format!(
+            "batch_norm {OP}: saved state ({} means, {} invstds, {} codes) does not fit input shape {:?}",
+            stats.mean.len(),
+            stats.invstd.len(),
+            saved.codes.len(),
+            x.shape()
+        )));
+    }
+    match (x.storage(), dy.storage()) {
+        (Storage::Cpu(CpuStorage::F32(xs)), Storage::Cpu(CpuStorage::F32(dys))) => {
+            let wt = param(OP, "weight", weight, c)?;
+            let dw = param_mut(OP, "dweight", dweight, c)?;
+            let db = param_mut(OP, "dbias", dbias, c)?;
+            let codes = &saved.codes;
+            let sums = fused_cpu::backward_sums(xs, dys, codes, n, c, h, w, &stats.mean, &stats.invstd);
+            for (g, &s) in dw.iter_mut().zip(&sums.sum_dy_xhat) {
+                *g += s as f32;
+            }
+            for (g, &s) in db.iter_mut().zip(&sums.sum_dy) {
+                *g += s as f32;
+            }
+            let mut dx = vec![0.0f32; xs.len()];
+            let count = n * h * w;
+            fused_cpu::backward_dx(
+                xs,
+                dys,
+                codes,
+                c,
+                h,
+                w,
+                &stats.mean,
+                &stats.invstd,
+                wt,
+                &sums,
+                count,
+                &mut dx,
+            );
+            Tensor::from_vec(x.shape(), dx)
+        }
+        (Storage::Cpu(CpuStorage::F32(_)), _) => Err(unsupported(OP, dy)),
+        _ => Err(unsupported(OP, x)),
+    }
+}
+
+#[cfg(test)]
+mod fused_tests;
 #[cfg(test)]
 mod tests;

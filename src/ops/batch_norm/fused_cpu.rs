@@ -1,0 +1,218 @@
+//! BatchNorm2d (training) + ReLU + MaxPool2d(2, 2) as one pass each way, the
+//! block every MNIST conv layer ends in. Unfused, the three ops write and
+//! re-read five full-size activations per step (normalized, ReLU'd, a copy
+//! kept for ReLU's backward, the zeroed pool gradient, the ReLU gradient);
+//! fused, the forward reads the BN input once and writes only the pooled
+//! quarter, and the backward reads only the pooled gradient and the BN input.
+//!
+//! Per 2x2 window the forward keeps one byte: the position (0..4, row-major)
+//! of the first maximum of the normalized values, or [`KILLED`] when that
+//! maximum is not positive. ReLU is monotone, so the max of the ReLU'd
+//! values sits where the normalized max does, and ReLU passes gradient only
+//! where its output is positive: a killed window sends no gradient to BN.
+//! Values and gradients equal the unfused composition's element for element
+//! (the same `x * scale + shift` and `k * g + p * x + q` expressions); only
+//! the order of the backward sums differs. A window holding a NaN outputs NaN
+//! and is killed (the loss is then NaN and the trainer stops).
+
+use super::cpu::{dx_coefficients, BackwardSums};
+use crate::ops::Elem;
+use rayon::prelude::*;
+
+/// Window code for "no gradient flows back" (max not positive, or NaN).
+pub const KILLED: u8 = 4;
+
+/// Below this many input elements a single core beats rayon's fork/join.
+const PAR_MIN_ELEMS: usize = 1 << 15;
+
+#[inline(always)]
+fn max2<T: Elem>(a: T, b: T) -> T {
+    if a > b {
+        a
+    } else {
+        b
+    }
+}
+
+/// One `h x w` plane (`h`, `w` even) into its `h/2 x w/2` pooled plane and codes.
+fn forward_plane<T: Elem>(x: &[T], w: usize, scale: T, shift: T, y: &mut [T], codes: &mut [u8]) {
+    let ow = w / 2;
+    for (oy, (yrow, crow)) in y.chunks_exact_mut(ow).zip(codes.chunks_exact_mut(ow)).enumerate() {
+        let top = 2 * oy * w;
+        let (r0, r1) = (&x[top..top + w], &x[top + w..top + 2 * w]);
+        let cells = r0.chunks_exact(2).zip(r1.chunks_exact(2));
+        let mut nan = false;
+        for ((yo, co), (a, b)) in yrow.iter_mut().zip(crow.iter_mut()).zip(cells) {
+            let z0 = a[0] * scale + shift;
+            let z1 = a[1] * scale + shift;
+            let z2 = b[0] * scale + shift;
+            let z3 = b[1] * scale + shift;
+            nan |= z0.is_nan() | z1.is_nan() | z2.is_nan() | z3.is_nan();
+            let m = max2(max2(z0, z1), max2(z2, z3));
+            // Reverse scan order, so the first maximum wins (PyTorch's argmax).
+            let mut c = 3u8;
+            c = if z2 == m { 2 } else { c };
+            c = if z1 == m { 1 } else { c };
+            c = if z0 == m { 0 } else { c };
+            let alive = m > T::zero();
+            *co = if alive { c } else { KILLED };
+            *yo = if alive { m } else { T::zero() };
+        }
+        if nan {
+            for ((yo, co), (a, b)) in
+                yrow.iter_mut().zip(crow.iter_mut()).zip(r0.chunks_exact(2).zip(r1.chunks_exact(2)))
+            {
+                if [a[0], a[1], b[0], b[1]].iter().any(|v| (*v * scale + shift).is_nan()) {
+                    *yo = T::nan();
+                    *co = KILLED;
+                }
+            }
+        }
+    }
+}
+
+/// `y = maxpool2x2(relu(x * scale[c] + shift[c]))` over `x[n, c, h, w]`
+/// (`h`, `w` even), with one window code per output element.
+#[allow(clippy::too_many_arguments)]
+pub fn forward<T: Elem>(
+    x: &[T],
+    c: usize,
+    h: usize,
+    w: usize,
+    scale: &[T],
+    shift: &[T],
+    y: &mut [T],
+    codes: &mut [u8],
+) {
+    let (ip, op) = (h * w, (h / 2) * (w / 2));
+    if ip == 0 || op == 0 || c == 0 {
+        return;
+    }
+    let (xs, ys) = (c * ip, c * op);
+    let per_sample = |((xi, yi), ci): ((&[T], &mut [T]), &mut [u8])| {
+        let planes = xi.chunks_exact(ip).zip(yi.chunks_exact_mut(op)).zip(ci.chunks_exact_mut(op));
+        for (ch, ((xp, yp), cp)) in planes.enumerate() {
+            forward_plane(xp, w, scale[ch], shift[ch], yp, cp);
+        }
+    };
+    if x.len() >= PAR_MIN_ELEMS {
+        x.par_chunks(xs).zip(y.par_chunks_mut(ys)).zip(codes.par_chunks_mut(ys)).for_each(per_sample);
+    } else {
+        x.chunks(xs).zip(y.chunks_mut(ys)).zip(codes.chunks_mut(ys)).for_each(per_sample);
+    }
+}
+
+/// Flat position in the input plane of the live `code` of window
+/// (`oy`, `ox`).
+#[inline(always)]
+fn source(oy: usize, ox: usize, code: u8, w: usize) -> usize {
+    (2 * oy + usize::from(code >> 1)) * w + 2 * ox + usize::from(code & 1)
+}
+
+/// BN's backward sums `(sum dz, sum dz * xhat)` per channel, where `dz` (the
+/// gradient at the BN output) is `dy` at each live window's source and zero
+/// elsewhere. Each pooled row is summed in `T` and moved to f64.
+#[allow(clippy::too_many_arguments)]
+pub fn backward_sums<T: Elem>(
+    x: &[T],
+    dy: &[T],
+    codes: &[u8],
+    n: usize,
+    c: usize,
+    h: usize,
+    w: usize,
+    mean: &[T],
+    invstd: &[T],
+) -> BackwardSums {
+    let (ow, op, ip) = (w / 2, (h / 2) * (w / 2), h * w);
+    let per_ch = |ch: usize| {
+        let (mut s, mut q) = (0.0f64, 0.0f64);
+        if ow == 0 {
+            return (s, q);
+        }
+        for i in 0..n {
+            let xp = &x[(i * c + ch) * ip..][..ip];
+            let dp = &dy[(i * c + ch) * op..][..op];
+            let cp = &codes[(i * c + ch) * op..][..op];
+            for (row, (drow, crow)) in dp.chunks_exact(ow).zip(cp.chunks_exact(ow)).enumerate() {
+                let (mut rs, mut rq) = (T::zero(), T::zero());
+                for (j, (&g, &code)) in drow.iter().zip(crow).enumerate() {
+                    if code < KILLED {
+                        let xv = xp[source(row, j, code, w)];
+                        rs = rs + g;
+                        rq = rq + g * (xv - mean[ch]);
+                    }
+                }
+                s += rs.to_f64();
+                q += rq.to_f64();
+            }
+        }
+        (s, q * invstd[ch].to_f64())
+    };
+    let per: Vec<(f64, f64)> = if x.len() >= PAR_MIN_ELEMS {
+        (0..c).into_par_iter().map(per_ch).collect()
+    } else {
+        (0..c).map(per_ch).collect()
+    };
+    let (sum_dy, sum_dy_xhat) = per.into_iter().unzip();
+    BackwardSums { sum_dy, sum_dy_xhat }
+}
+
+/// One sample's `((x, dy), codes)` and its `dx`, as the zipped iterators yield them.
+type SampleSlices<'a, T> = (((&'a [T], &'a [T]), &'a [u8]), &'a mut [T]);
+
+/// `dx[n, c, h, w]` (overwritten) of BN for the pooled gradient `dy`, given
+/// [`backward_sums`] (possibly all-reduced) and the per-channel `count`.
+#[allow(clippy::too_many_arguments)]
+pub fn backward_dx<T: Elem>(
+    x: &[T],
+    dy: &[T],
+    codes: &[u8],
+    c: usize,
+    h: usize,
+    w: usize,
+    mean: &[T],
+    invstd: &[T],
+    weight: &[T],
+    sums: &BackwardSums,
+    count: usize,
+    dx: &mut [T],
+) {
+    let (ow, op, ip) = (w / 2, (h / 2) * (w / 2), h * w);
+    if ip == 0 || op == 0 || c == 0 {
+        return;
+    }
+    let coef = dx_coefficients(c, mean, invstd, weight, sums, count);
+    let per_sample = |(((xi, di), ci), oi): SampleSlices<'_, T>| {
+        let planes = xi
+            .chunks_exact(ip)
+            .zip(di.chunks_exact(op))
+            .zip(ci.chunks_exact(op))
+            .zip(oi.chunks_exact_mut(ip));
+        for (ch, (((xp, dp), cp), outp)) in planes.enumerate() {
+            let (k, p, q) = coef[ch];
+            // Where dz = 0 the unfused `k * 0 + p * x + q` is `p * x + q`.
+            for (o, &xv) in outp.iter_mut().zip(xp) {
+                *o = p * xv + q;
+            }
+            for (oy, (drow, crow)) in dp.chunks_exact(ow).zip(cp.chunks_exact(ow)).enumerate() {
+                for (ox, (&g, &code)) in drow.iter().zip(crow).enumerate() {
+                    if code < KILLED {
+                        let at = source(oy, ox, code, w);
+                        outp[at] = k * g + p * xp[at] + q;
+                    }
+                }
+            }
+        }
+    };
+    let (xs, ys) = (c * ip, c * op);
+    if x.len() >= PAR_MIN_ELEMS {
+        x.par_chunks(xs)
+            .zip(dy.par_chunks(ys))
+            .zip(codes.par_chunks(ys))
+            .zip(dx.par_chunks_mut(xs))
+            .for_each(per_sample);
+    } else {
+        x.chunks(xs).zip(dy.chunks(ys)).zip(codes.chunks(ys)).zip(dx.chunks_mut(xs)).for_each(per_sample);
+    }
+}
