@@ -5,6 +5,7 @@ import time
 
 import torch
 import torch.nn as nn
+from torch_convnet import ConvNet
 
 p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, default=300)
@@ -13,17 +14,6 @@ p.add_argument("--batch", type=int, default=100)
 a = p.parse_args()
 torch.set_num_threads(a.threads)
 torch.manual_seed(0)
-
-
-class ConvNet(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.layer1 = nn.Sequential(nn.Conv2d(1, 16, 5, 1, 2), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2, 2))
-        self.layer2 = nn.Sequential(nn.Conv2d(16, 32, 5, 1, 2), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2, 2))
-        self.fc = nn.Linear(7 * 7 * 32, 10)
-
-    def forward(self, x):
-        return self.fc(self.layer2(self.layer1(x)).reshape(x.size(0), -1))
 
 
 model = ConvNet()

@@ -17,6 +17,7 @@ import tempfile
 import numpy as np
 import torch
 import torch.nn as nn
+from torch_convnet import ConvNet
 from safetensors.torch import load_file, save_file
 
 p = argparse.ArgumentParser()
@@ -27,17 +28,6 @@ p.add_argument("--tol", type=float, default=1e-5)
 a = p.parse_args()
 torch.set_num_threads(2)
 torch.manual_seed(0)
-
-
-class ConvNet(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.layer1 = nn.Sequential(nn.Conv2d(1, 16, 5, 1, 2), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2, 2))
-        self.layer2 = nn.Sequential(nn.Conv2d(16, 32, 5, 1, 2), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2, 2))
-        self.fc = nn.Linear(7 * 7 * 32, 10)
-
-    def forward(self, x):
-        return self.fc(self.layer2(self.layer1(x)).reshape(x.size(0), -1))
 
 
 def idx(path, offset):
