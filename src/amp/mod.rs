@@ -17,7 +17,7 @@ pub use policy::Policy;
 pub use scaler::{LossScaler, Overflow, ScalerConfig, ScalerState};
 
 use crate::error::Result;
-use crate::nn::{Layer, Model, Param};
+use crate::nn::{Layer, Model, Param, Precision};
 use crate::optim::{step_in_place, MasterWeights, Optimizer};
 use crate::tensor::{DType, Tensor};
 
@@ -42,6 +42,10 @@ fn cast_tensor(t: &mut Tensor, dtype: DType) {
 /// statistics to f32 when keep_batchnorm_fp32, else with the rest. O1 (no
 /// cast_model_type) leaves the model fp32.
 pub fn cast_model(model: &mut Model, policy: &Policy) {
+    model.precision = Precision {
+        input: policy.input_dtype(),
+        patch_conv_linear: policy.patch_torch_functions.then_some(DType::F16),
+    };
     for layer in &mut model.layers {
         match layer {
             Layer::Conv2d { weight, bias, .. } | Layer::Linear { weight, bias } => {

@@ -18,6 +18,7 @@ fn linear(w: Vec<f32>, b: Vec<f32>) -> Model {
             bias: Some(param("fc.bias", Tensor::from_vec(&[out], b).unwrap())),
         }],
         resolved: Vec::new(),
+        precision: Default::default(),
     }
 }
 

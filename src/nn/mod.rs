@@ -11,7 +11,7 @@ pub use state::{StateEntry, StateValue};
 use crate::config::model::{LayerKind, ResolvedLayer};
 use crate::error::Result;
 use crate::ops::{self, batch_norm::BatchNormSaved, conv2d::Conv2dArgs};
-use crate::tensor::Tensor;
+use crate::tensor::{DType, Tensor};
 
 /// A learnable tensor and its gradient (same shape, accumulated by backward).
 #[derive(Debug, Clone)]
@@ -49,6 +49,51 @@ pub enum Layer {
     Linear { weight: Param, bias: Option<Param> },
 }
 
+/// Where the model computes, as the amp policy sets it (`amp::cast_model`):
+/// the dtype inputs are cast to (apex casts inputs to cast_model_type), and
+/// O1's patch (conv and linear run with inputs and weights cast to this
+/// dtype per call, their outputs cast back to f32).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Precision {
+    pub input: DType,
+    pub patch_conv_linear: Option<DType>,
+}
+
+impl Default for Precision {
+    fn default() -> Self {
+        Precision { input: DType::F32, patch_conv_linear: None }
+    }
+}
+
+/// `grad += g` (g possibly f16, as from O1's per-call cast), accumulated in
+/// the grad's dtype like PyTorch's `.grad` accumulation.
+fn accumulate_grad(grad: &mut Tensor, g: &Tensor) -> Result<()> {
+    let mut acc = grad.to_f32_vec();
+    for (a, v) in acc.iter_mut().zip(g.to_f32_vec()) {
+        *a += v;
+    }
+    grad.copy_from_f32(&acc)
+}
+
+/// O1's backward of a conv/linear run in `dt`: grads computed in `dt` (so
+/// they overflow where the GPU's would), then accumulated into the fp32 `.grad`.
+fn patched_backward(
+    weight: &mut Param,
+    bias: Option<&mut Param>,
+    dt: DType,
+    run: impl FnOnce(&Tensor, &mut Tensor, Option<&mut Tensor>) -> Result<Option<Tensor>>,
+) -> Result<Option<Tensor>> {
+    let w = weight.value.to_dtype(dt);
+    let mut dw = Tensor::zeros_dtype(weight.value.shape(), dt);
+    let mut db = bias.as_ref().map(|b| Tensor::zeros_dtype(b.value.shape(), dt));
+    let dx = run(&w, &mut dw, db.as_mut())?;
+    accumulate_grad(&mut weight.grad, &dw)?;
+    if let (Some(b), Some(db)) = (bias, db) {
+        accumulate_grad(&mut b.grad, &db)?;
+    }
+    Ok(dx.map(|d| d.into_dtype(DType::F32)))
+}
+
 /// What a layer's backward needs from its forward.
 pub enum Saved {
     Input(Tensor),
@@ -79,7 +124,12 @@ impl Layer {
         }
     }
 
-    fn forward_train(&mut self, x: Tensor) -> Result<(Tensor, Saved)> {
+    fn forward_train(&mut self, x: Tensor, prec: Precision) -> Result<(Tensor, Saved)> {
+        if let (Some(dt), Layer::Conv2d { .. } | Layer::Linear { .. }) = (prec.patch_conv_linear, &*self) {
+            let x = x.into_dtype(dt);
+            let y = self.forward_eval(x.clone(), prec)?;
+            return Ok((y, Saved::Input(x)));
+        }
         Ok(match self {
             Layer::Conv2d { weight, bias, args } => {
                 let y = ops::conv2d::forward(&x, &weight.value, bias.as_ref().map(|b| &b.value), *args)?;
@@ -119,7 +169,27 @@ impl Layer {
         })
     }
 
-    fn forward_eval(&self, x: Tensor) -> Result<Tensor> {
+    fn forward_eval(&self, x: Tensor, prec: Precision) -> Result<Tensor> {
+        if let Some(dt) = prec.patch_conv_linear {
+            let cast = |p: &Param| p.value.to_dtype(dt);
+            let y = match self {
+                Layer::Conv2d { weight, bias, args } => Some(ops::conv2d::forward(
+                    &x.clone().into_dtype(dt),
+                    &cast(weight),
+                    bias.as_ref().map(cast).as_ref(),
+                    *args,
+                )?),
+                Layer::Linear { weight, bias } => Some(ops::linear::forward(
+                    &x.clone().into_dtype(dt),
+                    &cast(weight),
+                    bias.as_ref().map(cast).as_ref(),
+                )?),
+                _ => None,
+            };
+            if let Some(y) = y {
+                return Ok(y.into_dtype(DType::F32));
+            }
+        }
         match self {
             Layer::BatchNorm2d(bn) => ops::batch_norm::forward_eval(
                 &x,
@@ -152,7 +222,30 @@ impl Layer {
     }
 
     /// Accumulates parameter gradients; returns dx when `need_dx`.
-    fn backward(&mut self, saved: Saved, dy: Tensor, need_dx: bool) -> Result<Option<Tensor>> {
+    fn backward(
+        &mut self,
+        saved: Saved,
+        dy: Tensor,
+        need_dx: bool,
+        prec: Precision,
+    ) -> Result<Option<Tensor>> {
+        if let Some(dt) = prec.patch_conv_linear {
+            match (&mut *self, &saved) {
+                (Layer::Conv2d { weight, bias, args }, Saved::Input(x)) => {
+                    let (args, dy) = (*args, dy.into_dtype(dt));
+                    return patched_backward(weight, bias.as_mut(), dt, |w, dw, db| {
+                        ops::conv2d::backward(x, w, &dy, args, dw, db, need_dx)
+                    });
+                }
+                (Layer::Linear { weight, bias }, Saved::Input(x)) => {
+                    let dy = dy.into_dtype(dt);
+                    return patched_backward(weight, bias.as_mut(), dt, |w, dw, db| {
+                        ops::linear::backward(x, w, &dy, dw, db, need_dx)
+                    });
+                }
+                _ => {}
+            }
+        }
         match (self, saved) {
             (Layer::Conv2d { weight, bias, args }, Saved::Input(x)) => ops::conv2d::backward(
                 &x,
@@ -203,6 +296,7 @@ impl Layer {
 pub struct Model {
     pub layers: Vec<Layer>,
     pub resolved: Vec<ResolvedLayer>,
+    pub precision: Precision,
 }
 
 impl Model {
@@ -262,7 +356,7 @@ impl Model {
             };
             layers.push(layer);
         }
-        Ok(Model { layers, resolved: resolved.to_vec() })
+        Ok(Model { layers, resolved: resolved.to_vec(), precision: Precision::default() })
     }
 
     /// Parameters in registration order (the order of `parameters()` in PyTorch).
@@ -280,7 +374,7 @@ impl Model {
 
     pub fn zero_grad(&mut self) -> Result<()> {
         for p in self.params_mut() {
-            p.grad.as_f32_mut()?.fill(0.0);
+            p.grad.fill_(0.0);
         }
         Ok(())
     }
@@ -288,9 +382,10 @@ impl Model {
     /// Training-mode forward: logits and the saved state of every layer.
     pub fn forward_train(&mut self, x: Tensor) -> Result<(Tensor, Vec<Saved>)> {
         let mut saved = Vec::with_capacity(self.layers.len());
-        let mut cur = x;
+        let prec = self.precision;
+        let mut cur = x.into_dtype(prec.input);
         for layer in &mut self.layers {
-            let (y, s) = layer.forward_train(cur)?;
+            let (y, s) = layer.forward_train(cur, prec)?;
             saved.push(s);
             cur = y;
         }
@@ -299,9 +394,9 @@ impl Model {
 
     /// Evaluation-mode forward (BatchNorm uses running statistics).
     pub fn forward_eval(&self, x: Tensor) -> Result<Tensor> {
-        let mut cur = x;
+        let mut cur = x.into_dtype(self.precision.input);
         for layer in &self.layers {
-            cur = layer.forward_eval(cur)?;
+            cur = layer.forward_eval(cur, self.precision)?;
         }
         Ok(cur)
     }
@@ -313,7 +408,7 @@ impl Model {
         let n = self.layers.len();
         for (i, (layer, s)) in self.layers.iter_mut().zip(saved).enumerate().rev() {
             let need_dx = i > 0;
-            match layer.backward(s, dy, need_dx)? {
+            match layer.backward(s, dy, need_dx, self.precision)? {
                 Some(dx) => dy = dx,
                 None => {
                     debug_assert!(!need_dx, "layer {i}/{n} returned no input gradient");

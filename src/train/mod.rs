@@ -7,6 +7,7 @@ pub mod expect;
 
 pub use eval::{evaluate, EvalResult};
 
+use crate::amp;
 use crate::config::{self, Config};
 use crate::data::{self, Dataset, DistributedSampler, Loader, Normalize, Split};
 use crate::error::{Error, Result};
@@ -37,6 +38,15 @@ pub struct Summary {
     pub device: String,
     pub num_params: usize,
     pub weights: PathBuf,
+    /// The loss scale at the end of the run (1 without loss scaling).
+    pub loss_scale: f32,
+    /// Optimizer steps skipped because the gradients overflowed.
+    pub overflow_steps: u64,
+    /// Mean training loss over the first logging interval, to set against
+    /// `final_loss`; `loss_decreased` says whether training made progress
+    /// (the bar O3 is held to).
+    pub initial_loss: f64,
+    pub loss_decreased: bool,
 }
 
 /// Everything loaded and checked before anything is written to `out_dir`.
@@ -48,12 +58,6 @@ pub struct Prepared {
 
 /// Refuses what this build cannot do yet, with the reason, before any work.
 fn check_supported(cfg: &Config) -> Result<&'static str> {
-    if cfg.amp.opt_level != config::OptLevel::O0 {
-        return Err(Error::Unsupported(format!(
-            "amp.opt_level = \"{}\": only O0 (fp32) training is implemented so far; set amp.opt_level = \"O0\"",
-            cfg.amp.opt_level
-        )));
-    }
     let world: usize = std::env::var("WORLD_SIZE").ok().and_then(|v| v.parse().ok()).unwrap_or(1);
     if world > 1 {
         return Err(Error::Unsupported(format!(
@@ -125,22 +129,6 @@ pub fn prepare(cfg: &Config) -> Result<Prepared> {
     Ok(Prepared { model, train_ds, test_ds })
 }
 
-fn clip_grad_norm(model: &mut Model, max_norm: f32) -> Result<f32> {
-    let mut sq = 0.0f64;
-    for p in model.params() {
-        sq += p.grad.as_f32()?.iter().map(|&g| (g as f64) * (g as f64)).sum::<f64>();
-    }
-    let norm = sq.sqrt() as f32;
-    // torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when that is < 1.
-    let coef = max_norm / (norm + 1e-6);
-    if coef < 1.0 {
-        for p in model.params_mut() {
-            p.grad.as_f32_mut()?.iter_mut().for_each(|g| *g *= coef);
-        }
-    }
-    Ok(norm)
-}
-
 pub fn train(cfg: &Config) -> Result<Summary> {
     let device = check_supported(cfg)?;
     let Prepared { mut model, train_ds, test_ds } = prepare(cfg)?;
@@ -180,6 +168,9 @@ pub fn train(cfg: &Config) -> Result<Summary> {
     schedule.validate()?;
     let sizes: Vec<usize> = model.params().iter().map(|p| p.value.numel()).collect();
     let mut optimizer = Optimizer::new(optimizer_config(&cfg.optimizer), &sizes)?;
+    // apex's amp.initialize: cast the model, set up masters and the loss scaler.
+    let scaler = amp::LossScaler::from_config(&cfg.amp)?;
+    let mut amp = amp::Amp::new(amp::Policy::resolve(&cfg.amp)?, scaler, &mut model);
 
     let out_dir = cfg.run.out_dir.clone();
     std::fs::create_dir_all(&out_dir)
@@ -217,6 +208,7 @@ pub fn train(cfg: &Config) -> Result<Summary> {
     let mut window_start = Instant::now();
     let mut window_images = 0usize;
     let mut grad_norm: Option<f32> = None;
+    let mut initial_loss = f64::NAN;
 
     while step < total_steps {
         let loader =
@@ -226,7 +218,11 @@ pub fn train(cfg: &Config) -> Result<Summary> {
         for batch in loader {
             let n = batch.labels.len();
             let (logits, saved) = model.forward_train(batch.images)?;
-            let out = ops::cross_entropy::forward_backward(&logits, &batch.labels, 1.0 / accum as f32)?;
+            let out = ops::cross_entropy::forward_backward(
+                &logits,
+                &batch.labels,
+                amp.loss_scale() / accum as f32,
+            )?;
             if !out.loss.is_finite() {
                 return Err(Error::Training(format!(
                     "loss is {} at step {} (epoch {epoch}); lower optimizer.lr or set train.grad_clip_norm",
@@ -242,22 +238,20 @@ pub fn train(cfg: &Config) -> Result<Summary> {
             if micro % accum != 0 {
                 continue;
             }
-            if let Some(max_norm) = cfg.train.grad_clip_norm {
-                grad_norm = Some(clip_grad_norm(&mut model, max_norm)?);
+            // A skipped step leaves the schedule where it was (only applied steps count).
+            let lr = schedule.lr_at(step - amp.scaler.state().overflow_steps);
+            let outcome = amp.step(&mut model, &mut optimizer, lr, cfg.train.grad_clip_norm, step + 1)?;
+            if outcome.grad_norm.is_some() {
+                grad_norm = outcome.grad_norm;
             }
-            let lr = schedule.lr_at(step);
-            {
-                let mut params = model.params_mut();
-                let (mut values, grads): (Vec<&mut [f32]>, Vec<&[f32]>) = params
-                    .iter_mut()
-                    .map(|p| {
-                        let crate::nn::Param { value, grad, .. } = &mut **p;
-                        Ok((value.as_f32_mut()?, grad.as_f32()?))
-                    })
-                    .collect::<Result<Vec<_>>>()?
-                    .into_iter()
-                    .unzip();
-                optimizer.step(&mut values, &grads, lr)?;
+            if outcome.skipped {
+                progress.println(&format!(
+                    "step {}: gradient overflow (inf/NaN) at loss scale {}, first in {}; step skipped, loss scale -> {}",
+                    step + 1,
+                    outcome.loss_scale,
+                    outcome.overflow.describe(3),
+                    amp.loss_scale()
+                ));
             }
             model.zero_grad()?;
             step += 1;
@@ -268,7 +262,11 @@ pub fn train(cfg: &Config) -> Result<Summary> {
                 let loss = window_loss / window_n as f64;
                 let ips = window_images as f64 / window_start.elapsed().as_secs_f64().max(1e-9);
                 final_loss = loss;
-                let mut rec = json!({"kind": "train", "step": step, "epoch": epoch, "loss": loss, "lr": lr, "images_per_s": ips});
+                if initial_loss.is_nan() {
+                    initial_loss = loss;
+                }
+                let mut rec = json!({"kind": "train", "step": step, "epoch": epoch, "loss": loss, "lr": lr, "images_per_s": ips,
+                    "loss_scale": amp.loss_scale(), "overflow_steps": amp.scaler.state().overflow_steps});
                 if let Some(g) = grad_norm {
                     rec["grad_norm"] = json!(g);
                 }
@@ -314,6 +312,10 @@ pub fn train(cfg: &Config) -> Result<Summary> {
         device: device.to_string(),
         num_params: model.num_params(),
         weights,
+        loss_scale: amp.loss_scale(),
+        overflow_steps: amp.scaler.state().overflow_steps,
+        initial_loss,
+        loss_decreased: final_loss < initial_loss,
     };
     metrics::write_json(&out_dir.join("summary.json"), &summary)?;
     Ok(summary)
