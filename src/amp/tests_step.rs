@@ -146,3 +146,24 @@ fn cast_model_follows_the_policy() {
         }
     }
 }
+
+#[test]
+fn o1_runs_linear_in_f16_per_call_and_accumulates_into_fp32_grads() {
+    // 1 + 2^-12 is not an f16: the per-call cast rounds it to 1.
+    let mut model = linear(vec![1.0 + 2f32.powi(-12), 1.0], vec![0.0]);
+    let _amp = Amp::new(Policy::for_level(OptLevel::O1), LossScaler::fixed(1.0), &mut model);
+    assert_eq!(model.params()[0].value.dtype(), DType::F32, "O1 keeps the weights fp32");
+    let x = Tensor::from_vec(&[1, 2], vec![1.0, 1.0]).unwrap();
+    let (y, saved) = model.forward_train(x.clone()).unwrap();
+    assert_eq!(y.dtype(), DType::F32);
+    assert_eq!(y.as_f32().unwrap(), &[2.0], "computed with the f16 weight (f32 would give 2 + 2^-12)");
+    model.backward(saved, Tensor::from_vec(&[1, 1], vec![0.5]).unwrap()).unwrap();
+    let g = &model.params()[0].grad;
+    assert_eq!((g.dtype(), g.to_f32_vec()), (DType::F32, vec![0.5, 0.5]));
+    // A scaled gradient beyond f16's range overflows in the f16 backward, as on the GPU.
+    model.zero_grad().unwrap();
+    let (_, saved) = model.forward_train(x).unwrap();
+    model.backward(saved, Tensor::from_vec(&[1, 1], vec![1e5]).unwrap()).unwrap();
+    assert_eq!(model.params()[0].grad.to_f32_vec(), vec![f32::INFINITY; 2]);
+    assert_eq!(model.params()[0].value.to_f32_vec(), vec![1.0 + 2f32.powi(-12), 1.0]);
+}
