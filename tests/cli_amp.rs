@@ -103,3 +103,58 @@ fn check_refuses_master_weights_with_o0_naming_the_key() {
     assert_eq!(o.status.code(), Some(2), "{t}");
     assert!(t.contains("amp.master_weights") && t.contains("makes no sense with O0"), "{t}");
 }
+
+#[test]
+fn overflowing_steps_are_skipped_logged_with_param_names_and_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let out_set = format!("run.out_dir={}", out.display());
+    let cfg = repo_root().join("configs/mnist_o2.toml");
+    // At 2^24 the f16 dlogits (scale * (p - onehot) / N) exceed 65504: every step overflows until the scale backs off.
+    let mut args = vec![
+        "--config",
+        cfg.to_str().unwrap(),
+        "--set",
+        &out_set,
+        "--set",
+        "amp.init_scale=16777216",
+        "--set",
+        "expect.min_test_accuracy=0.0",
+    ];
+    args.extend_from_slice(SYNTH);
+    let o = ddptrain(&args, dir.path());
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{t}");
+    assert!(
+        t.contains("step 1: gradient overflow (inf/NaN) at loss scale 16777216, first in fc.bias, fc.weight"),
+        "{t}"
+    );
+    assert!(t.contains("step skipped, loss scale -> 8388608"), "{t}");
+    let s = read_json(&out.join("summary.json"));
+    let skipped = s["overflow_steps"].as_u64().unwrap();
+    assert!(skipped >= 1, "{s}");
+    assert_eq!(s["loss_scale"].as_f64().unwrap(), 16777216.0 / 2f64.powi(skipped as i32), "{s}");
+}
+
+#[test]
+fn a_run_that_overflows_at_the_minimum_scale_stops_naming_step_and_params() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_set = format!("run.out_dir={}", dir.path().join("out").display());
+    let cfg = repo_root().join("configs/mnist_o2.toml");
+    let mut args = vec![
+        "--config",
+        cfg.to_str().unwrap(),
+        "--set",
+        &out_set,
+        "--set",
+        "amp.init_scale=16777216",
+        "--set",
+        "amp.min_loss_scale=16777216",
+    ];
+    args.extend_from_slice(SYNTH);
+    let o = ddptrain(&args, dir.path());
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{t}");
+    assert!(t.contains("step 1: gradients of fc.bias, fc.weight"), "{t}");
+    assert!(t.contains("minimum loss scale 16777216 (amp.min_loss_scale)"), "{t}");
+}
