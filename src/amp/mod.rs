@@ -17,7 +17,7 @@ pub use policy::Policy;
 pub use scaler::{LossScaler, Overflow, ScalerConfig, ScalerState};
 
 use crate::error::Result;
-use crate::nn::{Layer, Model, Param, Precision};
+use crate::nn::{Layer, Model, Param, Precision, StateEntry, StateValue};
 use crate::optim::{step_in_place, MasterWeights, Optimizer};
 use crate::tensor::{DType, Tensor};
 
@@ -121,6 +121,21 @@ impl Amp {
 
     pub fn masters_mut(&mut self) -> Option<&mut MasterWeights> {
         self.masters.as_mut()
+    }
+
+    /// The model's state_dict in fp32, with the fp32 masters (O2) in place
+    /// of the f16-rounded weights: what apex users save, and what loads back
+    /// into an fp32 model exactly.
+    pub fn state_dict(&self, model: &Model) -> Result<Vec<StateEntry>> {
+        let mut entries = model.state_dict()?;
+        if let Some(m) = &self.masters {
+            for (p, master) in model.params().iter().zip(m.masters()) {
+                if let Some(e) = entries.iter_mut().find(|e| e.name == p.name) {
+                    e.value = StateValue::F32(master.clone());
+                }
+            }
+        }
+        Ok(entries)
     }
 
     /// Optimizer step `step` (1-based, for messages) from the gradients in

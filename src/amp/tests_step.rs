@@ -89,6 +89,23 @@ fn clipping_acts_on_unscaled_gradients() {
 }
 
 #[test]
+fn o2_state_dict_holds_the_fp32_masters() {
+    let mut model = Model::new(&seed_layers(), 1).unwrap();
+    let mut amp = Amp::new(Policy::for_level(OptLevel::O2), LossScaler::fixed(1.0), &mut model);
+    let sizes: Vec<usize> = model.params().iter().map(|p| p.value.numel()).collect();
+    let mut opt = Optimizer::new(OptimizerConfig::sgd(1e-4), &sizes).unwrap();
+    model.params_mut().into_iter().for_each(|p| p.grad.fill_(1.0));
+    amp.step(&mut model, &mut opt, 1e-4, None, 1).unwrap();
+    let sd = amp.state_dict(&model).unwrap();
+    let masters = amp.masters().unwrap().masters();
+    let idx = model.params().iter().position(|p| p.name == "fc.weight").unwrap();
+    let w = sd.iter().find(|e| e.name == "fc.weight").unwrap();
+    assert_eq!(w.value, crate::nn::StateValue::F32(masters[idx].clone()));
+    assert_ne!(masters[idx], model.params()[idx].value.to_f32_vec(), "the f16 copy is rounded");
+    assert!(sd.iter().any(|e| e.name == "layer1.1.running_var"), "buffers are kept");
+}
+
+#[test]
 fn master_weights_keep_updates_that_f16_weights_round_away() {
     // lr * grad = 1e-4 is below half an f16 ulp at 1.0 (2^-12 ~ 2.4e-4 below, 2^-11 above).
     let run = |level: OptLevel| {
@@ -114,17 +131,14 @@ fn master_weights_keep_updates_that_f16_weights_round_away() {
     assert!(o2_weight < 1.0, "O2: the f16 copy follows the master");
 }
 
+fn seed_layers() -> Vec<crate::config::ResolvedLayer> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/mnist_o0.toml");
+    crate::config::model::resolve(&crate::config::load(&path, &[]).unwrap().model).unwrap()
+}
+
 #[test]
 fn cast_model_follows_the_policy() {
-    let resolved = crate::config::model::resolve(
-        &crate::config::load(
-            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/mnist_o0.toml"),
-            &[],
-        )
-        .unwrap()
-        .model,
-    )
-    .unwrap();
+    let resolved = seed_layers();
     for (level, conv, bn) in [
         (OptLevel::O0, DType::F32, DType::F32),
         (OptLevel::O1, DType::F32, DType::F32),

@@ -297,7 +297,7 @@ pub fn train(cfg: &Config) -> Result<Summary> {
     progress.finish();
 
     let weights = out_dir.join("model.safetensors");
-    crate::checkpoint::save_safetensors(&weights, &model.state_dict()?)?;
+    crate::checkpoint::save_safetensors(&weights, &amp.state_dict(&model)?)?;
     let summary = Summary {
         name: cfg.run.name.clone(),
         final_loss,
