@@ -1,8 +1,21 @@
 #!/usr/bin/env bash
 # Runs the whole test suite on a fresh machine: fetches the MNIST digits the
-# end-to-end tests train on (idempotent), then the Rust tests.
+# end-to-end tests train on (idempotent), installs the Python `tensorboard`
+# package (from PyPI, into a cached .venv/) that reads back our event files,
+# then the Rust tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/fetch-mnist.sh
+if ! .venv/bin/python -c "import tensorboard" 2>/dev/null; then
+    python3 -m venv .venv
+    .venv/bin/pip install --quiet --disable-pip-version-check tensorboard
+fi
+# tests/tensorboard_events.rs reads the events with this interpreter.
+export DDPTRAIN_TB_PYTHON="$PWD/.venv/bin/python"
+# Open MPI for the mpirun launch test (tests/dist_processes.rs); a no-op once installed.
+if ! command -v mpirun >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openmpi-bin >/dev/null; } \
+        || echo "warning: could not install openmpi-bin; the mpirun test will be skipped"
+fi
 cargo test --all-targets "$@"

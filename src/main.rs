@@ -18,7 +18,37 @@ struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
     #[command(flatten)]
-    train: ConfigArgs,
+    train: TrainArgs,
+}
+
+#[derive(Args, Clone)]
+struct TrainArgs {
+    #[command(flatten)]
+    config: ConfigArgs,
+    /// Write one JSON line per optimizer step (loss, grad norm, loss scale, parameter digests).
+    #[arg(long, value_name = "FILE")]
+    record_trace: Option<PathBuf>,
+    /// Compare the run with a recorded trace; stop and exit 3 at the first step that diverges.
+    #[arg(long, value_name = "FILE")]
+    check_trace: Option<PathBuf>,
+    /// Relative tolerance of --check-trace (0 = bit for bit).
+    #[arg(long, value_name = "TOL", default_value_t = 0.0)]
+    trace_tolerance: f64,
+    /// Test hook: fail right after this optimizer step, as a crash would.
+    #[arg(long, hide = true)]
+    halt_after_steps: Option<u64>,
+    /// Test hook: pause this long inside every checkpoint save, between its files.
+    #[arg(long, hide = true)]
+    debug_save_pause_ms: Option<u64>,
+}
+
+#[derive(Args, Clone)]
+struct EvalArgs {
+    #[command(flatten)]
+    config: ConfigArgs,
+    /// A checkpoint directory (`.../ckpt/step_XXXXXXXX`, `.../ckpt/latest` or `.../ckpt`).
+    #[arg(long, required = true)]
+    checkpoint: PathBuf,
 }
 
 #[derive(Args, Clone)]
@@ -34,9 +64,16 @@ struct ConfigArgs {
 #[derive(Subcommand)]
 enum Command {
     /// Train (the default when no subcommand is given).
-    Train(ConfigArgs),
+    Train(TrainArgs),
+    /// Score a checkpoint on the test split: print accuracy and loss.
+    Eval(EvalArgs),
     /// Validate the config; print the resolved config and the model summary.
     Check(ConfigArgs),
+    /// Start this node's ranks with torchrun's environment: `launch --nproc-per-node N -- <ddptrain args>`.
+    Launch(ddptrain::launch::LaunchArgs),
+    /// Rendezvous and collectives self-test of the distributed layer (for tests and cluster checks).
+    #[command(hide = true)]
+    DistSelftest(ddptrain::dist::selftest::SelftestArgs),
 }
 
 const EXIT_FAILURE: u8 = 1;
@@ -64,9 +101,41 @@ fn check(args: &ConfigArgs) -> anyhow::Result<u8> {
     Ok(0)
 }
 
-fn run_train(args: &ConfigArgs) -> anyhow::Result<u8> {
-    let cfg = load(args)?;
-    let summary = train::train(&cfg)?;
+fn eval(args: &EvalArgs) -> anyhow::Result<u8> {
+    let cfg = load(&args.config)?;
+    let train::Prepared { mut model, test_ds, .. } = train::prepare(&cfg)?;
+    let state = ddptrain::checkpoint::load_for_eval(&args.checkpoint, &mut model)?;
+    let ev = train::evaluate(&model, &test_ds, cfg.data.eval_batch_size, cfg.data.prefetch)?;
+    println!(
+        "checkpoint {} (step {}, epoch {}): test accuracy {:.4} ({}/{}), test loss {:.4}",
+        args.checkpoint.display(),
+        state.progress.step,
+        state.progress.epoch,
+        ev.accuracy,
+        ev.correct,
+        ev.total,
+        ev.loss
+    );
+    Ok(0)
+}
+
+fn run_train(args: &TrainArgs) -> anyhow::Result<u8> {
+    let cfg = load(&args.config)?;
+    let opts = train::RunOptions {
+        record_trace: args.record_trace.clone(),
+        check_trace: args.check_trace.clone(),
+        trace_tolerance: args.trace_tolerance,
+        halt_after_steps: args.halt_after_steps,
+        save_pause: args.debug_save_pause_ms.map(std::time::Duration::from_millis),
+    };
+    let summary = train::train_with(&cfg, &opts)?;
+    if let Some(why) = &summary.trace_divergence {
+        println!("FAIL {why}");
+        return Ok(EXIT_EXPECT);
+    }
+    if let Some(path) = &args.check_trace {
+        println!("PASS trace {}: all {} steps match", path.display(), summary.steps);
+    }
     let acc = summary.test_accuracy.map_or("n/a".to_string(), |a| format!("{:.2}%", a * 100.0));
     println!(
         "done: {} steps, {} epochs, final loss {:.4}, test accuracy {acc}, {:.0} images/s, {:.1}s; wrote {}",
@@ -89,12 +158,16 @@ fn main() -> ExitCode {
     let result = match &cli.command {
         Some(Command::Check(a)) => check(a),
         Some(Command::Train(a)) => run_train(a),
+        Some(Command::Eval(a)) => eval(a),
+        Some(Command::Launch(a)) => ddptrain::launch::run(a).map_err(Into::into),
+        Some(Command::DistSelftest(a)) => ddptrain::dist::selftest::run(a).map_err(Into::into),
         None => run_train(&cli.train),
     };
     match result {
         Ok(code) => ExitCode::from(code),
         Err(err) => {
-            eprintln!("error: {err:#}");
+            // Library errors carry their cause in their own text; `{err:#}` would repeat it.
+            eprintln!("error: {err}");
             ExitCode::from(exit_code_for(&err))
         }
     }

@@ -1,76 +1,40 @@
-//! Weights files: safetensors with PyTorch `state_dict()` names, so a PyTorch
-//! user can `load_state_dict(load_file(path), strict=True)` and back.
+//! Checkpoints: rank 0 writes `<out_dir>/ckpt/step_XXXXXXXX/` with
+//! `model.safetensors` (PyTorch `state_dict()` names, f32), `optim.safetensors`
+//! (optimizer state as `<param>.<state name>`, e.g. `layer1.0.weight.momentum_buffer`)
+//! and `state.json` (see [`CheckpointState`]); a run resumes from one exactly.
+//!
+//! A save goes to a temporary directory, every file and the directory are
+//! fsynced, the directory is renamed into place, and only then is the
+//! `ckpt/latest` symlink replaced (a new symlink renamed over the old one, which
+//! is atomic), so a process killed at any point leaves `latest` naming a
+//! complete checkpoint. `state.json` is written last and records the size and
+//! SHA-256 of the other two files, so a truncated or corrupted checkpoint is
+//! detected on load.
 
-use crate::error::{Error, Result};
-use crate::nn::{StateEntry, StateValue};
-use safetensors::{tensor::TensorView, Dtype, SafeTensors};
-use std::path::Path;
+mod io;
+mod load;
+mod save;
+mod state;
 
-fn ckpt_err(path: &Path, msg: impl Into<String>) -> Error {
-    Error::Checkpoint { path: path.to_path_buf(), msg: msg.into() }
+pub use io::{entries_to_bytes, load_safetensors, save_safetensors};
+pub use load::{load_for_eval, read_checkpoint, LoadedCheckpoint};
+pub use save::{open_metrics, Checkpointer, RunShape};
+pub use state::{CheckpointState, EvalState, FileDigest, TrainProgress, FORMAT_VERSION};
+
+/// Directory name of the checkpoint taken after optimizer step `step`.
+pub fn step_dir_name(step: u64) -> String {
+    format!("step_{step:08}")
 }
 
-/// Reads every tensor of a safetensors file as a [`StateEntry`]. Floating
-/// tensors (f32, f16, bf16, f64) become f32; integer scalars stay integers.
-pub fn load_safetensors(path: &Path) -> Result<Vec<StateEntry>> {
-    let bytes = std::fs::read(path)
-        .map_err(|e| Error::io(format!("cannot read weights file {}", path.display()), e))?;
-    let st = SafeTensors::deserialize(&bytes)
-        .map_err(|e| ckpt_err(path, format!("not a valid safetensors file: {e}")))?;
-    let mut out = Vec::new();
-    for (name, view) in st.tensors() {
-        let shape = view.shape().to_vec();
-        let data = view.data();
-        let value = match view.dtype() {
-            Dtype::F32 => StateValue::F32(
-                data.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
-            ),
-            Dtype::F16 => StateValue::F32(
-                data.chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
-            ),
-            Dtype::BF16 => StateValue::F32(
-                data.chunks_exact(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
-            ),
-            Dtype::F64 => StateValue::F32(
-                data.chunks_exact(8)
-                    .map(|c| f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]) as f32)
-                    .collect(),
-            ),
-            Dtype::I64 if data.len() == 8 => StateValue::I64(i64::from_le_bytes([
-                data[0], data[1], data[2], data[3], data[4], data[5], data[6], data[7],
-            ])),
-            other => return Err(ckpt_err(path, format!("tensor `{name}` has unsupported dtype {other:?}"))),
-        };
-        out.push(StateEntry { name, shape, value });
-    }
-    Ok(out)
+/// The step of a `step_XXXXXXXX` directory name.
+pub fn parse_step_dir(name: &str) -> Option<u64> {
+    name.strip_prefix("step_").filter(|s| s.len() >= 8).and_then(|s| s.parse().ok())
 }
 
-/// Writes entries as a safetensors file (f32 tensors, i64 scalars), through a
-/// temporary file renamed into place so a reader never sees a partial file.
-pub fn save_safetensors(path: &Path, entries: &[StateEntry]) -> Result<()> {
-    let bytes: Vec<(String, Vec<u8>, Dtype, Vec<usize>)> = entries
-        .iter()
-        .map(|e| match &e.value {
-            StateValue::F32(v) => (
-                e.name.clone(),
-                v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-                Dtype::F32,
-                e.shape.clone(),
-            ),
-            StateValue::I64(v) => (e.name.clone(), v.to_le_bytes().to_vec(), Dtype::I64, e.shape.clone()),
-        })
-        .collect();
-    let views = bytes
-        .iter()
-        .map(|(n, b, d, s)| TensorView::new(*d, s.clone(), b).map(|v| (n.clone(), v)))
-        .collect::<std::result::Result<Vec<_>, _>>()
-        .map_err(|e| ckpt_err(path, format!("cannot encode tensors: {e}")))?;
-    let data = safetensors::serialize(views, None)
-        .map_err(|e| ckpt_err(path, format!("cannot encode tensors: {e}")))?;
-    let tmp = path.with_extension("safetensors.tmp");
-    std::fs::write(&tmp, data).map_err(|e| Error::io(format!("cannot write {}", tmp.display()), e))?;
-    std::fs::rename(&tmp, path)
-        .map_err(|e| Error::io(format!("cannot rename {} into place", tmp.display()), e))?;
-    Ok(())
+/// The first `skip` batches of an epoch's sample order removed: what a run
+/// resumed mid-epoch still has to consume, in the same order.
+pub fn skip_batches(mut indices: Vec<usize>, skip: usize, batch_size: usize) -> Vec<usize> {
+    let n = skip.saturating_mul(batch_size).min(indices.len());
+    indices.drain(..n);
+    indices
 }

@@ -291,7 +291,7 @@ impl<'de> Deserialize<'de> for LossScale {
 pub struct ParallelConfig {
     #[serde(default)]
     pub backend: Backend,
-    /// Overrides MASTER_ADDR / the launcher's rendezvous address.
+    /// Rendezvous address when MASTER_ADDR is not set (a launcher's MASTER_ADDR wins, as with torchrun).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub master_addr: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -1,6 +1,9 @@
 //! What a run reports: `metrics.jsonl` (one JSON object per logged step and per
 //! evaluation), `summary.json` at the end, and human-readable progress (an
-//! indicatif bar on a terminal, plain lines otherwise).
+//! indicatif bar on a terminal, plain lines otherwise); TensorBoard event files
+//! mirror the metrics records when enabled.
+
+pub mod tensorboard;
 
 use crate::error::{Error, Result};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -10,22 +13,51 @@ use std::path::{Path, PathBuf};
 
 pub struct MetricsWriter {
     path: PathBuf,
-    out: BufWriter<File>,
+    /// None on ranks other than 0: only rank 0 writes a run's files.
+    out: Option<BufWriter<File>>,
+    tb: Option<tensorboard::TensorBoard>,
 }
 
 impl MetricsWriter {
     pub fn create(out_dir: &Path) -> Result<Self> {
         let path = out_dir.join("metrics.jsonl");
         let f = File::create(&path).map_err(|e| Error::io(format!("cannot create {}", path.display()), e))?;
-        Ok(MetricsWriter { path, out: BufWriter::new(f) })
+        Ok(MetricsWriter { path, out: Some(BufWriter::new(f)), tb: None })
+    }
+
+    /// Opens an existing `metrics.jsonl` for appending (a resumed run).
+    pub fn append(out_dir: &Path) -> Result<Self> {
+        let path = out_dir.join("metrics.jsonl");
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .map_err(|e| Error::io(format!("cannot open {}", path.display()), e))?;
+        Ok(MetricsWriter { path, out: Some(BufWriter::new(f)), tb: None })
+    }
+
+    /// A writer that writes nothing (ranks other than 0).
+    pub fn disabled() -> Self {
+        MetricsWriter { path: PathBuf::new(), out: None, tb: None }
+    }
+
+    /// Also writes every record's scalars as TensorBoard events in `dir`.
+    pub fn with_tensorboard(mut self, dir: &Path) -> Result<Self> {
+        self.tb = Some(tensorboard::TensorBoard::create(dir)?);
+        Ok(self)
     }
 
     /// One line per record, flushed at once so a crashed run keeps what it logged.
     pub fn write(&mut self, record: &serde_json::Value) -> Result<()> {
+        let Some(out) = &mut self.out else { return Ok(()) };
         let io = |e| Error::io(format!("cannot write {}", self.path.display()), e);
-        serde_json::to_writer(&mut self.out, record).map_err(|e| io(std::io::Error::other(e)))?;
-        self.out.write_all(b"\n").map_err(io)?;
-        self.out.flush().map_err(io)
+        serde_json::to_writer(&mut *out, record).map_err(|e| io(std::io::Error::other(e)))?;
+        out.write_all(b"\n").map_err(io)?;
+        out.flush().map_err(io)?;
+        if let Some(tb) = &mut self.tb {
+            tb.record(record);
+        }
+        Ok(())
     }
 }
 
@@ -45,6 +77,7 @@ pub enum ProgressMode {
 /// Log lines go through the bar when there is one, so they don't tear it.
 pub struct Progress {
     bar: Option<ProgressBar>,
+    silent: bool,
 }
 
 impl Progress {
@@ -63,7 +96,12 @@ impl Progress {
             }
             bar
         });
-        Progress { bar }
+        Progress { bar, silent: false }
+    }
+
+    /// Prints nothing (ranks other than 0: one rank reports for the job).
+    pub fn silent() -> Self {
+        Progress { bar: None, silent: true }
     }
 
     pub fn set_step(&self, step: u64, msg: &str) {
@@ -74,6 +112,9 @@ impl Progress {
     }
 
     pub fn println(&self, line: &str) {
+        if self.silent {
+            return;
+        }
         match &self.bar {
             Some(bar) => bar.println(line),
             None => println!("{line}"),

@@ -37,6 +37,18 @@ pub struct BatchNorm2d {
     pub num_batches_tracked: i64,
     pub eps: f32,
     pub momentum: f32,
+    /// Set by [`Model::convert_sync_batchnorm`]: statistics are reduced across ranks.
+    pub sync: Option<SyncGroup>,
+}
+
+/// The ranks a SyncBatchNorm reduces over.
+#[derive(Clone)]
+pub struct SyncGroup(pub std::sync::Arc<dyn crate::dist::Communicator>);
+
+impl std::fmt::Debug for SyncGroup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SyncGroup(world size {})", self.0.world_size())
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -97,9 +109,17 @@ fn patched_backward(
 /// What a layer's backward needs from its forward.
 pub enum Saved {
     Input(Tensor),
-    BatchNorm { x: Tensor, stats: BatchNormSaved },
+    /// `global_count` is set for SyncBatchNorm: the element count per channel over all ranks.
+    BatchNorm {
+        x: Tensor,
+        stats: BatchNormSaved,
+        global_count: Option<usize>,
+    },
     Output(Tensor),
-    MaxPool { indices: Vec<u32>, x_shape: Vec<usize> },
+    MaxPool {
+        indices: Vec<u32>,
+        x_shape: Vec<usize>,
+    },
     Shape(Vec<usize>),
 }
 
@@ -136,17 +156,36 @@ impl Layer {
                 (y, Saved::Input(x))
             }
             Layer::BatchNorm2d(bn) => {
-                let (y, stats) = ops::batch_norm::forward_train(
-                    &x,
-                    &bn.weight.value,
-                    &bn.bias.value,
-                    &mut bn.running_mean,
-                    &mut bn.running_var,
-                    bn.momentum,
-                    bn.eps,
-                )?;
+                let bn = &mut **bn;
+                let (y, stats, global_count) = match &bn.sync {
+                    Some(SyncGroup(group)) => {
+                        let (y, stats, count) = ops::batch_norm::sync::forward_train(
+                            &x,
+                            &bn.weight.value,
+                            &bn.bias.value,
+                            &mut bn.running_mean,
+                            &mut bn.running_var,
+                            bn.momentum,
+                            bn.eps,
+                            &mut |buf| sum_over_ranks(group.as_ref(), buf, "SyncBatchNorm forward"),
+                        )?;
+                        (y, stats, Some(count))
+                    }
+                    None => {
+                        let (y, stats) = ops::batch_norm::forward_train(
+                            &x,
+                            &bn.weight.value,
+                            &bn.bias.value,
+                            &mut bn.running_mean,
+                            &mut bn.running_var,
+                            bn.momentum,
+                            bn.eps,
+                        )?;
+                        (y, stats, None)
+                    }
+                };
                 bn.num_batches_tracked += 1;
-                (y, Saved::BatchNorm { x, stats })
+                (y, Saved::BatchNorm { x, stats, global_count })
             }
             Layer::Relu => {
                 let mut y = x;
@@ -256,16 +295,28 @@ impl Layer {
                 bias.as_mut().map(|b| &mut b.grad),
                 need_dx,
             ),
-            (Layer::BatchNorm2d(bn), Saved::BatchNorm { x, stats }) => {
-                let BatchNorm2d { weight, bias, .. } = &mut **bn;
-                let dx = ops::batch_norm::backward(
-                    &x,
-                    &weight.value,
-                    &stats,
-                    &dy,
-                    &mut weight.grad,
-                    &mut bias.grad,
-                )?;
+            (Layer::BatchNorm2d(bn), Saved::BatchNorm { x, stats, global_count }) => {
+                let BatchNorm2d { weight, bias, sync, .. } = &mut **bn;
+                let dx = match (sync.as_ref(), global_count) {
+                    (Some(SyncGroup(group)), Some(count)) => ops::batch_norm::sync::backward(
+                        &x,
+                        &weight.value,
+                        &stats,
+                        count,
+                        &dy,
+                        &mut weight.grad,
+                        &mut bias.grad,
+                        &mut |buf| sum_over_ranks(group.as_ref(), buf, "SyncBatchNorm backward"),
+                    )?,
+                    _ => ops::batch_norm::backward(
+                        &x,
+                        &weight.value,
+                        &stats,
+                        &dy,
+                        &mut weight.grad,
+                        &mut bias.grad,
+                    )?,
+                };
                 Ok(Some(dx))
             }
             (Layer::Relu, Saved::Output(y)) => {
@@ -290,6 +341,10 @@ impl Layer {
             )),
         }
     }
+}
+
+fn sum_over_ranks(group: &dyn crate::dist::Communicator, buf: Vec<f32>, what: &str) -> Result<Vec<f32>> {
+    group.all_reduce(crate::dist::Buffer::F32(buf), crate::dist::ReduceOp::Sum, what)?.into_f32()
 }
 
 /// The model: layers in execution order, with their resolved descriptions.
@@ -332,6 +387,7 @@ impl Model {
                         num_batches_tracked: 0,
                         eps: *eps,
                         momentum: *momentum,
+                        sync: None,
                     }))
                 }
                 LayerKind::Relu => Layer::Relu,
@@ -404,18 +460,43 @@ impl Model {
     /// Backward from dlogits, accumulating into every parameter's grad.
     /// The input gradient of the first layer is never computed.
     pub fn backward(&mut self, saved: Vec<Saved>, dlogits: Tensor) -> Result<()> {
-        let mut dy = dlogits;
-        let n = self.layers.len();
+        self.backward_hooked(saved, dlogits, &mut |_, _| Ok(()))
+    }
+
+    /// [`Model::backward`] that calls `on_ready(param_index, grad)` for each
+    /// parameter (registration order) as soon as its layer's backward is done,
+    /// so DDP can start reducing a bucket while backward goes on.
+    pub fn backward_hooked(
+        &mut self,
+        saved: Vec<Saved>,
+        dlogits: Tensor,
+        on_ready: &mut dyn FnMut(usize, &Tensor) -> Result<()>,
+    ) -> Result<()> {
+        let mut first_param = Vec::with_capacity(self.layers.len());
+        let mut count = 0;
+        for layer in &self.layers {
+            first_param.push(count);
+            count += layer.params().len();
+        }
+        let prec = self.precision;
+        let mut dy = Some(dlogits);
         for (i, (layer, s)) in self.layers.iter_mut().zip(saved).enumerate().rev() {
-            let need_dx = i > 0;
-            match layer.backward(s, dy, need_dx, self.precision)? {
-                Some(dx) => dy = dx,
-                None => {
-                    debug_assert!(!need_dx, "layer {i}/{n} returned no input gradient");
-                    return Ok(());
-                }
+            let Some(g) = dy.take() else { break };
+            dy = layer.backward(s, g, i > 0, prec)?;
+            for (k, p) in layer.params().into_iter().enumerate() {
+                on_ready(first_param[i] + k, &p.grad)?;
             }
         }
         Ok(())
+    }
+
+    /// PyTorch's `SyncBatchNorm.convert_sync_batchnorm`: every BatchNorm2d
+    /// computes its batch statistics over all ranks of `group`.
+    pub fn convert_sync_batchnorm(&mut self, group: std::sync::Arc<dyn crate::dist::Communicator>) {
+        for layer in &mut self.layers {
+            if let Layer::BatchNorm2d(bn) = layer {
+                bn.sync = Some(SyncGroup(group.clone()));
+            }
+        }
     }
 }

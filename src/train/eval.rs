@@ -15,7 +15,20 @@ pub struct EvalResult {
 }
 
 pub fn evaluate(model: &Model, ds: &Arc<Dataset>, batch_size: usize, prefetch: usize) -> Result<EvalResult> {
-    let indices: Vec<usize> = (0..ds.len()).collect();
+    evaluate_shard(model, ds, 0, 1, batch_size, prefetch)
+}
+
+/// Scores rank `rank`'s shard of the test set (samples rank, rank + world, ...):
+/// the shards cover every sample exactly once, so the summed counts are exact.
+pub fn evaluate_shard(
+    model: &Model,
+    ds: &Arc<Dataset>,
+    rank: usize,
+    world: usize,
+    batch_size: usize,
+    prefetch: usize,
+) -> Result<EvalResult> {
+    let indices: Vec<usize> = (rank..ds.len()).step_by(world.max(1)).collect();
     let loader = Loader::new(ds.clone(), indices, batch_size, false, prefetch);
     let (mut loss_sum, mut correct, mut total) = (0.0f64, 0usize, 0usize);
     for batch in loader {

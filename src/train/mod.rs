@@ -2,10 +2,14 @@
 //! (forward, loss, backward, optimizer step), evaluation after each epoch,
 //! metrics, and the summary the `[expect]` gates judge.
 
+mod ddp;
 mod eval;
 pub mod expect;
+pub mod trace;
 
-pub use eval::{evaluate, EvalResult};
+pub use ddp::Ddp;
+pub use eval::{evaluate, evaluate_shard, EvalResult};
+pub use trace::RunOptions;
 
 use crate::amp;
 use crate::config::{self, Config};
@@ -38,6 +42,13 @@ pub struct Summary {
     pub device: String,
     pub num_params: usize,
     pub weights: PathBuf,
+    /// Checkpoint directories this process wrote.
+    pub checkpoints: Vec<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resumed_from: Option<PathBuf>,
+    /// Why `--check-trace` stopped the run, when it did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trace_divergence: Option<String>,
     /// The loss scale at the end of the run (1 without loss scaling).
     pub loss_scale: f32,
     /// Optimizer steps skipped because the gradients overflowed.
@@ -58,19 +69,6 @@ pub struct Prepared {
 
 /// Refuses what this build cannot do yet, with the reason, before any work.
 fn check_supported(cfg: &Config) -> Result<&'static str> {
-    let world: usize = std::env::var("WORLD_SIZE").ok().and_then(|v| v.parse().ok()).unwrap_or(1);
-    if world > 1 {
-        return Err(Error::Unsupported(format!(
-            "WORLD_SIZE={world}: distributed training is not implemented yet; run a single process"
-        )));
-    }
-    if cfg.checkpoint.every_steps > 0 || cfg.checkpoint.every_epochs > 0 {
-        return Err(Error::Unsupported(
-            "checkpoint.every_steps / checkpoint.every_epochs: periodic checkpoints are not implemented yet; set both to 0 \
-             (the final weights are always written to <out_dir>/model.safetensors)"
-                .into(),
-        ));
-    }
     match cfg.run.device {
         config::Device::Cuda => Err(Error::Unsupported(
             "run.device = \"cuda\": the CUDA backend is not implemented yet; use \"cpu\" or \"auto\"".into(),
@@ -130,14 +128,20 @@ pub fn prepare(cfg: &Config) -> Result<Prepared> {
 }
 
 pub fn train(cfg: &Config) -> Result<Summary> {
+    train_with(cfg, &RunOptions::default())
+}
+
+/// [`train`] with the options of one invocation (traces, test hooks).
+pub fn train_with(cfg: &Config, opts: &RunOptions) -> Result<Summary> {
     let device = check_supported(cfg)?;
     let Prepared { mut model, train_ds, test_ds } = prepare(cfg)?;
+    let mut ddp = Ddp::init(cfg, &mut model)?;
 
     let d = &cfg.data;
     let sampler = DistributedSampler {
         len: train_ds.len(),
-        num_replicas: 1,
-        rank: 0,
+        num_replicas: ddp.world_size(),
+        rank: ddp.rank(),
         shuffle: d.shuffle,
         seed: cfg.run.seed,
         drop_last: d.drop_last,
@@ -168,28 +172,59 @@ pub fn train(cfg: &Config) -> Result<Summary> {
     schedule.validate()?;
     let sizes: Vec<usize> = model.params().iter().map(|p| p.value.numel()).collect();
     let mut optimizer = Optimizer::new(optimizer_config(&cfg.optimizer), &sizes)?;
+    let shape = crate::checkpoint::RunShape {
+        world_size: ddp.world_size(),
+        rank: ddp.rank(),
+        steps_per_epoch,
+        total_steps,
+        train_samples: train_ds.len(),
+        schedule: schedule.clone(),
+    };
+    let mut ckpt = crate::checkpoint::Checkpointer::new(cfg, shape)
+        .with_test_hooks(opts.save_pause, opts.halt_after_steps);
+    let resumed = ckpt.resume(&mut model, &mut optimizer)?;
     // apex's amp.initialize: cast the model, set up masters and the loss scaler.
-    let scaler = amp::LossScaler::from_config(&cfg.amp)?;
-    let mut amp = amp::Amp::new(amp::Policy::resolve(&cfg.amp)?, scaler, &mut model);
+    let policy = amp::Policy::resolve(&cfg.amp)?;
+    if ddp.world_size() > 1 && policy.cast_model_type == Some(crate::tensor::DType::F16) {
+        return Err(Error::Unsupported(format!(
+            "amp.opt_level = \"{}\" with world size {}: the gradient all-reduce handles fp32 gradients only so far; \
+             use O0 or O1 for distributed runs",
+            cfg.amp.opt_level,
+            ddp.world_size()
+        )));
+    }
+    let mut amp = amp::Amp::new(policy, amp::LossScaler::from_config(&cfg.amp)?, &mut model);
+    let mut tracer = trace::Tracer::new(opts)?;
+    let mut trace_divergence: Option<String> = None;
 
     let out_dir = cfg.run.out_dir.clone();
-    std::fs::create_dir_all(&out_dir)
-        .map_err(|e| Error::io(format!("cannot create {}", out_dir.display()), e))?;
-    let mut metrics_out = MetricsWriter::create(&out_dir)?;
-    let progress = Progress::new(
-        match cfg.logging.progress {
-            config::ProgressSetting::Auto => ProgressMode::Auto,
-            config::ProgressSetting::Always => ProgressMode::Always,
-            config::ProgressSetting::Never => ProgressMode::Never,
-        },
-        total_steps,
-    );
+    let primary = ddp.is_primary();
+    let mut metrics_out = if primary {
+        std::fs::create_dir_all(&out_dir)
+            .map_err(|e| Error::io(format!("cannot create {}", out_dir.display()), e))?;
+        crate::checkpoint::open_metrics(cfg, &out_dir, resumed.as_ref())?
+    } else {
+        MetricsWriter::disabled()
+    };
+    let progress = if !primary {
+        Progress::silent()
+    } else {
+        Progress::new(
+            match cfg.logging.progress {
+                config::ProgressSetting::Auto => ProgressMode::Auto,
+                config::ProgressSetting::Always => ProgressMode::Always,
+                config::ProgressSetting::Never => ProgressMode::Never,
+            },
+            total_steps,
+        )
+    };
     progress.println(&format!(
-        "ddptrain: {} | {} params | {} train / {} test samples | batch {} | {} steps ({} per epoch) | device {device} | opt_level {}",
+        "ddptrain: {} | {} params | {} train / {} test samples | world size {} x batch {} | {} steps ({} per epoch) | device {device} | opt_level {}",
         cfg.run.name,
         model.num_params(),
         train_ds.len(),
         test_ds.len(),
+        ddp.world_size(),
         d.batch_size,
         total_steps,
         steps_per_epoch,
@@ -209,14 +244,44 @@ pub fn train(cfg: &Config) -> Result<Summary> {
     let mut window_images = 0usize;
     let mut grad_norm: Option<f32> = None;
     let mut initial_loss = f64::NAN;
+    let mut step_loss = 0.0f64;
+    // Batches of the current epoch a resumed checkpoint already consumed.
+    let mut resume_at: Option<usize> = None;
+    if let Some(p) = &resumed {
+        (step, epoch, step_loss, window_loss, window_n, window_images) =
+            (p.step, p.epoch, p.step_loss, p.window_loss, p.window_n, p.window_images);
+        (final_loss, last_eval, grad_norm) = (p.final_loss, p.last_eval.map(Into::into), p.grad_norm);
+        (train_images, train_time, resume_at) = (p.train_images, p.train_time_s, Some(p.batches_in_epoch));
+        progress.set_step(step, "resumed");
+    }
+    macro_rules! train_progress {
+        ($batches_in_epoch:expr) => {
+            crate::checkpoint::TrainProgress {
+                step,
+                epoch,
+                batches_in_epoch: $batches_in_epoch,
+                step_loss,
+                window_loss,
+                window_n,
+                window_images,
+                final_loss,
+                last_eval: last_eval.map(Into::into),
+                grad_norm,
+                train_images,
+                train_time_s: train_time,
+            }
+        };
+    }
 
-    while step < total_steps {
-        let loader =
-            Loader::new(train_ds.clone(), sampler.indices(epoch), d.batch_size, d.drop_last, d.prefetch);
-        let mut micro = 0usize;
+    'train: while step < total_steps {
+        let skip = resume_at.take().unwrap_or(0);
+        let indices = crate::checkpoint::skip_batches(sampler.indices(epoch), skip, d.batch_size);
+        let loader = Loader::new(train_ds.clone(), indices, d.batch_size, d.drop_last, d.prefetch);
+        let mut micro = skip;
         let mut t0 = Instant::now();
         for batch in loader {
             let n = batch.labels.len();
+            ddp.sync_buffers(&mut model)?;
             let (logits, saved) = model.forward_train(batch.images)?;
             let out = ops::cross_entropy::forward_backward(
                 &logits,
@@ -230,13 +295,17 @@ pub fn train(cfg: &Config) -> Result<Summary> {
                     step + 1
                 )));
             }
-            model.backward(saved, out.dlogits)?;
+            ddp.backward(&mut model, saved, out.dlogits, (micro + 1) % accum == 0)?;
             window_loss += out.loss as f64 / accum as f64;
+            step_loss += out.loss as f64 / accum as f64;
             train_images += n;
             window_images += n;
             micro += 1;
             if micro % accum != 0 {
                 continue;
+            }
+            if let Some(t) = &mut tracer {
+                t.before_update(&model, cfg.train.grad_clip_norm.and(grad_norm))?;
             }
             // A skipped step leaves the schedule where it was (only applied steps count).
             let lr = schedule.lr_at(step - amp.scaler.state().overflow_steps);
@@ -257,9 +326,13 @@ pub fn train(cfg: &Config) -> Result<Summary> {
             step += 1;
             window_n += 1;
             train_time += t0.elapsed().as_secs_f64();
+            if let Some(t) = &mut tracer {
+                trace_divergence = t.after_update(step, step_loss, &model)?;
+            }
+            step_loss = 0.0;
 
             if step % log_every == 0 || step == total_steps {
-                let loss = window_loss / window_n as f64;
+                let loss = ddp.mean(window_loss / window_n as f64)?;
                 let ips = window_images as f64 / window_start.elapsed().as_secs_f64().max(1e-9);
                 final_loss = loss;
                 if initial_loss.is_nan() {
@@ -279,25 +352,41 @@ pub fn train(cfg: &Config) -> Result<Summary> {
                 (window_loss, window_n, window_images) = (0.0, 0, 0);
                 window_start = Instant::now();
             }
+            if trace_divergence.is_some() {
+                break 'train;
+            }
+            ckpt.after_step(&model, &optimizer, &train_progress!(micro), &mut metrics_out)?;
             if step >= total_steps {
                 break;
             }
             t0 = Instant::now();
         }
         epoch += 1;
-        let ev = evaluate(&model, &test_ds, d.eval_batch_size, d.prefetch)?;
-        metrics_out.write(&json!({"kind": "eval", "step": step, "epoch": epoch, "test_accuracy": ev.accuracy, "test_loss": ev.loss}))?;
+        ddp.sync_buffers(&mut model)?;
+        let local =
+            evaluate_shard(&model, &test_ds, ddp.rank(), ddp.world_size(), d.eval_batch_size, d.prefetch)?;
+        let ev = ddp.reduce_eval(local)?;
+        metrics_out.write(&json!({"kind": "eval", "step": step, "epoch": epoch, "test_accuracy": ev.accuracy, "test_loss": ev.loss, "correct": ev.correct, "total": ev.total}))?;
         progress.println(&format!(
             "epoch {epoch} | step {step} | test accuracy {:.4} ({}/{}) | test loss {:.4}",
             ev.accuracy, ev.correct, ev.total, ev.loss
         ));
         last_eval = Some(ev);
         window_start = Instant::now();
+        ckpt.after_epoch(&model, &optimizer, &train_progress!(0), &mut metrics_out)?;
     }
     progress.finish();
+    if let (None, Some(t)) = (&trace_divergence, &tracer) {
+        trace_divergence = t.finish(step);
+    }
+    if trace_divergence.is_none() {
+        ckpt.finish(&model, &optimizer, &train_progress!(0), &mut metrics_out)?;
+    }
 
     let weights = out_dir.join("model.safetensors");
-    crate::checkpoint::save_safetensors(&weights, &amp.state_dict(&model)?)?;
+    if primary {
+        crate::checkpoint::save_safetensors(&weights, &amp.state_dict(&model)?)?;
+    }
     let summary = Summary {
         name: cfg.run.name.clone(),
         final_loss,
@@ -308,16 +397,23 @@ pub fn train(cfg: &Config) -> Result<Summary> {
         epochs: epoch,
         wall_s: wall.elapsed().as_secs_f64(),
         opt_level: cfg.amp.opt_level.to_string(),
-        world_size: 1,
+        world_size: ddp.world_size(),
         device: device.to_string(),
         num_params: model.num_params(),
         weights,
+        checkpoints: ckpt.written().to_vec(),
+        resumed_from: ckpt.resumed_from().map(PathBuf::from),
+        trace_divergence,
         loss_scale: amp.loss_scale(),
         overflow_steps: amp.scaler.state().overflow_steps,
         initial_loss,
         loss_decreased: final_loss < initial_loss,
     };
-    metrics::write_json(&out_dir.join("summary.json"), &summary)?;
+    if primary {
+        metrics::write_json(&out_dir.join("summary.json"), &summary)?;
+    }
+    // No rank leaves while another may still need it for a collective.
+    ddp.barrier("end of training")?;
     Ok(summary)
 }
 

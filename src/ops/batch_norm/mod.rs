@@ -3,6 +3,7 @@
 //! unbiased one; weight/bias gradients accumulate like `.grad`.
 
 pub mod cpu;
+pub mod sync;
 
 use super::half_emu::{any_f16, f32_acc, f32_of, store};
 use crate::error::{Error, Result};

@@ -1,0 +1,433 @@
+//! The checkpoint writer: when to save, the atomic save itself, `latest`,
+//! pruning to `keep_last`, and the metrics file a resumed run continues.
+
+use super::io::{ckpt_err, entries_to_bytes, sync_dir, write_synced};
+use super::state::{
+    CheckpointState, FileDigest, OptimizerState, ScheduleState, TrainProgress, FORMAT_VERSION,
+};
+use super::{parse_step_dir, step_dir_name};
+use crate::config::{Config, Resume};
+use crate::error::{Error, Result};
+use crate::metrics::MetricsWriter;
+use crate::nn::{Model, StateEntry, StateValue};
+use crate::optim::{LrSchedule, Optimizer};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// What the run looks like beyond its config: a checkpoint records it and a
+/// resume must match it.
+#[derive(Debug, Clone)]
+pub struct RunShape {
+    pub world_size: usize,
+    pub rank: usize,
+    pub steps_per_epoch: u64,
+    pub total_steps: u64,
+    pub train_samples: usize,
+    pub schedule: LrSchedule,
+}
+
+/// Saves checkpoints when the config asks for them and restores one at setup
+/// (see `load.rs` for [`Checkpointer::resume`]).
+pub struct Checkpointer {
+    pub(super) every_steps: u64,
+    pub(super) every_epochs: u64,
+    pub(super) keep_last: usize,
+    pub(super) resume: Resume,
+    pub(super) root: PathBuf,
+    pub(super) shape: RunShape,
+    pub(super) fingerprint: String,
+    pub(super) config_json: serde_json::Value,
+    pub(super) opt_level: String,
+    pub(super) seed: u64,
+    pub(super) last_saved: Option<(u64, u64)>,
+    pub(super) written: Vec<PathBuf>,
+    pub(super) resumed_from: Option<PathBuf>,
+    save_pause: Option<Duration>,
+    halt_after: Option<u64>,
+}
+
+/// The settings a resumed run must share with the checkpoint: the config less
+/// what cannot change the numbers (where checkpoints go and when, the gates,
+/// where the data lives, how far the loader reads ahead), and less what
+/// `Config::fingerprint` already leaves out.
+pub(super) fn resume_identity(cfg: &Config) -> (String, serde_json::Value) {
+    let mut c = cfg.clone();
+    c.checkpoint = Default::default();
+    c.expect = Default::default();
+    c.data.path = PathBuf::new();
+    c.data.prefetch = 0;
+    let fp = c.fingerprint();
+    let mut v = serde_json::to_value(&c).unwrap_or(serde_json::Value::Null);
+    if let Some(root) = v.as_object_mut() {
+        for k in ["logging", "checkpoint", "expect"] {
+            root.remove(k);
+        }
+        for (section, keys) in
+            [("run", &["name", "out_dir", "device"][..]), ("parallel", &["master_addr", "master_port"][..])]
+        {
+            if let Some(s) = root.get_mut(section).and_then(|s| s.as_object_mut()) {
+                keys.iter().for_each(|k| drop(s.remove(*k)));
+            }
+        }
+        if let Some(d) = root.get_mut("data").and_then(|s| s.as_object_mut()) {
+            d.remove("path");
+            d.remove("prefetch");
+        }
+    }
+    (fp, v)
+}
+
+pub(super) fn schedule_state(shape: &RunShape) -> ScheduleState {
+    let s = &shape.schedule;
+    ScheduleState {
+        kind: format!("{:?}", s.kind),
+        base_lr: f64::from(s.base_lr),
+        warmup_steps: s.warmup_steps,
+        total_steps: s.total_steps,
+        steps_per_epoch: shape.steps_per_epoch,
+        train_samples: shape.train_samples,
+    }
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+impl Checkpointer {
+    pub fn new(cfg: &Config, shape: RunShape) -> Self {
+        let (fingerprint, config_json) = resume_identity(cfg);
+        Checkpointer {
+            every_steps: cfg.checkpoint.every_steps,
+            every_epochs: cfg.checkpoint.every_epochs,
+            keep_last: cfg.checkpoint.keep_last.max(1),
+            resume: cfg.checkpoint.resume.clone(),
+            root: cfg.run.out_dir.join("ckpt"),
+            shape,
+            fingerprint,
+            config_json,
+            opt_level: cfg.amp.opt_level.to_string(),
+            seed: cfg.run.seed,
+            last_saved: None,
+            written: Vec::new(),
+            resumed_from: None,
+            save_pause: None,
+            halt_after: None,
+        }
+    }
+
+    /// Test hooks: sleep `save_pause` between writing the model file and the
+    /// optimizer file of every save (so a test can kill a run mid-save), and
+    /// stop the run with an error right after step `halt_after` (a crash
+    /// stand-in that leaves the checkpoints as a killed run would).
+    pub fn with_test_hooks(mut self, save_pause: Option<Duration>, halt_after: Option<u64>) -> Self {
+        self.save_pause = save_pause;
+        self.halt_after = halt_after;
+        self
+    }
+
+    /// Checkpoint directories this process wrote, oldest first.
+    pub fn written(&self) -> &[PathBuf] {
+        &self.written
+    }
+
+    pub fn resumed_from(&self) -> Option<&Path> {
+        self.resumed_from.as_deref()
+    }
+
+    fn enabled(&self) -> bool {
+        self.every_steps > 0 || self.every_epochs > 0
+    }
+
+    /// After each optimizer step (and its log line). The last step is saved by
+    /// [`Checkpointer::finish`], after the final evaluation.
+    pub fn after_step(
+        &mut self,
+        model: &Model,
+        opt: &Optimizer,
+        p: &TrainProgress,
+        metrics: &mut MetricsWriter,
+    ) -> Result<()> {
+        if self.every_steps > 0 && p.step % self.every_steps == 0 && p.step < self.shape.total_steps {
+            self.save_and_log(model, opt, p, metrics)?;
+        }
+        if self.halt_after == Some(p.step) {
+            return Err(Error::Training(format!(
+                "halted after step {} as asked by --halt-after-steps (resume with checkpoint.resume = \"auto\")",
+                p.step
+            )));
+        }
+        Ok(())
+    }
+
+    /// After each epoch's evaluation.
+    pub fn after_epoch(
+        &mut self,
+        model: &Model,
+        opt: &Optimizer,
+        p: &TrainProgress,
+        metrics: &mut MetricsWriter,
+    ) -> Result<()> {
+        if self.every_epochs > 0 && p.epoch % self.every_epochs == 0 {
+            self.save_and_log(model, opt, p, metrics)?;
+        }
+        Ok(())
+    }
+
+    /// At the end of training: a checkpointing run always ends with a checkpoint of its final state.
+    pub fn finish(
+        &mut self,
+        model: &Model,
+        opt: &Optimizer,
+        p: &TrainProgress,
+        metrics: &mut MetricsWriter,
+    ) -> Result<()> {
+        if self.enabled() && self.last_saved != Some((p.step, p.epoch)) {
+            self.save_and_log(model, opt, p, metrics)?;
+        }
+        Ok(())
+    }
+
+    fn save_and_log(
+        &mut self,
+        model: &Model,
+        opt: &Optimizer,
+        p: &TrainProgress,
+        metrics: &mut MetricsWriter,
+    ) -> Result<()> {
+        if self.shape.rank != 0 {
+            return Ok(());
+        }
+        let dir = self.save(model, opt, p)?;
+        metrics.write(&json!({"kind": "checkpoint", "step": p.step, "epoch": p.epoch, "path": dir}))
+    }
+
+    /// Writes a checkpoint of the current state and points `latest` at it.
+    pub fn save(&mut self, model: &Model, opt: &Optimizer, p: &TrainProgress) -> Result<PathBuf> {
+        let root = &self.root;
+        std::fs::create_dir_all(root)
+            .map_err(|e| Error::io(format!("cannot create {}", root.display()), e))?;
+        let name = step_dir_name(p.step);
+        let final_dir = root.join(&name);
+        let tmp = root.join(format!(".tmp-{name}.{}", std::process::id()));
+        if tmp.exists() {
+            remove_dir(&tmp)?;
+        }
+        std::fs::create_dir(&tmp).map_err(|e| Error::io(format!("cannot create {}", tmp.display()), e))?;
+
+        let (optim_entries, pending_grads) = optim_entries(model, opt)?;
+        let mut files = BTreeMap::new();
+        for (i, (file, entries)) in
+            [("model.safetensors", model.state_dict()?), ("optim.safetensors", optim_entries)]
+                .into_iter()
+                .enumerate()
+        {
+            if i == 1 {
+                if let Some(d) = self.save_pause {
+                    std::thread::sleep(d);
+                }
+            }
+            let path = tmp.join(file);
+            let bytes = entries_to_bytes(&entries, &path)?;
+            write_synced(&path, &bytes)?;
+            files.insert(
+                file.to_string(),
+                FileDigest { bytes: bytes.len() as u64, sha256: sha256_hex(&bytes) },
+            );
+        }
+        let state = CheckpointState {
+            version: FORMAT_VERSION,
+            progress: p.clone(),
+            seed: self.seed,
+            opt_level: self.opt_level.clone(),
+            world_size: self.shape.world_size,
+            config_fingerprint: self.fingerprint.clone(),
+            schedule: schedule_state(&self.shape),
+            optimizer: OptimizerState {
+                name: format!("{:?}", opt.config().kind),
+                step_count: opt.step_count(),
+            },
+            pending_grads,
+            scaler: None,
+            files,
+            config: self.config_json.clone(),
+        };
+        let text = serde_json::to_string_pretty(&state)
+            .map_err(|e| ckpt_err(&tmp, format!("cannot encode state.json: {e}")))?;
+        write_synced(&tmp.join("state.json"), text.as_bytes())?;
+        sync_dir(&tmp)?;
+
+        publish_dir(&tmp, &final_dir)?;
+        sync_dir(root)?;
+        point_latest(root, &name)?;
+        self.prune(p.step)?;
+        self.last_saved = Some((p.step, p.epoch));
+        self.written.push(final_dir.clone());
+        Ok(final_dir)
+    }
+
+    /// Keeps the newest `keep_last` checkpoints up to `current`. Checkpoints
+    /// after `current` belong to an abandoned history (a run resumed from an
+    /// older checkpoint, or restarted with resume = "never") and go too, as do
+    /// temporary directories of interrupted saves.
+    fn prune(&self, current: u64) -> Result<()> {
+        let rd = std::fs::read_dir(&self.root)
+            .map_err(|e| Error::io(format!("cannot list {}", self.root.display()), e))?;
+        let mut steps = Vec::new();
+        for entry in rd.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with(".tmp-") && !name.ends_with(&format!(".{}", std::process::id())) {
+                remove_dir(&entry.path())?;
+            } else if let Some(s) = parse_step_dir(&name) {
+                steps.push((s, entry.path()));
+            }
+        }
+        steps.sort_by_key(|s| std::cmp::Reverse(s.0));
+        let mut kept = 0;
+        for (s, path) in steps {
+            if s <= current && kept < self.keep_last {
+                kept += 1;
+            } else {
+                remove_dir(&path)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn remove_dir(path: &Path) -> Result<()> {
+    std::fs::remove_dir_all(path).map_err(|e| Error::io(format!("cannot remove {}", path.display()), e))
+}
+
+/// Optimizer state as `<param>.<state>` tensors, plus `<param>.grad` when
+/// micro-batches are pending (any gradient non-zero between steps).
+fn optim_entries(model: &Model, opt: &Optimizer) -> Result<(Vec<StateEntry>, bool)> {
+    let params = model.params();
+    let mut out = Vec::new();
+    for (state, i, values) in opt.state_tensors() {
+        let p = params.get(i).ok_or_else(|| {
+            Error::Training(format!("internal error: optimizer state for parameter {i} of {}", params.len()))
+        })?;
+        out.push(StateEntry {
+            name: format!("{}.{state}", p.name),
+            shape: p.value.shape().to_vec(),
+            value: StateValue::F32(values.to_vec()),
+        });
+    }
+    let mut pending = false;
+    for p in &params {
+        pending |= p.grad.as_f32()?.iter().any(|&g| g != 0.0);
+    }
+    if pending {
+        for p in &params {
+            out.push(StateEntry {
+                name: format!("{}.grad", p.name),
+                shape: p.grad.shape().to_vec(),
+                value: StateValue::F32(p.grad.as_f32()?.to_vec()),
+            });
+        }
+    }
+    Ok((out, pending))
+}
+
+/// Moves the finished temporary directory to its final name. A checkpoint of
+/// the same step already there (the step's mid-run save, replaced by its
+/// end-of-epoch save) is swapped out atomically where the OS can, so the name
+/// never stops naming a complete checkpoint.
+fn publish_dir(tmp: &Path, final_dir: &Path) -> Result<()> {
+    let io = |e| Error::io(format!("cannot rename {} to {}", tmp.display(), final_dir.display()), e);
+    if !final_dir.exists() {
+        return std::fs::rename(tmp, final_dir).map_err(io);
+    }
+    if !exchange(tmp, final_dir) {
+        remove_dir(final_dir)?;
+        return std::fs::rename(tmp, final_dir).map_err(io);
+    }
+    remove_dir(tmp)
+}
+
+#[cfg(target_os = "linux")]
+fn exchange(a: &Path, b: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let (Ok(ca), Ok(cb)) =
+        (std::ffi::CString::new(a.as_os_str().as_bytes()), std::ffi::CString::new(b.as_os_str().as_bytes()))
+    else {
+        return false;
+    };
+    // SAFETY: both are valid NUL-terminated paths that outlive the call.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_renameat2,
+            libc::AT_FDCWD,
+            ca.as_ptr(),
+            libc::AT_FDCWD,
+            cb.as_ptr(),
+            libc::RENAME_EXCHANGE,
+        )
+    };
+    rc == 0
+}
+
+#[cfg(not(target_os = "linux"))]
+fn exchange(_a: &Path, _b: &Path) -> bool {
+    false
+}
+
+/// `latest` is a relative symlink to the newest checkpoint directory, so
+/// `ckpt/latest/model.safetensors` opens the weights directly. It is replaced
+/// by renaming a new symlink over it: readers see the old or the new target.
+fn point_latest(root: &Path, name: &str) -> Result<()> {
+    let tmp = root.join(format!(".latest.{}", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    #[cfg(unix)]
+    std::os::unix::fs::symlink(name, &tmp)
+        .map_err(|e| Error::io(format!("cannot create symlink {}", tmp.display()), e))?;
+    #[cfg(not(unix))]
+    std::fs::write(&tmp, name).map_err(|e| Error::io(format!("cannot write {}", tmp.display()), e))?;
+    let latest = root.join("latest");
+    std::fs::rename(&tmp, &latest)
+        .map_err(|e| Error::io(format!("cannot rename {} to {}", tmp.display(), latest.display()), e))?;
+    sync_dir(root)
+}
+
+/// Opens `metrics.jsonl` (and TensorBoard when `logging.tensorboard`). A resumed
+/// run keeps the records up to its checkpoint and appends; records a crashed
+/// run wrote after the checkpoint are dropped, since the resumed run writes them again.
+pub fn open_metrics(cfg: &Config, out_dir: &Path, resumed: Option<&TrainProgress>) -> Result<MetricsWriter> {
+    let writer = match resumed {
+        Some(p) => {
+            cut_metrics(&out_dir.join("metrics.jsonl"), p.step, p.epoch)?;
+            MetricsWriter::append(out_dir)?
+        }
+        None => MetricsWriter::create(out_dir)?,
+    };
+    if cfg.logging.tensorboard {
+        writer.with_tensorboard(&out_dir.join("tb"))
+    } else {
+        Ok(writer)
+    }
+}
+
+fn cut_metrics(path: &Path, step: u64, epoch: u64) -> Result<()> {
+    let Ok(text) = std::fs::read_to_string(path) else { return Ok(()) };
+    let mut kept = String::new();
+    for line in text.lines() {
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else { continue };
+        let s = v["step"].as_u64().unwrap_or(0);
+        let e = v["epoch"].as_u64().unwrap_or(0);
+        let keep = match v["kind"].as_str() {
+            Some("eval") => e <= epoch,
+            Some("checkpoint") => s < step || (s == step && e <= epoch),
+            _ => s <= step,
+        };
+        if keep {
+            kept.push_str(line);
+            kept.push('\n');
+        }
+    }
+    let tmp = path.with_extension("jsonl.tmp");
+    write_synced(&tmp, kept.as_bytes())?;
+    std::fs::rename(&tmp, path).map_err(|e| Error::io(format!("cannot rename {}", tmp.display()), e))
+}

@@ -1,0 +1,188 @@
+//! `state.json`: everything besides tensors that a resumed run needs to
+//! continue bit for bit.
+//!
+//! Floats that must survive the round trip exactly (loss accumulators, timings)
+//! are written as strings holding Rust's shortest round-trip decimal
+//! (`"2.3025851249694824"`), which `str::parse` reads back to the same bits;
+//! JSON number parsers are not required to.
+//!
+//! RNG state: there is none to store. Every random stream is derived from
+//! (run seed, purpose, index) (`crate::rng`): the sampler permutation of epoch
+//! `e` is stream (seed, Sampler, e), init is (seed, Init, layer), synthetic data
+//! is (seed, Synthetic, split). So `seed`, `epoch` and `batches_in_epoch` fix
+//! every future draw.
+//!
+//! `scaler` is reserved for the AMP loss scaler (scale, growth tracker,
+//! overflow count); it is `null` for runs without one, and a reader of this
+//! version refuses a checkpoint that has one.
+
+use crate::train::EvalResult;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Bumped whenever a reader of the previous version could misread a checkpoint.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// The training loop's position and the accumulators behind its metrics.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainProgress {
+    /// Optimizer steps taken.
+    pub step: u64,
+    /// Epochs completed (the epoch the next batch comes from).
+    pub epoch: u64,
+    /// Batches of `epoch` already consumed (its sampler order is recomputed from the seed).
+    pub batches_in_epoch: usize,
+    /// Loss summed over the micro-batches since the last optimizer step (non-zero only when
+    /// gradient accumulation left micro-batches pending at an epoch's end).
+    #[serde(with = "exact_f64")]
+    pub step_loss: f64,
+    /// Training loss summed since the last logged step, and the steps in that sum.
+    #[serde(with = "exact_f64")]
+    pub window_loss: f64,
+    pub window_n: u64,
+    pub window_images: usize,
+    /// The last logged mean training loss (NaN before the first log line).
+    #[serde(with = "exact_f64")]
+    pub final_loss: f64,
+    pub last_eval: Option<EvalState>,
+    /// The last gradient norm computed (with `train.grad_clip_norm`).
+    #[serde(with = "exact_f32_opt")]
+    pub grad_norm: Option<f32>,
+    /// Images trained on and seconds spent in training steps, for images/s over the whole run.
+    pub train_images: usize,
+    #[serde(with = "exact_f64")]
+    pub train_time_s: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct EvalState {
+    #[serde(with = "exact_f64")]
+    pub accuracy: f64,
+    #[serde(with = "exact_f64")]
+    pub loss: f64,
+    pub correct: usize,
+    pub total: usize,
+}
+
+impl From<EvalResult> for EvalState {
+    fn from(e: EvalResult) -> Self {
+        EvalState { accuracy: e.accuracy, loss: e.loss, correct: e.correct, total: e.total }
+    }
+}
+
+impl From<EvalState> for EvalResult {
+    fn from(e: EvalState) -> Self {
+        EvalResult { accuracy: e.accuracy, loss: e.loss, correct: e.correct, total: e.total }
+    }
+}
+
+/// The inputs of the LR schedule; the LR of step `s` is a pure function of them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ScheduleState {
+    /// `LrSchedule::kind` as Rust writes it, e.g. `Cosine { eta_min: 0.0 }`.
+    pub kind: String,
+    #[serde(with = "exact_f64")]
+    pub base_lr: f64,
+    pub warmup_steps: u64,
+    pub total_steps: u64,
+    pub steps_per_epoch: u64,
+    pub train_samples: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OptimizerState {
+    /// "SGD", "Adam" or "AdamW".
+    pub name: String,
+    /// Updates taken (Adam's `state['step']`).
+    pub step_count: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FileDigest {
+    pub bytes: u64,
+    pub sha256: String,
+}
+
+/// The whole of `state.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CheckpointState {
+    pub version: u32,
+    #[serde(flatten)]
+    pub progress: TrainProgress,
+    pub seed: u64,
+    pub opt_level: String,
+    pub world_size: usize,
+    /// `Config::fingerprint()` of the config with `[checkpoint]`, `[expect]`,
+    /// `data.path` and `data.prefetch` reset: the settings a resumed run must share.
+    pub config_fingerprint: String,
+    pub schedule: ScheduleState,
+    pub optimizer: OptimizerState,
+    /// True when `optim.safetensors` also holds `<param>.grad` (gradients of
+    /// micro-batches accumulated but not yet stepped on).
+    pub pending_grads: bool,
+    /// Reserved for the AMP loss scaler's state; `null` without one.
+    pub scaler: Option<serde_json::Value>,
+    /// Size and SHA-256 of `model.safetensors` and `optim.safetensors`.
+    pub files: BTreeMap<String, FileDigest>,
+    /// The fingerprinted settings as JSON, so a refusal can name what differs.
+    pub config: serde_json::Value,
+}
+
+/// f64 as its shortest round-trip decimal string.
+pub(crate) mod exact_f64 {
+    use serde::{de::Error, Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &f64, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&v.to_string())
+    }
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(|_| D::Error::custom(format!("`{s}` is not a number")))
+    }
+}
+
+pub(crate) mod exact_f32_opt {
+    use serde::{de::Error, Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &Option<f32>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(x) => s.serialize_some(&x.to_string()),
+            None => s.serialize_none(),
+        }
+    }
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f32>, D::Error> {
+        Option::<String>::deserialize(d)?
+            .map(|s| s.parse().map_err(|_| D::Error::custom(format!("`{s}` is not a number"))))
+            .transpose()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn floats_round_trip_bit_for_bit() {
+        let p = TrainProgress {
+            step: 3,
+            epoch: 1,
+            batches_in_epoch: 7,
+            step_loss: 0.1 + 0.2,
+            window_loss: std::f64::consts::PI / 3.0,
+            window_n: 2,
+            window_images: 200,
+            final_loss: f64::NAN,
+            last_eval: Some(EvalState { accuracy: 1.0 / 3.0, loss: 2.0 / 7.0, correct: 1, total: 3 }),
+            grad_norm: Some(1.0f32 / 7.0),
+            train_images: 300,
+            train_time_s: 1e-300,
+        };
+        let back: TrainProgress = serde_json::from_str(&serde_json::to_string(&p).unwrap()).unwrap();
+        assert_eq!(back.step_loss.to_bits(), p.step_loss.to_bits());
+        assert_eq!(back.window_loss.to_bits(), p.window_loss.to_bits());
+        assert!(back.final_loss.is_nan());
+        assert_eq!(back.last_eval, p.last_eval);
+        assert_eq!(back.grad_norm.map(f32::to_bits), p.grad_norm.map(f32::to_bits));
+        assert_eq!(back.train_time_s.to_bits(), p.train_time_s.to_bits());
+    }
+}

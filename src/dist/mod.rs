@@ -1,0 +1,253 @@
+//! Distributed data parallel, process layer: who this rank is ([`env`]), how
+//! the ranks find each other ([`rendezvous`]) and the collectives between them
+//! ([`Communicator`], over TCP in [`tcp`]).
+//!
+//! The [`Communicator`] trait is what the trainer programs against: buffers are
+//! handed over by value and come back from [`Work::wait`], so an implementation
+//! may run the operation on a thread (TCP) or a stream (NCCL, later) while the
+//! caller computes. Operations complete in the order they are issued, and their
+//! results are bitwise equal on every rank.
+
+pub mod env;
+pub mod reducer;
+pub mod rendezvous;
+pub mod selftest;
+pub mod tcp;
+mod wire;
+
+#[cfg(test)]
+mod tests_env;
+#[cfg(test)]
+mod tests_rendezvous;
+#[cfg(test)]
+mod tests_tcp;
+
+pub use env::{DistEnv, Launcher, JOB_TOKEN_VAR};
+pub use rendezvous::{rendezvous, Membership, RendezvousOpts};
+pub use tcp::TcpCommunicator;
+
+use crate::config::Config;
+use crate::error::{Error, Result};
+use half::f16;
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Element type of a [`Buffer`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DType {
+    F32,
+    F16,
+}
+
+impl DType {
+    pub fn size(self) -> usize {
+        match self {
+            DType::F32 => 4,
+            DType::F16 => 2,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::F16 => "f16",
+        }
+    }
+}
+
+/// A flat buffer handed to a collective. f16 sums are accumulated in f32 and
+/// rounded once.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Buffer {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+}
+
+impl Buffer {
+    pub fn len(&self) -> usize {
+        match self {
+            Buffer::F32(v) => v.len(),
+            Buffer::F16(v) => v.len(),
+        }
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    pub fn dtype(&self) -> DType {
+        match self {
+            Buffer::F32(_) => DType::F32,
+            Buffer::F16(_) => DType::F16,
+        }
+    }
+    /// The values widened to f32.
+    pub fn to_f32(&self) -> Vec<f32> {
+        match self {
+            Buffer::F32(v) => v.clone(),
+            Buffer::F16(v) => v.iter().map(|x| x.to_f32()).collect(),
+        }
+    }
+    pub fn into_f32(self) -> Result<Vec<f32>> {
+        match self {
+            Buffer::F32(v) => Ok(v),
+            Buffer::F16(_) => Err(Error::shape("expected an f32 buffer, got f16")),
+        }
+    }
+    pub fn into_f16(self) -> Result<Vec<f16>> {
+        match self {
+            Buffer::F16(v) => Ok(v),
+            Buffer::F32(_) => Err(Error::shape("expected an f16 buffer, got f32")),
+        }
+    }
+}
+
+/// The reduction of an all-reduce.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReduceOp {
+    Sum,
+    /// Sum divided by the world size.
+    Avg,
+}
+
+/// Start and end of an operation on the communication thread, for overlap accounting.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct WorkTiming {
+    pub started: Option<Instant>,
+    pub finished: Option<Instant>,
+}
+
+/// A pending collective. Dropping it does not cancel the operation.
+pub struct Work {
+    rx: mpsc::Receiver<Result<Buffer>>,
+    timing: Arc<Mutex<WorkTiming>>,
+    what: String,
+}
+
+/// The communication side of a [`Work`]: reports start, then the result.
+pub struct WorkCompleter {
+    tx: mpsc::Sender<Result<Buffer>>,
+    timing: Arc<Mutex<WorkTiming>>,
+}
+
+impl Work {
+    /// A pending operation and the completer its executor fulfils.
+    pub fn pending(what: impl Into<String>) -> (Work, WorkCompleter) {
+        let (tx, rx) = mpsc::channel();
+        let timing = Arc::new(Mutex::new(WorkTiming::default()));
+        (Work { rx, timing: timing.clone(), what: what.into() }, WorkCompleter { tx, timing })
+    }
+
+    /// An operation that finished on the spot (world size 1, or refused at submission).
+    pub fn ready(result: Result<Buffer>) -> Work {
+        let (w, c) = Work::pending("operation");
+        c.start();
+        c.complete(result);
+        w
+    }
+
+    /// Blocks until the operation is done; its buffer, or why it failed.
+    pub fn wait(self) -> Result<Buffer> {
+        self.rx.recv().unwrap_or_else(|_| {
+            Err(Error::Training(format!("{}: the communication thread is gone", self.what)))
+        })
+    }
+
+    /// Whether the result is there (so [`Work::wait`] would not block).
+    pub fn is_completed(&self) -> bool {
+        self.timing.lock().map(|t| t.finished.is_some()).unwrap_or(true)
+    }
+
+    pub fn timing(&self) -> WorkTiming {
+        self.timing.lock().map(|t| *t).unwrap_or_default()
+    }
+}
+
+impl WorkCompleter {
+    pub fn start(&self) {
+        if let Ok(mut t) = self.timing.lock() {
+            t.started = Some(Instant::now());
+        }
+    }
+    pub fn complete(self, result: Result<Buffer>) {
+        // Send first: whoever sees `finished` must find the result in the channel.
+        let _ = self.tx.send(result);
+        if let Ok(mut t) = self.timing.lock() {
+            t.finished = Some(Instant::now());
+        }
+    }
+}
+
+/// Collectives between the ranks of a job. All ranks must issue the same
+/// operations, with buffers of the same length and dtype, in the same order;
+/// a mismatch is reported as an error, not a wrong result.
+pub trait Communicator: Send + Sync {
+    fn rank(&self) -> usize;
+    fn world_size(&self) -> usize;
+    /// Every rank gets the element-wise sum (or mean) of all ranks' buffers.
+    /// `label` names the operation in errors, e.g. "bucket 3".
+    fn all_reduce_async(&self, buf: Buffer, op: ReduceOp, label: &str) -> Work;
+    /// Every rank gets `root`'s buffer (others' contents are ignored, their length is checked).
+    fn broadcast_async(&self, buf: Buffer, root: usize, label: &str) -> Work;
+    /// Every rank gets all ranks' buffers (equal lengths) concatenated in rank order.
+    fn all_gather_async(&self, buf: Buffer, label: &str) -> Work;
+    /// Completes when every rank has reached it; the result is an empty buffer.
+    fn barrier_async(&self, label: &str) -> Work;
+
+    fn all_reduce(&self, buf: Buffer, op: ReduceOp, label: &str) -> Result<Buffer> {
+        self.all_reduce_async(buf, op, label).wait()
+    }
+    fn broadcast(&self, buf: Buffer, root: usize, label: &str) -> Result<Buffer> {
+        self.broadcast_async(buf, root, label).wait()
+    }
+    fn all_gather(&self, buf: Buffer, label: &str) -> Result<Buffer> {
+        self.all_gather_async(buf, label).wait()
+    }
+    fn barrier(&self, label: &str) -> Result<()> {
+        self.barrier_async(label).wait().map(|_| ())
+    }
+}
+
+/// World size 1: every collective is the identity.
+pub struct LocalCommunicator;
+
+impl Communicator for LocalCommunicator {
+    fn rank(&self) -> usize {
+        0
+    }
+    fn world_size(&self) -> usize {
+        1
+    }
+    fn all_reduce_async(&self, buf: Buffer, _op: ReduceOp, _label: &str) -> Work {
+        Work::ready(Ok(buf))
+    }
+    fn broadcast_async(&self, buf: Buffer, root: usize, _label: &str) -> Work {
+        if root != 0 {
+            return Work::ready(Err(Error::shape(format!(
+                "broadcast root {root} is not a rank of a world of 1"
+            ))));
+        }
+        Work::ready(Ok(buf))
+    }
+    fn all_gather_async(&self, buf: Buffer, _label: &str) -> Work {
+        Work::ready(Ok(buf))
+    }
+    fn barrier_async(&self, _label: &str) -> Work {
+        Work::ready(Ok(Buffer::F32(Vec::new())))
+    }
+}
+
+/// Joins the job this process was launched into: reads the environment, runs
+/// the rendezvous and connects the TCP mesh. A single process (no launcher
+/// variables, or WORLD_SIZE=1) gets a [`LocalCommunicator`] and touches no port.
+pub fn init(cfg: &Config) -> Result<(DistEnv, Box<dyn Communicator>)> {
+    let env = DistEnv::from_process(&cfg.parallel)?;
+    if env.world_size == 1 {
+        return Ok((env, Box::new(LocalCommunicator)));
+    }
+    let opts = RendezvousOpts {
+        fingerprint: cfg.fingerprint(),
+        job_token: env.job_token.clone(),
+        timeout: Duration::from_secs(cfg.parallel.timeout_s.max(1)),
+    };
+    let comm = TcpCommunicator::connect(rendezvous(&env, &opts)?, opts.timeout)?;
+    Ok((env, Box::new(comm)))
+}

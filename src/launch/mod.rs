@@ -1,0 +1,251 @@
+//! `ddptrain launch`: torchrun for this binary. Starts the node's local ranks
+//! with torchrun's environment contract, prefixes their output with `[rank k]`,
+//! forwards SIGINT/SIGTERM, and when a rank fails stops the others (SIGTERM,
+//! then SIGKILL after a grace period) and exits non-zero naming it — or, with
+//! `--max-restarts K`, starts all local ranks again, up to K times.
+//!
+//! Ranks are started from the launcher's main thread and die with it (Linux
+//! parent-death signal), so a killed launcher leaves no orphans.
+
+use crate::error::{Error, Result};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct LaunchArgs {
+    /// Ranks to start on this node.
+    #[arg(long, alias = "nproc_per_node", default_value_t = 1)]
+    pub nproc_per_node: usize,
+    #[arg(long, default_value_t = 1)]
+    pub nnodes: usize,
+    /// This node's index among the `--nnodes` (GROUP_RANK).
+    #[arg(long, alias = "node_rank", default_value_t = 0)]
+    pub node_rank: usize,
+    /// Where rank 0's rendezvous listens (MASTER_ADDR).
+    #[arg(long, alias = "master_addr", default_value = "127.0.0.1")]
+    pub master_addr: String,
+    #[arg(long, alias = "master_port", default_value_t = 29500)]
+    pub master_port: u16,
+    /// Restart all local ranks up to this many times after a failure.
+    #[arg(long, alias = "max_restarts", default_value_t = 0)]
+    pub max_restarts: u32,
+    /// Seconds a rank has to exit after SIGTERM before it is killed.
+    #[arg(long, default_value_t = 10.0)]
+    pub stop_grace_s: f64,
+    /// Arguments for each rank's `ddptrain`, after `--`.
+    #[arg(last = true, required = true, value_name = "DDPTRAIN_ARGS")]
+    pub args: Vec<String>,
+}
+
+struct Rank {
+    global: usize,
+    child: Child,
+    status: Option<ExitStatus>,
+}
+
+fn describe(s: &ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (s.code(), s.signal()) {
+        (Some(c), _) => format!("exit code {c}"),
+        (None, Some(sig)) => format!("signal {sig}"),
+        _ => s.to_string(),
+    }
+}
+
+/// Copies `from` to the launcher's stdout or stderr, `[rank k] ` before each line.
+fn pump(from: impl Read + Send + 'static, rank: usize, to_stderr: bool) -> JoinHandle<()> {
+    std::thread::spawn(move || {
+        let mut r = BufReader::new(from);
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            match r.read_until(b'\n', &mut line) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+            if line.last() != Some(&b'\n') {
+                line.push(b'\n');
+            }
+            let mut out = Vec::with_capacity(line.len() + 12);
+            out.extend_from_slice(format!("[rank {rank}] ").as_bytes());
+            out.extend_from_slice(&line);
+            // One write per line, so lines of different ranks never interleave mid-line.
+            let _ = if to_stderr {
+                std::io::stderr().lock().write_all(&out)
+            } else {
+                std::io::stdout().lock().write_all(&out)
+            };
+        }
+    })
+}
+
+fn signal(child: &Child, sig: i32) {
+    if let Ok(pid) = i32::try_from(child.id()) {
+        // SAFETY: kill(2) on our own child's pid; it is reaped only by us, so the pid is not reused.
+        unsafe {
+            libc::kill(pid, sig);
+        }
+    }
+}
+
+/// SIGTERM to every rank still running, SIGKILL to those still running after `grace`; reaps all.
+fn stop_all(ranks: &mut [Rank], sig: i32, grace: Duration) {
+    for r in ranks.iter().filter(|r| r.status.is_none()) {
+        signal(&r.child, sig);
+    }
+    let until = Instant::now() + grace;
+    loop {
+        for r in ranks.iter_mut().filter(|r| r.status.is_none()) {
+            if let Ok(Some(s)) = r.child.try_wait() {
+                r.status = Some(s);
+            }
+        }
+        if ranks.iter().all(|r| r.status.is_some()) || Instant::now() >= until {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for r in ranks.iter_mut().filter(|r| r.status.is_none()) {
+        eprintln!(
+            "launch: rank {} did not stop within {:.1}s of signal {sig}; killing it",
+            r.global,
+            grace.as_secs_f64()
+        );
+        let _ = r.child.kill();
+        r.status = r.child.wait().ok();
+    }
+}
+
+pub fn run(a: &LaunchArgs) -> Result<u8> {
+    let bad = |key: &str, msg: String| Error::config("the command line", key, msg);
+    if a.nproc_per_node == 0 {
+        return Err(bad("--nproc-per-node", "must be at least 1".into()));
+    }
+    if a.nnodes == 0 {
+        return Err(bad("--nnodes", "must be at least 1".into()));
+    }
+    if a.node_rank >= a.nnodes {
+        return Err(bad("--node-rank", format!("{} is not below --nnodes {}", a.node_rank, a.nnodes)));
+    }
+    if !(a.stop_grace_s >= 0.0 && a.stop_grace_s.is_finite()) {
+        return Err(bad("--stop-grace-s", format!("{} is not a number of seconds", a.stop_grace_s)));
+    }
+    if a.args.first().is_some_and(|s| s == "launch") {
+        return Err(bad("DDPTRAIN_ARGS", "a rank cannot itself be `launch`".into()));
+    }
+    let exe = std::env::current_exe().map_err(|e| Error::io("cannot find the ddptrain executable", e))?;
+    let world = a.nnodes * a.nproc_per_node;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = (cores / a.nproc_per_node).max(1).to_string();
+    let grace = Duration::from_secs_f64(a.stop_grace_s);
+
+    let caught = Arc::new(AtomicUsize::new(0));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register_usize(sig, caught.clone(), sig as usize)
+            .map_err(|e| Error::io("cannot install the signal handlers", e))?;
+    }
+
+    for attempt in 0..=a.max_restarts {
+        let mut ranks = Vec::with_capacity(a.nproc_per_node);
+        let mut pumps = Vec::new();
+        for local in 0..a.nproc_per_node {
+            let global = a.node_rank * a.nproc_per_node + local;
+            let mut cmd = Command::new(&exe);
+            cmd.args(&a.args)
+                .env("RANK", global.to_string())
+                .env("WORLD_SIZE", world.to_string())
+                .env("LOCAL_RANK", local.to_string())
+                .env("LOCAL_WORLD_SIZE", a.nproc_per_node.to_string())
+                .env("GROUP_RANK", a.node_rank.to_string())
+                .env("MASTER_ADDR", &a.master_addr)
+                .env("MASTER_PORT", a.master_port.to_string())
+                .env("TORCHELASTIC_RESTART_COUNT", attempt.to_string())
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            // As torchrun: the user's explicit thread count wins over the even split.
+            for var in ["OMP_NUM_THREADS", "RAYON_NUM_THREADS"] {
+                if std::env::var_os(var).is_none() {
+                    cmd.env(var, &threads);
+                }
+            }
+            #[cfg(target_os = "linux")]
+            {
+                use std::os::unix::process::CommandExt;
+                // SAFETY: prctl is async-signal-safe and touches only the new process.
+                unsafe {
+                    cmd.pre_exec(|| {
+                        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                        Ok(())
+                    });
+                }
+            }
+            let mut child = match cmd.spawn() {
+                Ok(c) => c,
+                Err(e) => {
+                    stop_all(&mut ranks, libc::SIGTERM, grace);
+                    return Err(Error::io(format!("cannot start rank {global} ({})", exe.display()), e));
+                }
+            };
+            eprintln!("launch: started rank {global} (local rank {local}, pid {})", child.id());
+            if let Some(o) = child.stdout.take() {
+                pumps.push(pump(o, global, false));
+            }
+            if let Some(e) = child.stderr.take() {
+                pumps.push(pump(e, global, true));
+            }
+            ranks.push(Rank { global, child, status: None });
+        }
+
+        let failed = loop {
+            let sig = caught.swap(0, Ordering::SeqCst);
+            if sig != 0 {
+                eprintln!("launch: got signal {sig}; forwarding it to the ranks");
+                stop_all(&mut ranks, sig as i32, grace);
+                pumps.into_iter().for_each(|p| drop(p.join()));
+                return Ok(128u8.saturating_add(sig as u8));
+            }
+            let mut failed = None;
+            for r in ranks.iter_mut().filter(|r| r.status.is_none()) {
+                if let Ok(Some(s)) = r.child.try_wait() {
+                    r.status = Some(s);
+                    if !s.success() && failed.is_none() {
+                        failed = Some((r.global, r.child.id(), s));
+                    }
+                }
+            }
+            if failed.is_some() || ranks.iter().all(|r| r.status.is_some()) {
+                break failed;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let Some((rank, pid, status)) = failed else {
+            pumps.into_iter().for_each(|p| drop(p.join()));
+            return Ok(0);
+        };
+        eprintln!(
+            "launch: rank {rank} (pid {pid}) failed with {}; stopping the other ranks",
+            describe(&status)
+        );
+        stop_all(&mut ranks, libc::SIGTERM, grace);
+        pumps.into_iter().for_each(|p| drop(p.join()));
+        if attempt < a.max_restarts {
+            eprintln!(
+                "launch: restarting all {} local ranks (restart {} of {})",
+                a.nproc_per_node,
+                attempt + 1,
+                a.max_restarts
+            );
+            continue;
+        }
+        let tried =
+            if a.max_restarts > 0 { format!(" after {} restarts", a.max_restarts) } else { String::new() };
+        eprintln!("error: launch: rank {rank} failed with {}{tried}", describe(&status));
+        return Ok(1);
+    }
+    Ok(1)
+}

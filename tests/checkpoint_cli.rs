@@ -1,0 +1,212 @@
+//! Checkpoints through the binary: refusals that say what differs, the
+//! "auto" fallback to the previous good checkpoint, a save killed midway, and
+//! `ddptrain eval`.
+
+mod common;
+use common::*;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Synthetic run of 6 steps, a checkpoint every 2.
+fn args(out: &Path, extra: &[&str]) -> Vec<String> {
+    let mut a: Vec<String> = vec![
+        "--config".into(),
+        repo_root().join("configs/mnist_o0.toml").display().to_string(),
+        "--set".into(),
+        format!("run.out_dir={}", out.display()),
+    ];
+    for s in [
+        "data.dataset=synthetic",
+        "data.synthetic_train_size=200",
+        "data.synthetic_test_size=100",
+        "data.batch_size=50",
+        "train.max_steps=6",
+        "checkpoint.every_steps=2",
+        "logging.progress=never",
+        "logging.tensorboard=false",
+        "expect.min_test_accuracy=0.0",
+    ]
+    .iter()
+    .chain(extra)
+    {
+        a.push("--set".into());
+        a.push(s.to_string());
+    }
+    a
+}
+
+fn run(a: &[String], cwd: &Path) -> (Option<i32>, String) {
+    let refs: Vec<&str> = a.iter().map(String::as_str).collect();
+    let o = ddptrain(&refs, cwd);
+    (o.status.code(), text(&o))
+}
+
+fn corrupt(p: &Path) {
+    let mut b = std::fs::read(p).unwrap();
+    let n = b.len();
+    b[n - 3] ^= 0x40;
+    std::fs::write(p, b).unwrap();
+}
+
+#[test]
+fn auto_falls_back_past_a_corrupt_checkpoint_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let (code, t) = run(&args(&out, &[]), dir.path());
+    assert_eq!(code, Some(0), "{t}");
+    corrupt(&out.join("ckpt/step_00000006/model.safetensors"));
+    let (code, t) = run(&args(&out, &[]), dir.path());
+    assert_eq!(code, Some(0), "{t}");
+    assert!(t.contains("step_00000006") && t.contains("model.safetensors is corrupt"), "{t}");
+    assert!(t.contains("resuming from the previous good checkpoint") && t.contains("step_00000004"), "{t}");
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    assert!(s["resumed_from"].as_str().unwrap().ends_with("step_00000004"), "{s}");
+    assert_eq!(s["steps"], 6);
+}
+
+#[test]
+fn truncated_and_incomplete_checkpoints_are_refused_by_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    assert_eq!(run(&args(&out, &[]), dir.path()).0, Some(0));
+    let step4 = out.join("ckpt/step_00000004");
+    let f = std::fs::OpenOptions::new().write(true).open(step4.join("optim.safetensors")).unwrap();
+    f.set_len(100).unwrap();
+    let resume = format!("checkpoint.resume={}", step4.display());
+    let other = dir.path().join("other");
+    let (code, t) = run(&args(&other, &[&resume]), dir.path());
+    assert_eq!(code, Some(1), "{t}");
+    assert!(t.contains("optim.safetensors is truncated or overwritten: 100 bytes"), "{t}");
+
+    std::fs::remove_file(out.join("ckpt/step_00000002/state.json")).unwrap();
+    let resume = format!("checkpoint.resume={}", out.join("ckpt/step_00000002").display());
+    let (code, t) = run(&args(&other, &[&resume]), dir.path());
+    assert_eq!(code, Some(1), "{t}");
+    assert!(t.contains("cannot read state.json") && t.contains("incomplete checkpoint"), "{t}");
+}
+
+#[test]
+fn incompatible_checkpoints_are_refused_naming_what_differs() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    assert_eq!(run(&args(&out, &[]), dir.path()).0, Some(0));
+    let latest = out.join("ckpt/latest");
+    let resume = format!("checkpoint.resume={}", latest.display());
+    let other = dir.path().join("other");
+
+    let (code, t) = run(&args(&other, &[&resume, "optimizer.lr=0.1"]), dir.path());
+    assert_eq!(code, Some(1), "{t}");
+    assert!(
+        t.contains("the config differs") && t.contains("optimizer.lr: checkpoint 0.05, this run 0.1"),
+        "{t}"
+    );
+
+    let narrow = std::fs::read_to_string(repo_root().join("configs/mnist_o0.toml")).unwrap().replacen(
+        "out_channels = 16",
+        "out_channels = 8",
+        1,
+    );
+    let mut a = args(&other, &[&resume]);
+    a[1] = write(dir.path(), "mnist_o0.toml", &narrow).display().to_string();
+    let (code, t) = run(&a, dir.path());
+    assert_eq!(code, Some(1), "{t}");
+    assert!(
+        t.contains("the model shapes differ: `layer1.0.bias` is [16] in the checkpoint, [8] here"),
+        "{t}"
+    );
+
+    let (code, t) = run(&args(&other, &[&resume, "data.synthetic_train_size=300"]), dir.path());
+    assert_eq!(code, Some(1), "{t}");
+    assert!(t.contains("data.synthetic_train_size: checkpoint 200, this run 300"), "{t}");
+
+    // Another opt level (O1+ training is not built yet, so the checkpoint claims it).
+    let state = latest.join("state.json");
+    let text =
+        std::fs::read_to_string(&state).unwrap().replace("\"opt_level\": \"O0\"", "\"opt_level\": \"O2\"");
+    std::fs::write(&state, text).unwrap();
+    let (code, t) = run(&args(&other, &[&resume]), dir.path());
+    assert_eq!(code, Some(1), "{t}");
+    assert!(t.contains("the opt level differs: the checkpoint was trained at O2, this run is O0"), "{t}");
+
+    // With "auto" and nothing usable left, the run stops rather than silently starting over.
+    let (code, t) = run(&args(&out, &["optimizer.lr=0.1"]), dir.path());
+    assert_eq!(code, Some(1), "{t}");
+    assert!(
+        t.contains("no usable checkpoint to resume from") && t.contains("checkpoint.resume = \"never\""),
+        "{t}"
+    );
+    let (code, t) = run(&args(&out, &["optimizer.lr=0.1", "checkpoint.resume=never"]), dir.path());
+    assert_eq!(code, Some(0), "{t}");
+}
+
+fn wait_for(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !f() {
+        assert!(t0.elapsed() < limit, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn tmp_save_dir(ckpt: &Path) -> Option<PathBuf> {
+    std::fs::read_dir(ckpt).ok()?.flatten().map(|e| e.path()).find(|p| {
+        p.file_name().unwrap().to_string_lossy().starts_with(".tmp-step_00000004")
+            && p.join("model.safetensors").exists()
+    })
+}
+
+#[test]
+fn a_save_killed_midway_leaves_latest_on_a_complete_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let ckpt = out.join("ckpt");
+    let mut a = args(&out, &[]);
+    a.push("--debug-save-pause-ms=1500".into());
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ddptrain"))
+        .args(&a)
+        .current_dir(dir.path())
+        .env_remove("WORLD_SIZE")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for("the first checkpoint", Duration::from_secs(120), || ckpt.join("latest").exists());
+    wait_for("the second save to start", Duration::from_secs(120), || tmp_save_dir(&ckpt).is_some());
+    // SIGKILL: no destructor, no cleanup, as in a preemption.
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(tmp_save_dir(&ckpt).is_some(), "the kill should land inside the save");
+    assert_eq!(std::fs::read_link(ckpt.join("latest")).unwrap(), Path::new("step_00000002"));
+    ddptrain::checkpoint::read_checkpoint(&ckpt.join("latest")).expect("latest must be complete");
+
+    let (code, t) = run(&args(&out, &[]), dir.path());
+    assert_eq!(code, Some(0), "{t}");
+    assert!(t.contains("resuming from") && t.contains("step_00000002"), "{t}");
+    assert!(tmp_save_dir(&ckpt).is_none(), "the interrupted save's directory is cleaned up");
+    assert_eq!(std::fs::read_link(ckpt.join("latest")).unwrap(), Path::new("step_00000006"));
+}
+
+#[test]
+fn eval_scores_a_checkpoint_like_the_run_did() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    assert_eq!(run(&args(&out, &[]), dir.path()).0, Some(0));
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    let mut a = vec!["eval".to_string()];
+    a.extend(args(&out, &[]));
+    a.push("--checkpoint".into());
+    a.push(out.join("ckpt/latest").display().to_string());
+    let (code, t) = run(&a, dir.path());
+    assert_eq!(code, Some(0), "{t}");
+    let acc = format!("test accuracy {:.4}", s["test_accuracy"].as_f64().unwrap());
+    let loss = format!("test loss {:.4}", s["test_loss"].as_f64().unwrap());
+    assert!(t.contains("(step 6, epoch 2)") && t.contains(&acc) && t.contains(&loss), "{t}\n{s}");
+
+    let n = a.len();
+    a[n - 1] = dir.path().join("nope").display().to_string();
+    let (code, t) = run(&a, dir.path());
+    assert_eq!(code, Some(1), "{t}");
+    assert!(t.contains("nope") && t.contains("no such checkpoint directory"), "{t}");
+}

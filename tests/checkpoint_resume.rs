@@ -1,0 +1,175 @@
+//! Exact resume through the library: N steps + resume + the rest equals the
+//! straight run bit for bit (weights, optimizer state, metrics, evaluation),
+//! from a mid-epoch checkpoint, an end-of-epoch one with pending accumulated
+//! gradients, and an explicit checkpoint path.
+
+mod common;
+use common::*;
+use ddptrain::config::{self, Config};
+use ddptrain::train::{self, RunOptions};
+use std::path::Path;
+
+fn cfg(out: &Path, extra: &[&str]) -> Config {
+    let mut sets: Vec<String> = [
+        "data.dataset=synthetic",
+        "data.synthetic_train_size=400",
+        "data.synthetic_test_size=100",
+        "data.batch_size=50",
+        "train.max_steps=20",
+        "train.grad_clip_norm=1.0",
+        "scheduler.warmup_steps=3",
+        "logging.every_steps=3",
+        "logging.progress=never",
+        "logging.tensorboard=false",
+        "checkpoint.every_steps=5",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    sets.push(format!("run.out_dir={}", out.display()));
+    sets.extend(extra.iter().map(|s| s.to_string()));
+    config::load(&repo_root().join("configs/mnist_o0.toml"), &sets).unwrap()
+}
+
+/// metrics.jsonl without the timing fields, which no two runs share.
+fn metrics(out: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(out.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
+            v.as_object_mut().unwrap().remove("images_per_s");
+            v
+        })
+        .collect()
+}
+
+fn read(p: &Path) -> Vec<u8> {
+    std::fs::read(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+/// The final checkpoint's tensors and progress (less timings) of a run.
+fn final_state(out: &Path) -> (Vec<u8>, Vec<u8>, serde_json::Value) {
+    let dir = out.join("ckpt/latest");
+    let mut state: serde_json::Value = serde_json::from_slice(&read(&dir.join("state.json"))).unwrap();
+    state.as_object_mut().unwrap().remove("train_time_s");
+    (read(&dir.join("model.safetensors")), read(&dir.join("optim.safetensors")), state)
+}
+
+fn assert_same_run(a: &Path, b: &Path) {
+    assert_eq!(
+        read(&a.join("model.safetensors")),
+        read(&b.join("model.safetensors")),
+        "final weights differ"
+    );
+    let (ma, oa, sa) = final_state(a);
+    let (mb, ob, sb) = final_state(b);
+    assert_eq!(ma, mb, "checkpointed weights differ");
+    assert_eq!(oa, ob, "optimizer state differs");
+    assert_eq!(sa, sb, "state.json differs");
+    let (ra, rb) = (metrics(a), metrics(b));
+    let strip = |r: &[serde_json::Value]| -> Vec<serde_json::Value> {
+        r.iter().filter(|v| v["kind"] != "checkpoint").cloned().collect()
+    };
+    assert_eq!(strip(&ra), strip(&rb), "metrics differ");
+}
+
+fn halted(cfg: &Config, after: u64) {
+    let opts = RunOptions { halt_after_steps: Some(after), ..Default::default() };
+    let err = train::train_with(cfg, &opts).unwrap_err().to_string();
+    assert!(err.contains(&format!("halted after step {after}")), "{err}");
+}
+
+#[test]
+fn mid_epoch_resume_is_bitwise() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    let straight = train::train(&cfg(&a, &[])).unwrap();
+    assert_eq!(straight.steps, 20);
+    assert!(straight.resumed_from.is_none());
+
+    // 8 steps per epoch: the last checkpoint before the crash at step 13 is step 10, batch 2 of epoch 1.
+    let cb = cfg(&b, &[]);
+    halted(&cb, 13);
+    let state: serde_json::Value = serde_json::from_slice(&read(&b.join("ckpt/latest/state.json"))).unwrap();
+    assert_eq!((state["step"].as_u64(), state["epoch"].as_u64()), (Some(10), Some(1)));
+    assert_eq!(state["batches_in_epoch"], 2);
+    let resumed = train::train(&cb).unwrap();
+    assert_eq!(resumed.resumed_from.as_deref(), Some(b.join("ckpt/step_00000010").as_path()));
+    assert_eq!(resumed.steps, 20);
+    assert_eq!(resumed.final_loss.to_bits(), straight.final_loss.to_bits());
+    assert_eq!(resumed.test_accuracy, straight.test_accuracy);
+    assert_eq!(resumed.test_loss.map(f64::to_bits), straight.test_loss.map(f64::to_bits));
+    assert_same_run(&a, &b);
+    // The metrics of steps 11-13 the crashed run wrote were replaced, not duplicated.
+    let steps: Vec<u64> =
+        metrics(&b).iter().filter(|v| v["kind"] == "train").map(|v| v["step"].as_u64().unwrap()).collect();
+    assert_eq!(steps, vec![3, 6, 9, 12, 15, 18, 20]);
+}
+
+#[test]
+fn epoch_end_resume_with_pending_accumulated_gradients_is_bitwise() {
+    // AdamW, 3 micro-batches per step over 8 batches per epoch: every epoch ends with
+    // 2 micro-batches whose gradients carry into the next epoch's first step.
+    let extra = [
+        "optimizer.name=adamw",
+        "optimizer.lr=0.002",
+        "optimizer.momentum=0.0",
+        "train.grad_accum_steps=3",
+        "train.max_steps=7",
+        "checkpoint.every_steps=0",
+        "checkpoint.every_epochs=1",
+        "scheduler.name=step",
+        "scheduler.step_size=2",
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    train::train(&cfg(&a, &extra)).unwrap();
+    let cb = cfg(&b, &extra);
+    halted(&cb, 5);
+    let state: serde_json::Value = serde_json::from_slice(&read(&b.join("ckpt/latest/state.json"))).unwrap();
+    assert_eq!((state["step"].as_u64(), state["epoch"].as_u64()), (Some(4), Some(2)));
+    assert_eq!(state["pending_grads"], true);
+    train::train(&cb).unwrap();
+    assert_same_run(&a, &b);
+}
+
+#[test]
+fn resume_from_an_explicit_path_into_a_new_out_dir() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    let straight = train::train(&cfg(&a, &[])).unwrap();
+    let from = a.join("ckpt/step_00000015");
+    let resume = format!("checkpoint.resume={}", from.display());
+    let resumed = train::train(&cfg(&b, &[&resume])).unwrap();
+    assert_eq!(resumed.resumed_from.as_deref(), Some(from.as_path()));
+    assert_eq!(read(&a.join("model.safetensors")), read(&b.join("model.safetensors")));
+    assert_eq!(final_state(&a).1, final_state(&b).1, "optimizer state differs");
+    assert_eq!(resumed.test_loss.map(f64::to_bits), straight.test_loss.map(f64::to_bits));
+}
+
+#[test]
+fn keep_last_prunes_old_checkpoints_and_latest_is_a_symlink() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a");
+    let s = train::train(&cfg(&a, &["checkpoint.keep_last=2"])).unwrap();
+    let names: Vec<String> =
+        s.checkpoints.iter().map(|p| p.file_name().unwrap().to_string_lossy().into()).collect();
+    assert_eq!(names, ["step_00000005", "step_00000010", "step_00000015", "step_00000020"]);
+    let mut left: Vec<String> = std::fs::read_dir(a.join("ckpt"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort();
+    assert_eq!(left, ["latest", "step_00000015", "step_00000020"]);
+    assert_eq!(std::fs::read_link(a.join("ckpt/latest")).unwrap(), Path::new("step_00000020"));
+    let ckpt_records = metrics(&a).iter().filter(|v| v["kind"] == "checkpoint").count();
+    assert_eq!(ckpt_records, 4);
+    // optim.safetensors names tensors `<param>.<PyTorch state name>`.
+    let names: Vec<String> = ddptrain::checkpoint::load_safetensors(&a.join("ckpt/latest/optim.safetensors"))
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    assert!(names.contains(&"layer1.0.weight.momentum_buffer".to_string()), "{names:?}");
+}
