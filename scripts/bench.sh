@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Benchmark, not a test: training throughput of the seed ConvNet (configs/mnist_o0.toml)
+# Benchmark, not a test: training throughput of the seed ConvNet in fp32
+# (configs/mnist_o0.toml) and under apex O2 (configs/mnist_o2.toml, f16 emulated)
 # on synthetic data at batch 100 on the CPU, and, when a python with torch is
 # importable, PyTorch on the same model, batch and thread count, side by side.
 #
@@ -18,20 +19,27 @@ BIN="${CARGO_TARGET_DIR:-target}/release/ddptrain"
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
-RAYON_NUM_THREADS=$THREADS "$BIN" --config configs/mnist_o0.toml \
-  --set data.dataset=synthetic --set data.synthetic_train_size=$((STEPS * BATCH)) \
-  --set data.synthetic_test_size=$BATCH --set data.batch_size=$BATCH \
-  --set train.max_steps="$STEPS" --set run.out_dir="$out" \
-  --set logging.progress=never --set expect.min_test_accuracy=0.0 >/dev/null
-ours=$(python3 -c "import json,sys; print(round(json.load(open(sys.argv[1]))['images_per_s']))" "$out/summary.json")
+# images/s of the seed ConvNet at one opt level (same model, data, batch and threads).
+run_level() {
+  RAYON_NUM_THREADS=$THREADS "$BIN" --config "configs/mnist_$1.toml" \
+    --set data.dataset=synthetic --set data.synthetic_train_size=$((STEPS * BATCH)) \
+    --set data.synthetic_test_size=$BATCH --set data.batch_size=$BATCH \
+    --set train.max_steps="$STEPS" --set run.out_dir="$out/$1" \
+    --set logging.progress=never --set expect.min_test_accuracy=0.0 >/dev/null
+  python3 -c "import json,sys; print(round(json.load(open(sys.argv[1]))['images_per_s']))" "$out/$1/summary.json"
+}
+ours=$(run_level o0)
+ours_o2=$(run_level o2)
 
-echo "seed ConvNet, batch $BATCH, $THREADS threads, $STEPS steps, fp32 (O0), $(nproc) cores: $(lscpu | sed -n 's/^Model name: *//p')"
-printf '%-10s %12s\n' "trainer" "images/s"
-printf '%-10s %12s\n' "ddptrain" "$ours"
+echo "seed ConvNet, batch $BATCH, $THREADS threads, $STEPS steps, $(nproc) cores: $(lscpu | sed -n 's/^Model name: *//p')"
+printf '%-16s %12s\n' "trainer" "images/s"
+printf '%-16s %12s\n' "ddptrain O0" "$ours"
+printf '%-16s %12s\n' "ddptrain O2" "$ours_o2"
+python3 -c "import sys; print(f'O2/O0 on the CPU: {float(sys.argv[1]) / float(sys.argv[2]):.2f}x (f16 is emulated here: widen, f32 kernel, round)')" "$ours_o2" "$ours"
 if "$PYTHON" -c "import torch" 2>/dev/null; then
   theirs=$("$PYTHON" scripts/bench_torch.py --steps "$STEPS" --threads "$THREADS" --batch "$BATCH")
-  printf '%-10s %12s\n' "pytorch" "$theirs"
-  python3 -c "import sys; print(f'ratio ddptrain/pytorch: {float(sys.argv[1]) / float(sys.argv[2]):.2f}x')" "$ours" "$theirs"
+  printf '%-16s %12s\n' "pytorch fp32" "$theirs"
+  python3 -c "import sys; print(f'ratio ddptrain O0/pytorch: {float(sys.argv[1]) / float(sys.argv[2]):.2f}x')" "$ours" "$theirs"
 else
   echo "pytorch: not measured ($PYTHON cannot import torch; set PYTHON to one that can)"
 fi

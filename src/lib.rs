@@ -4,6 +4,7 @@
 //! (the step loop) -> `ops` (per-op CPU/CUDA kernels over `tensor`), with `data`,
 //! `optim`, `metrics` and `checkpoint` beside the loop.
 
+pub mod amp;
 pub mod checkpoint;
 pub mod config;
 pub mod data;

@@ -90,8 +90,9 @@ fn set_without_equals_is_refused() {
 }
 
 #[test]
-fn unimplemented_opt_level_says_not_yet_supported() {
-    expect_config_error(&seed_config(), &["--set", "amp.opt_level=\"O2\""], &["not yet supported", "O2"]);
+fn amp_override_that_makes_no_sense_names_key_and_file() {
+    let body = seed_config().replace("[amp]", "[amp]\nmaster_weights = true");
+    expect_config_error(&body, &[], &["amp.master_weights", "makes no sense with O0", "bad.toml"]);
 }
 
 #[test]

@@ -206,6 +206,20 @@ pub struct AmpConfig {
     pub master_weights: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub loss_scale: Option<LossScale>,
+    /// Dynamic loss scaler settings (torch GradScaler / apex names); `None`
+    /// keeps the default. Only meaningful when loss_scale resolves to "dynamic".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init_scale: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub growth_factor: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backoff_factor: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub growth_interval: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_loss_scale: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_loss_scale: Option<f64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]

@@ -230,6 +230,9 @@ impl Config {
                 ));
             }
         }
+        // The opt level's table, its overrides and the scaler settings (src/amp).
+        crate::amp::Policy::resolve(&self.amp)?;
+        crate::amp::ScalerConfig::resolve(&self.amp)?;
         let p = &self.parallel;
         if p.backend == Backend::Nccl && self.run.device == Device::Cpu {
             return Err(bad(

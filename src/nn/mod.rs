@@ -15,8 +15,7 @@ use crate::ops::{
     batch_norm::{BatchNormSaved, BnReluPoolSaved},
     conv2d::Conv2dArgs,
 };
-use crate::tensor::Tensor;
-use crate::tensor::{CpuStorage, Storage};
+use crate::tensor::{CpuStorage, DType, Storage, Tensor};
 
 /// A learnable tensor and its gradient (same shape, accumulated by backward).
 #[derive(Debug, Clone)]
@@ -66,6 +65,51 @@ pub enum Layer {
     Linear { weight: Param, bias: Option<Param> },
 }
 
+/// Where the model computes, as the amp policy sets it (`amp::cast_model`):
+/// the dtype inputs are cast to (apex casts inputs to cast_model_type), and
+/// O1's patch (conv and linear run with inputs and weights cast to this
+/// dtype per call, their outputs cast back to f32).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Precision {
+    pub input: DType,
+    pub patch_conv_linear: Option<DType>,
+}
+
+impl Default for Precision {
+    fn default() -> Self {
+        Precision { input: DType::F32, patch_conv_linear: None }
+    }
+}
+
+/// `grad += g` (g possibly f16, as from O1's per-call cast), accumulated in
+/// the grad's dtype like PyTorch's `.grad` accumulation.
+fn accumulate_grad(grad: &mut Tensor, g: &Tensor) -> Result<()> {
+    let mut acc = grad.to_f32_vec();
+    for (a, v) in acc.iter_mut().zip(g.to_f32_vec()) {
+        *a += v;
+    }
+    grad.copy_from_f32(&acc)
+}
+
+/// O1's backward of a conv/linear run in `dt`: grads computed in `dt` (so
+/// they overflow where the GPU's would), then accumulated into the fp32 `.grad`.
+fn patched_backward(
+    weight: &mut Param,
+    bias: Option<&mut Param>,
+    dt: DType,
+    run: impl FnOnce(&Tensor, &mut Tensor, Option<&mut Tensor>) -> Result<Option<Tensor>>,
+) -> Result<Option<Tensor>> {
+    let w = weight.value.to_dtype(dt);
+    let mut dw = Tensor::zeros_dtype(weight.value.shape(), dt);
+    let mut db = bias.as_ref().map(|b| Tensor::zeros_dtype(b.value.shape(), dt));
+    let dx = run(&w, &mut dw, db.as_mut())?;
+    accumulate_grad(&mut weight.grad, &dw)?;
+    if let (Some(b), Some(db)) = (bias, db) {
+        accumulate_grad(&mut b.grad, &db)?;
+    }
+    Ok(dx.map(|d| d.into_dtype(DType::F32)))
+}
+
 /// What a layer's backward needs from its forward.
 pub enum Saved {
     Input(Tensor),
@@ -111,7 +155,12 @@ impl Layer {
         }
     }
 
-    fn forward_train(&mut self, x: Tensor) -> Result<(Tensor, Saved)> {
+    fn forward_train(&mut self, x: Tensor, prec: Precision) -> Result<(Tensor, Saved)> {
+        if let (Some(dt), Layer::Conv2d { .. } | Layer::Linear { .. }) = (prec.patch_conv_linear, &*self) {
+            let x = x.into_dtype(dt);
+            let y = self.forward_eval(x.clone(), prec)?;
+            return Ok((y, Saved::Input(x)));
+        }
         Ok(match self {
             Layer::Conv2d { weight, bias, args } => {
                 let y = ops::conv2d::forward(&x, &weight.value, bias.as_ref().map(|b| &b.value), *args)?;
@@ -170,7 +219,27 @@ impl Layer {
         })
     }
 
-    fn forward_eval(&self, x: Tensor) -> Result<Tensor> {
+    fn forward_eval(&self, x: Tensor, prec: Precision) -> Result<Tensor> {
+        if let Some(dt) = prec.patch_conv_linear {
+            let cast = |p: &Param| p.value.to_dtype(dt);
+            let y = match self {
+                Layer::Conv2d { weight, bias, args } => Some(ops::conv2d::forward(
+                    &x.clone().into_dtype(dt),
+                    &cast(weight),
+                    bias.as_ref().map(cast).as_ref(),
+                    *args,
+                )?),
+                Layer::Linear { weight, bias } => Some(ops::linear::forward(
+                    &x.clone().into_dtype(dt),
+                    &cast(weight),
+                    bias.as_ref().map(cast).as_ref(),
+                )?),
+                _ => None,
+            };
+            if let Some(y) = y {
+                return Ok(y.into_dtype(DType::F32));
+            }
+        }
         match self {
             Layer::BatchNorm2d(bn) => ops::batch_norm::forward_eval(
                 &x,
@@ -203,7 +272,30 @@ impl Layer {
     }
 
     /// Accumulates parameter gradients; returns dx when `need_dx`.
-    fn backward(&mut self, saved: Saved, dy: Tensor, need_dx: bool) -> Result<Option<Tensor>> {
+    fn backward(
+        &mut self,
+        saved: Saved,
+        dy: Tensor,
+        need_dx: bool,
+        prec: Precision,
+    ) -> Result<Option<Tensor>> {
+        if let Some(dt) = prec.patch_conv_linear {
+            match (&mut *self, &saved) {
+                (Layer::Conv2d { weight, bias, args }, Saved::Input(x)) => {
+                    let (args, dy) = (*args, dy.into_dtype(dt));
+                    return patched_backward(weight, bias.as_mut(), dt, |w, dw, db| {
+                        ops::conv2d::backward(x, w, &dy, args, dw, db, need_dx)
+                    });
+                }
+                (Layer::Linear { weight, bias }, Saved::Input(x)) => {
+                    let dy = dy.into_dtype(dt);
+                    return patched_backward(weight, bias.as_mut(), dt, |w, dw, db| {
+                        ops::linear::backward(x, w, &dy, dw, db, need_dx)
+                    });
+                }
+                _ => {}
+            }
+        }
         match (self, saved) {
             (Layer::Conv2d { weight, bias, args }, Saved::Input(x)) => ops::conv2d::backward(
                 &x,
@@ -327,6 +419,7 @@ fn fusable_bn_relu_pool<'a>(layers: &'a mut [Layer], x: &Tensor) -> Option<&'a m
 pub struct Model {
     pub layers: Vec<Layer>,
     pub resolved: Vec<ResolvedLayer>,
+    pub precision: Precision,
 }
 
 impl Model {
@@ -388,7 +481,7 @@ impl Model {
             };
             layers.push(layer);
         }
-        Ok(Model { layers, resolved: resolved.to_vec() })
+        Ok(Model { layers, resolved: resolved.to_vec(), precision: Precision::default() })
     }
 
     /// Parameters in registration order (the order of `parameters()` in PyTorch).
@@ -406,7 +499,7 @@ impl Model {
 
     pub fn zero_grad(&mut self) -> Result<()> {
         for p in self.params_mut() {
-            p.grad.as_f32_mut()?.fill(0.0);
+            p.grad.fill_(0.0);
         }
         Ok(())
     }
@@ -414,7 +507,8 @@ impl Model {
     /// Training-mode forward: logits and the saved state of every layer.
     pub fn forward_train(&mut self, x: Tensor) -> Result<(Tensor, Vec<Saved>)> {
         let mut saved = Vec::with_capacity(self.layers.len());
-        let mut cur = x;
+        let prec = self.precision;
+        let mut cur = x.into_dtype(prec.input);
         let mut i = 0;
         while i < self.layers.len() {
             if let Some(bn) = fusable_bn_relu_pool(&mut self.layers[i..], &cur) {
@@ -433,7 +527,7 @@ impl Model {
                 i += 3;
                 continue;
             }
-            let (y, s) = self.layers[i].forward_train(cur)?;
+            let (y, s) = self.layers[i].forward_train(cur, prec)?;
             saved.push(s);
             cur = y;
             i += 1;
@@ -443,9 +537,9 @@ impl Model {
 
     /// Evaluation-mode forward (BatchNorm uses running statistics).
     pub fn forward_eval(&self, x: Tensor) -> Result<Tensor> {
-        let mut cur = x;
+        let mut cur = x.into_dtype(self.precision.input);
         for layer in &self.layers {
-            cur = layer.forward_eval(cur)?;
+            cur = layer.forward_eval(cur, self.precision)?;
         }
         Ok(cur)
     }
@@ -471,10 +565,11 @@ impl Model {
             first_param.push(count);
             count += layer.params().len();
         }
+        let prec = self.precision;
         let mut dy = Some(dlogits);
         for (i, (layer, s)) in self.layers.iter_mut().zip(saved).enumerate().rev() {
             let Some(g) = dy.take() else { break };
-            dy = layer.backward(s, g, i > 0)?;
+            dy = layer.backward(s, g, i > 0, prec)?;
             for (k, p) in layer.params().into_iter().enumerate() {
                 on_ready(first_param[i] + k, &p.grad)?;
             }

@@ -24,7 +24,7 @@ fn f32_entry(name: &str, t: &Tensor) -> Result<StateEntry> {
     Ok(StateEntry {
         name: name.to_string(),
         shape: t.shape().to_vec(),
-        value: StateValue::F32(t.as_f32()?.to_vec()),
+        value: StateValue::F32(t.to_f32_vec()),
     })
 }
 
@@ -86,7 +86,7 @@ impl Model {
             |name: &str, dst: &mut Tensor, by_name: &mut HashMap<String, StateEntry>| -> Result<()> {
                 match by_name.remove(name).map(|e| e.value) {
                     Some(StateValue::F32(v)) => {
-                        dst.as_f32_mut()?.copy_from_slice(&v);
+                        dst.copy_from_f32(&v)?;
                         Ok(())
                     }
                     _ => Err(Error::Checkpoint {

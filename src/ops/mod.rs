@@ -9,6 +9,7 @@ pub mod batch_norm;
 pub mod conv2d;
 pub mod cross_entropy;
 pub mod gemm;
+pub(crate) mod half_emu;
 pub mod linear;
 pub mod max_pool2d;
 pub mod relu;

@@ -18,11 +18,13 @@
 //! [`Optimizer::load_state_tensors`]).
 
 mod adam;
+mod master;
 pub mod schedule;
 mod sgd;
 #[cfg(test)]
 mod tests;
 
+pub use master::{step_in_place, MasterWeights};
 pub use schedule::{LrSchedule, ScheduleKind};
 
 use std::path::Path;

@@ -91,7 +91,108 @@ impl Tensor {
     pub fn into_f32_vec(self) -> Result<Vec<f32>> {
         match self.storage {
             Storage::Cpu(CpuStorage::F32(v)) => Ok(v),
-            Storage::Cpu(CpuStorage::F16(v)) => Ok(v.into_iter().map(f32::from).collect()),
+            Storage::Cpu(CpuStorage::F16(v)) => Ok(f16_to_f32(&v)),
+        }
+    }
+
+    /// An f16 tensor from IEEE binary16 values.
+    pub fn from_f16_vec(shape: &[usize], data: Vec<f16>) -> Result<Self> {
+        if numel(shape) != data.len() {
+            return Err(Error::shape(format!(
+                "shape {shape:?} needs {} elements, got {}",
+                numel(shape),
+                data.len()
+            )));
+        }
+        Ok(Tensor { shape: shape.to_vec(), storage: Storage::Cpu(CpuStorage::F16(data)) })
+    }
+
+    /// f32 values stored as `dtype`: rounded to nearest-even for f16, so values
+    /// beyond f16's range become +-inf and tiny ones subnormal or zero, as on a GPU.
+    pub fn from_f32_as(shape: &[usize], data: Vec<f32>, dtype: DType) -> Result<Self> {
+        match dtype {
+            DType::F32 => Self::from_vec(shape, data),
+            DType::F16 => Self::from_f16_vec(shape, f32_to_f16(&data)),
+        }
+    }
+
+    pub fn zeros_dtype(shape: &[usize], dtype: DType) -> Self {
+        match dtype {
+            DType::F32 => Self::zeros(shape),
+            DType::F16 => Tensor {
+                shape: shape.to_vec(),
+                storage: Storage::Cpu(CpuStorage::F16(vec![f16::ZERO; numel(shape)])),
+            },
+        }
+    }
+
+    /// A copy in `dtype` (PyTorch's `.to(dtype)`); f32 -> f16 rounds to nearest-even.
+    pub fn to_dtype(&self, dtype: DType) -> Tensor {
+        let storage = match (&self.storage, dtype) {
+            (Storage::Cpu(CpuStorage::F32(v)), DType::F32) => CpuStorage::F32(v.clone()),
+            (Storage::Cpu(CpuStorage::F16(v)), DType::F16) => CpuStorage::F16(v.clone()),
+            (Storage::Cpu(CpuStorage::F32(v)), DType::F16) => CpuStorage::F16(f32_to_f16(v)),
+            (Storage::Cpu(CpuStorage::F16(v)), DType::F32) => CpuStorage::F32(f16_to_f32(v)),
+        };
+        Tensor { shape: self.shape.clone(), storage: Storage::Cpu(storage) }
+    }
+
+    /// Converts in place (no copy when already `dtype`).
+    pub fn into_dtype(self, dtype: DType) -> Tensor {
+        if self.dtype() == dtype {
+            self
+        } else {
+            self.to_dtype(dtype)
+        }
+    }
+
+    pub fn as_f16(&self) -> Result<&[f16]> {
+        match &self.storage {
+            Storage::Cpu(CpuStorage::F16(v)) => Ok(v),
+            _ => Err(Error::shape(format!("expected a CPU f16 tensor, got {:?}", self.dtype()))),
+        }
+    }
+
+    pub fn as_f16_mut(&mut self) -> Result<&mut [f16]> {
+        let dt = self.dtype();
+        match &mut self.storage {
+            Storage::Cpu(CpuStorage::F16(v)) => Ok(v),
+            _ => Err(Error::shape(format!("expected a CPU f16 tensor, got {dt:?}"))),
+        }
+    }
+
+    /// The values widened to f32 (a copy, whatever the dtype).
+    pub fn to_f32_vec(&self) -> Vec<f32> {
+        match &self.storage {
+            Storage::Cpu(CpuStorage::F32(v)) => v.clone(),
+            Storage::Cpu(CpuStorage::F16(v)) => f16_to_f32(v),
+        }
+    }
+
+    /// Overwrites every element with `src[i]` stored in this tensor's dtype
+    /// (rounded to nearest-even for f16).
+    pub fn copy_from_f32(&mut self, src: &[f32]) -> Result<()> {
+        if src.len() != self.numel() {
+            return Err(Error::shape(format!(
+                "copy_from_f32: {} values for a tensor of shape {:?}",
+                src.len(),
+                self.shape
+            )));
+        }
+        match &mut self.storage {
+            Storage::Cpu(CpuStorage::F32(v)) => v.copy_from_slice(src),
+            Storage::Cpu(CpuStorage::F16(v)) => {
+                half::slice::HalfFloatSliceExt::convert_from_f32_slice(v.as_mut_slice(), src)
+            }
+        }
+        Ok(())
+    }
+
+    /// Sets every element to `value` (rounded for f16), whatever the dtype.
+    pub fn fill_(&mut self, value: f32) {
+        match &mut self.storage {
+            Storage::Cpu(CpuStorage::F32(v)) => v.fill(value),
+            Storage::Cpu(CpuStorage::F16(v)) => v.fill(f16::from_f32(value)),
         }
     }
 
@@ -111,3 +212,20 @@ impl Tensor {
         Ok(())
     }
 }
+
+/// f32 -> f16 with IEEE round-to-nearest-even (overflow to +-inf, gradual underflow).
+pub fn f32_to_f16(v: &[f32]) -> Vec<f16> {
+    let mut out = vec![f16::ZERO; v.len()];
+    half::slice::HalfFloatSliceExt::convert_from_f32_slice(out.as_mut_slice(), v);
+    out
+}
+
+/// f16 -> f32, exact.
+pub fn f16_to_f32(v: &[f16]) -> Vec<f32> {
+    let mut out = vec![0f32; v.len()];
+    half::slice::HalfFloatSliceExt::convert_to_f32_slice(v, out.as_mut_slice());
+    out
+}
+
+#[cfg(test)]
+mod tests_f16;

@@ -11,6 +11,7 @@ pub use ddp::Ddp;
 pub use eval::{evaluate, evaluate_shard, EvalResult};
 pub use trace::RunOptions;
 
+use crate::amp;
 use crate::config::{self, Config};
 use crate::data::{self, Dataset, DistributedSampler, Loader, Normalize, Split};
 use crate::error::{Error, Result};
@@ -48,6 +49,15 @@ pub struct Summary {
     /// Why `--check-trace` stopped the run, when it did.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub trace_divergence: Option<String>,
+    /// The loss scale at the end of the run (1 without loss scaling).
+    pub loss_scale: f32,
+    /// Optimizer steps skipped because the gradients overflowed.
+    pub overflow_steps: u64,
+    /// Mean training loss over the first logging interval, to set against
+    /// `final_loss`; `loss_decreased` says whether training made progress
+    /// (the bar O3 is held to).
+    pub initial_loss: f64,
+    pub loss_decreased: bool,
 }
 
 /// Everything loaded and checked before anything is written to `out_dir`.
@@ -59,12 +69,6 @@ pub struct Prepared {
 
 /// Refuses what this build cannot do yet, with the reason, before any work.
 fn check_supported(cfg: &Config) -> Result<&'static str> {
-    if cfg.amp.opt_level != config::OptLevel::O0 {
-        return Err(Error::Unsupported(format!(
-            "amp.opt_level = \"{}\": only O0 (fp32) training is implemented so far; set amp.opt_level = \"O0\"",
-            cfg.amp.opt_level
-        )));
-    }
     match cfg.run.device {
         config::Device::Cuda => Err(Error::Unsupported(
             "run.device = \"cuda\": the CUDA backend is not implemented yet; use \"cpu\" or \"auto\"".into(),
@@ -123,22 +127,6 @@ pub fn prepare(cfg: &Config) -> Result<Prepared> {
     Ok(Prepared { model, train_ds, test_ds })
 }
 
-fn clip_grad_norm(model: &mut Model, max_norm: f32) -> Result<f32> {
-    let mut sq = 0.0f64;
-    for p in model.params() {
-        sq += p.grad.as_f32()?.iter().map(|&g| (g as f64) * (g as f64)).sum::<f64>();
-    }
-    let norm = sq.sqrt() as f32;
-    // torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when that is < 1.
-    let coef = max_norm / (norm + 1e-6);
-    if coef < 1.0 {
-        for p in model.params_mut() {
-            p.grad.as_f32_mut()?.iter_mut().for_each(|g| *g *= coef);
-        }
-    }
-    Ok(norm)
-}
-
 pub fn train(cfg: &Config) -> Result<Summary> {
     train_with(cfg, &RunOptions::default())
 }
@@ -195,6 +183,17 @@ pub fn train_with(cfg: &Config, opts: &RunOptions) -> Result<Summary> {
     let mut ckpt = crate::checkpoint::Checkpointer::new(cfg, shape)
         .with_test_hooks(opts.save_pause, opts.halt_after_steps);
     let resumed = ckpt.resume(&mut model, &mut optimizer)?;
+    // apex's amp.initialize: cast the model, set up masters and the loss scaler.
+    let policy = amp::Policy::resolve(&cfg.amp)?;
+    if ddp.world_size() > 1 && policy.cast_model_type == Some(crate::tensor::DType::F16) {
+        return Err(Error::Unsupported(format!(
+            "amp.opt_level = \"{}\" with world size {}: the gradient all-reduce handles fp32 gradients only so far; \
+             use O0 or O1 for distributed runs",
+            cfg.amp.opt_level,
+            ddp.world_size()
+        )));
+    }
+    let mut amp = amp::Amp::new(policy, amp::LossScaler::from_config(&cfg.amp)?, &mut model);
     let mut tracer = trace::Tracer::new(opts)?;
     let mut trace_divergence: Option<String> = None;
 
@@ -244,6 +243,7 @@ pub fn train_with(cfg: &Config, opts: &RunOptions) -> Result<Summary> {
     let mut window_start = Instant::now();
     let mut window_images = 0usize;
     let mut grad_norm: Option<f32> = None;
+    let mut initial_loss = f64::NAN;
     let mut step_loss = 0.0f64;
     // Batches of the current epoch a resumed checkpoint already consumed.
     let mut resume_at: Option<usize> = None;
@@ -283,7 +283,11 @@ pub fn train_with(cfg: &Config, opts: &RunOptions) -> Result<Summary> {
             let n = batch.labels.len();
             ddp.sync_buffers(&mut model)?;
             let (logits, saved) = model.forward_train(batch.images)?;
-            let out = ops::cross_entropy::forward_backward(&logits, &batch.labels, 1.0 / accum as f32)?;
+            let out = ops::cross_entropy::forward_backward(
+                &logits,
+                &batch.labels,
+                amp.loss_scale() / accum as f32,
+            )?;
             if !out.loss.is_finite() {
                 return Err(Error::Training(format!(
                     "loss is {} at step {} (epoch {epoch}); lower optimizer.lr or set train.grad_clip_norm",
@@ -300,25 +304,23 @@ pub fn train_with(cfg: &Config, opts: &RunOptions) -> Result<Summary> {
             if micro % accum != 0 {
                 continue;
             }
-            if let Some(max_norm) = cfg.train.grad_clip_norm {
-                grad_norm = Some(clip_grad_norm(&mut model, max_norm)?);
-            }
             if let Some(t) = &mut tracer {
                 t.before_update(&model, cfg.train.grad_clip_norm.and(grad_norm))?;
             }
-            let lr = schedule.lr_at(step);
-            {
-                let mut params = model.params_mut();
-                let (mut values, grads): (Vec<&mut [f32]>, Vec<&[f32]>) = params
-                    .iter_mut()
-                    .map(|p| {
-                        let crate::nn::Param { value, grad, .. } = &mut **p;
-                        Ok((value.as_f32_mut()?, grad.as_f32()?))
-                    })
-                    .collect::<Result<Vec<_>>>()?
-                    .into_iter()
-                    .unzip();
-                optimizer.step(&mut values, &grads, lr)?;
+            // A skipped step leaves the schedule where it was (only applied steps count).
+            let lr = schedule.lr_at(step - amp.scaler.state().overflow_steps);
+            let outcome = amp.step(&mut model, &mut optimizer, lr, cfg.train.grad_clip_norm, step + 1)?;
+            if outcome.grad_norm.is_some() {
+                grad_norm = outcome.grad_norm;
+            }
+            if outcome.skipped {
+                progress.println(&format!(
+                    "step {}: gradient overflow (inf/NaN) at loss scale {}, first in {}; step skipped, loss scale -> {}",
+                    step + 1,
+                    outcome.loss_scale,
+                    outcome.overflow.describe(3),
+                    amp.loss_scale()
+                ));
             }
             model.zero_grad()?;
             step += 1;
@@ -333,7 +335,11 @@ pub fn train_with(cfg: &Config, opts: &RunOptions) -> Result<Summary> {
                 let loss = ddp.mean(window_loss / window_n as f64)?;
                 let ips = window_images as f64 / window_start.elapsed().as_secs_f64().max(1e-9);
                 final_loss = loss;
-                let mut rec = json!({"kind": "train", "step": step, "epoch": epoch, "loss": loss, "lr": lr, "images_per_s": ips});
+                if initial_loss.is_nan() {
+                    initial_loss = loss;
+                }
+                let mut rec = json!({"kind": "train", "step": step, "epoch": epoch, "loss": loss, "lr": lr, "images_per_s": ips,
+                    "loss_scale": amp.loss_scale(), "overflow_steps": amp.scaler.state().overflow_steps});
                 if let Some(g) = grad_norm {
                     rec["grad_norm"] = json!(g);
                 }
@@ -379,7 +385,7 @@ pub fn train_with(cfg: &Config, opts: &RunOptions) -> Result<Summary> {
 
     let weights = out_dir.join("model.safetensors");
     if primary {
-        crate::checkpoint::save_safetensors(&weights, &model.state_dict()?)?;
+        crate::checkpoint::save_safetensors(&weights, &amp.state_dict(&model)?)?;
     }
     let summary = Summary {
         name: cfg.run.name.clone(),
@@ -398,6 +404,10 @@ pub fn train_with(cfg: &Config, opts: &RunOptions) -> Result<Summary> {
         checkpoints: ckpt.written().to_vec(),
         resumed_from: ckpt.resumed_from().map(PathBuf::from),
         trace_divergence,
+        loss_scale: amp.loss_scale(),
+        overflow_steps: amp.scaler.state().overflow_steps,
+        initial_loss,
+        loss_decreased: final_loss < initial_loss,
     };
     if primary {
         metrics::write_json(&out_dir.join("summary.json"), &summary)?;

@@ -6,6 +6,7 @@ pub mod cpu;
 pub mod fused_cpu;
 pub mod sync;
 
+use super::half_emu::{any_f16, f32_acc, f32_of, store};
 use crate::error::{Error, Result};
 use crate::tensor::{CpuStorage, Storage, Tensor};
 
@@ -60,6 +61,16 @@ pub fn forward_train(
     eps: f32,
 ) -> Result<(Tensor, BatchNormSaved)> {
     const OP: &str = "forward_train";
+    // f16 (O3, or O2's f16 activations): statistics in f32, output in x's dtype,
+    // running statistics rounded to their own dtype on store.
+    if any_f16([Some(x), Some(weight), Some(bias), Some(&*running_mean), Some(&*running_var)]) {
+        let (mut rm, mut rv) = (f32_acc(running_mean), f32_acc(running_var));
+        let (y, saved) =
+            forward_train(&f32_of(x), &f32_of(weight), &f32_of(bias), &mut rm, &mut rv, momentum, eps)?;
+        store(running_mean, &rm)?;
+        store(running_var, &rv)?;
+        return Ok((y.into_dtype(x.dtype()), saved));
+    }
     let (n, c, hw) = dims(OP, x)?;
     if n * hw <= 1 {
         return Err(Error::shape(format!(
@@ -95,6 +106,10 @@ pub fn forward_eval(
     eps: f32,
 ) -> Result<Tensor> {
     const OP: &str = "forward_eval";
+    if any_f16([Some(x), Some(weight), Some(bias), Some(running_mean), Some(running_var)]) {
+        let (w, b, rm, rv) = (f32_of(weight), f32_of(bias), f32_of(running_mean), f32_of(running_var));
+        return Ok(forward_eval(&f32_of(x), &w, &b, &rm, &rv, eps)?.into_dtype(x.dtype()));
+    }
     let (_, c, hw) = dims(OP, x)?;
     match x.storage() {
         Storage::Cpu(CpuStorage::F32(xs)) => {
@@ -122,6 +137,13 @@ pub fn backward(
     dbias: &mut Tensor,
 ) -> Result<Tensor> {
     const OP: &str = "backward";
+    if any_f16([Some(x), Some(weight), Some(dy), Some(&*dweight), Some(&*dbias)]) {
+        let (mut dw, mut db) = (f32_acc(dweight), f32_acc(dbias));
+        let dx = backward(&f32_of(x), &f32_of(weight), saved, &f32_of(dy), &mut dw, &mut db)?;
+        store(dweight, &dw)?;
+        store(dbias, &db)?;
+        return Ok(dx.into_dtype(x.dtype()));
+    }
     let (n, c, hw) = dims(OP, x)?;
     dy.check_shape(&format!("batch_norm {OP}: dy (must match x)"), x.shape())?;
     if saved.mean.len() != c || saved.invstd.len() != c {
@@ -278,3 +300,5 @@ pub fn backward_relu_maxpool2(
 mod fused_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_f16;

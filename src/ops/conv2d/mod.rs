@@ -4,7 +4,10 @@
 pub mod cpu;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_f16;
 
+use super::half_emu::{any_f16, f32_acc, f32_of, store};
 use crate::error::{Error, Result};
 use crate::tensor::{CpuStorage, Storage, Tensor};
 use cpu::ConvGeom;
@@ -87,7 +90,14 @@ fn geometry(x: &Tensor, weight: &Tensor, args: Conv2dArgs) -> Result<ConvGeom> {
 }
 
 /// `x[N, C, H, W]`, `weight[O, C, K, K]`, `bias[O]` -> `[N, O, Ho, Wo]`.
+///
+/// f16 operands: f16 inputs with f32 accumulation; the output takes `x`'s dtype.
 pub fn forward(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>, args: Conv2dArgs) -> Result<Tensor> {
+    if any_f16([Some(x), Some(weight), bias]) {
+        let b = bias.map(f32_of);
+        let y = forward(&f32_of(x), &f32_of(weight), b.as_deref(), args)?;
+        return Ok(y.into_dtype(x.dtype()));
+    }
     let g = geometry(x, weight, args)?;
     if let Some(b) = bias {
         b.check_shape("conv2d bias", &[g.o])?;
@@ -112,6 +122,16 @@ pub fn backward(
     dbias: Option<&mut Tensor>,
     need_dx: bool,
 ) -> Result<Option<Tensor>> {
+    if any_f16([Some(x), Some(weight), Some(dy), Some(&*dweight), dbias.as_deref()]) {
+        let mut dw = f32_acc(dweight);
+        let mut db = dbias.as_deref().map(f32_acc);
+        let dx = backward(&f32_of(x), &f32_of(weight), &f32_of(dy), args, &mut dw, db.as_mut(), need_dx)?;
+        store(dweight, &dw)?;
+        if let (Some(target), Some(acc)) = (dbias, db) {
+            store(target, &acc)?;
+        }
+        return Ok(dx.map(|d| d.into_dtype(x.dtype())));
+    }
     let g = geometry(x, weight, args)?;
     dy.check_shape("conv2d dy", &[g.n, g.o, g.ho, g.wo])?;
     dweight.check_shape("conv2d dweight", weight.shape())?;

@@ -3,6 +3,7 @@
 
 pub mod cpu;
 
+use super::half_emu::{any_f16, f32_of};
 use crate::error::{Error, Result};
 use crate::tensor::{CpuStorage, Storage, Tensor};
 
@@ -55,7 +56,14 @@ fn unsupported(op: &str, t: &Tensor) -> Error {
 
 /// Mean loss, hit count, and `dlogits = grad_scale * (softmax - onehot) / N`.
 /// `grad_scale` is the loss scale under mixed precision (1 otherwise).
+/// f16 logits: softmax and loss in f32; `dlogits` is rounded to f16 (so a
+/// loss scale that is too large overflows here, as on the GPU).
 pub fn forward_backward(logits: &Tensor, labels: &[u32], grad_scale: f32) -> Result<CrossEntropyOut> {
+    if any_f16([Some(logits)]) {
+        let mut out = forward_backward(&f32_of(logits), labels, grad_scale)?;
+        out.dlogits = out.dlogits.into_dtype(logits.dtype());
+        return Ok(out);
+    }
     let (n, c) = check("forward_backward", logits, labels)?;
     match logits.storage() {
         Storage::Cpu(CpuStorage::F32(xs)) => {
@@ -74,6 +82,9 @@ pub fn forward_backward(logits: &Tensor, labels: &[u32], grad_scale: f32) -> Res
 /// Evaluation: the loss SUM over the batch (f64, so an epoch's total can be
 /// accumulated across batches before dividing) and the hit count.
 pub fn forward(logits: &Tensor, labels: &[u32]) -> Result<(f64, usize)> {
+    if any_f16([Some(logits)]) {
+        return forward(&f32_of(logits), labels);
+    }
     let (_, c) = check("forward", logits, labels)?;
     match logits.storage() {
         Storage::Cpu(CpuStorage::F32(xs)) => Ok(cpu::forward(xs, labels, c)),
@@ -83,3 +94,5 @@ pub fn forward(logits: &Tensor, labels: &[u32]) -> Result<(f64, usize)> {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_f16;

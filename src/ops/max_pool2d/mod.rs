@@ -3,6 +3,7 @@
 
 pub mod cpu;
 
+use super::half_emu::{any_f16, f32_of};
 use crate::error::{Error, Result};
 use crate::tensor::{CpuStorage, Storage, Tensor};
 use cpu::Geometry;
@@ -42,6 +43,10 @@ fn geometry(op: &str, h: usize, w: usize, kernel_size: usize, stride: usize) -> 
 /// Returns the pooled tensor `[N, C, OH, OW]` and, per output element, the
 /// flat index of the chosen input within its `H * W` plane.
 pub fn forward(x: &Tensor, kernel_size: usize, stride: usize) -> Result<(Tensor, Vec<u32>)> {
+    if any_f16([Some(x)]) {
+        let (y, idx) = forward(&f32_of(x), kernel_size, stride)?;
+        return Ok((y.into_dtype(x.dtype()), idx));
+    }
     let [n, c, h, w] = nchw("forward", "input", x.shape())?;
     let g = geometry("forward", h, w, kernel_size, stride)?;
     let (oh, ow) = g.out_hw();
@@ -59,6 +64,9 @@ pub fn forward(x: &Tensor, kernel_size: usize, stride: usize) -> Result<(Tensor,
 
 /// Routes each output gradient to the input position its window selected.
 pub fn backward(dy: &Tensor, indices: &[u32], x_shape: &[usize]) -> Result<Tensor> {
+    if any_f16([Some(dy)]) {
+        return Ok(backward(&f32_of(dy), indices, x_shape)?.into_dtype(dy.dtype()));
+    }
     let [n, c, h, w] = nchw("backward", "x_shape", x_shape)?;
     let [dn, dc, oh, ow] = nchw("backward", "dy", dy.shape())?;
     if (dn, dc) != (n, c) || oh > h || ow > w {
@@ -92,3 +100,5 @@ pub fn backward(dy: &Tensor, indices: &[u32], x_shape: &[usize]) -> Result<Tenso
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_f16;

@@ -3,6 +3,7 @@
 
 pub mod cpu;
 
+use super::half_emu::{any_f16, f32_acc, f32_of, store};
 use crate::error::{Error, Result};
 use crate::tensor::{CpuStorage, Storage, Tensor};
 
@@ -15,6 +16,9 @@ fn is_cpu_f32(t: &Tensor) -> bool {
 }
 
 pub fn forward(x: &Tensor) -> Result<Tensor> {
+    if any_f16([Some(x)]) {
+        return Ok(forward(&f32_of(x))?.into_dtype(x.dtype()));
+    }
     match x.storage() {
         Storage::Cpu(CpuStorage::F32(xs)) => {
             let mut y = vec![0.0f32; xs.len()];
@@ -27,6 +31,11 @@ pub fn forward(x: &Tensor) -> Result<Tensor> {
 
 /// `x = relu(x)` in place.
 pub fn forward_(x: &mut Tensor) -> Result<()> {
+    if any_f16([Some(&*x)]) {
+        let mut acc = f32_acc(x);
+        forward_(&mut acc)?;
+        return store(x, &acc);
+    }
     if !is_cpu_f32(x) {
         return Err(unsupported("forward_", x));
     }
@@ -37,6 +46,9 @@ pub fn forward_(x: &mut Tensor) -> Result<()> {
 /// `dx = dy` where the output `y > 0`, else 0.
 pub fn backward(y: &Tensor, dy: &Tensor) -> Result<Tensor> {
     dy.check_shape("relu backward: dy (must match y)", y.shape())?;
+    if any_f16([Some(y), Some(dy)]) {
+        return Ok(backward(&f32_of(y), &f32_of(dy))?.into_dtype(dy.dtype()));
+    }
     match (y.storage(), dy.storage()) {
         (Storage::Cpu(CpuStorage::F32(ys)), Storage::Cpu(CpuStorage::F32(dys))) => {
             let mut dx = vec![0.0f32; ys.len()];
@@ -51,6 +63,11 @@ pub fn backward(y: &Tensor, dy: &Tensor) -> Result<Tensor> {
 /// `dy` becomes dx in place.
 pub fn backward_(y: &Tensor, dy: &mut Tensor) -> Result<()> {
     dy.check_shape("relu backward_: dy (must match y)", y.shape())?;
+    if any_f16([Some(y), Some(&*dy)]) {
+        let mut acc = f32_acc(dy);
+        backward_(&f32_of(y), &mut acc)?;
+        return store(dy, &acc);
+    }
     if !is_cpu_f32(dy) {
         return Err(unsupported("backward_", dy));
     }
@@ -65,3 +82,5 @@ pub fn backward_(y: &Tensor, dy: &mut Tensor) -> Result<()> {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_f16;

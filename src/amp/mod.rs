@@ -1,0 +1,170 @@
+//! Mixed precision with apex semantics: the opt-level [`Policy`], the
+//! [`LossScaler`], the model cast, and [`Amp::step`], which turns the
+//! (scaled) gradients backward left in the model into one optimizer step:
+//! unscale + inf/NaN check in one pass, skip on overflow, clip the unscaled
+//! gradients, step (on fp32 masters under O2), move the scale.
+
+mod policy;
+mod scaler;
+#[cfg(test)]
+mod tests_policy;
+#[cfg(test)]
+mod tests_scaler;
+#[cfg(test)]
+mod tests_step;
+
+pub use policy::Policy;
+pub use scaler::{LossScaler, Overflow, ScalerConfig, ScalerState};
+
+use crate::error::Result;
+use crate::nn::{Layer, Model, Param, Precision, StateEntry, StateValue};
+use crate::optim::{step_in_place, MasterWeights, Optimizer};
+use crate::tensor::{DType, Tensor};
+
+fn cast_param(p: &mut Param, dtype: DType) {
+    if p.value.dtype() != dtype {
+        p.value = p.value.to_dtype(dtype);
+    }
+    // A grad has its parameter's dtype (as `.grad` in PyTorch).
+    if p.grad.dtype() != dtype {
+        p.grad = p.grad.to_dtype(dtype);
+    }
+}
+
+fn cast_tensor(t: &mut Tensor, dtype: DType) {
+    if t.dtype() != dtype {
+        *t = t.to_dtype(dtype);
+    }
+}
+
+/// `model.half()` / `.float()` as the policy says: weights of conv and
+/// linear layers to cast_model_type; BatchNorm's parameters and running
+/// statistics to f32 when keep_batchnorm_fp32, else with the rest. O1 (no
+/// cast_model_type) leaves the model fp32.
+pub fn cast_model(model: &mut Model, policy: &Policy) {
+    model.precision = Precision {
+        input: policy.input_dtype(),
+        patch_conv_linear: policy.patch_torch_functions.then_some(DType::F16),
+    };
+    for layer in &mut model.layers {
+        match layer {
+            Layer::Conv2d { weight, bias, .. } | Layer::Linear { weight, bias } => {
+                let dt = policy.param_dtype(false);
+                cast_param(weight, dt);
+                if let Some(b) = bias {
+                    cast_param(b, dt);
+                }
+            }
+            Layer::BatchNorm2d(bn) => {
+                let dt = policy.param_dtype(true);
+                cast_param(&mut bn.weight, dt);
+                cast_param(&mut bn.bias, dt);
+                cast_tensor(&mut bn.running_mean, dt);
+                cast_tensor(&mut bn.running_var, dt);
+            }
+            Layer::Relu | Layer::MaxPool2d { .. } | Layer::Flatten => {}
+        }
+    }
+}
+
+/// `torch.nn.utils.clip_grad_norm_` (L2, with its 1e-6) over f32 gradients;
+/// returns the total norm before clipping.
+pub fn clip_grad_norm_(grads: &mut [Vec<f32>], max_norm: f32) -> f32 {
+    let sq: f64 = grads.iter().flat_map(|g| g.iter()).map(|&g| f64::from(g) * f64::from(g)).sum();
+    let norm = sq.sqrt() as f32;
+    let coef = max_norm / (norm + 1e-6);
+    if coef < 1.0 {
+        grads.iter_mut().flat_map(|g| g.iter_mut()).for_each(|g| *g *= coef);
+    }
+    norm
+}
+
+/// What one [`Amp::step`] did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepOutcome {
+    /// Skipped for overflow: weights, optimizer state and schedule untouched.
+    pub skipped: bool,
+    /// The parameters with non-finite gradients (empty when clean).
+    pub overflow: Overflow,
+    /// The loss scale this step's gradients were computed with.
+    pub loss_scale: f32,
+    /// Total gradient norm (unscaled, before clipping) when clipping is on.
+    pub grad_norm: Option<f32>,
+}
+
+/// The mixed-precision state of a run: policy, scaler, fp32 masters (O2),
+/// and the f32 buffer the unscaled gradients land in.
+pub struct Amp {
+    pub policy: Policy,
+    pub scaler: LossScaler,
+    masters: Option<MasterWeights>,
+    grads: Vec<Vec<f32>>,
+}
+
+impl Amp {
+    /// Casts `model` per the policy and sets up masters and the scaler.
+    pub fn new(policy: Policy, scaler: LossScaler, model: &mut Model) -> Self {
+        cast_model(model, &policy);
+        let masters = policy
+            .uses_master_weights()
+            .then(|| MasterWeights::new(&model.params().iter().map(|p| &p.value).collect::<Vec<_>>()));
+        Amp { policy, scaler, masters, grads: Vec::new() }
+    }
+
+    pub fn loss_scale(&self) -> f32 {
+        self.scaler.scale()
+    }
+
+    pub fn masters(&self) -> Option<&MasterWeights> {
+        self.masters.as_ref()
+    }
+
+    pub fn masters_mut(&mut self) -> Option<&mut MasterWeights> {
+        self.masters.as_mut()
+    }
+
+    /// The model's state_dict in fp32, with the fp32 masters (O2) in place
+    /// of the f16-rounded weights: what apex users save, and what loads back
+    /// into an fp32 model exactly.
+    pub fn state_dict(&self, model: &Model) -> Result<Vec<StateEntry>> {
+        let mut entries = model.state_dict()?;
+        if let Some(m) = &self.masters {
+            for (p, master) in model.params().iter().zip(m.masters()) {
+                if let Some(e) = entries.iter_mut().find(|e| e.name == p.name) {
+                    e.value = StateValue::F32(master.clone());
+                }
+            }
+        }
+        Ok(entries)
+    }
+
+    /// Optimizer step `step` (1-based, for messages) from the gradients in
+    /// `model` (scaled by [`Amp::loss_scale`]). The caller zeroes the grads.
+    pub fn step(
+        &mut self,
+        model: &mut Model,
+        optimizer: &mut Optimizer,
+        lr: f32,
+        grad_clip_norm: Option<f32>,
+        step: u64,
+    ) -> Result<StepOutcome> {
+        let loss_scale = self.scaler.scale();
+        let overflow = {
+            let params = model.params();
+            let named: Vec<(&str, &Tensor)> = params.iter().map(|p| (p.name.as_str(), &p.grad)).collect();
+            self.scaler.unscale(&named, &mut self.grads)
+        };
+        if self.scaler.update(&overflow, step)? {
+            return Ok(StepOutcome { skipped: true, overflow, loss_scale, grad_norm: None });
+        }
+        let grad_norm = grad_clip_norm.map(|max_norm| clip_grad_norm_(&mut self.grads, max_norm));
+        let grads: Vec<&[f32]> = self.grads.iter().map(Vec::as_slice).collect();
+        let mut params = model.params_mut();
+        let mut values: Vec<&mut Tensor> = params.iter_mut().map(|p| &mut p.value).collect();
+        match &mut self.masters {
+            Some(m) => m.step(optimizer, &grads, lr, &mut values)?,
+            None => step_in_place(optimizer, &mut values, &grads, lr)?,
+        }
+        Ok(StepOutcome { skipped: false, overflow, loss_scale, grad_norm })
+    }
+}
