@@ -163,3 +163,20 @@ fn batchnorm_buffers_follow_rank_zero_and_evaluation_counts_every_sample_once() 
     let acc = eval["test_accuracy"].as_f64().unwrap();
     assert_eq!(acc, eval["correct"].as_f64().unwrap() / 200.0);
 }
+
+#[test]
+fn an_uneven_last_batch_with_sync_batchnorm_equals_one_rank() {
+    let dir = tempfile::tempdir().unwrap();
+    let seed = std::fs::read_to_string(repo_root().join("configs/mnist_o0.toml")).unwrap();
+    let model = &seed[seed.find("[model]").unwrap()..seed.find("[data]").unwrap()];
+    let cfg =
+        write(dir.path(), "uneven.toml", &format!("{model}\n{COMMON}\n[parallel]\nsync_batchnorm = true\n"));
+    // 190 samples: step 1 is a full global batch of 120, step 2 the remaining 70
+    // (35 per rank), which no batch size divides evenly.
+    let extra = ["data.synthetic_train_size=190", "train.max_steps=2"];
+    let one = run(dir.path(), &cfg, 1, 120, &extra);
+    let two = run(dir.path(), &cfg, 2, 60, &extra);
+    let d = max_abs_diff(&one, &two);
+    println!("uneven last batch: max |dw| vs one rank {d:.3e}");
+    assert!(d < 1e-5, "{d:e}");
+}

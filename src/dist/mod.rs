@@ -18,6 +18,8 @@ mod wire;
 #[cfg(test)]
 mod tests_env;
 #[cfg(test)]
+mod tests_reducer;
+#[cfg(test)]
 mod tests_rendezvous;
 #[cfg(test)]
 mod tests_tcp;
@@ -149,6 +151,14 @@ impl Work {
         self.rx.recv().unwrap_or_else(|_| {
             Err(Error::Training(format!("{}: the communication thread is gone", self.what)))
         })
+    }
+
+    /// [`Work::wait`], also returning when the operation started and finished.
+    pub fn wait_timed(self) -> (Result<Buffer>, WorkTiming) {
+        let timing = self.timing.clone();
+        let result = self.wait();
+        let t = timing.lock().map(|t| *t).unwrap_or_default();
+        (result, t)
     }
 
     /// Whether the result is there (so [`Work::wait`] would not block).

@@ -11,9 +11,10 @@
 //! f32 buffer the gradients are copied into (a few hundred KB for the seed
 //! ConvNet) rather than memory the parameters' `.grad` points into.
 
-use super::{Buffer, Communicator, ReduceOp, Work};
+use super::{Buffer, Communicator, ReduceOp, Work, WorkTiming};
 use crate::error::{Error, Result};
 use std::sync::Arc;
+use std::time::Instant;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BucketLayout {
@@ -57,6 +58,40 @@ struct Bucket {
     work: Option<Work>,
 }
 
+/// When a step's bucket all-reduces ran relative to the end of backward
+/// (the moment [`Reducer::finish`] was called).
+#[derive(Debug, Clone, Default)]
+pub struct StepOverlap {
+    pub backward_done: Option<Instant>,
+    /// One per bucket, in launch order.
+    pub buckets: Vec<WorkTiming>,
+}
+
+impl StepOverlap {
+    /// Buckets whose all-reduce had started before backward finished.
+    pub fn started_during_backward(&self) -> usize {
+        let Some(done) = self.backward_done else { return 0 };
+        self.buckets.iter().filter(|t| t.started.is_some_and(|s| s < done)).count()
+    }
+
+    /// The share of all-reduce time that ran while backward was still going.
+    pub fn hidden_fraction(&self) -> f64 {
+        let Some(done) = self.backward_done else { return 0.0 };
+        let (mut hidden, mut total) = (0.0, 0.0);
+        for t in &self.buckets {
+            if let (Some(s), Some(f)) = (t.started, t.finished) {
+                total += f.saturating_duration_since(s).as_secs_f64();
+                hidden += done.min(f).saturating_duration_since(s).as_secs_f64();
+            }
+        }
+        if total > 0.0 {
+            hidden / total
+        } else {
+            0.0
+        }
+    }
+}
+
 pub struct Reducer {
     comm: Arc<dyn Communicator>,
     buckets: Vec<Bucket>,
@@ -67,6 +102,7 @@ pub struct Reducer {
     pre: f32,
     post: f32,
     step: u64,
+    last: StepOverlap,
 }
 
 impl Reducer {
@@ -104,7 +140,13 @@ impl Reducer {
             pre: (1.0 / f) as f32,
             post: (f / world) as f32,
             step: 0,
+            last: StepOverlap::default(),
         }
+    }
+
+    /// How the last reduced step's communication overlapped its backward.
+    pub fn last_overlap(&self) -> &StepOverlap {
+        &self.last
     }
 
     pub fn layouts(&self) -> Vec<&BucketLayout> {
@@ -141,6 +183,7 @@ impl Reducer {
     /// Waits for every bucket (in launch order) and writes the averaged
     /// gradients into `grads` (indexed like the parameters).
     pub fn finish(&mut self, grads: &mut [&mut [f32]]) -> Result<()> {
+        self.last = StepOverlap { backward_done: Some(Instant::now()), buckets: Vec::new() };
         if let Some(i) = self.marked.iter().position(|m| !m) {
             return Err(Error::Training(format!(
                 "DDP: parameter {i} received no gradient this step; every parameter must take part in the loss"
@@ -151,7 +194,9 @@ impl Reducer {
                 .work
                 .take()
                 .ok_or_else(|| Error::Training("DDP: a bucket was never launched".into()))?;
-            let mut data = work.wait()?.into_f32()?;
+            let (result, timing) = work.wait_timed();
+            self.last.buckets.push(timing);
+            let mut data = result?.into_f32()?;
             if self.post != 1.0 {
                 data.iter_mut().for_each(|v| *v *= self.post);
             }
