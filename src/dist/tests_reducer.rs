@@ -40,11 +40,14 @@ fn buckets_follow_reverse_registration_order_and_caps() {
     assert_eq!(b.iter().map(|b| b.params.clone()).collect::<Vec<_>>(), vec![vec![3, 2], vec![1, 0]]);
 }
 
+/// (local grads, averaged grads, buckets started during backward, buckets).
+type RankResult = (Vec<Vec<f32>>, Vec<Vec<f32>>, usize, usize);
+
 #[test]
 fn two_ranks_average_gradients_and_overlap_backward() {
     let comms: Vec<Arc<dyn Communicator>> =
         pair().into_iter().map(|c| Arc::new(c) as Arc<dyn Communicator>).collect();
-    let results: Vec<(Vec<Vec<f32>>, Vec<Vec<f32>>, usize, usize)> = std::thread::scope(|s| {
+    let results: Vec<RankResult> = std::thread::scope(|s| {
         let hs: Vec<_> = comms
             .iter()
             .enumerate()
