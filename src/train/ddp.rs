@@ -16,6 +16,8 @@ pub struct Ddp {
     comm: Arc<dyn Communicator>,
     reducer: Option<Reducer>,
     broadcast_buffers: bool,
+    /// Sum and count of the per-step share of all-reduce time hidden behind backward.
+    hidden: (f64, u64),
 }
 
 impl Ddp {
@@ -26,7 +28,8 @@ impl Ddp {
         let (env, comm) = dist::init(cfg)?;
         let comm: Arc<dyn Communicator> = Arc::from(comm);
         let world = comm.world_size();
-        let mut ddp = Ddp { env, comm: comm.clone(), reducer: None, broadcast_buffers: false };
+        let mut ddp =
+            Ddp { env, comm: comm.clone(), reducer: None, broadcast_buffers: false, hidden: (0.0, 0) };
         if world > 1 {
             ddp.broadcast_state(model, true)?;
             if cfg.parallel.sync_batchnorm {
@@ -135,10 +138,19 @@ impl Ddp {
                 let mut params = model.params_mut();
                 let mut grads: Vec<&mut [f32]> =
                     params.iter_mut().map(|p| p.grad.as_f32_mut()).collect::<Result<_>>()?;
-                reducer.finish(&mut grads)
+                reducer.finish(&mut grads)?;
+                self.hidden.0 += reducer.last_overlap().hidden_fraction();
+                self.hidden.1 += 1;
+                Ok(())
             }
             _ => model.backward(saved, dlogits),
         }
+    }
+
+    /// The mean share of gradient all-reduce time that ran while backward was
+    /// still going (None at world size 1).
+    pub fn allreduce_hidden_fraction(&self) -> Option<f64> {
+        (self.hidden.1 > 0).then(|| self.hidden.0 / self.hidden.1 as f64)
     }
 
     /// Sums the per-rank evaluation counts (each rank scored its shard).

@@ -32,8 +32,11 @@ pub struct Summary {
     pub final_loss: f64,
     pub test_accuracy: Option<f64>,
     pub test_loss: Option<f64>,
-    /// Training images per second, counting training steps only (not evaluation).
+    /// Training images per second over all ranks, counting training steps only (not evaluation).
     pub images_per_s: f64,
+    /// DDP only: mean share of gradient all-reduce time hidden behind backward.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allreduce_hidden_fraction: Option<f64>,
     pub steps: u64,
     pub epochs: u64,
     pub wall_s: f64,
@@ -392,7 +395,9 @@ pub fn train_with(cfg: &Config, opts: &RunOptions) -> Result<Summary> {
         final_loss,
         test_accuracy: last_eval.map(|e| e.accuracy),
         test_loss: last_eval.map(|e| e.loss),
-        images_per_s: train_images as f64 / train_time.max(1e-9),
+        // Every rank trains equal batches: the job's throughput is world x this rank's.
+        images_per_s: (train_images * ddp.world_size()) as f64 / train_time.max(1e-9),
+        allreduce_hidden_fraction: ddp.allreduce_hidden_fraction(),
         steps: step,
         epochs: epoch,
         wall_s: wall.elapsed().as_secs_f64(),
