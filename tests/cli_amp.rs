@@ -137,6 +137,31 @@ fn overflowing_steps_are_skipped_logged_with_param_names_and_counted() {
 }
 
 #[test]
+fn too_many_skipped_steps_fail_the_max_overflow_steps_gate() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_set = format!("run.out_dir={}", dir.path().join("out").display());
+    let cfg = repo_root().join("configs/mnist_o2.toml");
+    // The scale starts at 2^24, so the first steps overflow (see the test above).
+    let mut args = vec![
+        "--config",
+        cfg.to_str().unwrap(),
+        "--set",
+        &out_set,
+        "--set",
+        "amp.init_scale=16777216",
+        "--set",
+        "expect.min_test_accuracy=0.0",
+        "--set",
+        "expect.max_overflow_steps=0",
+    ];
+    args.extend_from_slice(SYNTH);
+    let o = ddptrain(&args, dir.path());
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(3), "{t}");
+    assert!(t.contains("FAIL expect.max_overflow_steps: expected <= 0, got "), "{t}");
+}
+
+#[test]
 fn a_run_that_overflows_at_the_minimum_scale_stops_naming_step_and_params() {
     let dir = tempfile::tempdir().unwrap();
     let out_set = format!("run.out_dir={}", dir.path().join("out").display());

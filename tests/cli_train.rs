@@ -68,12 +68,15 @@ fn passing_gates_exit_zero() {
         "expect.min_test_accuracy=0.0",
         "--set",
         "expect.max_final_loss=100.0",
+        "--set",
+        "expect.max_overflow_steps=0",
     ];
     args.extend_from_slice(SYNTH);
     let o = ddptrain(&args, dir.path());
     let t = text(&o);
     assert_eq!(o.status.code(), Some(0), "{t}");
     assert!(t.contains("PASS expect.min_test_accuracy") && t.contains("PASS expect.max_final_loss"), "{t}");
+    assert!(t.contains("PASS expect.max_overflow_steps: expected <= 0, got 0"), "{t}");
 }
 
 #[test]

@@ -437,6 +437,9 @@ pub struct Expect {
     pub min_test_accuracy: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_final_loss: Option<f64>,
+    /// Most optimizer steps the dynamic loss scaler may skip on overflow.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_overflow_steps: Option<u64>,
 }
 
 /// Writes f32 values by their shortest decimal form (0.1307, not

@@ -31,5 +31,12 @@ pub fn check(expect: &Expect, s: &Summary) -> Vec<Verdict> {
             line: format!("expect.max_final_loss: expected <= {max:.4}, got {:.4}", s.final_loss),
         });
     }
+    if let Some(max) = expect.max_overflow_steps {
+        out.push(Verdict {
+            gate: "max_overflow_steps",
+            passed: s.overflow_steps <= max,
+            line: format!("expect.max_overflow_steps: expected <= {max}, got {}", s.overflow_steps),
+        });
+    }
     out
 }
