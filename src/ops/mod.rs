@@ -2,6 +2,9 @@
 //! `cpu.rs` holds the CPU kernels (generic over [`Elem`] so the tests can run
 //! them in f64), and the CUDA twin will sit beside it as `cuda.rs`.
 
+use crate::error::{Error, Result};
+use crate::tensor::{CpuStorage, Storage, Tensor};
+
 pub mod elem;
 pub use elem::Elem;
 
@@ -13,6 +16,20 @@ pub(crate) mod half_emu;
 pub mod linear;
 pub mod max_pool2d;
 pub mod relu;
+
+/// The host f32 data of `t`, or `Unsupported` naming the op, the operand and
+/// its dtype (f16 and device tensors have their own kernels elsewhere).
+pub(crate) fn cpu_f32<'a>(op: &str, what: &str, t: &'a Tensor) -> Result<&'a [f32]> {
+    match t.storage() {
+        Storage::Cpu(CpuStorage::F32(v)) => Ok(v),
+        _ => Err(Error::Unsupported(format!("{op}: {what} of dtype {:?} on this device", t.dtype()))),
+    }
+}
+
+pub(crate) fn cpu_f32_mut<'a>(op: &str, what: &str, t: &'a mut Tensor) -> Result<&'a mut [f32]> {
+    cpu_f32(op, what, t)?;
+    t.as_f32_mut()
+}
 
 #[cfg(test)]
 pub mod testing;

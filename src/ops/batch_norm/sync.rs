@@ -4,22 +4,12 @@
 //! so uneven per-rank batches stay correct. As in PyTorch, the weight and bias
 //! gradients are the local ones (DDP averages them like any other gradient).
 
-use super::{cpu, BatchNormSaved};
+use super::{cpu, dims, BatchNormSaved};
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 
 /// Element-wise sum of a buffer over all ranks (an all-reduce).
 pub type SumOverRanks<'a> = dyn FnMut(Vec<f32>) -> Result<Vec<f32>> + 'a;
-
-fn dims(x: &Tensor) -> Result<(usize, usize, usize)> {
-    match *x.shape() {
-        [n, c, h, w] => Ok((n, c, h * w)),
-        _ => Err(Error::shape(format!(
-            "sync_batch_norm: expected a 4-D [N, C, H, W] input, got {:?}",
-            x.shape()
-        ))),
-    }
-}
 
 fn reduced(sum: &mut SumOverRanks, buf: Vec<f32>) -> Result<Vec<f32>> {
     let len = buf.len();
@@ -46,7 +36,7 @@ pub fn forward_train(
     eps: f32,
     sum: &mut SumOverRanks,
 ) -> Result<(Tensor, BatchNormSaved, usize)> {
-    let (n, c, hw) = dims(x)?;
+    let (n, c, hw) = dims("sync forward_train", x)?;
     let xs = x.as_f32()?;
     let local = cpu::local_sums(xs, n, c, hw);
     // One buffer: [count, sum[c], sumsq[c]], reduced in f32 as the numerics contract says.
@@ -84,7 +74,7 @@ pub fn backward(
     dbias: &mut Tensor,
     sum: &mut SumOverRanks,
 ) -> Result<Tensor> {
-    let (n, c, hw) = dims(x)?;
+    let (n, c, hw) = dims("sync backward", x)?;
     dy.check_shape("sync_batch_norm backward: dy (must match x)", x.shape())?;
     let (xs, dys) = (x.as_f32()?, dy.as_f32()?);
     let local = cpu::backward_sums(xs, dys, n, c, hw, &saved.mean, &saved.invstd);

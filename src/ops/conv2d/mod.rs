@@ -8,8 +8,9 @@ mod tests;
 mod tests_f16;
 
 use super::half_emu::{any_f16, f32_acc, f32_of, store};
+use super::{cpu_f32, cpu_f32_mut};
 use crate::error::{Error, Result};
-use crate::tensor::{CpuStorage, Storage, Tensor};
+use crate::tensor::Tensor;
 use cpu::ConvGeom;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -28,19 +29,7 @@ pub fn out_size(input: usize, kernel: usize, stride: usize, padding: usize) -> u
     (padded - kernel) / stride + 1
 }
 
-/// The host f32 data of `t`, or `Unsupported` naming the op, the operand and
-/// its dtype (f16 and device tensors have their own kernels elsewhere).
-fn cpu_f32<'a>(what: &str, t: &'a Tensor) -> Result<&'a [f32]> {
-    match t.storage() {
-        Storage::Cpu(CpuStorage::F32(v)) => Ok(v),
-        _ => Err(Error::Unsupported(format!("conv2d: {what} of dtype {:?} on this device", t.dtype()))),
-    }
-}
-
-fn cpu_f32_mut<'a>(what: &str, t: &'a mut Tensor) -> Result<&'a mut [f32]> {
-    cpu_f32(what, t)?;
-    t.as_f32_mut()
-}
+const OP: &str = "conv2d";
 
 /// Checks that `x` and `weight` fit together and works out every size.
 fn geometry(x: &Tensor, weight: &Tensor, args: Conv2dArgs) -> Result<ConvGeom> {
@@ -102,9 +91,9 @@ pub fn forward(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>, args: Conv2dA
     if let Some(b) = bias {
         b.check_shape("conv2d bias", &[g.o])?;
     }
-    let xs = cpu_f32("input", x)?;
-    let ws = cpu_f32("weight", weight)?;
-    let bs = bias.map(|b| cpu_f32("bias", b)).transpose()?;
+    let xs = cpu_f32(OP, "input", x)?;
+    let ws = cpu_f32(OP, "weight", weight)?;
+    let bs = bias.map(|b| cpu_f32(OP, "bias", b)).transpose()?;
     let mut y = vec![0f32; g.n * g.y_len()];
     cpu::forward(&g, xs, ws, bs, &mut y);
     Tensor::from_vec(&[g.n, g.o, g.ho, g.wo], y)
@@ -138,12 +127,12 @@ pub fn backward(
     if let Some(db) = dbias.as_deref() {
         db.check_shape("conv2d dbias", &[g.o])?;
     }
-    let xs = cpu_f32("input", x)?;
-    let ws = cpu_f32("weight", weight)?;
-    let dys = cpu_f32("dy", dy)?;
-    let dws = cpu_f32_mut("dweight", dweight)?;
+    let xs = cpu_f32(OP, "input", x)?;
+    let ws = cpu_f32(OP, "weight", weight)?;
+    let dys = cpu_f32(OP, "dy", dy)?;
+    let dws = cpu_f32_mut(OP, "dweight", dweight)?;
     let dbs = match dbias {
-        Some(db) => Some(cpu_f32_mut("dbias", db)?),
+        Some(db) => Some(cpu_f32_mut(OP, "dbias", db)?),
         None => None,
     };
     let mut dx = if need_dx { Some(vec![0f32; xs.len()]) } else { None };

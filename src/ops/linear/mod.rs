@@ -8,22 +8,11 @@ mod tests;
 mod tests_f16;
 
 use super::half_emu::{any_f16, f32_acc, f32_of, store};
+use super::{cpu_f32, cpu_f32_mut};
 use crate::error::{Error, Result};
-use crate::tensor::{CpuStorage, Storage, Tensor};
+use crate::tensor::Tensor;
 
-/// The host f32 data of `t`, or `Unsupported` naming the op, the operand and
-/// its dtype (f16 and device tensors have their own kernels elsewhere).
-fn cpu_f32<'a>(what: &str, t: &'a Tensor) -> Result<&'a [f32]> {
-    match t.storage() {
-        Storage::Cpu(CpuStorage::F32(v)) => Ok(v),
-        _ => Err(Error::Unsupported(format!("linear: {what} of dtype {:?} on this device", t.dtype()))),
-    }
-}
-
-fn cpu_f32_mut<'a>(what: &str, t: &'a mut Tensor) -> Result<&'a mut [f32]> {
-    cpu_f32(what, t)?;
-    t.as_f32_mut()
-}
+const OP: &str = "linear";
 
 /// `(batch, in_features, out_features)` once `x` and `weight` fit together.
 fn dims(x: &Tensor, weight: &Tensor) -> Result<(usize, usize, usize)> {
@@ -62,9 +51,9 @@ pub fn forward(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Ten
     if let Some(b) = bias {
         b.check_shape("linear bias", &[out_f])?;
     }
-    let xs = cpu_f32("input", x)?;
-    let ws = cpu_f32("weight", weight)?;
-    let bs = bias.map(|b| cpu_f32("bias", b)).transpose()?;
+    let xs = cpu_f32(OP, "input", x)?;
+    let ws = cpu_f32(OP, "weight", weight)?;
+    let bs = bias.map(|b| cpu_f32(OP, "bias", b)).transpose()?;
     let mut y = vec![0f32; n * out_f];
     cpu::forward(n, in_f, out_f, xs, ws, bs, &mut y);
     Tensor::from_vec(&[n, out_f], y)
@@ -97,12 +86,12 @@ pub fn backward(
     if let Some(db) = dbias.as_deref() {
         db.check_shape("linear dbias", &[out_f])?;
     }
-    let xs = cpu_f32("input", x)?;
-    let ws = cpu_f32("weight", weight)?;
-    let dys = cpu_f32("dy", dy)?;
-    let dws = cpu_f32_mut("dweight", dweight)?;
+    let xs = cpu_f32(OP, "input", x)?;
+    let ws = cpu_f32(OP, "weight", weight)?;
+    let dys = cpu_f32(OP, "dy", dy)?;
+    let dws = cpu_f32_mut(OP, "dweight", dweight)?;
     let dbs = match dbias {
-        Some(db) => Some(cpu_f32_mut("dbias", db)?),
+        Some(db) => Some(cpu_f32_mut(OP, "dbias", db)?),
         None => None,
     };
     let mut dx = if need_dx { Some(vec![0f32; n * in_f]) } else { None };
