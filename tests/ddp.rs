@@ -248,25 +248,49 @@ fn o2_two_and_three_ranks_reducing_in_f16_or_fp32_match_one_rank() {
     }
 }
 
+/// Runs `ddptrain` (through `launch` when `world` > 1) with `config`, the
+/// `--set`s and one extra environment variable; returns its output after
+/// checking it succeeded.
+fn run_env(dir: &Path, config: &Path, world: usize, sets: &[&str], env: (&str, &str)) -> String {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_ddptrain"));
+    if world > 1 {
+        let port = free_port().to_string();
+        cmd.args(["launch", "--nproc-per-node", &world.to_string(), "--master-port", &port, "--"]);
+    }
+    cmd.arg("--config").arg(config);
+    for s in sets {
+        cmd.args(["--set", s]);
+    }
+    let o = cmd.current_dir(dir).env_remove("WORLD_SIZE").env(env.0, env.1).output().unwrap();
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{t}");
+    t
+}
+
+/// The part of each rank's "final state" line after the rank, in rank order.
+fn final_states(t: &str, world: usize) -> Vec<String> {
+    let finals: Vec<String> = (0..world)
+        .map(|r| {
+            let l = t.lines().find(|l| l.starts_with(&format!("[rank {r}] rank {r}: final state sha256")));
+            l.unwrap_or_else(|| panic!("no final state from rank {r}:\n{t}"))
+                .split_once(": final state")
+                .unwrap()
+                .1
+                .to_string()
+        })
+        .collect();
+    assert!(finals.iter().all(|f| *f == finals[0]), "replicas differ:\n{t}");
+    finals
+}
+
 #[test]
 fn an_overflow_on_one_rank_skips_the_same_step_on_every_rank() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = o2_config(dir.path(), true);
     let out = dir.path().join("inject");
-    let port = free_port().to_string();
-    let o = std::process::Command::new(env!("CARGO_BIN_EXE_ddptrain"))
-        .args(["launch", "--nproc-per-node", "2", "--master-port", &port, "--", "--config"])
-        .arg(&cfg)
-        .args(["--set", &format!("run.out_dir={}", out.display()), "--set", "data.batch_size=60"])
-        .args(["--set", "train.max_steps=4"])
-        .current_dir(dir.path())
-        .env_remove("WORLD_SIZE")
-        // Only rank 1 overflows, at its second step.
-        .env("DDPTRAIN_INJECT_GRAD_INF", "1:2")
-        .output()
-        .unwrap();
-    let t = text(&o);
-    assert_eq!(o.status.code(), Some(0), "{t}");
+    let sets = [&format!("run.out_dir={}", out.display()) as &str, "data.batch_size=60", "train.max_steps=4"];
+    // Only rank 1 overflows, at its second step.
+    let t = run_env(dir.path(), &cfg, 2, &sets, ("DDPTRAIN_INJECT_GRAD_INF", "1:2"));
     let skips: Vec<&str> = t.lines().filter(|l| l.contains("gradient overflow")).collect();
     assert_eq!(skips.len(), 2, "one skip per rank:\n{t}");
     for r in 0..2 {
@@ -276,14 +300,31 @@ fn an_overflow_on_one_rank_skips_the_same_step_on_every_rank() {
             "rank {r} did not skip step 2:\n{t}"
         );
     }
-    let finals: Vec<&str> = t.lines().filter(|l| l.contains("final state sha256")).collect();
-    assert_eq!(finals.len(), 2, "{t}");
-    let tail = |l: &str| l.split_once(": final state").map(|x| x.1.to_string()).unwrap();
-    assert_eq!(tail(finals[0]), tail(finals[1]), "replicas differ:\n{t}");
-    assert!(tail(finals[0]).ends_with("| loss scale 32768 | overflow steps 1"), "{t}");
+    let finals = final_states(&t, 2);
+    assert!(finals[0].ends_with("| loss scale 32768 | overflow steps 1"), "{t}");
     let s: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
     assert_eq!((s["overflow_steps"].as_u64(), s["loss_scale"].as_f64()), (Some(1), Some(32768.0)), "{s}");
+    // The hook names a rank: here no rank is 1, and a single process injects at 0:2.
+    // (Two steps: this chaotic run overflows by itself at step 3.)
+    let one = dir.path().join("one");
+    let sets = [&format!("run.out_dir={}", one.display()) as &str, "train.max_steps=2"];
+    let t = run_env(dir.path(), &cfg, 1, &sets, ("DDPTRAIN_INJECT_GRAD_INF", "1:2"));
+    assert!(!t.contains("gradient overflow"), "{t}");
+    let t = run_env(dir.path(), &cfg, 1, &sets, ("DDPTRAIN_INJECT_GRAD_INF", "0:2"));
+    let skips: Vec<&str> = t.lines().filter(|l| l.contains("gradient overflow")).collect();
+    assert!(skips.len() == 1 && skips[0].starts_with("step 2: gradient overflow"), "{t}");
+}
+
+#[test]
+fn o3_two_ranks_keep_f16_batchnorm_buffers_in_step() {
+    // O3 keeps BatchNorm in f16 too: its running statistics are broadcast from
+    // rank 0 as f16 and every bucket is f16.
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = o2_config(dir.path(), true);
+    let sets = ["amp.opt_level=O3", "data.batch_size=60", "train.max_steps=3"];
+    let t = run_env(dir.path(), &cfg, 2, &sets, ("DDPTRAIN_UNUSED", ""));
+    final_states(&t, 2);
 }
 
 #[test]

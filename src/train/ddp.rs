@@ -140,7 +140,8 @@ impl Ddp {
         }
         let mut flat = Vec::new();
         for t in &tensors {
-            flat.extend_from_slice(t.as_f32()?);
+            // f16 buffers (O3's BatchNorm) travel widened: exact both ways.
+            flat.extend(t.to_f32_vec());
         }
         // Counters ride along as f32: exact below 2^24 steps.
         flat.extend(counters.iter().map(|c| **c as f32));
@@ -148,9 +149,9 @@ impl Ddp {
         let flat = self.comm.broadcast(Buffer::F32(flat), 0, what)?.into_f32()?;
         let mut off = 0;
         for t in tensors {
-            let dst = t.as_f32_mut()?;
-            dst.copy_from_slice(&flat[off..off + dst.len()]);
-            off += dst.len();
+            let n = t.numel();
+            t.copy_from_f32(&flat[off..off + n])?;
+            off += n;
         }
         for c in counters {
             *c = flat[off] as i64;
