@@ -77,16 +77,6 @@ impl Ddp {
             inject_inf_at,
         };
         if world > 1 {
-            let f16_activations =
-                crate::amp::Policy::resolve(&cfg.amp)?.cast_model_type == Some(crate::tensor::DType::F16);
-            if cfg.parallel.sync_batchnorm && f16_activations {
-                return Err(Error::Unsupported(format!(
-                    "parallel.sync_batchnorm = true with amp.opt_level = \"{}\": SyncBatchNorm takes f32 \
-                     activations only so far; set parallel.sync_batchnorm = false (each rank normalizes with \
-                     its own batch statistics, running statistics follow rank 0) or use O0/O1",
-                    cfg.amp.opt_level
-                )));
-            }
             ddp.broadcast_state(model, true)?;
             if cfg.parallel.sync_batchnorm {
                 model.convert_sync_batchnorm(comm.clone());

@@ -6,6 +6,7 @@
 
 use super::{cpu, dims, BatchNormSaved};
 use crate::error::{Error, Result};
+use crate::ops::half_emu::{any_f16, f32_acc, f32_of, store};
 use crate::tensor::Tensor;
 
 /// Element-wise sum of a buffer over all ranks (an all-reduce).
@@ -36,6 +37,16 @@ pub fn forward_train(
     eps: f32,
     sum: &mut SumOverRanks,
 ) -> Result<(Tensor, BatchNormSaved, usize)> {
+    // f16 (O2's f16 activations, O3's f16 BatchNorm): as plain batch_norm does,
+    // statistics and their all-reduce in f32, output in x's dtype.
+    if any_f16([Some(x), Some(weight), Some(bias), Some(&*running_mean), Some(&*running_var)]) {
+        let (mut rm, mut rv) = (f32_acc(running_mean), f32_acc(running_var));
+        let (y, saved, count) =
+            forward_train(&f32_of(x), &f32_of(weight), &f32_of(bias), &mut rm, &mut rv, momentum, eps, sum)?;
+        store(running_mean, &rm)?;
+        store(running_var, &rv)?;
+        return Ok((y.into_dtype(x.dtype()), saved, count));
+    }
     let (n, c, hw) = dims("sync forward_train", x)?;
     let xs = x.as_f32()?;
     let local = cpu::local_sums(xs, n, c, hw);
@@ -74,6 +85,13 @@ pub fn backward(
     dbias: &mut Tensor,
     sum: &mut SumOverRanks,
 ) -> Result<Tensor> {
+    if any_f16([Some(x), Some(weight), Some(dy), Some(&*dweight), Some(&*dbias)]) {
+        let (mut dw, mut db) = (f32_acc(dweight), f32_acc(dbias));
+        let dx = backward(&f32_of(x), &f32_of(weight), saved, count, &f32_of(dy), &mut dw, &mut db, sum)?;
+        store(dweight, &dw)?;
+        store(dbias, &db)?;
+        return Ok(dx.into_dtype(x.dtype()));
+    }
     let (n, c, hw) = dims("sync backward", x)?;
     dy.check_shape("sync_batch_norm backward: dy (must match x)", x.shape())?;
     let (xs, dys) = (x.as_f32()?, dy.as_f32()?);
@@ -93,4 +111,59 @@ pub fn backward(
     let mut dx = vec![0.0f32; xs.len()];
     cpu::backward_dx(xs, dys, c, hw, &saved.mean, &saved.invstd, weight.as_f32()?, &global, count, &mut dx);
     Tensor::from_vec(x.shape(), dx)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::testing::rand_vec_f32;
+    use crate::tensor::DType;
+
+    /// One rank (the sum over ranks is the identity) must reproduce plain
+    /// BatchNorm bit for bit, with f16 activations and f32 parameters (apex
+    /// O2) and with everything f16 (O3), and with loss-scaled gradients.
+    #[test]
+    fn one_rank_equals_plain_batch_norm_with_f16_activations() {
+        let (n, c, h) = (4, 3, 5);
+        let shape = [n, c, h, h];
+        let len = n * c * h * h;
+        for param_dtype in [DType::F32, DType::F16] {
+            let x = Tensor::from_f32_as(&shape, rand_vec_f32(len, 1), DType::F16).unwrap();
+            let dy: Vec<f32> = rand_vec_f32(len, 2).iter().map(|v| v * 32768.0).collect();
+            let dy = Tensor::from_f32_as(&shape, dy, DType::F16).unwrap();
+            let w = Tensor::from_f32_as(&[c], rand_vec_f32(c, 3), param_dtype).unwrap();
+            let b = Tensor::from_f32_as(&[c], rand_vec_f32(c, 4), param_dtype).unwrap();
+            let stats = || {
+                (
+                    Tensor::zeros_dtype(&[c], param_dtype),
+                    Tensor::from_f32_as(&[c], vec![1.0; c], param_dtype).unwrap(),
+                )
+            };
+            let (mut rm1, mut rv1) = stats();
+            let (mut rm2, mut rv2) = stats();
+            let (y1, s1) = super::super::forward_train(&x, &w, &b, &mut rm1, &mut rv1, 0.1, 1e-5).unwrap();
+            let mut id = |v: Vec<f32>| Ok(v);
+            let (y2, s2, count) = forward_train(&x, &w, &b, &mut rm2, &mut rv2, 0.1, 1e-5, &mut id).unwrap();
+            assert_eq!(count, n * h * h);
+            assert_eq!((y1.dtype(), y2.dtype()), (DType::F16, DType::F16));
+            assert_eq!(y1.to_f32_vec(), y2.to_f32_vec(), "{param_dtype:?} forward");
+            assert_eq!(rm1.to_f32_vec(), rm2.to_f32_vec());
+            assert_eq!(rv1.to_f32_vec(), rv2.to_f32_vec());
+            let grads = || (Tensor::zeros_dtype(&[c], param_dtype), Tensor::zeros_dtype(&[c], param_dtype));
+            let (mut dw1, mut db1) = grads();
+            let (mut dw2, mut db2) = grads();
+            let dx1 = super::super::backward(&x, &w, &s1, &dy, &mut dw1, &mut db1).unwrap();
+            let dx2 = backward(&x, &w, &s2, count, &dy, &mut dw2, &mut db2, &mut id).unwrap();
+            assert_eq!(dx1.to_f32_vec(), dx2.to_f32_vec(), "{param_dtype:?} dx");
+            // The parameter gradients are per-channel sums: equal up to f32 summation order.
+            for (g1, g2) in [(dw1, dw2), (db1, db2)] {
+                for (p, q) in g1.to_f32_vec().iter().zip(g2.to_f32_vec()) {
+                    assert!(
+                        *p == q || (p - q).abs() <= 1e-6 * p.abs().max(1.0),
+                        "{param_dtype:?}: {p} vs {q}"
+                    );
+                }
+            }
+        }
+    }
 }
