@@ -5,7 +5,8 @@ use super::io::{ckpt_err, entries_to_bytes, sync_dir, write_synced};
 use super::state::{
     CheckpointState, FileDigest, OptimizerState, ScheduleState, TrainProgress, FORMAT_VERSION,
 };
-use super::{parse_step_dir, step_dir_name};
+use super::{parse_step_dir, step_dir_name, MASTER_PREFIX};
+use crate::amp::Amp;
 use crate::config::{Config, Resume};
 use crate::error::{Error, Result};
 use crate::metrics::MetricsWriter;
@@ -147,11 +148,12 @@ impl Checkpointer {
         &mut self,
         model: &Model,
         opt: &Optimizer,
+        amp: &Amp,
         p: &TrainProgress,
         metrics: &mut MetricsWriter,
     ) -> Result<()> {
         if self.every_steps > 0 && p.step % self.every_steps == 0 && p.step < self.shape.total_steps {
-            self.save_and_log(model, opt, p, metrics)?;
+            self.save_and_log(model, opt, amp, p, metrics)?;
         }
         if self.halt_after == Some(p.step) {
             return Err(Error::Training(format!(
@@ -167,11 +169,12 @@ impl Checkpointer {
         &mut self,
         model: &Model,
         opt: &Optimizer,
+        amp: &Amp,
         p: &TrainProgress,
         metrics: &mut MetricsWriter,
     ) -> Result<()> {
         if self.every_epochs > 0 && p.epoch % self.every_epochs == 0 {
-            self.save_and_log(model, opt, p, metrics)?;
+            self.save_and_log(model, opt, amp, p, metrics)?;
         }
         Ok(())
     }
@@ -181,11 +184,12 @@ impl Checkpointer {
         &mut self,
         model: &Model,
         opt: &Optimizer,
+        amp: &Amp,
         p: &TrainProgress,
         metrics: &mut MetricsWriter,
     ) -> Result<()> {
         if self.enabled() && self.last_saved != Some((p.step, p.epoch)) {
-            self.save_and_log(model, opt, p, metrics)?;
+            self.save_and_log(model, opt, amp, p, metrics)?;
         }
         Ok(())
     }
@@ -194,18 +198,19 @@ impl Checkpointer {
         &mut self,
         model: &Model,
         opt: &Optimizer,
+        amp: &Amp,
         p: &TrainProgress,
         metrics: &mut MetricsWriter,
     ) -> Result<()> {
         if self.shape.rank != 0 {
             return Ok(());
         }
-        let dir = self.save(model, opt, p)?;
+        let dir = self.save(model, opt, amp, p)?;
         metrics.write(&json!({"kind": "checkpoint", "step": p.step, "epoch": p.epoch, "path": dir}))
     }
 
     /// Writes a checkpoint of the current state and points `latest` at it.
-    pub fn save(&mut self, model: &Model, opt: &Optimizer, p: &TrainProgress) -> Result<PathBuf> {
+    pub fn save(&mut self, model: &Model, opt: &Optimizer, amp: &Amp, p: &TrainProgress) -> Result<PathBuf> {
         let root = &self.root;
         std::fs::create_dir_all(root)
             .map_err(|e| Error::io(format!("cannot create {}", root.display()), e))?;
@@ -217,7 +222,7 @@ impl Checkpointer {
         }
         std::fs::create_dir(&tmp).map_err(|e| Error::io(format!("cannot create {}", tmp.display()), e))?;
 
-        let (optim_entries, pending_grads) = optim_entries(model, opt)?;
+        let (optim_entries, pending_grads) = optim_entries(model, opt, amp)?;
         let mut files = BTreeMap::new();
         for (i, (file, entries)) in
             [("model.safetensors", model.state_dict()?), ("optim.safetensors", optim_entries)]
@@ -250,7 +255,7 @@ impl Checkpointer {
                 step_count: opt.step_count(),
             },
             pending_grads,
-            scaler: None,
+            scaler: amp.scaler.is_dynamic().then(|| amp.scaler.state().into()),
             files,
             config: self.config_json.clone(),
         };
@@ -301,9 +306,10 @@ fn remove_dir(path: &Path) -> Result<()> {
     std::fs::remove_dir_all(path).map_err(|e| Error::io(format!("cannot remove {}", path.display()), e))
 }
 
-/// Optimizer state as `<param>.<state>` tensors, plus `<param>.grad` when
-/// micro-batches are pending (any gradient non-zero between steps).
-fn optim_entries(model: &Model, opt: &Optimizer) -> Result<(Vec<StateEntry>, bool)> {
+/// Optimizer state as `<param>.<state>` tensors, the fp32 masters as
+/// `master.<param>` when the run keeps them, plus `<param>.grad` (widened to
+/// f32, exactly) when micro-batches are pending (any gradient non-zero between steps).
+fn optim_entries(model: &Model, opt: &Optimizer, amp: &Amp) -> Result<(Vec<StateEntry>, bool)> {
     let params = model.params();
     let mut out = Vec::new();
     for (state, i, values) in opt.state_tensors() {
@@ -316,16 +322,23 @@ fn optim_entries(model: &Model, opt: &Optimizer) -> Result<(Vec<StateEntry>, boo
             value: StateValue::F32(values.to_vec()),
         });
     }
-    let mut pending = false;
-    for p in &params {
-        pending |= p.grad.as_f32()?.iter().any(|&g| g != 0.0);
+    if let Some(m) = amp.masters() {
+        for (p, master) in params.iter().zip(m.masters()) {
+            out.push(StateEntry {
+                name: format!("{MASTER_PREFIX}{}", p.name),
+                shape: p.value.shape().to_vec(),
+                value: StateValue::F32(master.clone()),
+            });
+        }
     }
+    let grads: Vec<Vec<f32>> = params.iter().map(|p| p.grad.to_f32_vec()).collect();
+    let pending = grads.iter().any(|g| g.iter().any(|&v| v != 0.0));
     if pending {
-        for p in &params {
+        for (p, g) in params.iter().zip(grads) {
             out.push(StateEntry {
                 name: format!("{}.grad", p.name),
                 shape: p.grad.shape().to_vec(),
-                value: StateValue::F32(p.grad.as_f32()?.to_vec()),
+                value: StateValue::F32(g),
             });
         }
     }
