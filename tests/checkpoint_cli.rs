@@ -210,3 +210,44 @@ fn eval_scores_a_checkpoint_like_the_run_did() {
     assert_eq!(code, Some(1), "{t}");
     assert!(t.contains("nope") && t.contains("no such checkpoint directory"), "{t}");
 }
+
+/// `ddptrain launch` of two local ranks running `a`.
+fn launch2(a: &[String]) -> Vec<String> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut l: Vec<String> = ["launch", "--nproc-per-node", "2", "--master-port", &port.to_string(), "--"]
+        .map(String::from)
+        .to_vec();
+    l.extend_from_slice(a);
+    l
+}
+
+#[test]
+fn two_ranks_resume_from_rank_0s_files_bitwise_and_fail_together_with_its_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    let (code, t) = run(&launch2(&args(&a, &[])), dir.path());
+    assert_eq!(code, Some(0), "{t}");
+    let mut halt = args(&b, &[]);
+    halt.extend(["--halt-after-steps".into(), "3".into()]);
+    let (code, t) = run(&launch2(&halt), dir.path());
+    assert_ne!(code, Some(0), "{t}");
+    assert_eq!(std::fs::read_link(b.join("ckpt/latest")).unwrap(), Path::new("step_00000002"));
+
+    let (code, t) = run(&launch2(&args(&b, &[])), dir.path());
+    assert_eq!(code, Some(0), "{t}");
+    assert!(t.contains("[rank 1] resuming from") && t.contains("step_00000002"), "{t}");
+    for f in ["model.safetensors", "ckpt/latest/model.safetensors", "ckpt/latest/optim.safetensors"] {
+        assert_eq!(std::fs::read(a.join(f)).unwrap(), std::fs::read(b.join(f)).unwrap(), "{f} differs");
+    }
+
+    // Rank 0 cannot read the checkpoint: every rank exits non-zero with its reason, at once.
+    let step6 = b.join("ckpt/step_00000006");
+    corrupt(&step6.join("model.safetensors"));
+    let resume = format!("checkpoint.resume={}", step6.display());
+    let t0 = Instant::now();
+    let (code, t) = run(&launch2(&args(&dir.path().join("c"), &[&resume])), dir.path());
+    assert_ne!(code, Some(0), "{t}");
+    assert!(t.contains("[rank 0]") && t.contains("model.safetensors is corrupt"), "{t}");
+    assert!(t.contains("[rank 1]") && t.contains("rank 0 cannot resume, so rank 1 cannot either"), "{t}");
+    assert!(t0.elapsed() < Duration::from_secs(60), "took {:?}: {t}", t0.elapsed());
+}
