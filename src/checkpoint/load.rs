@@ -343,6 +343,12 @@ impl Checkpointer {
         if pending != if c.state.pending_grads { grads.len() } else { 0 } {
             return Err(ckpt_err(&optim_path, "the pending gradients are incomplete"));
         }
+        if c.state.pending_grads && self.shape.world_size > 1 && self.shape.rank == 0 {
+            eprintln!(
+                "warning: the checkpoint holds rank 0's pending accumulated gradients only; every rank \
+                 resumes with them, so the step they complete is not exactly the uninterrupted one"
+            );
+        }
         let masters = self.checked_masters(&c, model, amp, &masters)?;
         let scaler = match c.state.scaler {
             Some(rec) => {
