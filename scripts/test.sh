@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs the whole test suite on a fresh machine: fetches the MNIST digits the
 # end-to-end tests train on (idempotent), installs the Python `tensorboard`
-# package (from PyPI, into a cached .venv/) that reads back our event files,
-# then the Rust tests.
+# package that reads back our event files and the NVRTC + CUDA-header wheels
+# that compile the kernels (from PyPI, into a cached .venv/), then the Rust tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,6 +11,14 @@ if ! .venv/bin/python -c "import tensorboard" 2>/dev/null; then
     python3 -m venv .venv
     .venv/bin/pip install --quiet --disable-pip-version-check tensorboard
 fi
+# NVRTC and the CUDA headers from PyPI, so tests/kernels_compile.rs compiles
+# every kernels/*.cu on a machine without a GPU (about 60 MB, cached in .venv/).
+if ! ls .venv/lib/python3*/site-packages/nvidia/cu13/lib/libnvrtc.so.13 >/dev/null 2>&1; then
+    .venv/bin/pip install --quiet --disable-pip-version-check \
+        'nvidia-cuda-nvrtc==13.5.37' 'nvidia-cuda-runtime==13.5.37'
+fi
+CUDA_WHEEL_LIB=$(ls -d "$PWD"/.venv/lib/python3*/site-packages/nvidia/cu13/lib | head -n1)
+export LD_LIBRARY_PATH="$CUDA_WHEEL_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 # tests/tensorboard_events.rs reads the events with this interpreter.
 export DDPTRAIN_TB_PYTHON="$PWD/.venv/bin/python"
 # Open MPI for the mpirun launch test (tests/dist_processes.rs); a no-op once installed.

@@ -33,6 +33,15 @@ pub enum Error {
     #[error("training error: {0}")]
     Training(String),
 
+    /// A CUDA driver, cuBLAS or NCCL call failed; `op` names what ddptrain was
+    /// doing (the kernel launched, the copy, the collective).
+    #[error("CUDA error in {op}: {msg}")]
+    Cuda { op: String, msg: String },
+
+    /// NVRTC refused a kernel file; the log is the compiler's own.
+    #[error("NVRTC could not compile kernels/{file} for {arch}:\n{log}")]
+    Nvrtc { file: String, arch: String, log: String },
+
     #[error("{context}: {source}")]
     Io {
         context: String,
@@ -50,6 +59,9 @@ impl Error {
     }
     pub fn config(file: impl Into<String>, key: impl Into<String>, msg: impl Into<String>) -> Self {
         Error::Config { file: file.into(), key: key.into(), msg: msg.into() }
+    }
+    pub fn cuda(op: impl Into<String>, err: impl std::fmt::Debug) -> Self {
+        Error::Cuda { op: op.into(), msg: format!("{err:?}") }
     }
     pub fn shape(msg: impl Into<String>) -> Self {
         Error::Shape(msg.into())

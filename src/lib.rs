@@ -7,6 +7,7 @@
 pub mod amp;
 pub mod checkpoint;
 pub mod config;
+pub mod cuda;
 pub mod data;
 pub mod dist;
 pub mod error;

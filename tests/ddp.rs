@@ -1,6 +1,8 @@
 //! DDP through the real binary and launcher on loopback: W processes with the
 //! same global batch train the same model as one process (O0: max |dw| < 1e-5),
-//! with SyncBatchNorm, without BatchNorm, and with gradient accumulation.
+//! with SyncBatchNorm, without BatchNorm, and with gradient accumulation; under
+//! apex O2 (f16 gradients) too, within f16 rounding; and an overflow on one rank
+//! makes every rank skip the same step.
 
 mod common;
 use common::*;
@@ -179,4 +181,176 @@ fn an_uneven_last_batch_with_sync_batchnorm_equals_one_rank() {
     let d = max_abs_diff(&one, &two);
     println!("uneven last batch: max |dw| vs one rank {d:.3e}");
     assert!(d < 1e-5, "{d:e}");
+}
+
+/// The seed ConvNet under O2 (f16 conv/linear gradients, f32 BatchNorm
+/// gradients: the reducer has buckets of both dtypes), or the BatchNorm-free
+/// model, whose two-rank run can equal a one-rank run without SyncBatchNorm.
+fn o2_config(dir: &Path, batchnorm: bool) -> std::path::PathBuf {
+    let model = if batchnorm {
+        let seed = std::fs::read_to_string(repo_root().join("configs/mnist_o0.toml")).unwrap();
+        seed[seed.find("[model]").unwrap()..seed.find("[data]").unwrap()].to_string()
+    } else {
+        NO_BN_MODEL.to_string()
+    };
+    write(dir, "o2.toml", &format!("{model}\n{COMMON}\n[amp]\nopt_level = \"O2\"\n"))
+}
+
+fn summary(dir: &Path, world: usize, batch: usize) -> serde_json::Value {
+    let p = dir.join(format!("out_w{world}_b{batch}/summary.json"));
+    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+}
+
+#[test]
+fn o2_two_and_three_ranks_reducing_in_f16_or_fp32_match_one_rank() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = o2_config(dir.path(), false);
+    let steps = ["train.max_steps=3"];
+    let c = ddptrain::config::load(&cfg, &[]).unwrap();
+    let init =
+        ddptrain::nn::Model::new(&c.resolve_model().unwrap(), c.run.seed).unwrap().state_dict().unwrap();
+    let one = run(dir.path(), &cfg, 1, 120, &steps);
+    let s1 = summary(dir.path(), 1, 120);
+    // How far training moved the weights: the scale f16 rounding errors are relative to.
+    let moved = max_abs_diff(&init, &one);
+    let d = |world: usize, extra: &[&str]| {
+        let all: Vec<&str> = steps.iter().chain(extra).copied().collect();
+        let batch = 120 / world;
+        let other = run(dir.path(), &cfg, world, batch, &all);
+        let s = summary(dir.path(), world, batch);
+        assert_eq!(
+            (&s["overflow_steps"], &s["loss_scale"]),
+            (&s1["overflow_steps"], &s1["loss_scale"]),
+            "{s}"
+        );
+        max_abs_diff(&one, &other)
+    };
+    let r = [
+        ("2 ranks f16", d(2, &[])),
+        ("2 ranks fp32", d(2, &["parallel.allreduce_fp32=true"])),
+        ("2 ranks predivide 2", d(2, &["parallel.gradient_predivide_factor=2"])),
+        ("3 ranks f16", d(3, &[])),
+        ("3 ranks fp32", d(3, &["parallel.allreduce_fp32=true"])),
+        ("3 ranks predivide 3", d(3, &["parallel.gradient_predivide_factor=3"])),
+    ];
+    println!("O2: weights moved up to {moved:.3e}; max |dw| vs one rank: {r:?}");
+    // Tolerance: f16 has a unit roundoff u = 2^-11. A step's gradient differs
+    // from one rank's by at most ~4 roundings of u relative (each run's local
+    // f16 gradient, the f16 sum's hops, the post-scale), so two runs' weights
+    // differ by about 8u of how far they moved over these few steps. A wrong
+    // average (a missing 1/world, a dropped bucket) is off by the order of `moved`.
+    // Measured: 2 ranks 4.2e-5 (the same in all three modes: with two addends
+    // f16 and f32 sums round alike and /2 is exact), 3 ranks 4.6e-5 to 4.8e-5,
+    // moved 3.1e-2; bound 1.2e-4.
+    let tol = 8.0 * 2f32.powi(-11) * moved;
+    for (what, dw) in r {
+        assert!(dw < tol, "{what}: {dw:e} > {tol:e} (weights moved {moved:e})");
+    }
+}
+
+/// Runs `ddptrain` (through `launch` when `world` > 1) with `config`, the
+/// `--set`s and one extra environment variable; returns its output after
+/// checking it succeeded.
+fn run_env(dir: &Path, config: &Path, world: usize, sets: &[&str], env: (&str, &str)) -> String {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_ddptrain"));
+    if world > 1 {
+        let port = free_port().to_string();
+        cmd.args(["launch", "--nproc-per-node", &world.to_string(), "--master-port", &port, "--"]);
+    }
+    cmd.arg("--config").arg(config);
+    for s in sets {
+        cmd.args(["--set", s]);
+    }
+    let o = cmd.current_dir(dir).env_remove("WORLD_SIZE").env(env.0, env.1).output().unwrap();
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{t}");
+    t
+}
+
+/// The part of each rank's "final state" line after the rank, in rank order.
+fn final_states(t: &str, world: usize) -> Vec<String> {
+    let finals: Vec<String> = (0..world)
+        .map(|r| {
+            let l = t.lines().find(|l| l.starts_with(&format!("[rank {r}] rank {r}: final state sha256")));
+            l.unwrap_or_else(|| panic!("no final state from rank {r}:\n{t}"))
+                .split_once(": final state")
+                .unwrap()
+                .1
+                .to_string()
+        })
+        .collect();
+    assert!(finals.iter().all(|f| *f == finals[0]), "replicas differ:\n{t}");
+    finals
+}
+
+#[test]
+fn an_overflow_on_one_rank_skips_the_same_step_on_every_rank() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = o2_config(dir.path(), true);
+    let out = dir.path().join("inject");
+    let sets = [&format!("run.out_dir={}", out.display()) as &str, "data.batch_size=60", "train.max_steps=4"];
+    // Only rank 1 overflows, at its second step.
+    let t = run_env(dir.path(), &cfg, 2, &sets, ("DDPTRAIN_INJECT_GRAD_INF", "1:2"));
+    let skips: Vec<&str> = t.lines().filter(|l| l.contains("gradient overflow")).collect();
+    assert_eq!(skips.len(), 2, "one skip per rank:\n{t}");
+    for r in 0..2 {
+        assert!(
+            skips.iter().any(|l| l.starts_with(&format!("[rank {r}] step 2: gradient overflow"))
+                && l.ends_with("step skipped, loss scale -> 32768")),
+            "rank {r} did not skip step 2:\n{t}"
+        );
+    }
+    let finals = final_states(&t, 2);
+    assert!(finals[0].ends_with("| loss scale 32768 | overflow steps 1"), "{t}");
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    assert_eq!((s["overflow_steps"].as_u64(), s["loss_scale"].as_f64()), (Some(1), Some(32768.0)), "{s}");
+    // The hook names a rank: here no rank is 1, and a single process injects at 0:2.
+    // (Two steps: this chaotic run overflows by itself at step 3.)
+    let one = dir.path().join("one");
+    let sets = [&format!("run.out_dir={}", one.display()) as &str, "train.max_steps=2"];
+    let t = run_env(dir.path(), &cfg, 1, &sets, ("DDPTRAIN_INJECT_GRAD_INF", "1:2"));
+    assert!(!t.contains("gradient overflow"), "{t}");
+    let t = run_env(dir.path(), &cfg, 1, &sets, ("DDPTRAIN_INJECT_GRAD_INF", "0:2"));
+    let skips: Vec<&str> = t.lines().filter(|l| l.contains("gradient overflow")).collect();
+    assert!(skips.len() == 1 && skips[0].starts_with("step 2: gradient overflow"), "{t}");
+}
+
+#[test]
+fn o3_two_ranks_keep_f16_batchnorm_buffers_in_step() {
+    // O3 keeps BatchNorm in f16 too: its running statistics are broadcast from
+    // rank 0 as f16 and every bucket is f16.
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = o2_config(dir.path(), true);
+    let sets = ["amp.opt_level=O3", "data.batch_size=60", "train.max_steps=3"];
+    let t = run_env(dir.path(), &cfg, 2, &sets, ("DDPTRAIN_UNUSED", ""));
+    final_states(&t, 2);
+}
+
+#[test]
+fn sync_batchnorm_with_f16_activations_is_refused_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = o2_config(dir.path(), true);
+    let port = free_port().to_string();
+    let o = ddptrain(
+        &[
+            "launch",
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            &port,
+            "--",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--set",
+            "parallel.sync_batchnorm=true",
+        ],
+        dir.path(),
+    );
+    let t = text(&o);
+    assert_ne!(o.status.code(), Some(0), "{t}");
+    assert!(
+        t.contains("parallel.sync_batchnorm = true with amp.opt_level = \"O2\": SyncBatchNorm takes f32 activations only so far"),
+        "{t}"
+    );
 }

@@ -1,18 +1,29 @@
 //! The DDP gradient reducer (PyTorch's `Reducer`): parameters are assigned to
 //! flat buckets in reverse registration order (the order backward produces
-//! their gradients), the first bucket capped at `first_bucket_mb` so
-//! communication starts early, the rest at `bucket_cap_mb`. As backward
-//! finishes a layer, its gradients are marked ready; a bucket whose gradients
-//! are all ready starts its all-reduce at once on the communication thread
-//! while backward goes on with the earlier layers. [`Reducer::finish`] waits
-//! for every bucket, in order, and writes the averaged gradients back.
+//! their gradients), one dtype per bucket as PyTorch does (under apex O2 the
+//! f16 conv/linear gradients and the f32 BatchNorm gradients go to separate
+//! buckets), the first bucket of each dtype capped at `first_bucket_mb` so
+//! communication starts early, the rest at `bucket_cap_mb`, sizes counted in
+//! bytes of the gradient's dtype. As backward finishes a layer, its gradients
+//! are marked ready; a bucket whose gradients are all ready starts its
+//! all-reduce at once on the communication thread while backward goes on with
+//! the earlier layers. [`Reducer::finish`] waits for every bucket and writes
+//! the averaged gradients back.
+//!
+//! Averaging is apex's: gradients are multiplied by 1/`gradient_predivide_factor`
+//! on the way into the bucket and by factor/world after the sum, so that f16
+//! sums over many ranks stay below f16's maximum. f16 buckets are reduced in
+//! f16 unless `allreduce_fp32`, which widens them to f32 for the all-reduce and
+//! rounds once on the way back (apex's `allreduce_always_fp32`).
 //!
 //! Buffers are handed to the communicator by value, so each bucket is a flat
-//! f32 buffer the gradients are copied into (a few hundred KB for the seed
+//! buffer the gradients are copied into (a few hundred KB for the seed
 //! ConvNet) rather than memory the parameters' `.grad` points into.
 
 use super::{Buffer, Communicator, ReduceOp, Work, WorkTiming};
 use crate::error::{Error, Result};
+use crate::tensor::{DType, Tensor};
+use half::f16;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -22,38 +33,82 @@ pub struct BucketLayout {
     /// are laid out in the flat buffer.
     pub params: Vec<usize>,
     pub numel: usize,
+    /// The gradients' dtype (every parameter of a bucket has it).
+    pub dtype: DType,
 }
 
-/// PyTorch's `compute_bucket_assignment_by_size`, for one dtype: walk the
-/// parameters in reverse registration order, closing a bucket once it holds at
-/// least its cap (the first cap `first_bucket_bytes`, then `bucket_cap_bytes`).
+fn elem_bytes(d: DType) -> usize {
+    match d {
+        DType::F32 => 4,
+        DType::F16 => 2,
+    }
+}
+
+/// PyTorch's `compute_bucket_assignment_by_size`: walk the parameters
+/// (`(numel, dtype)` in registration order) in reverse, keeping one open
+/// bucket per dtype and closing it once it holds at least its cap in bytes
+/// (each dtype's first cap `first_bucket_bytes`, then `bucket_cap_bytes`).
+/// Buckets come out in the order their first gradient becomes ready.
 pub fn assign_buckets(
-    param_sizes: &[usize],
-    elem_bytes: usize,
+    params: &[(usize, DType)],
     first_bucket_bytes: usize,
     bucket_cap_bytes: usize,
 ) -> Vec<BucketLayout> {
+    // (open bucket, buckets of this dtype closed so far), per dtype.
+    let mut open: Vec<(BucketLayout, usize)> = Vec::new();
     let mut buckets = Vec::new();
-    let mut cur = BucketLayout { params: Vec::new(), numel: 0 };
-    for i in (0..param_sizes.len()).rev() {
+    for i in (0..params.len()).rev() {
+        let (numel, dtype) = params[i];
+        let k = match open.iter().position(|(b, _)| b.dtype == dtype) {
+            Some(k) => k,
+            None => {
+                open.push((BucketLayout { params: Vec::new(), numel: 0, dtype }, 0));
+                open.len() - 1
+            }
+        };
+        let (cur, closed) = &mut open[k];
         cur.params.push(i);
-        cur.numel += param_sizes[i];
-        let cap = if buckets.is_empty() { first_bucket_bytes } else { bucket_cap_bytes };
-        if cur.numel * elem_bytes >= cap {
-            buckets.push(std::mem::replace(&mut cur, BucketLayout { params: Vec::new(), numel: 0 }));
+        cur.numel += numel;
+        let cap = if *closed == 0 { first_bucket_bytes } else { bucket_cap_bytes };
+        if cur.numel * elem_bytes(dtype) >= cap {
+            buckets.push(std::mem::replace(cur, BucketLayout { params: Vec::new(), numel: 0, dtype }));
+            *closed += 1;
         }
     }
-    if !cur.params.is_empty() {
-        buckets.push(cur);
-    }
+    buckets.extend(open.into_iter().map(|(b, _)| b).filter(|b| !b.params.is_empty()));
+    // The first parameter of a bucket is the first of its gradients backward produces.
+    buckets.sort_by_key(|b| std::cmp::Reverse(b.params[0]));
     buckets
+}
+
+/// How [`Reducer`] averages and in which dtype it communicates.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ReducerOptions {
+    pub first_bucket_mb: f64,
+    pub bucket_cap_mb: f64,
+    pub gradient_predivide_factor: f64,
+    /// Reduce f16 buckets in f32 (apex's `allreduce_always_fp32`).
+    pub allreduce_fp32: bool,
+}
+
+impl ReducerOptions {
+    pub fn from_config(p: &crate::config::ParallelConfig) -> Self {
+        ReducerOptions {
+            first_bucket_mb: p.first_bucket_mb,
+            bucket_cap_mb: p.bucket_cap_mb,
+            gradient_predivide_factor: p.gradient_predivide_factor,
+            allreduce_fp32: p.allreduce_fp32,
+        }
+    }
 }
 
 struct Bucket {
     layout: BucketLayout,
     /// Offset of each of `layout.params` in the flat buffer.
     offsets: Vec<usize>,
-    data: Vec<f32>,
+    /// The flat buffer in the dtype it is reduced in; empty while its
+    /// all-reduce is in flight.
+    data: Buffer,
     ready: usize,
     work: Option<Work>,
 }
@@ -103,19 +158,18 @@ pub struct Reducer {
     post: f32,
     step: u64,
     last: StepOverlap,
+    poison: bool,
+    /// What it was built for: `(numel, dtype)` per parameter.
+    params: Vec<(usize, DType)>,
 }
 
 impl Reducer {
-    pub fn new(
-        comm: Arc<dyn Communicator>,
-        param_sizes: &[usize],
-        first_bucket_mb: f64,
-        bucket_cap_mb: f64,
-        gradient_predivide_factor: f64,
-    ) -> Self {
+    /// Buckets for parameters of `(numel, dtype)` in registration order; the
+    /// gradients marked ready later must have these dtypes.
+    pub fn new(comm: Arc<dyn Communicator>, params: &[(usize, DType)], opts: &ReducerOptions) -> Self {
         let mb = |m: f64| (m * 1024.0 * 1024.0) as usize;
-        let layouts = assign_buckets(param_sizes, 4, mb(first_bucket_mb), mb(bucket_cap_mb));
-        let mut locate = vec![(0, 0); param_sizes.len()];
+        let layouts = assign_buckets(params, mb(opts.first_bucket_mb), mb(opts.bucket_cap_mb));
+        let mut locate = vec![(0, 0); params.len()];
         let buckets = layouts
             .into_iter()
             .enumerate()
@@ -125,23 +179,34 @@ impl Reducer {
                 for (slot, &p) in layout.params.iter().enumerate() {
                     locate[p] = (b, slot);
                     offsets.push(off);
-                    off += param_sizes[p];
+                    off += params[p].0;
                 }
-                Bucket { data: vec![0.0; layout.numel], layout, offsets, ready: 0, work: None }
+                let data = match (layout.dtype, opts.allreduce_fp32) {
+                    (DType::F16, false) => Buffer::F16(vec![f16::ZERO; layout.numel]),
+                    _ => Buffer::F32(vec![0.0; layout.numel]),
+                };
+                Bucket { data, layout, offsets, ready: 0, work: None }
             })
             .collect();
         let world = comm.world_size() as f64;
-        let f = gradient_predivide_factor;
+        let f = opts.gradient_predivide_factor;
         Reducer {
             comm,
             buckets,
             locate,
-            marked: vec![false; param_sizes.len()],
+            marked: vec![false; params.len()],
             pre: (1.0 / f) as f32,
             post: (f / world) as f32,
             step: 0,
             last: StepOverlap::default(),
+            poison: false,
+            params: params.to_vec(),
         }
+    }
+
+    /// The `(numel, dtype)` of each parameter it was built for.
+    pub fn params(&self) -> &[(usize, DType)] {
+        &self.params
     }
 
     /// How the last reduced step's communication overlapped its backward.
@@ -153,42 +218,80 @@ impl Reducer {
         self.buckets.iter().map(|b| &b.layout).collect()
     }
 
+    /// The dtype each bucket is all-reduced in.
+    pub fn reduce_dtypes(&self) -> Vec<super::DType> {
+        self.buckets.iter().map(|b| b.data.dtype()).collect()
+    }
+
+    /// Testing hook: the next gradient marked ready enters its bucket with an
+    /// inf in its first element, as if this rank's backward had overflowed.
+    pub fn inject_inf_next(&mut self) {
+        self.poison = true;
+    }
+
     /// Marks parameter `index`'s gradient as final for this step. When its
     /// bucket is complete, the bucket's all-reduce starts.
-    pub fn mark_ready(&mut self, index: usize, grad: &[f32]) -> Result<()> {
-        let (b, slot) = self.locate[index];
+    pub fn mark_ready(&mut self, index: usize, grad: &Tensor) -> Result<()> {
+        let &(b, slot) = self.locate.get(index).ok_or_else(|| {
+            Error::Training(format!("DDP: parameter {index} is not one the reducer was built for"))
+        })?;
         if self.marked[index] {
             return Err(Error::Training(format!(
                 "DDP: parameter {index} was marked ready twice in one step"
             )));
         }
-        self.marked[index] = true;
         let bucket = &mut self.buckets[b];
+        if grad.dtype() != bucket.layout.dtype {
+            return Err(Error::Training(format!(
+                "DDP: parameter {index} has a {:?} gradient but its bucket holds {:?} gradients; \
+                 the model's dtypes changed after the reducer was built",
+                grad.dtype(),
+                bucket.layout.dtype
+            )));
+        }
+        self.marked[index] = true;
         let off = bucket.offsets[slot];
-        let dst = &mut bucket.data[off..off + grad.len()];
-        if self.pre == 1.0 {
-            dst.copy_from_slice(grad);
-        } else {
-            dst.iter_mut().zip(grad).for_each(|(d, g)| *d = g * self.pre);
+        let pre = self.pre;
+        match (&mut bucket.data, grad.dtype()) {
+            (Buffer::F32(d), DType::F32) => {
+                scale_into(&mut d[off..off + grad.numel()], grad.as_f32()?, pre, |v| v)
+            }
+            (Buffer::F32(d), DType::F16) => {
+                scale_into(&mut d[off..off + grad.numel()], grad.as_f16()?, pre, |v| v)
+            }
+            // In f16 the predivision rounds, as apex's in-place `mul_` on the f16 bucket does.
+            (Buffer::F16(d), DType::F16) => {
+                scale_into(&mut d[off..off + grad.numel()], grad.as_f16()?, pre, f16::from_f32)
+            }
+            (Buffer::F16(_), DType::F32) => {
+                return Err(Error::Training("DDP: an f32 gradient in an f16 bucket".into()))
+            }
+        }
+        if std::mem::take(&mut self.poison) {
+            match &mut bucket.data {
+                Buffer::F32(d) => d[off] = f32::INFINITY,
+                Buffer::F16(d) => d[off] = f16::INFINITY,
+            }
         }
         bucket.ready += 1;
         if bucket.ready == bucket.layout.params.len() {
-            let data = std::mem::take(&mut bucket.data);
+            let data = std::mem::replace(&mut bucket.data, Buffer::F32(Vec::new()));
             let label = format!("gradient bucket {b} of step {}", self.step + 1);
-            bucket.work = Some(self.comm.all_reduce_async(Buffer::F32(data), ReduceOp::Sum, &label));
+            bucket.work = Some(self.comm.all_reduce_async(data, ReduceOp::Sum, &label));
         }
         Ok(())
     }
 
     /// Waits for every bucket (in launch order) and writes the averaged
-    /// gradients into `grads` (indexed like the parameters).
-    pub fn finish(&mut self, grads: &mut [&mut [f32]]) -> Result<()> {
+    /// gradients into `grads` (indexed like the parameters, in their dtypes).
+    pub fn finish(&mut self, grads: &mut [&mut Tensor]) -> Result<()> {
         self.last = StepOverlap { backward_done: Some(Instant::now()), buckets: Vec::new() };
         if let Some(i) = self.marked.iter().position(|m| !m) {
             return Err(Error::Training(format!(
                 "DDP: parameter {i} received no gradient this step; every parameter must take part in the loss"
             )));
         }
+        let post = self.post;
         for bucket in &mut self.buckets {
             let work = bucket
                 .work
@@ -196,13 +299,26 @@ impl Reducer {
                 .ok_or_else(|| Error::Training("DDP: a bucket was never launched".into()))?;
             let (result, timing) = work.wait_timed();
             self.last.buckets.push(timing);
-            let mut data = result?.into_f32()?;
-            if self.post != 1.0 {
-                data.iter_mut().for_each(|v| *v *= self.post);
-            }
+            let data = result?;
             for (slot, &p) in bucket.layout.params.iter().enumerate() {
                 let off = bucket.offsets[slot];
-                grads[p].copy_from_slice(&data[off..off + grads[p].len()]);
+                let g = &mut *grads[p];
+                let n = g.numel();
+                // Post-scale in f32 and round once into the gradient's dtype.
+                match (&data, g.dtype()) {
+                    (Buffer::F32(d), DType::F32) => {
+                        scale_into(g.as_f32_mut()?, &d[off..off + n], post, |v| v)
+                    }
+                    (Buffer::F32(d), DType::F16) => {
+                        scale_into(g.as_f16_mut()?, &d[off..off + n], post, f16::from_f32)
+                    }
+                    (Buffer::F16(d), DType::F16) => {
+                        scale_into(g.as_f16_mut()?, &d[off..off + n], post, f16::from_f32)
+                    }
+                    (Buffer::F16(_), DType::F32) => {
+                        return Err(Error::Training("DDP: an f32 gradient in an f16 bucket".into()))
+                    }
+                }
             }
             bucket.data = data;
             bucket.ready = 0;
@@ -210,5 +326,14 @@ impl Reducer {
         self.marked.iter_mut().for_each(|m| *m = false);
         self.step += 1;
         Ok(())
+    }
+}
+
+/// `dst = to(src * scale)` with the product in f32; a plain copy when `scale` is 1.
+fn scale_into<S: Copy + Into<f32>, D>(dst: &mut [D], src: &[S], scale: f32, to: impl Fn(f32) -> D) {
+    if scale == 1.0 {
+        dst.iter_mut().zip(src).for_each(|(d, &s)| *d = to(s.into()));
+    } else {
+        dst.iter_mut().zip(src).for_each(|(d, &s)| *d = to(s.into() * scale));
     }
 }

@@ -97,15 +97,39 @@ fn all_reduce_small_and_ring_f32_f16_sum_avg_bitwise_equal_across_ranks() {
 }
 
 #[test]
-fn f16_all_reduce_accumulates_in_f32() {
-    // In f16, 2048 + 1 rounds back to 2048; summed in f32 and rounded once, 2048 + 1 + 1 = 2050.
+fn f16_all_reduce_rounds_to_f16_at_every_hop_like_nccl() {
+    // Each hop adds in f32 and rounds to f16. 2048 + 1 = 2049 is a tie between
+    // f16 neighbours 2048 and 2050 and rounds to even (2048), so where the 2048
+    // comes first the 1s are lost; where both 1s are added first, 2 + 2048 = 2050.
     let comms = group(3, 5000);
+    let val = |r: usize| if r == 0 { 2048.0f32 } else { 1.0 };
+    let chain = |order: &mut dyn Iterator<Item = usize>| {
+        order.fold(None, |acc: Option<f32>, r| {
+            Some(acc.map_or(val(r), |a| f16::from_f32(a + val(r)).to_f32()))
+        })
+    };
     for n in [5, RING_MIN_BYTES] {
         let outs = on_all(&comms, |c| {
-            let v = if c.rank() == 0 { 2048.0 } else { 1.0 };
-            c.all_reduce(Buffer::F16(vec![f16::from_f32(v); n]), ReduceOp::Sum, "t").unwrap()
+            c.all_reduce(Buffer::F16(vec![f16::from_f32(val(c.rank())); n]), ReduceOp::Sum, "t").unwrap()
         });
-        assert!(outs[0].to_f32().iter().all(|&v| v == 2050.0), "n {n}");
+        let got = outs[0].to_f32();
+        for (i, g) in got.iter().enumerate() {
+            // Small buffers sum in rank order; the ring sums chunk c starting at rank c.
+            let start = if n * 2 > RING_MIN_BYTES {
+                (i * 3 / n..3).find(|&c| i < (c + 1) * n / 3).unwrap()
+            } else {
+                0
+            };
+            let want = chain(&mut (0..3).map(|k| (start + k) % 3)).unwrap();
+            assert_eq!(*g, want, "n {n} [{i}]");
+        }
+        assert!(got.contains(&2048.0), "n {n}: the tie rounded to even somewhere");
+        if n > 5 {
+            assert!(got.contains(&2050.0), "ring: chunk 1 adds both 1s first");
+        }
+        for o in &outs {
+            assert_eq!(bits(o), bits(&outs[0]));
+        }
     }
 }
 

@@ -2,22 +2,55 @@
 //! start from rank 0's model, reduce gradients in buckets while backward runs,
 //! keep BatchNorm buffers in step, and combine evaluation results. At world
 //! size 1 every call is a cheap no-op, so the loop has one code path.
+//!
+//! The gradient reducer is built at the first synchronizing backward, from the
+//! parameters' dtypes then: `amp` casts the model (O2: f16 conv/linear, f32
+//! BatchNorm) after the replicas are made equal, and the buckets follow the
+//! gradients' dtypes.
 
 use super::EvalResult;
 use crate::config::Config;
-use crate::dist::{self, reducer::Reducer, Buffer, Communicator, DistEnv, ReduceOp};
-use crate::error::Result;
-use crate::nn::{Layer, Model, Saved};
+use crate::dist::reducer::{Reducer, ReducerOptions};
+use crate::dist::{self, Buffer, Communicator, DistEnv, ReduceOp};
+use crate::error::{Error, Result};
+use crate::nn::{Layer, Model, Saved, StateEntry, StateValue};
 use crate::tensor::Tensor;
 use std::sync::Arc;
+
+/// Testing hook: `DDPTRAIN_INJECT_GRAD_INF=RANK:STEP` makes rank RANK put an
+/// inf into its local gradient (the first one backward produces) at optimizer
+/// step STEP (1-based, counted by this process), before the all-reduce, to
+/// test that an overflow on one rank makes every rank skip the step.
+pub const INJECT_GRAD_INF_VAR: &str = "DDPTRAIN_INJECT_GRAD_INF";
+
+/// Parses [`INJECT_GRAD_INF_VAR`]: `(rank, step)`.
+pub fn parse_inject_grad_inf(v: &str) -> Result<(usize, u64)> {
+    let bad = || {
+        Error::Unsupported(format!(
+            "{INJECT_GRAD_INF_VAR}={v:?}: expected RANK:STEP with a step >= 1, e.g. \"1:3\" (a testing hook)"
+        ))
+    };
+    let (r, s) = v.split_once(':').ok_or_else(bad)?;
+    let rank = r.trim().parse().map_err(|_| bad())?;
+    let step: u64 = s.trim().parse().map_err(|_| bad())?;
+    if step == 0 {
+        return Err(bad());
+    }
+    Ok((rank, step))
+}
 
 pub struct Ddp {
     pub env: DistEnv,
     comm: Arc<dyn Communicator>,
     reducer: Option<Reducer>,
+    reducer_opts: ReducerOptions,
     broadcast_buffers: bool,
     /// Sum and count of the per-step share of all-reduce time hidden behind backward.
     hidden: (f64, u64),
+    /// Synchronizing backwards so far (= optimizer steps this process ran).
+    synced_steps: u64,
+    /// The step at which this rank injects an inf ([`INJECT_GRAD_INF_VAR`]).
+    inject_inf_at: Option<u64>,
 }
 
 impl Ddp {
@@ -25,26 +58,41 @@ impl Ddp {
     /// constructor does: rank 0's parameters and buffers go to every rank,
     /// BatchNorm becomes SyncBatchNorm when `parallel.sync_batchnorm`.
     pub fn init(cfg: &Config, model: &mut Model) -> Result<Ddp> {
+        let inject = match std::env::var(INJECT_GRAD_INF_VAR) {
+            Ok(v) if !v.is_empty() => Some(parse_inject_grad_inf(&v)?),
+            _ => None,
+        };
         let (env, comm) = dist::init(cfg)?;
         let comm: Arc<dyn Communicator> = Arc::from(comm);
         let world = comm.world_size();
-        let mut ddp =
-            Ddp { env, comm: comm.clone(), reducer: None, broadcast_buffers: false, hidden: (0.0, 0) };
+        let inject_inf_at = inject.filter(|(r, _)| *r == comm.rank()).map(|(_, s)| s);
+        let mut ddp = Ddp {
+            env,
+            comm: comm.clone(),
+            reducer: None,
+            reducer_opts: ReducerOptions::from_config(&cfg.parallel),
+            broadcast_buffers: false,
+            hidden: (0.0, 0),
+            synced_steps: 0,
+            inject_inf_at,
+        };
         if world > 1 {
+            let f16_activations =
+                crate::amp::Policy::resolve(&cfg.amp)?.cast_model_type == Some(crate::tensor::DType::F16);
+            if cfg.parallel.sync_batchnorm && f16_activations {
+                return Err(Error::Unsupported(format!(
+                    "parallel.sync_batchnorm = true with amp.opt_level = \"{}\": SyncBatchNorm takes f32 \
+                     activations only so far; set parallel.sync_batchnorm = false (each rank normalizes with \
+                     its own batch statistics, running statistics follow rank 0) or use O0/O1",
+                    cfg.amp.opt_level
+                )));
+            }
             ddp.broadcast_state(model, true)?;
             if cfg.parallel.sync_batchnorm {
                 model.convert_sync_batchnorm(comm.clone());
             }
             // With SyncBatchNorm the running statistics are already equal everywhere.
             ddp.broadcast_buffers = cfg.parallel.broadcast_buffers && !cfg.parallel.sync_batchnorm;
-            let sizes: Vec<usize> = model.params().iter().map(|p| p.value.numel()).collect();
-            ddp.reducer = Some(Reducer::new(
-                comm,
-                &sizes,
-                cfg.parallel.first_bucket_mb,
-                cfg.parallel.bucket_cap_mb,
-                cfg.parallel.gradient_predivide_factor,
-            ));
         }
         Ok(ddp)
     }
@@ -97,7 +145,8 @@ impl Ddp {
         }
         let mut flat = Vec::new();
         for t in &tensors {
-            flat.extend_from_slice(t.as_f32()?);
+            // f16 buffers (O3's BatchNorm) travel widened: exact both ways.
+            flat.extend(t.to_f32_vec());
         }
         // Counters ride along as f32: exact below 2^24 steps.
         flat.extend(counters.iter().map(|c| **c as f32));
@@ -105,9 +154,9 @@ impl Ddp {
         let flat = self.comm.broadcast(Buffer::F32(flat), 0, what)?.into_f32()?;
         let mut off = 0;
         for t in tensors {
-            let dst = t.as_f32_mut()?;
-            dst.copy_from_slice(&flat[off..off + dst.len()]);
-            off += dst.len();
+            let n = t.numel();
+            t.copy_from_f32(&flat[off..off + n])?;
+            off += n;
         }
         for c in counters {
             *c = flat[off] as i64;
@@ -136,20 +185,43 @@ impl Ddp {
         dlogits: Tensor,
         sync: bool,
     ) -> Result<()> {
-        match (&mut self.reducer, sync) {
-            (Some(reducer), true) => {
-                model
-                    .backward_hooked(saved, dlogits, &mut |i, grad| reducer.mark_ready(i, grad.as_f32()?))?;
-                let mut params = model.params_mut();
-                let mut grads: Vec<&mut [f32]> =
-                    params.iter_mut().map(|p| p.grad.as_f32_mut()).collect::<Result<_>>()?;
-                reducer.finish(&mut grads)?;
-                self.hidden.0 += reducer.last_overlap().hidden_fraction();
-                self.hidden.1 += 1;
-                Ok(())
-            }
-            _ => model.backward(saved, dlogits),
+        if !sync {
+            return model.backward(saved, dlogits);
         }
+        self.synced_steps += 1;
+        let inject = self.inject_inf_at == Some(self.synced_steps);
+        if self.comm.world_size() == 1 {
+            model.backward(saved, dlogits)?;
+            if inject {
+                if let Some(p) = model.params_mut().pop() {
+                    p.grad.fill_(f32::INFINITY);
+                }
+            }
+            return Ok(());
+        }
+        let reducer = self.reducer_for(model);
+        if inject {
+            reducer.inject_inf_next();
+        }
+        model.backward_hooked(saved, dlogits, &mut |i, grad| reducer.mark_ready(i, grad))?;
+        let mut params = model.params_mut();
+        let mut grads: Vec<&mut Tensor> = params.iter_mut().map(|p| &mut p.grad).collect();
+        reducer.finish(&mut grads)?;
+        self.hidden.0 += reducer.last_overlap().hidden_fraction();
+        self.hidden.1 += 1;
+        Ok(())
+    }
+
+    /// The reducer for `model`'s parameters as they are now, built on first
+    /// use and rebuilt if their sizes or dtypes changed since.
+    fn reducer_for(&mut self, model: &Model) -> &mut Reducer {
+        let params: Vec<(usize, crate::tensor::DType)> =
+            model.params().iter().map(|p| (p.grad.numel(), p.grad.dtype())).collect();
+        let fits = self.reducer.as_ref().is_some_and(|r| r.params() == params.as_slice());
+        if !fits {
+            self.reducer = None;
+        }
+        self.reducer.get_or_insert_with(|| Reducer::new(self.comm.clone(), &params, &self.reducer_opts))
     }
 
     /// The mean share of gradient all-reduce time that ran while backward was
@@ -185,11 +257,63 @@ impl Ddp {
         Ok(f64::from(g[0]))
     }
 
+    /// At world size > 1, prints this rank's final state (parameters, masters
+    /// under O2, buffers) as a digest with its loss scale and skipped steps:
+    /// DDP replicas must agree bitwise, and a reader (or a test) can compare
+    /// the ranks' lines.
+    pub fn report_replica_state(&self, state: &[StateEntry], loss_scale: f32, overflow_steps: u64) {
+        if self.world_size() > 1 {
+            eprintln!(
+                "rank {}: final state sha256 {} | loss scale {loss_scale} | overflow steps {overflow_steps}",
+                self.rank(),
+                state_digest(state)
+            );
+        }
+    }
+
     /// Waits until every rank is here (end of run, around checkpoints).
     pub fn barrier(&self, what: &str) -> Result<()> {
         if self.world_size() > 1 {
             self.comm.barrier(what)?;
         }
         Ok(())
+    }
+}
+
+/// sha256 over names, shapes and values of a state dict, as hex.
+pub fn state_digest(state: &[StateEntry]) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    for e in state {
+        h.update(e.name.as_bytes());
+        e.shape.iter().for_each(|d| h.update((*d as u64).to_le_bytes()));
+        match &e.value {
+            StateValue::F32(v) => v.iter().for_each(|x| h.update(x.to_bits().to_le_bytes())),
+            StateValue::I64(v) => h.update(v.to_le_bytes()),
+        }
+    }
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inject_grad_inf_parses_rank_and_step_and_names_bad_values() {
+        assert_eq!(parse_inject_grad_inf("1:3").unwrap(), (1, 3));
+        assert_eq!(parse_inject_grad_inf(" 0 : 12 ").unwrap(), (0, 12));
+        for bad in ["1", "a:2", "1:x", "1:0", "-1:2", ""] {
+            let m = parse_inject_grad_inf(bad).unwrap_err().to_string();
+            assert!(m.contains(INJECT_GRAD_INF_VAR) && m.contains("expected RANK:STEP"), "{bad}: {m}");
+        }
+    }
+
+    #[test]
+    fn state_digest_changes_with_any_value() {
+        let e = |v: f32| StateEntry { name: "w".into(), shape: vec![1], value: StateValue::F32(vec![v]) };
+        assert_eq!(state_digest(&[e(1.0)]), state_digest(&[e(1.0)]));
+        assert_ne!(state_digest(&[e(1.0)]), state_digest(&[e(f32::from_bits(1.0f32.to_bits() + 1))]));
+        assert_eq!(state_digest(&[e(1.0)]).len(), 64);
     }
 }

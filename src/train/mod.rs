@@ -187,14 +187,6 @@ pub fn train_with(cfg: &Config, opts: &RunOptions) -> Result<Summary> {
         .with_test_hooks(opts.save_pause, opts.halt_after_steps);
     // apex's amp.initialize: cast the model, set up masters and the loss scaler.
     let policy = amp::Policy::resolve(&cfg.amp)?;
-    if ddp.world_size() > 1 && policy.cast_model_type == Some(crate::tensor::DType::F16) {
-        return Err(Error::Unsupported(format!(
-            "amp.opt_level = \"{}\" with world size {}: the gradient all-reduce handles fp32 gradients only so far; \
-             use O0 or O1 for distributed runs",
-            cfg.amp.opt_level,
-            ddp.world_size()
-        )));
-    }
     let mut amp = amp::Amp::new(policy, amp::LossScaler::from_config(&cfg.amp)?, &mut model);
     // After the cast, so the checkpoint's masters replace the ones the cast made.
     let resumed = ckpt.resume(&mut model, &mut optimizer, &mut amp, ddp.communicator())?;
@@ -315,13 +307,19 @@ pub fn train_with(cfg: &Config, opts: &RunOptions) -> Result<Summary> {
                 grad_norm = Some(outcome.grad_norm);
             }
             if outcome.skipped {
-                progress.println(&format!(
+                let msg = format!(
                     "step {}: gradient overflow (inf/NaN) at loss scale {}, first in {}; step skipped, loss scale -> {}",
                     step + 1,
                     outcome.loss_scale,
                     outcome.overflow.describe(3),
                     amp.loss_scale()
-                ));
+                );
+                // Like apex, every rank reports the skip it decided on.
+                if primary {
+                    progress.println(&msg);
+                } else {
+                    eprintln!("{msg}");
+                }
             }
             model.zero_grad()?;
             step += 1;
@@ -416,6 +414,7 @@ pub fn train_with(cfg: &Config, opts: &RunOptions) -> Result<Summary> {
     if primary {
         metrics::write_json(&out_dir.join("summary.json"), &summary)?;
     }
+    ddp.report_replica_state(&amp.state_dict(&model)?, amp.loss_scale(), amp.scaler.state().overflow_steps);
     // No rank leaves while another may still need it for a collective.
     ddp.barrier("end of training")?;
     Ok(summary)

@@ -3,6 +3,11 @@
 //! Bitwise agreement: every reduced element is computed once, by one rank (the
 //! ring's chunk owner) or by every rank in the same rank order from the same
 //! inputs (the small-buffer exchange), so all ranks end with the same bits.
+//!
+//! f16 sums round like NCCL's: each hop adds its f16 input to the f16 partial
+//! sum in f32 and rounds the result to f16, so partial sums travel as f16 (half
+//! the bytes) and an f16 sum can overflow to inf on the way, which is what
+//! `gradient_predivide_factor` guards against.
 
 use super::{Fail, OpKind};
 use crate::dist::{Buffer, DType, ReduceOp};
@@ -268,7 +273,8 @@ impl Ctx<'_> {
         }
     }
 
-    /// Small buffers: everyone gets everyone's buffer and sums in rank order.
+    /// Small buffers: everyone gets everyone's buffer and sums in rank order
+    /// (f16: rounded after each addition, as a chain of hops from rank 0 would).
     fn exchange_all_reduce(&self, buf: Buffer, op: ReduceOp) -> Result<Buffer, Fail> {
         let (d, n) = (buf.dtype(), buf.len());
         let mine = buf_bytes(&buf);
@@ -281,29 +287,35 @@ impl Ctx<'_> {
             };
             match acc.as_mut() {
                 None => acc = Some(vals),
-                Some(a) => a.iter_mut().zip(vals).for_each(|(a, v)| *a += v),
+                Some(a) => accumulate(a, vals, d),
             }
         }
         Ok(self.finish(acc.unwrap_or_default(), op, d))
     }
 
-    /// Ring reduce-scatter (partial sums travel as f32) then ring all-gather (in
-    /// the buffer's dtype). Chunk `c` is summed starting at rank `c` and finished
-    /// by its owner, rank `c - 1`, whose result every rank copies.
+    /// Ring reduce-scatter then ring all-gather, both in the buffer's dtype.
+    /// Chunk `c` is summed starting at rank `c` and finished by its owner,
+    /// rank `c - 1`, whose result every rank copies.
     fn ring_all_reduce(&self, buf: Buffer, op: ReduceOp) -> Result<Buffer, Fail> {
         let (w, r, dtype, n) = (self.world, self.rank, buf.dtype(), buf.len());
         let bounds = |c: usize| (c * n / w, (c + 1) * n / w);
         let (next, prev) = ((r + 1) % w, (r + w - 1) % w);
+        // f32 holding values exactly representable in `dtype` (f16 partial sums
+        // are rounded at every hop), so the wire carries `dtype` losslessly.
         let mut acc = buf.to_f32();
         drop(buf);
+        let wire = |v: &[f32]| match dtype {
+            DType::F32 => f32_bytes(v),
+            DType::F16 => v.iter().flat_map(|&x| f16::from_f32(x).to_bits().to_le_bytes()).collect(),
+        };
         for s in 0..w - 1 {
             let (sc, rc) = ((r + w - s) % w, (r + 2 * w - s - 1) % w);
             let (a, b) = bounds(sc);
-            let frame = self.frame(DType::F32, n, &f32_bytes(&acc[a..b]));
+            let frame = self.frame(dtype, n, &wire(&acc[a..b]));
             let (a, b) = bounds(rc);
-            let got = self.sendrecv(next, &frame, prev, DType::F32, n, (b - a) * 4)?;
-            acc[a..b].iter_mut().zip(bytes_f32(&got)).for_each(|(x, g)| *x += g);
-            // IEEE addition commutes: same bits either way
+            let got = self.sendrecv(next, &frame, prev, dtype, n, (b - a) * dtype.size())?;
+            // IEEE addition commutes: received + own has the same bits either way.
+            accumulate(&mut acc[a..b], bytes_buf(dtype, &got).to_f32(), dtype);
         }
         let own = (r + 1) % w;
         let (a, b) = bounds(own);
@@ -363,6 +375,15 @@ impl Ctx<'_> {
             let got = self.recv(root, d, n, n * d.size())?;
             Ok(bytes_buf(d, &got))
         }
+    }
+}
+
+/// One hop of a sum: `acc += vals`, rounded to f16 after each addition for
+/// f16 buffers (NCCL's per-hop rounding).
+fn accumulate(acc: &mut [f32], vals: Vec<f32>, dtype: DType) {
+    match dtype {
+        DType::F32 => acc.iter_mut().zip(vals).for_each(|(a, v)| *a += v),
+        DType::F16 => acc.iter_mut().zip(vals).for_each(|(a, v)| *a = f16::from_f32(*a + v).to_f32()),
     }
 }
 

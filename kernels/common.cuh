@@ -1,0 +1,36 @@
+// Shared by every kernel file: the element types and their f32 conversions.
+// Kernels are templates over `float` and `__half`; all arithmetic runs in
+// f32 (load -> to_f32 -> compute -> from_f32 -> store), which is the CPU
+// twins' "widen, f32 kernel, round" contract.
+#pragma once
+#include <cuda_fp16.h>
+
+namespace ddp {
+
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
+
+template <typename T> __device__ __forceinline__ T from_f32(float x);
+template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
+// Round to nearest even, as half::f16::from_f32 does on the CPU.
+template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
+
+// Grid-stride loop index: one launch covers any n with a capped grid.
+#define DDP_FOR_EACH(i, n) \
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < (long long)(n); \
+       i += (long long)blockDim.x * gridDim.x)
+
+}  // namespace ddp
+
+// One extern "C" entry point per element type, named <name>_f32 / <name>_f16,
+// so Rust looks functions up by a plain string. `params` may use `T` for the
+// element type; `args` forwards them to the template `<name>_impl<T>`.
+#define DDP_INSTANTIATE(name, params, args)                                   \
+  namespace ddp_inst_f32 {                                                    \
+  using T = float;                                                            \
+  extern "C" __global__ void name##_f32 params { name##_impl<T> args; }       \
+  }                                                                           \
+  namespace ddp_inst_f16 {                                                    \
+  using T = __half;                                                           \
+  extern "C" __global__ void name##_f16 params { name##_impl<T> args; }       \
+  }
