@@ -349,6 +349,13 @@ impl Checkpointer {
                  resumes with them, so the step they complete is not exactly the uninterrupted one"
             );
         }
+        let ranks = c.state.rank_losses.len();
+        if self.shape.world_size > 1 && ranks != self.shape.world_size {
+            return Err(ckpt_err(
+                &c.dir.join("state.json"),
+                format!("it records the losses of {ranks} ranks, this run has {}", self.shape.world_size),
+            ));
+        }
         let masters = self.checked_masters(&c, model, amp, &masters)?;
         let scaler = match c.state.scaler {
             Some(rec) => {
@@ -383,7 +390,10 @@ impl Checkpointer {
             dst.load(m)?;
         }
         amp.scaler = scaler;
-        let p = c.state.progress.clone();
+        let mut p = c.state.progress.clone();
+        if let Some(mine) = c.state.rank_losses.get(self.shape.rank) {
+            (p.step_loss, p.window_loss) = (mine.step_loss, mine.window_loss);
+        }
         eprintln!(
             "resuming from {} (step {}, epoch {}, batch {} of the epoch)",
             c.dir.display(),

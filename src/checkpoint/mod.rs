@@ -26,7 +26,9 @@ pub use io::{entries_to_bytes, load_safetensors, save_safetensors};
 pub use load::{load_for_eval, parse_checkpoint, read_checkpoint, read_raw, LoadedCheckpoint, RawCheckpoint};
 pub use save::{open_metrics, Checkpointer, RunShape};
 pub use share::{decode_message, encode_message, ResumeMessage};
-pub use state::{CheckpointState, EvalState, FileDigest, ScalerRecord, TrainProgress, FORMAT_VERSION};
+pub use state::{
+    CheckpointState, EvalState, FileDigest, RankLosses, ScalerRecord, TrainProgress, FORMAT_VERSION,
+};
 
 /// Prefix of the fp32 master weights' names in `optim.safetensors`: `master.<param>`.
 pub const MASTER_PREFIX: &str = "master.";

@@ -3,11 +3,12 @@
 
 use super::io::{ckpt_err, entries_to_bytes, sync_dir, write_synced};
 use super::state::{
-    CheckpointState, FileDigest, OptimizerState, ScheduleState, TrainProgress, FORMAT_VERSION,
+    CheckpointState, FileDigest, OptimizerState, RankLosses, ScheduleState, TrainProgress, FORMAT_VERSION,
 };
 use super::{parse_step_dir, step_dir_name, MASTER_PREFIX};
 use crate::amp::Amp;
 use crate::config::{Config, Resume};
+use crate::dist::{Buffer, Communicator};
 use crate::error::{Error, Result};
 use crate::metrics::MetricsWriter;
 use crate::nn::{Model, StateEntry, StateValue};
@@ -151,9 +152,10 @@ impl Checkpointer {
         amp: &Amp,
         p: &TrainProgress,
         metrics: &mut MetricsWriter,
+        comm: &dyn Communicator,
     ) -> Result<()> {
         if self.every_steps > 0 && p.step % self.every_steps == 0 && p.step < self.shape.total_steps {
-            self.save_and_log(model, opt, amp, p, metrics)?;
+            self.save_and_log(model, opt, amp, p, metrics, comm)?;
         }
         if self.halt_after == Some(p.step) {
             return Err(Error::Training(format!(
@@ -172,9 +174,10 @@ impl Checkpointer {
         amp: &Amp,
         p: &TrainProgress,
         metrics: &mut MetricsWriter,
+        comm: &dyn Communicator,
     ) -> Result<()> {
         if self.every_epochs > 0 && p.epoch % self.every_epochs == 0 {
-            self.save_and_log(model, opt, amp, p, metrics)?;
+            self.save_and_log(model, opt, amp, p, metrics, comm)?;
         }
         Ok(())
     }
@@ -187,9 +190,10 @@ impl Checkpointer {
         amp: &Amp,
         p: &TrainProgress,
         metrics: &mut MetricsWriter,
+        comm: &dyn Communicator,
     ) -> Result<()> {
         if self.enabled() && self.last_saved != Some((p.step, p.epoch)) {
-            self.save_and_log(model, opt, amp, p, metrics)?;
+            self.save_and_log(model, opt, amp, p, metrics, comm)?;
         }
         Ok(())
     }
@@ -201,16 +205,28 @@ impl Checkpointer {
         amp: &Amp,
         p: &TrainProgress,
         metrics: &mut MetricsWriter,
+        comm: &dyn Communicator,
     ) -> Result<()> {
+        // Every rank is here (the save points depend on step and epoch only):
+        // rank 0 collects the loss accumulators, which differ per rank.
+        let rank_losses = if comm.world_size() > 1 { gather_losses(comm, p)? } else { Vec::new() };
         if self.shape.rank != 0 {
             return Ok(());
         }
-        let dir = self.save(model, opt, amp, p)?;
+        let dir = self.save(model, opt, amp, p, rank_losses)?;
         metrics.write(&json!({"kind": "checkpoint", "step": p.step, "epoch": p.epoch, "path": dir}))
     }
 
     /// Writes a checkpoint of the current state and points `latest` at it.
-    pub fn save(&mut self, model: &Model, opt: &Optimizer, amp: &Amp, p: &TrainProgress) -> Result<PathBuf> {
+    /// `rank_losses`: every rank's loss accumulators, with several ranks.
+    pub fn save(
+        &mut self,
+        model: &Model,
+        opt: &Optimizer,
+        amp: &Amp,
+        p: &TrainProgress,
+        rank_losses: Vec<RankLosses>,
+    ) -> Result<PathBuf> {
         let root = &self.root;
         std::fs::create_dir_all(root)
             .map_err(|e| Error::io(format!("cannot create {}", root.display()), e))?;
@@ -255,6 +271,7 @@ impl Checkpointer {
                 step_count: opt.step_count(),
             },
             pending_grads,
+            rank_losses,
             scaler: amp.scaler.is_dynamic().then(|| amp.scaler.state().into()),
             files,
             config: self.config_json.clone(),
@@ -300,6 +317,24 @@ impl Checkpointer {
         }
         Ok(())
     }
+}
+
+/// Every rank's (step_loss, window_loss), in rank order. The f64 bits travel
+/// as f32 words, which a broadcast or gather moves without touching.
+fn gather_losses(comm: &dyn Communicator, p: &TrainProgress) -> Result<Vec<RankLosses>> {
+    let words: Vec<f32> = [p.step_loss, p.window_loss]
+        .iter()
+        .flat_map(|v| {
+            let b = v.to_bits();
+            [f32::from_bits(b as u32), f32::from_bits((b >> 32) as u32)]
+        })
+        .collect();
+    let all = comm.all_gather(Buffer::F32(words), "checkpoint: loss accumulators")?.into_f32()?;
+    let f64_at = |w: &[f32]| f64::from_bits(u64::from(w[0].to_bits()) | (u64::from(w[1].to_bits()) << 32));
+    Ok(all
+        .chunks_exact(4)
+        .map(|c| RankLosses { step_loss: f64_at(&c[0..2]), window_loss: f64_at(&c[2..4]) })
+        .collect())
 }
 
 fn remove_dir(path: &Path) -> Result<()> {

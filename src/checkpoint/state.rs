@@ -128,12 +128,26 @@ pub struct CheckpointState {
     /// True when `optim.safetensors` also holds `<param>.grad` (gradients of
     /// micro-batches accumulated but not yet stepped on).
     pub pending_grads: bool,
+    /// With several ranks, every rank's own loss accumulators in rank order
+    /// (the progress fields hold rank 0's): the logged loss is their mean, so
+    /// each rank resumes with its own. Absent for a single process.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rank_losses: Vec<RankLosses>,
     /// The dynamic loss scaler's state; `null` with a static loss scale.
     pub scaler: Option<ScalerRecord>,
     /// Size and SHA-256 of `model.safetensors` and `optim.safetensors`.
     pub files: BTreeMap<String, FileDigest>,
     /// The fingerprinted settings as JSON, so a refusal can name what differs.
     pub config: serde_json::Value,
+}
+
+/// One rank's loss accumulators (see [`TrainProgress`]).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct RankLosses {
+    #[serde(with = "exact_f64")]
+    pub step_loss: f64,
+    #[serde(with = "exact_f64")]
+    pub window_loss: f64,
 }
 
 /// [`crate::amp::ScalerState`] with the scale written exactly.

@@ -84,8 +84,13 @@ fn saved(out: &Path) -> (Run, PathBuf) {
         r.model.zero_grad().unwrap();
     }
     r.amp.scaler.load_state(ScalerState { scale: 2048.0, growth_tracker: 3, overflow_steps: 4 });
-    let dir = r.ckpt.save(&r.model, &r.opt, &r.amp, &progress(2)).unwrap();
+    let dir = r.ckpt.save(&r.model, &r.opt, &r.amp, &progress(2), losses()).unwrap();
     (r, dir)
+}
+
+/// Two ranks' accumulators: rank 1's differ from rank 0's (which `progress` holds).
+fn losses() -> Vec<RankLosses> {
+    vec![RankLosses { step_loss: 0.0, window_loss: 1.25 }, RankLosses { step_loss: 0.0, window_loss: 1.5 }]
 }
 
 fn masters(r: &Run) -> Vec<Vec<f32>> {
@@ -222,7 +227,7 @@ fn on_two_ranks_only_rank_0_reads_and_both_resume_identically() {
     let (r0, p0) = ranks.pop().unwrap();
     let (p0, p1) = (p0.unwrap().unwrap(), p1.unwrap().unwrap());
     assert_eq!(p0, progress(2));
-    assert_eq!(p1, p0);
+    assert_eq!(p1, TrainProgress { window_loss: 1.5, ..p0 }, "rank 1 resumes with its own accumulators");
     for other in [&r0, &r1] {
         assert_eq!(masters(other), masters(&r));
         assert_eq!(other.amp.scaler.state(), r.amp.scaler.state());

@@ -355,7 +355,14 @@ pub fn train_with(cfg: &Config, opts: &RunOptions) -> Result<Summary> {
             if trace_divergence.is_some() {
                 break 'train;
             }
-            ckpt.after_step(&model, &optimizer, &amp, &train_progress!(micro), &mut metrics_out)?;
+            ckpt.after_step(
+                &model,
+                &optimizer,
+                &amp,
+                &train_progress!(micro),
+                &mut metrics_out,
+                ddp.communicator(),
+            )?;
             if step >= total_steps {
                 break;
             }
@@ -373,14 +380,21 @@ pub fn train_with(cfg: &Config, opts: &RunOptions) -> Result<Summary> {
         ));
         last_eval = Some(ev);
         window_start = Instant::now();
-        ckpt.after_epoch(&model, &optimizer, &amp, &train_progress!(0), &mut metrics_out)?;
+        ckpt.after_epoch(
+            &model,
+            &optimizer,
+            &amp,
+            &train_progress!(0),
+            &mut metrics_out,
+            ddp.communicator(),
+        )?;
     }
     progress.finish();
     if let (None, Some(t)) = (&trace_divergence, &tracer) {
         trace_divergence = t.finish(step);
     }
     if trace_divergence.is_none() {
-        ckpt.finish(&model, &optimizer, &amp, &train_progress!(0), &mut metrics_out)?;
+        ckpt.finish(&model, &optimizer, &amp, &train_progress!(0), &mut metrics_out, ddp.communicator())?;
     }
 
     let weights = out_dir.join("model.safetensors");
