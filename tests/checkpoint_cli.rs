@@ -210,3 +210,85 @@ fn eval_scores_a_checkpoint_like_the_run_did() {
     assert_eq!(code, Some(1), "{t}");
     assert!(t.contains("nope") && t.contains("no such checkpoint directory"), "{t}");
 }
+
+/// `ddptrain launch` of two local ranks running `a`.
+fn launch2(a: &[String]) -> Vec<String> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut l: Vec<String> = ["launch", "--nproc-per-node", "2", "--master-port", &port.to_string(), "--"]
+        .map(String::from)
+        .to_vec();
+    l.extend_from_slice(a);
+    l
+}
+
+/// Two ranks straight, and two ranks halted after step 3 then resumed from
+/// step 2: the final weights, optimizer state (masters included) and
+/// state.json (scaler included) are the same bytes. Returns the resumed run's dir.
+fn two_rank_resume_is_bitwise(dir: &Path, name: &str, extra: &[&str]) -> PathBuf {
+    let (a, b) = (dir.join(format!("{name}_straight")), dir.join(format!("{name}_resumed")));
+    let (code, t) = run(&launch2(&args(&a, extra)), dir);
+    assert_eq!(code, Some(0), "{t}");
+    let mut halt = args(&b, extra);
+    halt.extend(["--halt-after-steps".into(), "3".into()]);
+    let (code, t) = run(&launch2(&halt), dir);
+    assert_ne!(code, Some(0), "{t}");
+    assert_eq!(std::fs::read_link(b.join("ckpt/latest")).unwrap(), Path::new("step_00000002"));
+
+    let (code, t) = run(&launch2(&args(&b, extra)), dir);
+    assert_eq!(code, Some(0), "{t}");
+    assert!(t.contains("[rank 1] resuming from") && t.contains("step_00000002"), "{t}");
+    for f in ["model.safetensors", "ckpt/latest/model.safetensors", "ckpt/latest/optim.safetensors"] {
+        assert_eq!(
+            std::fs::read(a.join(f)).unwrap(),
+            std::fs::read(b.join(f)).unwrap(),
+            "{name}: {f} differs"
+        );
+    }
+    let state = |d: &Path| {
+        let mut v: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(d.join("ckpt/latest/state.json")).unwrap()).unwrap();
+        v.as_object_mut().unwrap().remove("train_time_s");
+        v
+    };
+    assert_eq!(state(&a), state(&b), "{name}: state.json differs");
+    b
+}
+
+#[test]
+fn two_ranks_resume_from_rank_0s_files_bitwise_and_fail_together_with_its_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = two_rank_resume_is_bitwise(dir.path(), "o0", &[]);
+
+    // Rank 0 cannot read the checkpoint: every rank exits non-zero with its reason, at once.
+    let step6 = b.join("ckpt/step_00000006");
+    corrupt(&step6.join("model.safetensors"));
+    let resume = format!("checkpoint.resume={}", step6.display());
+    let t0 = Instant::now();
+    let (code, t) = run(&launch2(&args(&dir.path().join("c"), &[&resume])), dir.path());
+    assert_ne!(code, Some(0), "{t}");
+    assert!(t.contains("[rank 0]") && t.contains("model.safetensors is corrupt"), "{t}");
+    assert!(t.contains("[rank 1]") && t.contains("rank 0 cannot resume, so rank 1 cannot either"), "{t}");
+    assert!(t0.elapsed() < Duration::from_secs(60), "took {:?}: {t}", t0.elapsed());
+}
+
+#[test]
+fn two_ranks_resume_o2_with_masters_and_a_moving_loss_scale_bitwise() {
+    let dir = tempfile::tempdir().unwrap();
+    // Steps 1-2 overflow from 2^18 down; the scale then grows after 2 clean steps.
+    let o2 = [
+        "amp.opt_level=O2",
+        "amp.init_scale=262144",
+        "amp.growth_interval=2",
+        "parallel.sync_batchnorm=false",
+    ];
+    let b = two_rank_resume_is_bitwise(dir.path(), "o2", &o2);
+    let s: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(b.join("ckpt/step_00000002/state.json")).unwrap()).unwrap();
+    assert!(s["scaler"]["overflow_steps"].as_u64().unwrap() > 0, "{}", s["scaler"]);
+    let end: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(b.join("ckpt/latest/state.json")).unwrap()).unwrap();
+    assert!(
+        end["optimizer"]["step_count"].as_u64().unwrap() >= 2,
+        "the masters moved after the resume: {end}"
+    );
+}

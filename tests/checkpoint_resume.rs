@@ -1,7 +1,9 @@
 //! Exact resume through the library: N steps + resume + the rest equals the
 //! straight run bit for bit (weights, optimizer state, metrics, evaluation),
 //! from a mid-epoch checkpoint, an end-of-epoch one with pending accumulated
-//! gradients, and an explicit checkpoint path.
+//! gradients, and an explicit checkpoint path; under O2 with the dynamic loss
+//! scaler moving across the resume (fp32 masters and scaler state included),
+//! and under O3 with f16 gradients pending.
 
 mod common;
 use common::*;
@@ -172,4 +174,67 @@ fn keep_last_prunes_old_checkpoints_and_latest_is_a_symlink() {
         .map(|e| e.name)
         .collect();
     assert!(names.contains(&"layer1.0.weight.momentum_buffer".to_string()), "{names:?}");
+}
+
+/// O2 with a loss scale far too high: steps 1-8 overflow and back off (2^24 ->
+/// 2^16), then the scale grows after every 3 clean steps and overflows again.
+const O2_SCALER: [&str; 4] =
+    ["amp.opt_level=O2", "amp.init_scale=16777216", "amp.growth_interval=3", "logging.every_steps=1"];
+
+#[test]
+fn o2_resume_with_the_dynamic_scaler_moving_across_it_is_bitwise() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    let straight = train::train(&cfg(&a, &O2_SCALER)).unwrap();
+    let cb = cfg(&b, &O2_SCALER);
+    halted(&cb, 13);
+    let state: serde_json::Value = serde_json::from_slice(&read(&b.join("ckpt/latest/state.json"))).unwrap();
+    assert_eq!((state["step"].as_u64(), state["batches_in_epoch"].as_u64()), (Some(10), Some(2)));
+    let scaler = &state["scaler"];
+    let (tracker, skipped) =
+        (scaler["growth_tracker"].as_u64().unwrap(), scaler["overflow_steps"].as_u64().unwrap());
+    assert!(tracker > 0 && skipped > 0, "the scaler state at the resume is not trivial: {scaler}");
+    let masters: Vec<String> =
+        ddptrain::checkpoint::load_safetensors(&b.join("ckpt/latest/optim.safetensors"))
+            .unwrap()
+            .into_iter()
+            .map(|e| e.name)
+            .filter(|n| n.starts_with("master."))
+            .collect();
+    assert_eq!(masters.len(), 10, "{masters:?}");
+
+    let resumed = train::train(&cb).unwrap();
+    assert_eq!(resumed.resumed_from.as_deref(), Some(b.join("ckpt/step_00000010").as_path()));
+    assert_eq!((resumed.loss_scale, resumed.overflow_steps), (straight.loss_scale, straight.overflow_steps));
+    assert_same_run(&a, &b);
+    // The scale grew and overflowed again after the resume: what the restored tracker and count decide.
+    let after: Vec<(f64, u64)> = metrics(&b)
+        .iter()
+        .filter(|v| v["kind"] == "train" && v["step"].as_u64().unwrap() > 10)
+        .map(|v| (v["loss_scale"].as_f64().unwrap(), v["overflow_steps"].as_u64().unwrap()))
+        .collect();
+    let at_resume = scaler["scale"].as_str().unwrap().parse::<f64>().unwrap();
+    assert!(after.iter().any(|&(s, _)| s > at_resume), "no growth after the resume: {after:?}");
+    assert!(after.iter().any(|&(_, o)| o > skipped), "no overflow after the resume: {after:?}");
+}
+
+#[test]
+fn o3_epoch_end_resume_with_pending_f16_gradients_is_bitwise() {
+    let extra = [
+        "amp.opt_level=O3",
+        "train.grad_accum_steps=3",
+        "train.max_steps=7",
+        "checkpoint.every_steps=0",
+        "checkpoint.every_epochs=1",
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    train::train(&cfg(&a, &extra)).unwrap();
+    let cb = cfg(&b, &extra);
+    halted(&cb, 5);
+    let state: serde_json::Value = serde_json::from_slice(&read(&b.join("ckpt/latest/state.json"))).unwrap();
+    assert_eq!((state["step"].as_u64(), state["pending_grads"].as_bool()), (Some(4), Some(true)));
+    assert_eq!(state["scaler"], serde_json::Value::Null, "O3's static scale has no state to keep");
+    train::train(&cb).unwrap();
+    assert_same_run(&a, &b);
 }

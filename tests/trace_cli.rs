@@ -95,3 +95,59 @@ fn a_check_stops_at_the_first_divergence_with_exit_3() {
     assert_eq!(c, Some(2), "{t}");
     assert!(t.contains("--trace-tolerance") && t.contains("must be a number >= 0"), "{t}");
 }
+
+fn grad_norms(p: &Path) -> Vec<f32> {
+    lines(p).iter().map(|l| l["grad_norm"].as_str().unwrap().parse().unwrap()).collect()
+}
+
+#[test]
+fn trace_grad_norm_is_the_unscaled_norm_before_clipping_at_o0_and_o2() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let trace = |name: &str, extra: &[&str]| -> std::path::PathBuf {
+        let t = d.join(format!("{name}.jsonl"));
+        let (c, out) = run(d, name, &[&["--record-trace", t.to_str().unwrap()], extra].concat());
+        assert!(matches!(c, Some(0) | Some(3)), "{out}");
+        t
+    };
+    let clip = |v: &str| ["--set".to_string(), format!("train.grad_clip_norm={v}")];
+    let o2 = ["--set", "amp.opt_level=O2", "--set", "amp.init_scale=1024", "--set", "logging.every_steps=1"];
+
+    // O0: a clip that never bites changes nothing, norms included (each step
+    // reports its own gradients, not the previous step's).
+    let plain = trace("o0", &[]);
+    let loose = clip("1e9");
+    let loose = trace("o0_loose", &loose.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(std::fs::read(&plain).unwrap(), std::fs::read(&loose).unwrap());
+
+    // O2 at loss scale 1024, clipped hard to 0.01 or not at all: step 1's
+    // gradients are the same, and so is its reported norm, which is the
+    // unscaled one (O0's within f16 rounding) from before clipping.
+    let o2_plain = trace("o2", &o2);
+    let tight = clip("0.01");
+    let o2_clip =
+        trace("o2_clip", &[&o2[..], &tight.iter().map(String::as_str).collect::<Vec<_>>()].concat());
+    let (n0, n2, n2c) = (grad_norms(&plain), grad_norms(&o2_plain), grad_norms(&o2_clip));
+    assert_eq!(n2c[0].to_bits(), n2[0].to_bits(), "O2 step 1: {} clipped vs {} unclipped", n2c[0], n2[0]);
+    assert!(n2c.iter().all(|&n| n > 0.01), "pre-clip norms: {n2c:?}");
+    assert!((n2[0] - n0[0]).abs() <= 0.01 * n0[0], "O2 {} vs O0 {}: not the unscaled norm", n2[0], n0[0]);
+    assert_eq!(lines(&o2_clip)[0]["loss_scale"], "1024");
+    // metrics.jsonl and the trace report the same norm at every step.
+    let m: Vec<f32> = std::fs::read_to_string(d.join("o2_clip/metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v["kind"] == "train")
+        .map(|v| v["grad_norm"].as_f64().unwrap() as f32)
+        .collect();
+    assert_eq!(m, n2c);
+
+    // A step skipped for overflow reports a non-finite norm and the scale it ran at.
+    let huge = trace("o2_overflow", &["--set", "amp.opt_level=O2", "--set", "amp.init_scale=16777216"]);
+    let l = lines(&huge);
+    assert!(!grad_norms(&huge)[0].is_finite(), "{}", l[0]);
+    assert_eq!(
+        (l[0]["loss_scale"].as_str(), l[1]["loss_scale"].as_str()),
+        (Some("16777216"), Some("8388608"))
+    );
+}

@@ -67,16 +67,28 @@ pub fn cast_model(model: &mut Model, policy: &Policy) {
     }
 }
 
+/// The total L2 norm of all gradients together, accumulated in f64: what
+/// `torch.nn.utils.clip_grad_norm_` returns. The one definition of the
+/// gradient norm that traces, metrics and clipping share.
+pub fn total_grad_norm<G: AsRef<[f32]>>(grads: &[G]) -> f32 {
+    let sq: f64 = grads.iter().flat_map(|g| g.as_ref().iter()).map(|&g| f64::from(g) * f64::from(g)).sum();
+    sq.sqrt() as f32
+}
+
 /// `torch.nn.utils.clip_grad_norm_` (L2, with its 1e-6) over f32 gradients;
 /// returns the total norm before clipping.
 pub fn clip_grad_norm_(grads: &mut [Vec<f32>], max_norm: f32) -> f32 {
-    let sq: f64 = grads.iter().flat_map(|g| g.iter()).map(|&g| f64::from(g) * f64::from(g)).sum();
-    let norm = sq.sqrt() as f32;
+    let norm = total_grad_norm(grads);
+    clip_to(grads, max_norm, norm);
+    norm
+}
+
+/// Scales `grads` so their total norm `norm` is at most `max_norm`.
+fn clip_to(grads: &mut [Vec<f32>], max_norm: f32, norm: f32) {
     let coef = max_norm / (norm + 1e-6);
     if coef < 1.0 {
         grads.iter_mut().flat_map(|g| g.iter_mut()).for_each(|g| *g *= coef);
     }
-    norm
 }
 
 /// What one [`Amp::step`] did.
@@ -88,8 +100,10 @@ pub struct StepOutcome {
     pub overflow: Overflow,
     /// The loss scale this step's gradients were computed with.
     pub loss_scale: f32,
-    /// Total gradient norm (unscaled, before clipping) when clipping is on.
-    pub grad_norm: Option<f32>,
+    /// Total L2 norm of the unscaled gradients before clipping (what
+    /// `clip_grad_norm_` returns), whether or not clipping is on; inf or NaN
+    /// on a skipped step.
+    pub grad_norm: f32,
 }
 
 /// The mixed-precision state of a run: policy, scaler, fp32 masters (O2),
@@ -154,10 +168,13 @@ impl Amp {
             let named: Vec<(&str, &Tensor)> = params.iter().map(|p| (p.name.as_str(), &p.grad)).collect();
             self.scaler.unscale(&named, &mut self.grads)
         };
+        let grad_norm = total_grad_norm(&self.grads);
         if self.scaler.update(&overflow, step)? {
-            return Ok(StepOutcome { skipped: true, overflow, loss_scale, grad_norm: None });
+            return Ok(StepOutcome { skipped: true, overflow, loss_scale, grad_norm });
         }
-        let grad_norm = grad_clip_norm.map(|max_norm| clip_grad_norm_(&mut self.grads, max_norm));
+        if let Some(max_norm) = grad_clip_norm {
+            clip_to(&mut self.grads, max_norm, grad_norm);
+        }
         let grads: Vec<&[f32]> = self.grads.iter().map(Vec::as_slice).collect();
         let mut params = model.params_mut();
         let mut values: Vec<&mut Tensor> = params.iter_mut().map(|p| &mut p.value).collect();

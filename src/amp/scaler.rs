@@ -179,6 +179,32 @@ impl LossScaler {
         self.state = state;
     }
 
+    /// [`LossScaler::load_state`] for a state read from a checkpoint: refused
+    /// (with the reason) unless this dynamic scaler could have reached it.
+    pub fn restore(&mut self, state: ScalerState) -> std::result::Result<(), String> {
+        if !self.dynamic {
+            return Err(format!(
+                "it holds a dynamic loss-scaler state, but this run's loss scale is static ({})",
+                self.state.scale
+            ));
+        }
+        let c = &self.cfg;
+        if !(state.scale.is_finite() && (c.min_loss_scale..=c.max_loss_scale).contains(&state.scale)) {
+            return Err(format!(
+                "its loss scale {} lies outside [amp.min_loss_scale, amp.max_loss_scale] = [{}, {}]",
+                state.scale, c.min_loss_scale, c.max_loss_scale
+            ));
+        }
+        if state.growth_tracker >= c.growth_interval {
+            return Err(format!(
+                "its loss scaler counted {} clean steps, but amp.growth_interval is {}",
+                state.growth_tracker, c.growth_interval
+            ));
+        }
+        self.state = state;
+        Ok(())
+    }
+
     /// One fused pass over every gradient: `out[i] = grads[i] / scale` in f32
     /// (widening f16 grads) and inf/NaN detection. `grads` are (state_dict
     /// name, gradient) in registration order; `out` is resized to fit.

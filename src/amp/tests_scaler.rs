@@ -127,3 +127,25 @@ fn state_round_trips_for_checkpoints() {
     t.load_state(serde_json::from_str(&json).unwrap());
     assert_eq!(t, s);
 }
+
+#[test]
+fn restore_accepts_reachable_states_and_says_why_it_refuses_others() {
+    let cfg = ScalerConfig {
+        growth_interval: 4,
+        min_loss_scale: 2.0,
+        max_loss_scale: 1024.0,
+        ..Default::default()
+    };
+    let mut s = LossScaler::dynamic(ScalerConfig { init_scale: 512.0, ..cfg });
+    let good = ScalerState { scale: 32.0, growth_tracker: 3, overflow_steps: 7 };
+    s.restore(good).unwrap();
+    assert_eq!(s.state(), good);
+    let bad_scale = ScalerState { scale: 4096.0, ..good };
+    let err = s.restore(bad_scale).unwrap_err();
+    assert!(err.contains("loss scale 4096 lies outside") && err.contains("[2, 1024]"), "{err}");
+    let err = s.restore(ScalerState { growth_tracker: 4, ..good }).unwrap_err();
+    assert!(err.contains("counted 4 clean steps") && err.contains("amp.growth_interval is 4"), "{err}");
+    assert_eq!(s.state(), good, "a refused state changes nothing");
+    let err = LossScaler::fixed(128.0).restore(good).unwrap_err();
+    assert!(err.contains("this run's loss scale is static (128)"), "{err}");
+}

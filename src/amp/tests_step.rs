@@ -57,6 +57,7 @@ fn an_overflowing_step_is_skipped_with_weights_and_state_bit_identical() {
             set_grads(&mut model, &[vec![1.0, poison, 1.0, 1.0], vec![1.0, 1.0]]);
             let out = amp.step(&mut model, &mut opt, 0.1, Some(1.0), 2).unwrap();
             assert!(out.skipped, "{level} {poison}");
+            assert!(!out.grad_norm.is_finite(), "{level} {poison}: a skipped step's norm is not finite");
             assert_eq!(out.overflow.params, vec!["fc.weight".to_string()]);
             assert_eq!((out.loss_scale, amp.loss_scale()), (scale, scale / 2.0));
             assert_eq!(bits(&model), w0, "{level} {poison}: weights moved on a skipped step");
@@ -78,7 +79,7 @@ fn clipping_acts_on_unscaled_gradients() {
     // Unscaled gradient (3, 4 | 0): norm 5; scaled by 1024 it would be 5120.
     set_grads(&mut model, &[vec![3.0 * 1024.0, 4.0 * 1024.0], vec![0.0]]);
     let out = amp.step(&mut model, &mut opt, 1.0, Some(1.0), 1).unwrap();
-    assert_eq!(out.grad_norm, Some(5.0));
+    assert_eq!(out.grad_norm, 5.0, "the unscaled norm before clipping");
     let w = model.params()[0].value.to_f32_vec();
     let coef = 1.0 / (5.0 + 1e-6);
     assert_eq!(w, vec![-3.0 * coef, -4.0 * coef]);
@@ -180,4 +181,30 @@ fn o1_runs_linear_in_f16_per_call_and_accumulates_into_fp32_grads() {
     model.backward(saved, Tensor::from_vec(&[1, 1], vec![1e5]).unwrap()).unwrap();
     assert_eq!(model.params()[0].grad.to_f32_vec(), vec![f32::INFINITY; 2]);
     assert_eq!(model.params()[0].value.to_f32_vec(), vec![1.0 + 2f32.powi(-12), 1.0]);
+}
+
+#[test]
+fn the_reported_norm_is_the_unscaled_pre_clip_norm_with_or_without_clipping() {
+    // Same gradients at scale 1 (O0) and 2^10 (O2, f16 grads): the norm is the
+    // unscaled one both ways, and the same whether clipping is on or off.
+    let g = [vec![0.75f32, -1.5, 0.25, 2.0], vec![0.5, -0.125]];
+    let want = (g.iter().flatten().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>()).sqrt() as f32;
+    for (level, scale) in [(OptLevel::O0, 1.0f32), (OptLevel::O2, 1024.0)] {
+        for clip in [None, Some(0.1f32)] {
+            let mut model = linear(vec![0.5, -0.25, 0.125, 1.0], vec![0.1, -0.1]);
+            let scaler = if scale == 1.0 {
+                LossScaler::fixed(1.0)
+            } else {
+                LossScaler::dynamic(ScalerConfig { init_scale: scale, ..ScalerConfig::default() })
+            };
+            let mut amp = Amp::new(Policy::for_level(level), scaler, &mut model);
+            let mut opt = sgd_momentum(&model);
+            let scaled: Vec<Vec<f32>> = g.iter().map(|v| v.iter().map(|x| x * scale).collect()).collect();
+            set_grads(&mut model, &scaled);
+            let out = amp.step(&mut model, &mut opt, 0.1, clip, 1).unwrap();
+            assert_eq!(out.grad_norm, want, "{level} clip {clip:?}");
+            assert!(out.grad_norm > 0.1, "the reported norm is the one before clipping");
+        }
+    }
+    assert_eq!(total_grad_norm(&g), want);
 }

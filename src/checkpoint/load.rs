@@ -5,8 +5,11 @@
 use super::io::{ckpt_err, parse_safetensors};
 use super::save::{schedule_state, Checkpointer};
 use super::state::{CheckpointState, TrainProgress, FORMAT_VERSION};
+use super::MASTER_PREFIX;
 use super::{parse_step_dir, step_dir_name};
+use crate::amp::Amp;
 use crate::config::Resume;
+use crate::dist::Communicator;
 use crate::error::Result;
 use crate::nn::{Model, StateEntry, StateValue};
 use crate::optim::Optimizer;
@@ -23,9 +26,25 @@ pub struct LoadedCheckpoint {
     pub optim: Vec<StateEntry>,
 }
 
+/// A checkpoint's files as read, before any check: what rank 0 hands to the
+/// other ranks on a distributed resume (they verify it as rank 0 did).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RawCheckpoint {
+    /// Where rank 0 read it (named in messages, never opened by other ranks).
+    pub dir: PathBuf,
+    pub state_json: Vec<u8>,
+    pub model: Vec<u8>,
+    pub optim: Vec<u8>,
+}
+
 /// Reads and verifies the checkpoint in `dir` (a `step_XXXXXXXX` directory,
 /// `ckpt/latest`, or a `ckpt` directory, meaning its `latest`).
 pub fn read_checkpoint(dir: &Path) -> Result<LoadedCheckpoint> {
+    parse_checkpoint(&read_raw(dir)?)
+}
+
+/// The bytes of the checkpoint in `dir` (see [`read_checkpoint`] for `dir`).
+pub fn read_raw(dir: &Path) -> Result<RawCheckpoint> {
     let dir = if !dir.join("state.json").exists() && dir.join("latest").exists() {
         dir.join("latest")
     } else {
@@ -35,10 +54,23 @@ pub fn read_checkpoint(dir: &Path) -> Result<LoadedCheckpoint> {
     if !dir.is_dir() {
         return Err(fail("no such checkpoint directory".into()));
     }
-    let text = std::fs::read_to_string(dir.join("state.json"))
+    let state_json = std::fs::read(dir.join("state.json"))
         .map_err(|e| fail(format!("cannot read state.json ({e}): an incomplete checkpoint")))?;
+    let read =
+        |file: &str| std::fs::read(dir.join(file)).map_err(|e| fail(format!("cannot read {file}: {e}")));
+    let (model, optim) = (read("model.safetensors")?, read("optim.safetensors")?);
+    Ok(RawCheckpoint { dir, state_json, model, optim })
+}
+
+/// Verifies a checkpoint's bytes (format version, sizes and SHA-256 recorded
+/// in `state.json`) and decodes them.
+pub fn parse_checkpoint(raw: &RawCheckpoint) -> Result<LoadedCheckpoint> {
+    let dir = &raw.dir;
+    let fail = |msg: String| ckpt_err(dir, msg);
+    let text = std::str::from_utf8(&raw.state_json)
+        .map_err(|_| fail("state.json is corrupt: not UTF-8 text".into()))?;
     let value: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| fail(format!("state.json is corrupt: {e}")))?;
+        serde_json::from_str(text).map_err(|e| fail(format!("state.json is corrupt: {e}")))?;
     let version = value.get("version").and_then(|v| v.as_u64());
     if version != Some(u64::from(FORMAT_VERSION)) {
         return Err(fail(format!(
@@ -48,14 +80,9 @@ pub fn read_checkpoint(dir: &Path) -> Result<LoadedCheckpoint> {
     }
     let state: CheckpointState =
         serde_json::from_value(value).map_err(|e| fail(format!("state.json is corrupt: {e}")))?;
-    if state.scaler.is_some() {
-        return Err(fail("it holds a loss-scaler state, which this build cannot restore".into()));
-    }
-    let read = |file: &str| -> Result<Vec<StateEntry>> {
+    let check = |file: &str, bytes: &[u8]| -> Result<Vec<StateEntry>> {
         let digest =
             state.files.get(file).ok_or_else(|| fail(format!("state.json does not record {file}")))?;
-        let path = dir.join(file);
-        let bytes = std::fs::read(&path).map_err(|e| fail(format!("cannot read {file}: {e}")))?;
         if bytes.len() as u64 != digest.bytes {
             return Err(fail(format!(
                 "{file} is truncated or overwritten: {} bytes, state.json records {}",
@@ -63,15 +90,15 @@ pub fn read_checkpoint(dir: &Path) -> Result<LoadedCheckpoint> {
                 digest.bytes
             )));
         }
-        let sha: String = Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect();
+        let sha: String = Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect();
         if sha != digest.sha256 {
             return Err(fail(format!("{file} is corrupt: its SHA-256 differs from the one in state.json")));
         }
-        parse_safetensors(&bytes, &path)
+        parse_safetensors(bytes, &dir.join(file))
     };
-    let model = read("model.safetensors")?;
-    let optim = read("optim.safetensors")?;
-    Ok(LoadedCheckpoint { dir, state, model, optim })
+    let model = check("model.safetensors", &raw.model)?;
+    let optim = check("optim.safetensors", &raw.optim)?;
+    Ok(LoadedCheckpoint { dir: dir.clone(), state, model, optim })
 }
 
 /// Loads a checkpoint's weights into `model` for evaluation. Only the model's
@@ -140,26 +167,56 @@ fn config_diff(theirs: &serde_json::Value, ours: &serde_json::Value) -> Vec<Stri
 }
 
 impl Checkpointer {
-    /// Restores model, optimizer and progress per `checkpoint.resume`; `None`
-    /// when the run starts fresh. With "auto", an unusable newest checkpoint
-    /// falls back to the previous good one (and says so on stderr).
-    pub fn resume(&mut self, model: &mut Model, opt: &mut Optimizer) -> Result<Option<TrainProgress>> {
+    /// Restores model, optimizer, master weights, loss scaler and progress per
+    /// `checkpoint.resume`; `None` when the run starts fresh. With "auto", an
+    /// unusable newest checkpoint falls back to the previous good one (and says
+    /// so on stderr). With several ranks only rank 0 reads files; the others
+    /// get its checkpoint through `comm` (see `share.rs`).
+    pub fn resume(
+        &mut self,
+        model: &mut Model,
+        opt: &mut Optimizer,
+        amp: &mut Amp,
+        comm: &dyn Communicator,
+    ) -> Result<Option<TrainProgress>> {
+        if matches!(self.resume, Resume::Never) {
+            return Ok(None);
+        }
+        if comm.world_size() == 1 {
+            return Ok(self.resume_local(model, opt, amp)?.map(|(p, _)| p));
+        }
+        super::share::resume_distributed(self, model, opt, amp, comm)
+    }
+
+    /// Rank 0's (or a single process's) resume from its own files; also
+    /// returns the bytes of the checkpoint it resumed from.
+    pub(super) fn resume_local(
+        &mut self,
+        model: &mut Model,
+        opt: &mut Optimizer,
+        amp: &mut Amp,
+    ) -> Result<Option<(TrainProgress, RawCheckpoint)>> {
         let candidates = match &self.resume {
             Resume::Never => return Ok(None),
             Resume::Path(p) => {
-                let c = read_checkpoint(p)?;
-                return self.apply(c, model, opt).map(Some);
+                let raw = read_raw(p)?;
+                let c = parse_checkpoint(&raw)?;
+                return self.apply(c, model, opt, amp).map(|p| Some((p, raw)));
             }
             Resume::Auto => self.auto_candidates(),
         };
         let mut refused = Vec::new();
         for dir in candidates {
-            match read_checkpoint(&dir).and_then(|c| self.apply(c, model, opt)) {
-                Ok(p) => {
+            let attempt = read_raw(&dir).and_then(|raw| {
+                let c = parse_checkpoint(&raw)?;
+                self.apply(c, model, opt, amp).map(|p| (p, raw))
+            });
+            match attempt {
+                Ok(done) => {
                     if !refused.is_empty() {
                         eprintln!("warning: resuming from the previous good checkpoint {}", dir.display());
                     }
-                    return Ok(Some(p));
+                    return Ok(Some(done));
                 }
                 Err(e) => {
                     eprintln!("warning: checkpoint.resume = \"auto\": cannot resume from it: {e}");
@@ -245,11 +302,14 @@ impl Checkpointer {
         Ok(())
     }
 
-    fn apply(
+    /// Checks `c` against this run and restores it. Everything that can be
+    /// refused is checked before anything is changed.
+    pub(super) fn apply(
         &mut self,
         c: LoadedCheckpoint,
         model: &mut Model,
         opt: &mut Optimizer,
+        amp: &mut Amp,
     ) -> Result<TrainProgress> {
         self.check_compatible(&c, model, opt)?;
         let optim_path = c.dir.join("optim.safetensors");
@@ -257,7 +317,12 @@ impl Checkpointer {
             model.params().iter().enumerate().map(|(i, p)| (p.name.clone(), i)).collect();
         let mut states: Vec<(&str, usize, &[f32])> = Vec::new();
         let mut grads: Vec<Option<&[f32]>> = vec![None; index.len()];
+        let mut masters: Vec<Option<&StateEntry>> = vec![None; index.len()];
         for e in &c.optim {
+            if let Some(&i) = e.name.strip_prefix(MASTER_PREFIX).and_then(|p| index.get(p)) {
+                masters[i] = Some(e);
+                continue;
+            }
             let split = ["momentum_buffer", "exp_avg_sq", "exp_avg", "grad"].into_iter().find_map(|s| {
                 e.name
                     .strip_suffix(s)
@@ -278,19 +343,57 @@ impl Checkpointer {
         if pending != if c.state.pending_grads { grads.len() } else { 0 } {
             return Err(ckpt_err(&optim_path, "the pending gradients are incomplete"));
         }
+        if c.state.pending_grads && self.shape.world_size > 1 && self.shape.rank == 0 {
+            eprintln!(
+                "warning: the checkpoint holds rank 0's pending accumulated gradients only; every rank \
+                 resumes with them, so the step they complete is not exactly the uninterrupted one"
+            );
+        }
+        let ranks = c.state.rank_losses.len();
+        if self.shape.world_size > 1 && ranks != self.shape.world_size {
+            return Err(ckpt_err(
+                &c.dir.join("state.json"),
+                format!("it records the losses of {ranks} ranks, this run has {}", self.shape.world_size),
+            ));
+        }
+        let masters = self.checked_masters(&c, model, amp, &masters)?;
+        let scaler = match c.state.scaler {
+            Some(rec) => {
+                let mut s = amp.scaler.clone();
+                s.restore(rec.into()).map_err(|m| {
+                    ckpt_err(&c.dir.join("state.json"), format!("cannot restore the loss scaler: {m}"))
+                })?;
+                s
+            }
+            None if amp.scaler.is_dynamic() => {
+                return Err(ckpt_err(
+                    &c.dir.join("state.json"),
+                    "it has no loss-scaler state (`scaler` is null), but this run uses the dynamic loss \
+                     scaler (amp.loss_scale = \"dynamic\"): it was written with a static loss scale or by \
+                     an older build, and resuming would restart the scale from amp.init_scale",
+                ))
+            }
+            None => amp.scaler.clone(),
+        };
         opt.load_state_tensors(&optim_path, c.state.optimizer.step_count, &states)?;
         model.load_state_dict(c.model.clone(), &c.dir.join("model.safetensors"))?;
         for (p, g) in model.params_mut().into_iter().zip(&grads) {
-            let dst = p.grad.as_f32_mut()?;
             match g {
-                Some(g) if g.len() == dst.len() => dst.copy_from_slice(g),
+                Some(g) if g.len() == p.grad.numel() => p.grad.copy_from_f32(g)?,
                 Some(_) => {
                     return Err(ckpt_err(&optim_path, format!("`{}.grad` has the wrong size", p.name)))
                 }
-                None => dst.fill(0.0),
+                None => p.grad.fill_(0.0),
             }
         }
-        let p = c.state.progress.clone();
+        if let (Some(m), Some(dst)) = (masters, amp.masters_mut()) {
+            dst.load(m)?;
+        }
+        amp.scaler = scaler;
+        let mut p = c.state.progress.clone();
+        if let Some(mine) = c.state.rank_losses.get(self.shape.rank) {
+            (p.step_loss, p.window_loss) = (mine.step_loss, mine.window_loss);
+        }
         eprintln!(
             "resuming from {} (step {}, epoch {}, batch {} of the epoch)",
             c.dir.display(),
@@ -301,5 +404,81 @@ impl Checkpointer {
         self.last_saved = Some((p.step, p.epoch));
         self.resumed_from = Some(c.dir);
         Ok(p)
+    }
+
+    /// The checkpoint's fp32 master weights in parameter order, when this run
+    /// keeps masters; refused when they are missing, mis-shaped, not the
+    /// masters of the checkpoint's own weights, or present for a run without masters.
+    fn checked_masters(
+        &self,
+        c: &LoadedCheckpoint,
+        model: &Model,
+        amp: &Amp,
+        found: &[Option<&StateEntry>],
+    ) -> Result<Option<Vec<Vec<f32>>>> {
+        let path = c.dir.join("optim.safetensors");
+        let fail = |msg: String| Err(ckpt_err(&path, msg));
+        if amp.masters().is_none() {
+            return match found.iter().flatten().next() {
+                Some(e) => fail(format!(
+                    "it holds fp32 master weights (`{}`), but this run keeps none (amp.opt_level = \"{}\", \
+                     amp.master_weights)",
+                    e.name, self.opt_level
+                )),
+                None => Ok(None),
+            };
+        }
+        let params = model.params();
+        let missing: Vec<String> = params
+            .iter()
+            .zip(found)
+            .filter(|(_, e)| e.is_none())
+            .map(|(p, _)| format!("`{MASTER_PREFIX}{}`", p.name))
+            .collect();
+        if !missing.is_empty() {
+            let more =
+                if missing.len() > 4 { format!(" (and {} more)", missing.len() - 4) } else { String::new() };
+            return fail(format!(
+                "this run keeps fp32 master weights (amp.opt_level = \"{}\"), but the checkpoint lacks {}{more}",
+                self.opt_level,
+                missing[..missing.len().min(4)].join(", ")
+            ));
+        }
+        let mut out = Vec::with_capacity(params.len());
+        for (p, e) in params.iter().zip(found.iter().flatten()) {
+            let StateValue::F32(master) = &e.value else {
+                return fail(format!("master weight `{}` must be a floating-point tensor", e.name));
+            };
+            if e.shape != p.value.shape() {
+                return fail(format!(
+                    "master weight `{}` has shape {:?}, but parameter `{}` is {:?}",
+                    e.name,
+                    e.shape,
+                    p.name,
+                    p.value.shape()
+                ));
+            }
+            // The model's weights are always the masters rounded to the model's
+            // dtype; masters that do not round to the checkpoint's weights come
+            // from another checkpoint.
+            let saved = c.model.iter().find(|m| m.name == p.name).map(|m| &m.value);
+            if let Some(StateValue::F32(w)) = saved {
+                let (mut a, mut b) = (p.value.clone(), p.value.clone());
+                a.copy_from_f32(master)?;
+                b.copy_from_f32(w)?;
+                let bits = |t: &crate::tensor::Tensor| {
+                    t.to_f32_vec().iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+                };
+                if bits(&a) != bits(&b) {
+                    return fail(format!(
+                        "master weight `{}` does not round to the weight `{}` in model.safetensors: the two \
+                         files do not belong to the same checkpoint",
+                        e.name, p.name
+                    ));
+                }
+            }
+            out.push(master.clone());
+        }
+        Ok(Some(out))
     }
 }

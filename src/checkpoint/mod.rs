@@ -1,7 +1,10 @@
 //! Checkpoints: rank 0 writes `<out_dir>/ckpt/step_XXXXXXXX/` with
 //! `model.safetensors` (PyTorch `state_dict()` names, f32), `optim.safetensors`
-//! (optimizer state as `<param>.<state name>`, e.g. `layer1.0.weight.momentum_buffer`)
-//! and `state.json` (see [`CheckpointState`]); a run resumes from one exactly.
+//! (optimizer state as `<param>.<state name>`, e.g. `layer1.0.weight.momentum_buffer`,
+//! and fp32 master weights as `master.<param>` when the run keeps them) and
+//! `state.json` (see [`CheckpointState`], including the dynamic loss scaler); a
+//! run resumes from one exactly. With several ranks only rank 0 reads the
+//! files and sends them to the others.
 //!
 //! A save goes to a temporary directory, every file and the directory are
 //! fsynced, the directory is renamed into place, and only then is the
@@ -14,12 +17,21 @@
 mod io;
 mod load;
 mod save;
+mod share;
 mod state;
+#[cfg(test)]
+mod tests_share;
 
 pub use io::{entries_to_bytes, load_safetensors, save_safetensors};
-pub use load::{load_for_eval, read_checkpoint, LoadedCheckpoint};
+pub use load::{load_for_eval, parse_checkpoint, read_checkpoint, read_raw, LoadedCheckpoint, RawCheckpoint};
 pub use save::{open_metrics, Checkpointer, RunShape};
-pub use state::{CheckpointState, EvalState, FileDigest, TrainProgress, FORMAT_VERSION};
+pub use share::{decode_message, encode_message, ResumeMessage};
+pub use state::{
+    CheckpointState, EvalState, FileDigest, RankLosses, ScalerRecord, TrainProgress, FORMAT_VERSION,
+};
+
+/// Prefix of the fp32 master weights' names in `optim.safetensors`: `master.<param>`.
+pub const MASTER_PREFIX: &str = "master.";
 
 /// Directory name of the checkpoint taken after optimizer step `step`.
 pub fn step_dir_name(step: u64) -> String {

@@ -3,10 +3,12 @@
 
 use super::io::{ckpt_err, entries_to_bytes, sync_dir, write_synced};
 use super::state::{
-    CheckpointState, FileDigest, OptimizerState, ScheduleState, TrainProgress, FORMAT_VERSION,
+    CheckpointState, FileDigest, OptimizerState, RankLosses, ScheduleState, TrainProgress, FORMAT_VERSION,
 };
-use super::{parse_step_dir, step_dir_name};
+use super::{parse_step_dir, step_dir_name, MASTER_PREFIX};
+use crate::amp::Amp;
 use crate::config::{Config, Resume};
+use crate::dist::{Buffer, Communicator};
 use crate::error::{Error, Result};
 use crate::metrics::MetricsWriter;
 use crate::nn::{Model, StateEntry, StateValue};
@@ -147,11 +149,13 @@ impl Checkpointer {
         &mut self,
         model: &Model,
         opt: &Optimizer,
+        amp: &Amp,
         p: &TrainProgress,
         metrics: &mut MetricsWriter,
+        comm: &dyn Communicator,
     ) -> Result<()> {
         if self.every_steps > 0 && p.step % self.every_steps == 0 && p.step < self.shape.total_steps {
-            self.save_and_log(model, opt, p, metrics)?;
+            self.save_and_log(model, opt, amp, p, metrics, comm)?;
         }
         if self.halt_after == Some(p.step) {
             return Err(Error::Training(format!(
@@ -167,11 +171,13 @@ impl Checkpointer {
         &mut self,
         model: &Model,
         opt: &Optimizer,
+        amp: &Amp,
         p: &TrainProgress,
         metrics: &mut MetricsWriter,
+        comm: &dyn Communicator,
     ) -> Result<()> {
         if self.every_epochs > 0 && p.epoch % self.every_epochs == 0 {
-            self.save_and_log(model, opt, p, metrics)?;
+            self.save_and_log(model, opt, amp, p, metrics, comm)?;
         }
         Ok(())
     }
@@ -181,11 +187,13 @@ impl Checkpointer {
         &mut self,
         model: &Model,
         opt: &Optimizer,
+        amp: &Amp,
         p: &TrainProgress,
         metrics: &mut MetricsWriter,
+        comm: &dyn Communicator,
     ) -> Result<()> {
         if self.enabled() && self.last_saved != Some((p.step, p.epoch)) {
-            self.save_and_log(model, opt, p, metrics)?;
+            self.save_and_log(model, opt, amp, p, metrics, comm)?;
         }
         Ok(())
     }
@@ -194,18 +202,31 @@ impl Checkpointer {
         &mut self,
         model: &Model,
         opt: &Optimizer,
+        amp: &Amp,
         p: &TrainProgress,
         metrics: &mut MetricsWriter,
+        comm: &dyn Communicator,
     ) -> Result<()> {
+        // Every rank is here (the save points depend on step and epoch only):
+        // rank 0 collects the loss accumulators, which differ per rank.
+        let rank_losses = if comm.world_size() > 1 { gather_losses(comm, p)? } else { Vec::new() };
         if self.shape.rank != 0 {
             return Ok(());
         }
-        let dir = self.save(model, opt, p)?;
+        let dir = self.save(model, opt, amp, p, rank_losses)?;
         metrics.write(&json!({"kind": "checkpoint", "step": p.step, "epoch": p.epoch, "path": dir}))
     }
 
     /// Writes a checkpoint of the current state and points `latest` at it.
-    pub fn save(&mut self, model: &Model, opt: &Optimizer, p: &TrainProgress) -> Result<PathBuf> {
+    /// `rank_losses`: every rank's loss accumulators, with several ranks.
+    pub fn save(
+        &mut self,
+        model: &Model,
+        opt: &Optimizer,
+        amp: &Amp,
+        p: &TrainProgress,
+        rank_losses: Vec<RankLosses>,
+    ) -> Result<PathBuf> {
         let root = &self.root;
         std::fs::create_dir_all(root)
             .map_err(|e| Error::io(format!("cannot create {}", root.display()), e))?;
@@ -217,7 +238,7 @@ impl Checkpointer {
         }
         std::fs::create_dir(&tmp).map_err(|e| Error::io(format!("cannot create {}", tmp.display()), e))?;
 
-        let (optim_entries, pending_grads) = optim_entries(model, opt)?;
+        let (optim_entries, pending_grads) = optim_entries(model, opt, amp)?;
         let mut files = BTreeMap::new();
         for (i, (file, entries)) in
             [("model.safetensors", model.state_dict()?), ("optim.safetensors", optim_entries)]
@@ -250,7 +271,8 @@ impl Checkpointer {
                 step_count: opt.step_count(),
             },
             pending_grads,
-            scaler: None,
+            rank_losses,
+            scaler: amp.scaler.is_dynamic().then(|| amp.scaler.state().into()),
             files,
             config: self.config_json.clone(),
         };
@@ -297,13 +319,32 @@ impl Checkpointer {
     }
 }
 
+/// Every rank's (step_loss, window_loss), in rank order. The f64 bits travel
+/// as f32 words, which a broadcast or gather moves without touching.
+fn gather_losses(comm: &dyn Communicator, p: &TrainProgress) -> Result<Vec<RankLosses>> {
+    let words: Vec<f32> = [p.step_loss, p.window_loss]
+        .iter()
+        .flat_map(|v| {
+            let b = v.to_bits();
+            [f32::from_bits(b as u32), f32::from_bits((b >> 32) as u32)]
+        })
+        .collect();
+    let all = comm.all_gather(Buffer::F32(words), "checkpoint: loss accumulators")?.into_f32()?;
+    let f64_at = |w: &[f32]| f64::from_bits(u64::from(w[0].to_bits()) | (u64::from(w[1].to_bits()) << 32));
+    Ok(all
+        .chunks_exact(4)
+        .map(|c| RankLosses { step_loss: f64_at(&c[0..2]), window_loss: f64_at(&c[2..4]) })
+        .collect())
+}
+
 fn remove_dir(path: &Path) -> Result<()> {
     std::fs::remove_dir_all(path).map_err(|e| Error::io(format!("cannot remove {}", path.display()), e))
 }
 
-/// Optimizer state as `<param>.<state>` tensors, plus `<param>.grad` when
-/// micro-batches are pending (any gradient non-zero between steps).
-fn optim_entries(model: &Model, opt: &Optimizer) -> Result<(Vec<StateEntry>, bool)> {
+/// Optimizer state as `<param>.<state>` tensors, the fp32 masters as
+/// `master.<param>` when the run keeps them, plus `<param>.grad` (widened to
+/// f32, exactly) when micro-batches are pending (any gradient non-zero between steps).
+fn optim_entries(model: &Model, opt: &Optimizer, amp: &Amp) -> Result<(Vec<StateEntry>, bool)> {
     let params = model.params();
     let mut out = Vec::new();
     for (state, i, values) in opt.state_tensors() {
@@ -316,16 +357,23 @@ fn optim_entries(model: &Model, opt: &Optimizer) -> Result<(Vec<StateEntry>, boo
             value: StateValue::F32(values.to_vec()),
         });
     }
-    let mut pending = false;
-    for p in &params {
-        pending |= p.grad.as_f32()?.iter().any(|&g| g != 0.0);
+    if let Some(m) = amp.masters() {
+        for (p, master) in params.iter().zip(m.masters()) {
+            out.push(StateEntry {
+                name: format!("{MASTER_PREFIX}{}", p.name),
+                shape: p.value.shape().to_vec(),
+                value: StateValue::F32(master.clone()),
+            });
+        }
     }
+    let grads: Vec<Vec<f32>> = params.iter().map(|p| p.grad.to_f32_vec()).collect();
+    let pending = grads.iter().any(|g| g.iter().any(|&v| v != 0.0));
     if pending {
-        for p in &params {
+        for (p, g) in params.iter().zip(grads) {
             out.push(StateEntry {
                 name: format!("{}.grad", p.name),
                 shape: p.grad.shape().to_vec(),
-                value: StateValue::F32(p.grad.as_f32()?.to_vec()),
+                value: StateValue::F32(g),
             });
         }
     }

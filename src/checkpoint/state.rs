@@ -12,10 +12,18 @@
 //! is (seed, Synthetic, split). So `seed`, `epoch` and `batches_in_epoch` fix
 //! every future draw.
 //!
-//! `scaler` is reserved for the AMP loss scaler (scale, growth tracker,
-//! overflow count); it is `null` for runs without one, and a reader of this
-//! version refuses a checkpoint that has one.
+//! `scaler` is the dynamic loss scaler's state (scale, clean steps since the
+//! last growth or overflow, steps skipped so far); it is `null` when the loss
+//! scale is static (O0, O3, or a number in `amp.loss_scale`), whose state is
+//! the config's number: a static scale never moves, and an overflow under it
+//! stops the run, so nothing is skipped either.
+//!
+//! Runs with fp32 master weights (O2, or `amp.master_weights = true`) keep them
+//! in `optim.safetensors` as `master.<parameter name>`, f32 with the
+//! parameter's shape; `model.safetensors` holds the model's own (f16-rounded)
+//! weights, as PyTorch's `model.state_dict()` would under apex.
 
+use crate::amp::ScalerState;
 use crate::train::EvalResult;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -45,7 +53,7 @@ pub struct TrainProgress {
     #[serde(with = "exact_f64")]
     pub final_loss: f64,
     pub last_eval: Option<EvalState>,
-    /// The last gradient norm computed (with `train.grad_clip_norm`).
+    /// The total norm of the unscaled gradients (before clipping) of the last applied step.
     #[serde(with = "exact_f32_opt")]
     pub grad_norm: Option<f32>,
     /// Images trained on and seconds spent in training steps, for images/s over the whole run.
@@ -120,12 +128,50 @@ pub struct CheckpointState {
     /// True when `optim.safetensors` also holds `<param>.grad` (gradients of
     /// micro-batches accumulated but not yet stepped on).
     pub pending_grads: bool,
-    /// Reserved for the AMP loss scaler's state; `null` without one.
-    pub scaler: Option<serde_json::Value>,
+    /// With several ranks, every rank's own loss accumulators in rank order
+    /// (the progress fields hold rank 0's): the logged loss is their mean, so
+    /// each rank resumes with its own. Absent for a single process.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rank_losses: Vec<RankLosses>,
+    /// The dynamic loss scaler's state; `null` with a static loss scale.
+    pub scaler: Option<ScalerRecord>,
     /// Size and SHA-256 of `model.safetensors` and `optim.safetensors`.
     pub files: BTreeMap<String, FileDigest>,
     /// The fingerprinted settings as JSON, so a refusal can name what differs.
     pub config: serde_json::Value,
+}
+
+/// One rank's loss accumulators (see [`TrainProgress`]).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct RankLosses {
+    #[serde(with = "exact_f64")]
+    pub step_loss: f64,
+    #[serde(with = "exact_f64")]
+    pub window_loss: f64,
+}
+
+/// [`crate::amp::ScalerState`] with the scale written exactly.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScalerRecord {
+    #[serde(with = "exact_f32")]
+    pub scale: f32,
+    /// Clean steps since the last growth or overflow (torch's `_growth_tracker`).
+    pub growth_tracker: u64,
+    /// Optimizer steps skipped for overflow so far (the LR schedule counts only the others).
+    pub overflow_steps: u64,
+}
+
+impl From<ScalerState> for ScalerRecord {
+    fn from(s: ScalerState) -> Self {
+        ScalerRecord { scale: s.scale, growth_tracker: s.growth_tracker, overflow_steps: s.overflow_steps }
+    }
+}
+
+impl From<ScalerRecord> for ScalerState {
+    fn from(r: ScalerRecord) -> Self {
+        ScalerState { scale: r.scale, growth_tracker: r.growth_tracker, overflow_steps: r.overflow_steps }
+    }
 }
 
 /// f64 as its shortest round-trip decimal string.
@@ -136,6 +182,18 @@ pub(crate) mod exact_f64 {
         s.serialize_str(&v.to_string())
     }
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(|_| D::Error::custom(format!("`{s}` is not a number")))
+    }
+}
+
+pub(crate) mod exact_f32 {
+    use serde::{de::Error, Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &f32, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&v.to_string())
+    }
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<f32, D::Error> {
         let s = String::deserialize(d)?;
         s.parse().map_err(|_| D::Error::custom(format!("`{s}` is not a number")))
     }
@@ -184,5 +242,20 @@ mod tests {
         assert_eq!(back.last_eval, p.last_eval);
         assert_eq!(back.grad_norm.map(f32::to_bits), p.grad_norm.map(f32::to_bits));
         assert_eq!(back.train_time_s.to_bits(), p.train_time_s.to_bits());
+    }
+
+    #[test]
+    fn the_scaler_record_round_trips_exactly_and_refuses_unknown_fields() {
+        let r = ScalerRecord { scale: 1.0 + f32::EPSILON, growth_tracker: 3, overflow_steps: 9 };
+        let text = serde_json::to_string(&r).unwrap();
+        assert_eq!(text, r#"{"scale":"1.0000001","growth_tracker":3,"overflow_steps":9}"#);
+        let back: ScalerRecord = serde_json::from_str(&text).unwrap();
+        assert_eq!((back.scale.to_bits(), back), (r.scale.to_bits(), r));
+        let err = serde_json::from_str::<ScalerRecord>(
+            r#"{"scale":"2","growth_tracker":0,"overflow_steps":0,"x":1}"#,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("unknown field `x`"), "{err}");
     }
 }

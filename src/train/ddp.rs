@@ -95,6 +95,11 @@ impl Ddp {
         self.comm.world_size()
     }
 
+    /// The job's communicator (checkpoint resume broadcasts through it).
+    pub fn communicator(&self) -> &dyn Communicator {
+        &*self.comm
+    }
+
     /// Rank 0 writes the run's files; the others only train.
     pub fn is_primary(&self) -> bool {
         self.rank() == 0

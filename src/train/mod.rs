@@ -185,10 +185,11 @@ pub fn train_with(cfg: &Config, opts: &RunOptions) -> Result<Summary> {
     };
     let mut ckpt = crate::checkpoint::Checkpointer::new(cfg, shape)
         .with_test_hooks(opts.save_pause, opts.halt_after_steps);
-    let resumed = ckpt.resume(&mut model, &mut optimizer)?;
     // apex's amp.initialize: cast the model, set up masters and the loss scaler.
     let policy = amp::Policy::resolve(&cfg.amp)?;
     let mut amp = amp::Amp::new(policy, amp::LossScaler::from_config(&cfg.amp)?, &mut model);
+    // After the cast, so the checkpoint's masters replace the ones the cast made.
+    let resumed = ckpt.resume(&mut model, &mut optimizer, &mut amp, ddp.communicator())?;
     let mut tracer = trace::Tracer::new(opts)?;
     let mut trace_divergence: Option<String> = None;
 
@@ -299,14 +300,11 @@ pub fn train_with(cfg: &Config, opts: &RunOptions) -> Result<Summary> {
             if micro % accum != 0 {
                 continue;
             }
-            if let Some(t) = &mut tracer {
-                t.before_update(&model, cfg.train.grad_clip_norm.and(grad_norm))?;
-            }
             // A skipped step leaves the schedule where it was (only applied steps count).
             let lr = schedule.lr_at(step - amp.scaler.state().overflow_steps);
             let outcome = amp.step(&mut model, &mut optimizer, lr, cfg.train.grad_clip_norm, step + 1)?;
-            if outcome.grad_norm.is_some() {
-                grad_norm = outcome.grad_norm;
+            if !outcome.skipped {
+                grad_norm = Some(outcome.grad_norm);
             }
             if outcome.skipped {
                 let msg = format!(
@@ -328,7 +326,8 @@ pub fn train_with(cfg: &Config, opts: &RunOptions) -> Result<Summary> {
             window_n += 1;
             train_time += t0.elapsed().as_secs_f64();
             if let Some(t) = &mut tracer {
-                trace_divergence = t.after_update(step, step_loss, &model)?;
+                trace_divergence =
+                    t.after_update(step, step_loss, outcome.grad_norm, outcome.loss_scale, &model)?;
             }
             step_loss = 0.0;
 
@@ -356,7 +355,14 @@ pub fn train_with(cfg: &Config, opts: &RunOptions) -> Result<Summary> {
             if trace_divergence.is_some() {
                 break 'train;
             }
-            ckpt.after_step(&model, &optimizer, &train_progress!(micro), &mut metrics_out)?;
+            ckpt.after_step(
+                &model,
+                &optimizer,
+                &amp,
+                &train_progress!(micro),
+                &mut metrics_out,
+                ddp.communicator(),
+            )?;
             if step >= total_steps {
                 break;
             }
@@ -374,14 +380,21 @@ pub fn train_with(cfg: &Config, opts: &RunOptions) -> Result<Summary> {
         ));
         last_eval = Some(ev);
         window_start = Instant::now();
-        ckpt.after_epoch(&model, &optimizer, &train_progress!(0), &mut metrics_out)?;
+        ckpt.after_epoch(
+            &model,
+            &optimizer,
+            &amp,
+            &train_progress!(0),
+            &mut metrics_out,
+            ddp.communicator(),
+        )?;
     }
     progress.finish();
     if let (None, Some(t)) = (&trace_divergence, &tracer) {
         trace_divergence = t.finish(step);
     }
     if trace_divergence.is_none() {
-        ckpt.finish(&model, &optimizer, &train_progress!(0), &mut metrics_out)?;
+        ckpt.finish(&model, &optimizer, &amp, &train_progress!(0), &mut metrics_out, ddp.communicator())?;
     }
 
     let weights = out_dir.join("model.safetensors");
