@@ -1,9 +1,13 @@
 //! 2-D convolution, NCHW, square kernels, PyTorch `F.conv2d` semantics
 //! (cross-correlation, zero padding, no dilation or groups).
 
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 pub mod cpu;
 #[cfg(test)]
 mod tests;
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests_avx512;
 #[cfg(test)]
 mod tests_f16;
 
@@ -95,6 +99,11 @@ pub fn forward(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>, args: Conv2dA
     let ws = cpu_f32(OP, "weight", weight)?;
     let bs = bias.map(|b| cpu_f32(OP, "bias", b)).transpose()?;
     let mut y = vec![0f32; g.n * g.y_len()];
+    #[cfg(target_arch = "x86_64")]
+    if avx512::usable(&g) {
+        avx512::forward(&g, xs, ws, bs, &mut y);
+        return Tensor::from_vec(&[g.n, g.o, g.ho, g.wo], y);
+    }
     cpu::forward(&g, xs, ws, bs, &mut y);
     Tensor::from_vec(&[g.n, g.o, g.ho, g.wo], y)
 }
@@ -136,6 +145,11 @@ pub fn backward(
         None => None,
     };
     let mut dx = if need_dx { Some(vec![0f32; xs.len()]) } else { None };
+    #[cfg(target_arch = "x86_64")]
+    if avx512::usable(&g) {
+        avx512::backward(&g, xs, ws, dys, dws, dbs, dx.as_deref_mut());
+        return dx.map(|d| Tensor::from_vec(x.shape(), d)).transpose();
+    }
     cpu::backward(&g, xs, ws, dys, dws, dbs, dx.as_deref_mut());
     dx.map(|d| Tensor::from_vec(x.shape(), d)).transpose()
 }

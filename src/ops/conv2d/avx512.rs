@@ -1,0 +1,409 @@
+//! f32 stride-1 conv2d on AVX-512 as an implicit GEMM: no im2col, no col2im.
+//!
+//! The padded image uses the "wide" layout of [`super::cpu`] (row pitch
+//! `P = W + p`, output pixel (oh, ow) at column `oh * P + ow`), in which row
+//! `(c, ki, kj)` of the im2col matrix is the padded image read from offset
+//! `c * plane + ki * P + kj`. So the micro-kernels read 16-wide vectors
+//! straight from the padded image at a per-row offset, with the weights
+//! broadcast, and never materialize the (K*K times larger) column matrix.
+//!
+//! - forward: `out[O, cols] = W[O, CKK] * col[CKK, cols]`, columns padded to
+//!   whole vectors (the extra columns read finite slack and are dropped).
+//! - input gradient: a full correlation of `dy` with the flipped kernel, the
+//!   same kernel over `dy` in the wide layout with `K - 1` rows of zeros
+//!   around it (see [`DyLayout`]): it writes `dx` directly, no scatter-add.
+//! - weight gradient: `dW^T[CKK, O] += col[CKK, cols] * dy^T[cols, O]`, with
+//!   `O` along the vector lanes and the column sum in the inner loop, so the
+//!   accumulators never need a horizontal sum.
+//!
+//! Sums run in a different order from the GEMM path (same f32 products).
+
+use super::cpu::ConvGeom;
+use rayon::prelude::*;
+use std::arch::x86_64::*;
+
+const LANES: usize = 16;
+/// Output rows per forward/dx tile (the kernel's broadcast side).
+const MR: usize = 8;
+
+/// Whether this machine and geometry can take the AVX-512 kernels.
+pub fn usable(g: &ConvGeom) -> bool {
+    g.stride == 1 && g.padding < g.k && std::arch::is_x86_feature_detected!("avx512f")
+}
+
+/// The padded input image: see the module doc.
+struct XLayout {
+    pitch: usize,
+    plane: usize,
+    /// Output columns (`(Ho - 1) * P + Wo`) and that rounded up to vectors.
+    ncol: usize,
+    ncolv: usize,
+    /// Buffer length: every channel plus slack for the last vector reads.
+    len: usize,
+    /// Offset of im2col row `(c, ki, kj)` in the buffer.
+    offs: Vec<usize>,
+}
+
+impl XLayout {
+    fn new(g: &ConvGeom) -> Self {
+        let (p, k) = (g.padding, g.k);
+        let pitch = g.w + p;
+        let plane = (g.h + 2 * p) * pitch + p;
+        let ncol = (g.ho - 1) * pitch + g.wo;
+        let ncolv = ncol.next_multiple_of(LANES);
+        let mut offs = Vec::with_capacity(g.ckk());
+        for c in 0..g.c {
+            for ki in 0..k {
+                for kj in 0..k {
+                    offs.push(c * plane + ki * pitch + kj);
+                }
+            }
+        }
+        let last = (g.c - 1) * plane + (k - 1) * (pitch + 1) + ncolv;
+        XLayout { pitch, plane, ncol, ncolv, len: last.max(g.c * plane), offs }
+    }
+
+    /// Copies `x[C, H, W]` into `buf` (zeros outside the pixels stay).
+    fn fill(&self, g: &ConvGeom, x: &[f32], buf: &mut [f32]) {
+        let p = g.padding;
+        for (c, xc) in x.chunks_exact(g.h * g.w).enumerate() {
+            for (ih, row) in xc.chunks_exact(g.w).enumerate() {
+                let at = c * self.plane + (ih + p) * self.pitch + p;
+                buf[at..at + g.w].copy_from_slice(row);
+            }
+        }
+    }
+}
+
+/// `dy` per output channel in the wide layout, shifted by `shift = (K-1)(P+1)`
+/// zeros, so the input-gradient kernel's reads before the first or past the
+/// last output row, and at junk columns, all find zeros. `dx` column
+/// `ih * P + iw` reads row `(o, ki, kj)` at `o * plane + ih * P + iw +
+/// (p + K - 1 - ki) * (P) + (p + K - 1 - kj)`.
+struct DyLayout {
+    plane: usize,
+    shift: usize,
+    /// dx columns (`(H - 1) * P + W`) rounded up to vectors.
+    ncolv: usize,
+    offs: Vec<usize>,
+}
+
+impl DyLayout {
+    fn new(g: &ConvGeom, xl: &XLayout) -> Self {
+        let (p, k, pitch) = (g.padding, g.k, xl.pitch);
+        let shift = (k - 1) * (pitch + 1);
+        let ncolv = ((g.h - 1) * pitch + g.w).next_multiple_of(LANES);
+        let reach = (p + k - 1) * (pitch + 1);
+        let plane = (shift + xl.ncolv).max(ncolv + reach);
+        let mut offs = Vec::with_capacity(g.o * k * k);
+        for o in 0..g.o {
+            for ki in 0..k {
+                for kj in 0..k {
+                    offs.push(o * plane + (p + k - 1 - ki) * pitch + (p + k - 1 - kj));
+                }
+            }
+        }
+        DyLayout { plane, shift, ncolv, offs }
+    }
+}
+
+/// `c[i, j] = sum_r a[r * lda + i] * b[offs[r] + j]` for `i < m` (a multiple
+/// of [`MR`], `<= lda`), `j < 16 * nv`; `c` has row stride `16 * nv`.
+fn gemm_offsets(m: usize, nv: usize, a: &[f32], lda: usize, offs: &[usize], b: &[f32], c: &mut [f32]) {
+    let kk = offs.len();
+    let ldc = nv * LANES;
+    // These checks are what make the raw reads and writes below sound.
+    assert!(m % MR == 0 && m <= lda && a.len() >= kk * lda && c.len() >= m * ldc);
+    assert!(offs.iter().all(|&o| o + ldc <= b.len()));
+    for i0 in (0..m).step_by(MR) {
+        let mut v0 = 0;
+        while v0 < nv {
+            let left = nv - v0;
+            // SAFETY: the asserts bound every read: a[r * lda + i0 + i] with
+            // i0 + i < m <= lda, r < kk; b[offs[r] + 16 * (v0 + v) + l] with
+            // v0 + v < nv; and every write c[(i0 + i) * ldc + ...] < m * ldc.
+            // `usable` checked that the CPU has AVX-512F.
+            unsafe {
+                let (ap, cp) = (a.as_ptr().add(i0), c.as_mut_ptr().add(i0 * ldc + v0 * LANES));
+                let bp = b.as_ptr().add(v0 * LANES);
+                match left {
+                    1 => tile::<1>(kk, ap, lda, offs.as_ptr(), bp, cp, ldc),
+                    2 => tile::<2>(kk, ap, lda, offs.as_ptr(), bp, cp, ldc),
+                    _ => tile::<3>(kk, ap, lda, offs.as_ptr(), bp, cp, ldc),
+                }
+            }
+            v0 += left.min(3);
+        }
+    }
+}
+
+/// One `MR x 16*NV` tile of [`gemm_offsets`]: 8 broadcasts and `NV` loads
+/// feed `8 * NV` FMAs per reduction step.
+#[target_feature(enable = "avx512f")]
+unsafe fn tile<const NV: usize>(
+    kk: usize,
+    a: *const f32,
+    lda: usize,
+    offs: *const usize,
+    b: *const f32,
+    c: *mut f32,
+    ldc: usize,
+) {
+    let mut acc = [[_mm512_setzero_ps(); NV]; MR];
+    for r in 0..kk {
+        let br = b.add(*offs.add(r));
+        let ar = a.add(r * lda);
+        let mut bv = [_mm512_setzero_ps(); NV];
+        for (v, x) in bv.iter_mut().enumerate() {
+            *x = _mm512_loadu_ps(br.add(v * LANES));
+        }
+        for (i, row) in acc.iter_mut().enumerate() {
+            let av = _mm512_set1_ps(*ar.add(i));
+            for (x, s) in bv.iter().zip(row.iter_mut()) {
+                *s = _mm512_fmadd_ps(av, *x, *s);
+            }
+        }
+    }
+    for (i, row) in acc.iter().enumerate() {
+        for (v, s) in row.iter().enumerate() {
+            _mm512_storeu_ps(c.add(i * ldc + v * LANES), *s);
+        }
+    }
+}
+
+/// `acc[r, :] += sum_j x[offs[r] + j] * dyt[j, :]` for `KR` rows `r` and
+/// `16 * OV` columns, `j < ncol`. `acc` and `dyt` have row stride `ld`.
+#[target_feature(enable = "avx512f")]
+unsafe fn dw_tile<const KR: usize, const OV: usize>(
+    ncol: usize,
+    offs: &[usize; KR],
+    x: *const f32,
+    dyt: *const f32,
+    ld: usize,
+    acc_mem: *mut f32,
+) {
+    let mut acc = [[_mm512_setzero_ps(); OV]; KR];
+    for (r, row) in acc.iter_mut().enumerate() {
+        for (v, s) in row.iter_mut().enumerate() {
+            *s = _mm512_loadu_ps(acc_mem.add(r * ld + v * LANES));
+        }
+    }
+    for j in 0..ncol {
+        let mut d = [_mm512_setzero_ps(); OV];
+        for (v, s) in d.iter_mut().enumerate() {
+            *s = _mm512_loadu_ps(dyt.add(j * ld + v * LANES));
+        }
+        for (r, row) in acc.iter_mut().enumerate() {
+            let xv = _mm512_set1_ps(*x.add(offs[r] + j));
+            for (s, dv) in row.iter_mut().zip(&d) {
+                *s = _mm512_fmadd_ps(xv, *dv, *s);
+            }
+        }
+    }
+    for (r, row) in acc.iter().enumerate() {
+        for (v, s) in row.iter().enumerate() {
+            _mm512_storeu_ps(acc_mem.add(r * ld + v * LANES), *s);
+        }
+    }
+}
+
+/// `dwt[CKKp, ld] += col * dyt` (see [`dw_tile`]): rows in blocks of `KR`,
+/// columns in blocks of `OV` vectors. `offs` is padded to a multiple of `KR`.
+fn dw_blocks<const KR: usize, const OV: usize>(
+    ncol: usize,
+    offs: &[usize],
+    x: &[f32],
+    dyt: &[f32],
+    ld: usize,
+    v0: usize,
+    dwt: &mut [f32],
+) {
+    assert!(offs.len() % KR == 0 && (v0 + OV) * LANES <= ld && dwt.len() >= offs.len() * ld);
+    assert!(dyt.len() >= ncol * ld && offs.iter().all(|&o| o + ncol <= x.len()));
+    for (blk, o) in offs.chunks_exact(KR).enumerate() {
+        let o: &[usize; KR] = o.try_into().expect("chunks_exact gives KR offsets");
+        // SAFETY: reads x[o[r] + j] and dyt[j * ld + (v0 + v) * 16 + l],
+        // j < ncol, and read/writes dwt[(blk * KR + r) * ld + (v0 + v) * 16
+        // + l]: all inside the slices by the asserts. AVX-512F: see `usable`.
+        unsafe {
+            let am = dwt.as_mut_ptr().add(blk * KR * ld + v0 * LANES);
+            dw_tile::<KR, OV>(ncol, o, x.as_ptr(), dyt.as_ptr().add(v0 * LANES), ld, am);
+        }
+    }
+}
+
+/// Images per rayon task: a few tasks per thread so work stealing can even
+/// out a core that is busy with something else.
+fn per_task(n: usize) -> usize {
+    let threads = rayon::current_num_threads().max(1);
+    n.div_ceil(threads * 4).max(1)
+}
+
+/// `w[O, CKK]` as `wt[CKK, ld]` (`ld` = O rounded up to [`MR`], zero-filled).
+fn transpose_padded(w: &[f32], rows: usize, cols: usize, ld: usize) -> Vec<f32> {
+    let mut t = vec![0f32; cols * ld];
+    for (i, wr) in w.chunks_exact(cols).take(rows).enumerate() {
+        for (j, v) in wr.iter().enumerate() {
+            t[j * ld + i] = *v;
+        }
+    }
+    t
+}
+
+/// `y[N, O, Ho, Wo] = conv(x, w) + bias`, as [`super::cpu::forward`].
+pub fn forward(g: &ConvGeom, x: &[f32], w: &[f32], bias: Option<&[f32]>, y: &mut [f32]) {
+    if g.n == 0 {
+        return;
+    }
+    let xl = XLayout::new(g);
+    let om = g.o.next_multiple_of(MR);
+    let wt = transpose_padded(w, g.o, g.ckk(), om);
+    let (hw, pt) = (g.out_hw(), per_task(g.n));
+    y.par_chunks_mut(pt * g.y_len()).zip(x.par_chunks(pt * g.x_len())).for_each(|(yc, xc)| {
+        let mut xp = vec![0f32; xl.len];
+        let mut out = vec![0f32; om * xl.ncolv];
+        for (yi, xi) in yc.chunks_exact_mut(g.y_len()).zip(xc.chunks_exact(g.x_len())) {
+            xl.fill(g, xi, &mut xp);
+            gemm_offsets(om, xl.ncolv / LANES, &wt, om, &xl.offs, &xp, &mut out);
+            for (o, yo) in yi.chunks_exact_mut(hw).enumerate() {
+                let b = bias.map_or(0.0, |b| b[o]);
+                for (oh, yrow) in yo.chunks_exact_mut(g.wo).enumerate() {
+                    let at = o * xl.ncolv + oh * xl.pitch;
+                    for (v, t) in yrow.iter_mut().zip(&out[at..at + g.wo]) {
+                        *v = *t + b;
+                    }
+                }
+            }
+        }
+    });
+}
+
+/// `v.iter().sum()` in 16 interleaved partial sums (vectorizable).
+fn lane_sum(v: &[f32]) -> f32 {
+    let mut acc = [0f32; LANES];
+    let chunks = v.chunks_exact(LANES);
+    let tail: f32 = chunks.remainder().iter().sum();
+    for c in chunks {
+        for (a, x) in acc.iter_mut().zip(c) {
+            *a += *x;
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+/// Gradients of [`forward`], as [`super::cpu::backward`]: `dw`, `db` are
+/// accumulated into, `dx` (when asked for) is overwritten.
+#[allow(clippy::too_many_arguments)]
+pub fn backward(
+    g: &ConvGeom,
+    x: &[f32],
+    w: &[f32],
+    dy: &[f32],
+    dw: &mut [f32],
+    db: Option<&mut [f32]>,
+    dx: Option<&mut [f32]>,
+) {
+    if g.n == 0 {
+        return;
+    }
+    let xl = XLayout::new(g);
+    let dl = DyLayout::new(g, &xl);
+    let (ckk, hw, kk) = (g.ckk(), g.out_hw(), g.k * g.k);
+    // Weight-gradient accumulators dW^T[CKKp, ldo]: O padded to vectors,
+    // CKK to the row block (extra rows read offset 0 and are dropped).
+    let ldo = g.o.next_multiple_of(LANES);
+    // Row blocks of 24 (one vector of O) or 12 (two): 24 accumulators.
+    let kr = if ldo == LANES { 24 } else { 12 };
+    let mut dw_offs = xl.offs.clone();
+    dw_offs.resize(ckk.next_multiple_of(kr), 0);
+    // dx weights: row (o, ki, kj), column c.
+    let cm = g.c.next_multiple_of(MR);
+    let mut w2 = vec![0f32; g.o * kk * cm];
+    for (o, wo) in w.chunks_exact(ckk).enumerate() {
+        for (c, wc) in wo.chunks_exact(kk).enumerate() {
+            for (r, v) in wc.iter().enumerate() {
+                w2[(o * kk + r) * cm + c] = *v;
+            }
+        }
+    }
+    let pt = per_task(g.n);
+    let tasks = g.n.div_ceil(pt);
+    let dx_parts: Vec<Option<&mut [f32]>> = match dx {
+        Some(d) => d.chunks_mut(pt * g.x_len()).map(Some).collect(),
+        None => (0..tasks).map(|_| None).collect(),
+    };
+    let need_db = db.is_some();
+    let partials: Vec<(Vec<f32>, Vec<f32>)> = dx_parts
+        .into_par_iter()
+        .enumerate()
+        .map(|(t, mut dxt)| {
+            let first = t * pt;
+            let imgs = pt.min(g.n - first);
+            let mut dwt = vec![0f32; dw_offs.len() * ldo];
+            let mut db_t = vec![0f32; if need_db { g.o } else { 0 }];
+            let mut xp = vec![0f32; xl.len];
+            // dy^T[cols, ldo]: junk columns and padded channels stay zero.
+            let mut dyt = vec![0f32; xl.ncol * ldo];
+            let need_dx = dxt.is_some();
+            let mut dyz = vec![0f32; if need_dx { g.o * dl.plane } else { 0 }];
+            let mut out = vec![0f32; if need_dx { cm * dl.ncolv } else { 0 }];
+            for i in 0..imgs {
+                let img = first + i;
+                xl.fill(g, &x[img * g.x_len()..(img + 1) * g.x_len()], &mut xp);
+                let dyi = &dy[img * g.y_len()..(img + 1) * g.y_len()];
+                for (o, dyo) in dyi.chunks_exact(hw).enumerate() {
+                    for (oh, src) in dyo.chunks_exact(g.wo).enumerate() {
+                        let at = oh * xl.pitch;
+                        for (ow, v) in src.iter().enumerate() {
+                            dyt[(at + ow) * ldo + o] = *v;
+                        }
+                        if need_dx {
+                            let z = o * dl.plane + dl.shift + at;
+                            dyz[z..z + g.wo].copy_from_slice(src);
+                        }
+                    }
+                }
+                if ldo == LANES {
+                    dw_blocks::<24, 1>(xl.ncol, &dw_offs, &xp, &dyt, ldo, 0, &mut dwt);
+                } else {
+                    let mut v0 = 0;
+                    while v0 + 2 <= ldo / LANES {
+                        dw_blocks::<12, 2>(xl.ncol, &dw_offs, &xp, &dyt, ldo, v0, &mut dwt);
+                        v0 += 2;
+                    }
+                    if v0 < ldo / LANES {
+                        dw_blocks::<12, 1>(xl.ncol, &dw_offs, &xp, &dyt, ldo, v0, &mut dwt);
+                    }
+                }
+                for (acc, dyo) in db_t.iter_mut().zip(dyi.chunks_exact(hw)) {
+                    *acc += lane_sum(dyo);
+                }
+                if let Some(dxt) = dxt.as_deref_mut() {
+                    gemm_offsets(cm, dl.ncolv / LANES, &w2, cm, &dl.offs, &dyz, &mut out);
+                    let dxi = &mut dxt[i * g.x_len()..(i + 1) * g.x_len()];
+                    for (c, dxc) in dxi.chunks_exact_mut(g.h * g.w).enumerate() {
+                        for (ih, row) in dxc.chunks_exact_mut(g.w).enumerate() {
+                            let at = c * dl.ncolv + ih * xl.pitch;
+                            row.copy_from_slice(&out[at..at + g.w]);
+                        }
+                    }
+                }
+            }
+            (dwt, db_t)
+        })
+        .collect();
+    for (dwt, _) in &partials {
+        for (o, dwo) in dw.chunks_exact_mut(ckk).enumerate() {
+            for (a, b) in dwo.iter_mut().zip(dwt[o..].iter().step_by(ldo)) {
+                *a += *b;
+            }
+        }
+    }
+    if let Some(db) = db {
+        for (_, db_t) in &partials {
+            for (a, b) in db.iter_mut().zip(db_t) {
+                *a += *b;
+            }
+        }
+    }
+}

@@ -1,0 +1,87 @@
+//! The AVX-512 kernels against the generic f64 kernels (which the other tests
+//! check against a naive loop and finite differences).
+
+use super::avx512;
+use super::cpu::{self, ConvGeom};
+use super::out_size;
+use crate::ops::testing::rand_vec;
+
+/// (n, c, h, w, o, k, padding): stride 1, padding < k.
+const CFGS: &[(usize, usize, usize, usize, usize, usize, usize)] = &[
+    (3, 1, 28, 28, 16, 5, 2),
+    (4, 16, 14, 14, 32, 5, 2),
+    (2, 3, 7, 5, 5, 3, 1),
+    (2, 2, 6, 9, 17, 4, 0),
+    (1, 5, 5, 5, 40, 5, 4),
+    (3, 9, 8, 6, 3, 1, 0),
+    (2, 2, 3, 3, 48, 3, 2),
+    (5, 1, 4, 4, 1, 2, 1),
+];
+
+fn geom(cfg: (usize, usize, usize, usize, usize, usize, usize)) -> ConvGeom {
+    let (n, c, h, w, o, k, padding) = cfg;
+    let (ho, wo) = (out_size(h, k, 1, padding), out_size(w, k, 1, padding));
+    ConvGeom { n, c, h, w, o, k, stride: 1, padding, ho, wo }
+}
+
+fn f32s(v: &[f64]) -> Vec<f32> {
+    v.iter().map(|&a| a as f32).collect()
+}
+
+fn close(what: &str, got: &[f32], want: &[f64]) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let scale = want.iter().fold(1.0f64, |m, v| m.max(v.abs()));
+    for (i, (a, e)) in got.iter().zip(want).enumerate() {
+        assert!((*a as f64 - e).abs() <= 1e-5 * scale, "{what}[{i}]: {a} vs {e}");
+    }
+}
+
+fn check(cfg: (usize, usize, usize, usize, usize, usize, usize), seed: u64) {
+    let g = geom(cfg);
+    if !avx512::usable(&g) {
+        eprintln!("no AVX-512 on this CPU: kernel not checked");
+        return;
+    }
+    // Inputs rounded to f32 first, so both sides multiply the same numbers.
+    let r64 = |len, s| rand_vec(len, s).iter().map(|&v| v as f32 as f64).collect::<Vec<f64>>();
+    let (x, w, b) = (r64(g.n * g.x_len(), seed), r64(g.o * g.ckk(), seed + 1), r64(g.o, seed + 2));
+    let dy = r64(g.n * g.y_len(), seed + 3);
+    let dw0 = r64(w.len(), seed + 4);
+    let db0 = r64(g.o, seed + 5);
+
+    let mut y64 = vec![0.0; g.n * g.y_len()];
+    cpu::forward(&g, &x, &w, Some(&b), &mut y64);
+    let mut y = vec![f32::NAN; y64.len()];
+    avx512::forward(&g, &f32s(&x), &f32s(&w), Some(&f32s(&b)), &mut y);
+    close(&format!("{cfg:?} y"), &y, &y64);
+
+    let (mut dw64, mut db64, mut dx64) = (dw0.clone(), db0.clone(), vec![0.0; x.len()]);
+    cpu::backward(&g, &x, &w, &dy, &mut dw64, Some(&mut db64), Some(&mut dx64));
+    let (mut dw, mut db, mut dx) = (f32s(&dw0), f32s(&db0), vec![f32::NAN; x.len()]);
+    avx512::backward(&g, &f32s(&x), &f32s(&w), &f32s(&dy), &mut dw, Some(&mut db), Some(&mut dx));
+    close(&format!("{cfg:?} dw"), &dw, &dw64);
+    close(&format!("{cfg:?} db"), &db, &db64);
+    close(&format!("{cfg:?} dx"), &dx, &dx64);
+
+    // Without dx and bias: the same dw.
+    let mut dw = f32s(&dw0);
+    avx512::backward(&g, &f32s(&x), &f32s(&w), &f32s(&dy), &mut dw, None, None);
+    close(&format!("{cfg:?} dw only"), &dw, &dw64);
+}
+
+#[test]
+fn avx512_matches_generic_kernels() {
+    for (i, &cfg) in CFGS.iter().enumerate() {
+        check(cfg, 3000 + 10 * i as u64);
+    }
+}
+
+#[test]
+fn avx512_matches_generic_kernels_on_three_threads() {
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build().unwrap();
+    pool.install(|| {
+        check((7, 3, 9, 8, 20, 5, 2), 4000);
+        check((1, 2, 6, 6, 3, 3, 1), 4010);
+        check((0, 2, 6, 6, 3, 3, 1), 4020);
+    });
+}
