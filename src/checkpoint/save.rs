@@ -154,7 +154,8 @@ impl Checkpointer {
         metrics: &mut MetricsWriter,
         comm: &dyn Communicator,
     ) -> Result<()> {
-        if self.every_steps > 0 && p.step % self.every_steps == 0 && p.step < self.shape.total_steps {
+        if self.every_steps > 0 && p.step.is_multiple_of(self.every_steps) && p.step < self.shape.total_steps
+        {
             self.save_and_log(model, opt, amp, p, metrics, comm)?;
         }
         if self.halt_after == Some(p.step) {
@@ -176,7 +177,7 @@ impl Checkpointer {
         metrics: &mut MetricsWriter,
         comm: &dyn Communicator,
     ) -> Result<()> {
-        if self.every_epochs > 0 && p.epoch % self.every_epochs == 0 {
+        if self.every_epochs > 0 && p.epoch.is_multiple_of(self.every_epochs) {
             self.save_and_log(model, opt, amp, p, metrics, comm)?;
         }
         Ok(())

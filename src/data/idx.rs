@@ -184,7 +184,7 @@ fn write_bytes(path: &Path, bytes: &[u8]) -> Result<()> {
 /// Writes an IDX3 image file; `pixels` is `[count, rows, cols]` row-major.
 pub fn write_images(path: &Path, rows: usize, cols: usize, pixels: &[u8]) -> Result<()> {
     let per = rows * cols;
-    if per == 0 || pixels.len() % per != 0 {
+    if per == 0 || !pixels.len().is_multiple_of(per) {
         return Err(Error::shape(format!("{} pixels are not whole {rows}x{cols} images", pixels.len())));
     }
     let mut out = Vec::with_capacity(IMAGES_HEADER + pixels.len());

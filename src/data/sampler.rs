@@ -29,7 +29,7 @@ impl DistributedSampler {
         if w == 0 {
             return 0;
         }
-        if self.drop_last && self.len % w != 0 {
+        if self.drop_last && !self.len.is_multiple_of(w) {
             // torch: ceil((len - W) / W), which is floor(len / W) here.
             self.len / w
         } else {

@@ -291,13 +291,13 @@ pub fn train_with(cfg: &Config, opts: &RunOptions) -> Result<Summary> {
                     step + 1
                 )));
             }
-            ddp.backward(&mut model, saved, out.dlogits, (micro + 1) % accum == 0)?;
+            ddp.backward(&mut model, saved, out.dlogits, (micro + 1).is_multiple_of(accum))?;
             window_loss += out.loss as f64 / accum as f64;
             step_loss += out.loss as f64 / accum as f64;
             train_images += n;
             window_images += n;
             micro += 1;
-            if micro % accum != 0 {
+            if !micro.is_multiple_of(accum) {
                 continue;
             }
             // A skipped step leaves the schedule where it was (only applied steps count).
@@ -331,7 +331,7 @@ pub fn train_with(cfg: &Config, opts: &RunOptions) -> Result<Summary> {
             }
             step_loss = 0.0;
 
-            if step % log_every == 0 || step == total_steps {
+            if step.is_multiple_of(log_every) || step == total_steps {
                 let loss = ddp.mean(window_loss / window_n as f64)?;
                 let ips = window_images as f64 / window_start.elapsed().as_secs_f64().max(1e-9);
                 final_loss = loss;
@@ -346,7 +346,7 @@ pub fn train_with(cfg: &Config, opts: &RunOptions) -> Result<Summary> {
                 metrics_out.write(&rec)?;
                 let line = format!("step {step:>6}/{total_steps} | epoch {epoch} | loss {loss:.4} | lr {lr:.5} | {ips:.0} images/s");
                 progress.set_step(step, &format!("loss {loss:.4}"));
-                if progress_is_plain(cfg) || step % (log_every * 10) == 0 || step == total_steps {
+                if progress_is_plain(cfg) || step.is_multiple_of(log_every * 10) || step == total_steps {
                     progress.println(&line);
                 }
                 (window_loss, window_n, window_images) = (0.0, 0, 0);

@@ -113,7 +113,7 @@ fn gemm_offsets(m: usize, nv: usize, a: &[f32], lda: usize, offs: &[usize], b: &
     let kk = offs.len();
     let ldc = nv * LANES;
     // These checks are what make the raw reads and writes below sound.
-    assert!(m % MR == 0 && m <= lda && a.len() >= kk * lda && c.len() >= m * ldc);
+    assert!(m.is_multiple_of(MR) && m <= lda && a.len() >= kk * lda && c.len() >= m * ldc);
     assert!(offs.iter().all(|&o| o + ldc <= b.len()));
     for i0 in (0..m).step_by(MR) {
         let mut v0 = 0;
@@ -218,7 +218,7 @@ fn dw_blocks<const KR: usize, const OV: usize>(
     v0: usize,
     dwt: &mut [f32],
 ) {
-    assert!(offs.len() % KR == 0 && (v0 + OV) * LANES <= ld && dwt.len() >= offs.len() * ld);
+    assert!(offs.len().is_multiple_of(KR) && (v0 + OV) * LANES <= ld && dwt.len() >= offs.len() * ld);
     assert!(dyt.len() >= ncol * ld && offs.iter().all(|&o| o + ncol <= x.len()));
     for (blk, o) in offs.chunks_exact(KR).enumerate() {
         let o: &[usize; KR] = o.try_into().expect("chunks_exact gives KR offsets");

@@ -195,7 +195,7 @@ pub fn forward<T: Elem>(g: &ConvGeom, x: &[T], w: &[T], bias: Option<&[T]>, y: &
     // the GEMM crate's register-blocked side, which pays when O fills its
     // 32-row tiles and the reduction is not tiny (measured: 1.3x faster for
     // conv 16->32, 14x14; 1.3x slower for conv 1->16, 28x28, and for O=128).
-    let transposed = g.o % 32 == 0 && g.o <= 64 && ckk >= 64;
+    let transposed = g.o.is_multiple_of(32) && g.o <= 64 && ckk >= 64;
     y.par_chunks_mut(per_task * g.y_len()).zip(x.par_chunks(per_task * g.x_len())).for_each(|(yc, xc)| {
         let mut col = vec![T::zero(); ckk * ncol];
         let mut padded = Padded::new(g);
