@@ -167,7 +167,7 @@ impl DeviceScaler {
     ) -> Result<()> {
         const OP: &str = "amp unscale";
         check_len(OP, "out", out.len(), grads.len())?;
-        if grads.len() == 0 {
+        if grads.is_empty() {
             return Ok(());
         }
         let n = as_i64(OP, grads.len())?;
@@ -305,7 +305,7 @@ pub fn clip_grad_norm_(
     if !(max_norm.is_finite() && max_norm > 0.0) {
         return Err(Error::Training(format!("{OP}: max_norm must be a finite number > 0, got {max_norm}")));
     }
-    if grads.len() == 0 {
+    if grads.is_empty() {
         return Ok(());
     }
     let n = as_i64(OP, grads.len())?;
