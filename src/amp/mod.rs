@@ -4,6 +4,7 @@
 //! unscale + inf/NaN check in one pass, skip on overflow, clip the unscaled
 //! gradients, step (on fp32 masters under O2), move the scale.
 
+pub mod cuda;
 mod policy;
 mod scaler;
 #[cfg(test)]

@@ -18,6 +18,7 @@
 //! [`Optimizer::load_state_tensors`]).
 
 mod adam;
+pub mod cuda;
 mod master;
 pub mod schedule;
 mod sgd;

@@ -3,6 +3,7 @@
 //! unbiased one; weight/bias gradients accumulate like `.grad`.
 
 pub mod cpu;
+pub mod cuda;
 pub mod fused_cpu;
 pub mod sync;
 

@@ -1,0 +1,323 @@
+//! Launchers for `kernels/amp.cu`: the fused unscale + inf/NaN check, the
+//! loss scaler's update on the device ([`DeviceScaler`]), and the global
+//! gradient norm for `clip_grad_norm_`. CPU twins: [`super::LossScaler`] and
+//! [`super::clip_grad_norm_`].
+//!
+//! A training step runs, all on the compute stream and without waiting for
+//! the host: [`DeviceScaler::begin_step`], [`DeviceScaler::unscale`] for each
+//! gradient buffer, [`DeviceScaler::update`], optionally [`grad_norm_sq`] +
+//! [`clip_grad_norm_`], then the optimizer kernels, which read
+//! [`DeviceScaler::found_inf`]. The host reads the scaler back only on logging
+//! steps ([`DeviceScaler::state`], [`DeviceScaler::check`]).
+
+use super::{LossScaler, Policy, ScalerConfig, ScalerState};
+use crate::config::{AmpConfig, LossScale};
+use crate::cuda::{launch_1d, Gpu, BLOCK};
+use crate::error::{Error, Result};
+use cudarc::driver::{
+    CudaSlice, CudaView, CudaViewMut, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits,
+};
+
+const FILE: &str = "amp.cu";
+
+/// The element types a templated kernel is instantiated for (`<name>_f32`,
+/// `<name>_f16`), with the host conversions tests and callers need.
+pub trait GpuFloat: DeviceRepr + ValidAsZeroBits + Copy + Unpin + Send + Sync + 'static {
+    const SUFFIX: &'static str;
+    fn from_f32(v: f32) -> Self;
+    fn to_f32(self) -> f32;
+}
+
+impl GpuFloat for f32 {
+    const SUFFIX: &'static str = "f32";
+    fn from_f32(v: f32) -> Self {
+        v
+    }
+    fn to_f32(self) -> f32 {
+        self
+    }
+}
+
+impl GpuFloat for half::f16 {
+    const SUFFIX: &'static str = "f16";
+    fn from_f32(v: f32) -> Self {
+        half::f16::from_f32(v)
+    }
+    fn to_f32(self) -> f32 {
+        f32::from(self)
+    }
+}
+
+/// `<base>_f32` or `<base>_f16`.
+pub fn kernel_name<T: GpuFloat>(base: &str) -> String {
+    format!("{base}_{}", T::SUFFIX)
+}
+
+/// A `len` that the kernels index with `long long`.
+pub(crate) fn as_i64(op: &str, len: usize) -> Result<i64> {
+    i64::try_from(len).map_err(|_| Error::shape(format!("{op}: {len} elements is too many for one launch")))
+}
+
+pub(crate) fn check_len(op: &str, what: &str, got: usize, expected: usize) -> Result<()> {
+    if got != expected {
+        return Err(Error::shape(format!("{op}: {what} has {got} elements, expected {expected}")));
+    }
+    Ok(())
+}
+
+fn single_thread() -> LaunchConfig {
+    LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1, 1, 1), shared_mem_bytes: 0 }
+}
+
+/// `counters` slots, as kernels/amp.cu's `amp_scaler_update` uses them.
+const GROWTH_TRACKER: usize = 0;
+const OVERFLOW_STEPS: usize = 1;
+const ERROR: usize = 2;
+const ERROR_STEP: usize = 3;
+
+/// The error [`LossScaler::update`] would have returned, from the code the
+/// device recorded (0: none). The device knows no parameter names, so the
+/// message names none; otherwise it is the twin's.
+pub fn scaler_error(code: i64, step: i64, scale: f32) -> Option<Error> {
+    match code {
+        0 => None,
+        1 => Some(Error::Training(format!(
+            "step {step}: gradients are inf or NaN with the static loss scale {scale}; \
+             lower optimizer.lr, set train.grad_clip_norm, or use amp.loss_scale = \"dynamic\""
+        ))),
+        2 => Some(Error::Training(format!(
+            "step {step}: gradients are inf or NaN even at the minimum loss scale {scale} \
+             (amp.min_loss_scale); the model diverges rather than overflows: lower optimizer.lr \
+             or set train.grad_clip_norm"
+        ))),
+        other => Some(Error::Training(format!(
+            "step {step}: the device loss scaler reported unknown error {other}"
+        ))),
+    }
+}
+
+/// [`LossScaler`] with its state on the device.
+pub struct DeviceScaler {
+    dynamic: bool,
+    cfg: ScalerConfig,
+    scale: CudaSlice<f32>,
+    /// [growth_tracker, overflow_steps, error code, step of the error].
+    counters: CudaSlice<i64>,
+    found_inf: CudaSlice<i32>,
+}
+
+impl DeviceScaler {
+    fn new(gpu: &Gpu, dynamic: bool, cfg: ScalerConfig, state: ScalerState) -> Result<Self> {
+        let s = gpu.stream();
+        let scale = s.clone_htod(&[state.scale]).map_err(|e| Error::cuda("loss scaler alloc", e))?;
+        let counters = s.alloc_zeros::<i64>(4).map_err(|e| Error::cuda("loss scaler alloc", e))?;
+        let found_inf = s.alloc_zeros::<i32>(1).map_err(|e| Error::cuda("loss scaler alloc", e))?;
+        let mut me = DeviceScaler { dynamic, cfg, scale, counters, found_inf };
+        me.load_state(gpu, state)?;
+        Ok(me)
+    }
+
+    /// `LossScaler::dynamic(cfg)` on the device.
+    pub fn dynamic(gpu: &Gpu, cfg: ScalerConfig) -> Result<Self> {
+        let state = ScalerState { scale: cfg.init_scale, growth_tracker: 0, overflow_steps: 0 };
+        Self::new(gpu, true, cfg, state)
+    }
+
+    /// `LossScaler::fixed(scale)` on the device.
+    pub fn fixed(gpu: &Gpu, scale: f32) -> Result<Self> {
+        let state = ScalerState { scale, growth_tracker: 0, overflow_steps: 0 };
+        Self::new(gpu, false, ScalerConfig::default(), state)
+    }
+
+    /// The scaler a validated `[amp]` asks for, as [`LossScaler::from_config`].
+    pub fn from_config(gpu: &Gpu, amp: &AmpConfig) -> Result<Self> {
+        match Policy::resolve(amp)?.loss_scale {
+            LossScale::Dynamic => Self::dynamic(gpu, ScalerConfig::resolve(amp)?),
+            LossScale::Static(v) => Self::fixed(gpu, v as f32),
+        }
+    }
+
+    pub fn is_dynamic(&self) -> bool {
+        self.dynamic
+    }
+
+    /// The current scale (one f32), for the kernel that scales the loss.
+    pub fn scale(&self) -> &CudaSlice<f32> {
+        &self.scale
+    }
+
+    /// The overflow flag (one i32, nonzero: skip this step) the optimizer
+    /// kernels read.
+    pub fn found_inf(&self) -> &CudaSlice<i32> {
+        &self.found_inf
+    }
+
+    /// Clears the overflow flag; call once per step before the first unscale.
+    pub fn begin_step(&mut self, gpu: &Gpu) -> Result<()> {
+        gpu.stream().memset_zeros(&mut self.found_inf).map_err(|e| Error::cuda("amp begin_step", e))
+    }
+
+    /// One gradient buffer: `out = grads / scale` in f32, setting the
+    /// overflow flag on any inf/NaN (as [`LossScaler::unscale`]).
+    pub fn unscale<T: GpuFloat>(
+        &mut self,
+        gpu: &Gpu,
+        grads: &CudaView<'_, T>,
+        out: &mut CudaViewMut<'_, f32>,
+    ) -> Result<()> {
+        const OP: &str = "amp unscale";
+        check_len(OP, "out", out.len(), grads.len())?;
+        if grads.is_empty() {
+            return Ok(());
+        }
+        let n = as_i64(OP, grads.len())?;
+        let f = gpu.function(FILE, &kernel_name::<T>("amp_unscale"))?;
+        let mut b = gpu.stream().launch_builder(&f);
+        b.arg(grads).arg(out).arg(&n).arg(&self.scale).arg(&mut self.found_inf);
+        // SAFETY: argument types and order match amp_unscale_impl; lengths checked above.
+        unsafe { b.launch(launch_1d(grads.len())) }.map_err(|e| Error::cuda(OP, e))?;
+        Ok(())
+    }
+
+    /// After every unscale of optimizer step `step` (1-based): moves the
+    /// scale as [`LossScaler::update`]. Its errors are recorded on the device
+    /// and surface at the next [`DeviceScaler::check`].
+    pub fn update(&mut self, gpu: &Gpu, step: u64) -> Result<()> {
+        const OP: &str = "amp scaler update";
+        let f = gpu.function(FILE, "amp_scaler_update")?;
+        let step = i64::try_from(step).unwrap_or(i64::MAX);
+        let interval = i64::try_from(self.cfg.growth_interval).unwrap_or(i64::MAX);
+        let dynamic = i32::from(self.dynamic);
+        let c = &self.cfg;
+        let mut b = gpu.stream().launch_builder(&f);
+        b.arg(&mut self.scale).arg(&mut self.counters).arg(&mut self.found_inf).arg(&step).arg(&dynamic);
+        b.arg(&c.growth_factor)
+            .arg(&c.backoff_factor)
+            .arg(&interval)
+            .arg(&c.min_loss_scale)
+            .arg(&c.max_loss_scale);
+        // SAFETY: argument types and order match amp_scaler_update.
+        unsafe { b.launch(single_thread()) }.map_err(|e| Error::cuda(OP, e))?;
+        Ok(())
+    }
+
+    fn read(&self, gpu: &Gpu) -> Result<(f32, Vec<i64>, i32)> {
+        let s = gpu.stream();
+        let scale = s.clone_dtoh(&self.scale).map_err(|e| Error::cuda("reading the loss scale", e))?;
+        let counters = s.clone_dtoh(&self.counters).map_err(|e| Error::cuda("reading the loss scaler", e))?;
+        let flag = s.clone_dtoh(&self.found_inf).map_err(|e| Error::cuda("reading the overflow flag", e))?;
+        Ok((scale[0], counters, flag[0]))
+    }
+
+    /// The state a checkpoint stores (waits for the stream).
+    pub fn state(&self, gpu: &Gpu) -> Result<ScalerState> {
+        let (scale, c, _) = self.read(gpu)?;
+        Ok(ScalerState {
+            scale,
+            growth_tracker: c[GROWTH_TRACKER].max(0) as u64,
+            overflow_steps: c[OVERFLOW_STEPS].max(0) as u64,
+        })
+    }
+
+    /// Whether the last step was skipped (waits for the stream).
+    pub fn skipped(&self, gpu: &Gpu) -> Result<bool> {
+        Ok(self.read(gpu)?.2 != 0)
+    }
+
+    /// The error [`LossScaler::update`] would have raised at some step since
+    /// the start, if any (waits for the stream).
+    pub fn check(&self, gpu: &Gpu) -> Result<()> {
+        let (scale, c, _) = self.read(gpu)?;
+        match scaler_error(c[ERROR], c[ERROR_STEP], scale) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Restores a checkpoint's state (and clears any recorded error).
+    pub fn load_state(&mut self, gpu: &Gpu, state: ScalerState) -> Result<()> {
+        let s = gpu.stream();
+        let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        let counters = [clamp(state.growth_tracker), clamp(state.overflow_steps), 0, 0];
+        s.memcpy_htod(&[state.scale], &mut self.scale).map_err(|e| Error::cuda("loss scaler load", e))?;
+        s.memcpy_htod(&counters, &mut self.counters).map_err(|e| Error::cuda("loss scaler load", e))?;
+        Ok(())
+    }
+
+    /// The CPU scaler with this state (waits for the stream).
+    pub fn to_host(&self, gpu: &Gpu) -> Result<LossScaler> {
+        let state = self.state(gpu)?;
+        let mut s = if self.dynamic { LossScaler::dynamic(self.cfg) } else { LossScaler::fixed(state.scale) };
+        s.load_state(state);
+        Ok(s)
+    }
+}
+
+/// Blocks of stage 1 of [`grad_norm_sq`]: the length of its workspace.
+pub const NORM_PARTIALS: usize = 1024;
+
+/// `out[0] = sum g^2` (or `+=` when `accumulate`, for the next buffer of the
+/// same step), in f32 with a fixed reduction order: the same gradients give
+/// the same bits every run. `workspace` holds [`NORM_PARTIALS`] floats.
+pub fn grad_norm_sq(
+    gpu: &Gpu,
+    grads: &CudaView<'_, f32>,
+    workspace: &mut CudaViewMut<'_, f32>,
+    out: &mut CudaViewMut<'_, f32>,
+    accumulate: bool,
+) -> Result<()> {
+    const OP: &str = "grad_norm_sq";
+    check_len(OP, "workspace", workspace.len(), NORM_PARTIALS)?;
+    check_len(OP, "out", out.len(), 1)?;
+    let n = as_i64(OP, grads.len())?;
+    let blocks = grads.len().div_ceil(BLOCK as usize).clamp(1, NORM_PARTIALS);
+    let cfg = LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
+    let f = gpu.function(FILE, "amp_sumsq_partials")?;
+    let mut b = gpu.stream().launch_builder(&f);
+    b.arg(grads).arg(&mut *workspace).arg(&n);
+    // Stage 1 writes partials[0..blocks]; stage 2 reads exactly those.
+    // SAFETY: argument types and order match amp_sumsq_partials.
+    unsafe { b.launch(cfg) }.map_err(|e| Error::cuda(OP, e))?;
+    let nparts = blocks as i64;
+    let acc = i32::from(accumulate);
+    let f = gpu.function(FILE, "amp_sumsq_finish")?;
+    let mut b = gpu.stream().launch_builder(&f);
+    let partials = workspace.as_view();
+    b.arg(&partials).arg(&nparts).arg(out).arg(&acc);
+    let one = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
+    // SAFETY: argument types and order match amp_sumsq_finish.
+    unsafe { b.launch(one) }.map_err(|e| Error::cuda(OP, e))?;
+    Ok(())
+}
+
+/// [`super::clip_grad_norm_`] on one buffer given the squared total norm from
+/// [`grad_norm_sq`]: scales `grads` by `max_norm / (norm + 1e-6)` when that is
+/// below 1; a no-op on a step the scaler skips.
+pub fn clip_grad_norm_(
+    gpu: &Gpu,
+    grads: &mut CudaViewMut<'_, f32>,
+    norm_sq: &CudaView<'_, f32>,
+    max_norm: f32,
+    found_inf: &CudaSlice<i32>,
+) -> Result<()> {
+    const OP: &str = "clip_grad_norm_";
+    check_len(OP, "norm_sq", norm_sq.len(), 1)?;
+    if !(max_norm.is_finite() && max_norm > 0.0) {
+        return Err(Error::Training(format!("{OP}: max_norm must be a finite number > 0, got {max_norm}")));
+    }
+    if grads.is_empty() {
+        return Ok(());
+    }
+    let n = as_i64(OP, grads.len())?;
+    let cfg = launch_1d(grads.len());
+    let f = gpu.function(FILE, "amp_clip_by_norm")?;
+    let mut b = gpu.stream().launch_builder(&f);
+    b.arg(grads).arg(&n).arg(norm_sq).arg(&max_norm).arg(found_inf);
+    // SAFETY: argument types and order match amp_clip_by_norm.
+    unsafe { b.launch(cfg) }.map_err(|e| Error::cuda(OP, e))?;
+    Ok(())
+}
+
+#[cfg(test)]
+#[path = "tests_cuda.rs"]
+mod tests_cuda;

@@ -1,0 +1,361 @@
+//! Launchers for `kernels/batch_norm.cu`: BatchNorm2d training forward,
+//! eval forward and backward, and the SyncBatchNorm pieces, over NCHW device
+//! buffers. Activations are `T` (f32 or f16); weight, bias, running
+//! statistics, the saved mean/invstd and the reductions are f32 (apex O2's
+//! keep_batchnorm_fp32). CPU twins: [`super::forward_train`],
+//! [`super::forward_eval`], [`super::backward`] and [`super::sync`].
+//!
+//! SyncBatchNorm on the device: [`local_sums`] -> all-reduce the `1 + 2c`
+//! floats -> [`sync_stats`] -> [`forward_apply`]; backward: [`backward_reduce`]
+//! -> all-reduce the `2c` sums -> [`backward_dx`] with the global count.
+
+use crate::amp::cuda::{as_i64, check_len, kernel_name, GpuFloat};
+use crate::cuda::{Gpu, BLOCK};
+use crate::error::{Error, Result};
+use cudarc::driver::{CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
+
+const FILE: &str = "batch_norm.cu";
+
+/// Threads of the per-channel reduction blocks (a multiple of 32; the
+/// reduction order, hence the bits, depends on it).
+const BN_THREADS: u32 = 256;
+
+/// `(n, c, h*w)` of a validated NCHW shape.
+#[derive(Debug, Clone, Copy)]
+struct Nchw {
+    n: usize,
+    c: usize,
+    hw: usize,
+}
+
+impl Nchw {
+    fn new(op: &str, shape: &[usize]) -> Result<Nchw> {
+        let [n, c, h, w] = *shape else {
+            return Err(Error::shape(format!(
+                "{op}: expected a 4-D [N, C, H, W] input, got shape {shape:?}"
+            )));
+        };
+        let d = Nchw { n, c, hw: h * w };
+        // The kernels index a channel's n*h*w values with 32-bit integers.
+        if d.count() > u32::MAX as usize {
+            return Err(Error::shape(format!("{op}: {} values per channel is too many", d.count())));
+        }
+        Ok(d)
+    }
+
+    fn count(&self) -> usize {
+        self.n * self.hw
+    }
+
+    fn numel(&self) -> usize {
+        self.n * self.c * self.hw
+    }
+
+    fn args(&self, op: &str) -> Result<(i64, i64, i64)> {
+        Ok((as_i64(op, self.n)?, as_i64(op, self.c)?, as_i64(op, self.hw)?))
+    }
+
+    /// One block per channel (grid-strided past 65,535 channels).
+    fn per_channel(&self) -> LaunchConfig {
+        let blocks = self.c.clamp(1, 65_535) as u32;
+        LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (BN_THREADS, 1, 1), shared_mem_bytes: 0 }
+    }
+
+    /// blockIdx.y over the (n, c) planes, blockIdx.x over a plane's positions.
+    fn planes(&self) -> LaunchConfig {
+        let x = self.hw.div_ceil(BLOCK as usize).clamp(1, 64) as u32;
+        let y = (self.n * self.c).clamp(1, 65_535) as u32;
+        LaunchConfig { grid_dim: (x, y, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 }
+    }
+
+    fn check_training(&self, op: &str, shape: &[usize]) -> Result<()> {
+        if self.count() <= 1 {
+            return Err(Error::shape(format!(
+                "{op}: expected more than 1 value per channel when training, got input shape {shape:?}"
+            )));
+        }
+        Ok(())
+    }
+}
+
+fn launch(op: &str, b: &mut cudarc::driver::LaunchArgs<'_>, cfg: LaunchConfig) -> Result<()> {
+    // SAFETY: each caller pushes the arguments of its kernel in order with
+    // the types of its signature, after checking every buffer's length.
+    unsafe { b.launch(cfg) }.map_err(|e| Error::cuda(op, e))?;
+    Ok(())
+}
+
+/// Training forward: batch statistics (two-pass, f32), `y` normalized with
+/// them, running statistics moved (unbiased variance), and the `mean` and
+/// `invstd` backward needs.
+#[allow(clippy::too_many_arguments)]
+pub fn forward_train<T: GpuFloat>(
+    gpu: &Gpu,
+    x: &CudaView<'_, T>,
+    shape: &[usize],
+    weight: &CudaView<'_, f32>,
+    bias: &CudaView<'_, f32>,
+    running_mean: &mut CudaViewMut<'_, f32>,
+    running_var: &mut CudaViewMut<'_, f32>,
+    momentum: f32,
+    eps: f32,
+    y: &mut CudaViewMut<'_, T>,
+    mean: &mut CudaViewMut<'_, f32>,
+    invstd: &mut CudaViewMut<'_, f32>,
+) -> Result<()> {
+    const OP: &str = "batch_norm forward_train";
+    let d = Nchw::new(OP, shape)?;
+    d.check_training(OP, shape)?;
+    check_len(OP, "x", x.len(), d.numel())?;
+    check_len(OP, "y", y.len(), d.numel())?;
+    for (what, len) in [("running_mean", running_mean.len()), ("running_var", running_var.len())] {
+        check_len(OP, what, len, d.c)?;
+    }
+    for (what, len) in [("mean", mean.len()), ("invstd", invstd.len())] {
+        check_len(OP, what, len, d.c)?;
+    }
+    // forward_apply checks these too, but only after the statistics kernel
+    // has moved the running statistics.
+    check_len(OP, "weight", weight.len(), d.c)?;
+    check_len(OP, "bias", bias.len(), d.c)?;
+    if d.c == 0 {
+        return Ok(());
+    }
+    let (n, c, hw) = d.args(OP)?;
+    let f = gpu.function(FILE, &kernel_name::<T>("bn_forward_stats"))?;
+    let mut b = gpu.stream().launch_builder(&f);
+    b.arg(x).arg(&n).arg(&c).arg(&hw).arg(&eps).arg(&momentum);
+    b.arg(&mut *mean).arg(&mut *invstd).arg(running_mean).arg(running_var);
+    launch(OP, &mut b, d.per_channel())?;
+    forward_apply(gpu, x, shape, &mean.as_view(), &invstd.as_view(), weight, bias, y)
+}
+
+/// `y = (x - mean) * invstd * weight + bias` with given per-channel
+/// statistics (the batch's, local or synced).
+#[allow(clippy::too_many_arguments)]
+pub fn forward_apply<T: GpuFloat>(
+    gpu: &Gpu,
+    x: &CudaView<'_, T>,
+    shape: &[usize],
+    mean: &CudaView<'_, f32>,
+    invstd: &CudaView<'_, f32>,
+    weight: &CudaView<'_, f32>,
+    bias: &CudaView<'_, f32>,
+    y: &mut CudaViewMut<'_, T>,
+) -> Result<()> {
+    const OP: &str = "batch_norm forward_apply";
+    let d = Nchw::new(OP, shape)?;
+    check_len(OP, "x", x.len(), d.numel())?;
+    check_len(OP, "y", y.len(), d.numel())?;
+    for (what, len) in
+        [("mean", mean.len()), ("invstd", invstd.len()), ("weight", weight.len()), ("bias", bias.len())]
+    {
+        check_len(OP, what, len, d.c)?;
+    }
+    if d.numel() == 0 {
+        return Ok(());
+    }
+    let (n, c, hw) = d.args(OP)?;
+    let f = gpu.function(FILE, &kernel_name::<T>("bn_forward_apply"))?;
+    let mut b = gpu.stream().launch_builder(&f);
+    b.arg(x).arg(mean).arg(invstd).arg(weight).arg(bias).arg(&n).arg(&c).arg(&hw).arg(y);
+    launch(OP, &mut b, d.planes())
+}
+
+/// Evaluation forward with the running statistics.
+#[allow(clippy::too_many_arguments)]
+pub fn forward_eval<T: GpuFloat>(
+    gpu: &Gpu,
+    x: &CudaView<'_, T>,
+    shape: &[usize],
+    weight: &CudaView<'_, f32>,
+    bias: &CudaView<'_, f32>,
+    running_mean: &CudaView<'_, f32>,
+    running_var: &CudaView<'_, f32>,
+    eps: f32,
+    y: &mut CudaViewMut<'_, T>,
+) -> Result<()> {
+    const OP: &str = "batch_norm forward_eval";
+    let d = Nchw::new(OP, shape)?;
+    check_len(OP, "x", x.len(), d.numel())?;
+    check_len(OP, "y", y.len(), d.numel())?;
+    let params = [
+        ("weight", weight.len()),
+        ("bias", bias.len()),
+        ("running_mean", running_mean.len()),
+        ("running_var", running_var.len()),
+    ];
+    for (what, len) in params {
+        check_len(OP, what, len, d.c)?;
+    }
+    if d.numel() == 0 {
+        return Ok(());
+    }
+    let (n, c, hw) = d.args(OP)?;
+    let f = gpu.function(FILE, &kernel_name::<T>("bn_forward_eval"))?;
+    let mut b = gpu.stream().launch_builder(&f);
+    b.arg(x).arg(weight).arg(bias).arg(running_mean).arg(running_var).arg(&eps);
+    b.arg(&n).arg(&c).arg(&hw).arg(y);
+    launch(OP, &mut b, d.planes())
+}
+
+/// Training backward: `dx`, and the weight and bias gradients added into
+/// `dweight` and `dbias`. `sums` (2c floats) is scratch for the reductions.
+#[allow(clippy::too_many_arguments)]
+pub fn backward<T: GpuFloat>(
+    gpu: &Gpu,
+    x: &CudaView<'_, T>,
+    dy: &CudaView<'_, T>,
+    shape: &[usize],
+    mean: &CudaView<'_, f32>,
+    invstd: &CudaView<'_, f32>,
+    weight: &CudaView<'_, f32>,
+    sums: &mut CudaViewMut<'_, f32>,
+    dweight: &mut CudaViewMut<'_, f32>,
+    dbias: &mut CudaViewMut<'_, f32>,
+    dx: &mut CudaViewMut<'_, T>,
+) -> Result<()> {
+    const OP: &str = "batch_norm backward";
+    let d = Nchw::new(OP, shape)?;
+    // Checked here too so nothing is accumulated when dx's launch would fail.
+    check_len(OP, "weight", weight.len(), d.c)?;
+    check_len(OP, "dx", dx.len(), d.numel())?;
+    backward_reduce(gpu, x, dy, shape, mean, invstd, sums, dweight, dbias)?;
+    backward_dx(gpu, x, dy, shape, mean, invstd, weight, &sums.as_view(), d.count(), dx)
+}
+
+/// SyncBatchNorm forward, step 1: `out = [count, sum[c], sumsq[c]]` of this
+/// rank's batch, the buffer to all-reduce.
+pub fn local_sums<T: GpuFloat>(
+    gpu: &Gpu,
+    x: &CudaView<'_, T>,
+    shape: &[usize],
+    out: &mut CudaViewMut<'_, f32>,
+) -> Result<()> {
+    const OP: &str = "batch_norm local_sums";
+    let d = Nchw::new(OP, shape)?;
+    check_len(OP, "x", x.len(), d.numel())?;
+    check_len(OP, "out", out.len(), 1 + 2 * d.c)?;
+    // A rank with an empty batch would count for nothing; PyTorch refuses it.
+    if d.count() == 0 {
+        return Err(Error::shape(format!("{OP}: input shape {shape:?} has no values per channel")));
+    }
+    let (n, c, hw) = d.args(OP)?;
+    let f = gpu.function(FILE, &kernel_name::<T>("bn_local_sums"))?;
+    let mut b = gpu.stream().launch_builder(&f);
+    b.arg(x).arg(&n).arg(&c).arg(&hw).arg(out);
+    launch(OP, &mut b, d.per_channel())
+}
+
+/// SyncBatchNorm forward, step 2: the all-reduced `totals` (as written by
+/// [`local_sums`] and summed over ranks) to `mean`, `invstd` and the running
+/// statistics. A global count <= 1 gives NaN statistics (see the kernel).
+#[allow(clippy::too_many_arguments)]
+pub fn sync_stats(
+    gpu: &Gpu,
+    totals: &CudaView<'_, f32>,
+    channels: usize,
+    momentum: f32,
+    eps: f32,
+    mean: &mut CudaViewMut<'_, f32>,
+    invstd: &mut CudaViewMut<'_, f32>,
+    running_mean: &mut CudaViewMut<'_, f32>,
+    running_var: &mut CudaViewMut<'_, f32>,
+) -> Result<()> {
+    const OP: &str = "batch_norm sync_stats";
+    check_len(OP, "totals", totals.len(), 1 + 2 * channels)?;
+    let outs = [
+        ("mean", mean.len()),
+        ("invstd", invstd.len()),
+        ("running_mean", running_mean.len()),
+        ("running_var", running_var.len()),
+    ];
+    for (what, len) in outs {
+        check_len(OP, what, len, channels)?;
+    }
+    if channels == 0 {
+        return Ok(());
+    }
+    let c = as_i64(OP, channels)?;
+    let f = gpu.function(FILE, "bn_sync_stats")?;
+    let mut b = gpu.stream().launch_builder(&f);
+    b.arg(totals).arg(&c).arg(&eps).arg(&momentum).arg(mean).arg(invstd).arg(running_mean).arg(running_var);
+    launch(OP, &mut b, crate::cuda::launch_1d(channels))
+}
+
+/// Backward, step 1: `sums = [sum dy[c], sum dy*xhat[c]]` of this batch (to
+/// all-reduce under SyncBatchNorm), also added into `dbias` and `dweight`.
+#[allow(clippy::too_many_arguments)]
+pub fn backward_reduce<T: GpuFloat>(
+    gpu: &Gpu,
+    x: &CudaView<'_, T>,
+    dy: &CudaView<'_, T>,
+    shape: &[usize],
+    mean: &CudaView<'_, f32>,
+    invstd: &CudaView<'_, f32>,
+    sums: &mut CudaViewMut<'_, f32>,
+    dweight: &mut CudaViewMut<'_, f32>,
+    dbias: &mut CudaViewMut<'_, f32>,
+) -> Result<()> {
+    const OP: &str = "batch_norm backward_reduce";
+    let d = Nchw::new(OP, shape)?;
+    check_len(OP, "x", x.len(), d.numel())?;
+    check_len(OP, "dy", dy.len(), d.numel())?;
+    check_len(OP, "sums", sums.len(), 2 * d.c)?;
+    let per_c =
+        [("mean", mean.len()), ("invstd", invstd.len()), ("dweight", dweight.len()), ("dbias", dbias.len())];
+    for (what, len) in per_c {
+        check_len(OP, what, len, d.c)?;
+    }
+    if d.c == 0 {
+        return Ok(());
+    }
+    let (n, c, hw) = d.args(OP)?;
+    let f = gpu.function(FILE, &kernel_name::<T>("bn_backward_reduce"))?;
+    let mut b = gpu.stream().launch_builder(&f);
+    b.arg(x).arg(dy).arg(mean).arg(invstd).arg(&n).arg(&c).arg(&hw).arg(sums).arg(dweight).arg(dbias);
+    launch(OP, &mut b, d.per_channel())
+}
+
+/// Backward, step 2: `dx` from the (possibly all-reduced) `sums` and `count`,
+/// the number of values per channel they cover (all ranks' under SyncBN).
+#[allow(clippy::too_many_arguments)]
+pub fn backward_dx<T: GpuFloat>(
+    gpu: &Gpu,
+    x: &CudaView<'_, T>,
+    dy: &CudaView<'_, T>,
+    shape: &[usize],
+    mean: &CudaView<'_, f32>,
+    invstd: &CudaView<'_, f32>,
+    weight: &CudaView<'_, f32>,
+    sums: &CudaView<'_, f32>,
+    count: usize,
+    dx: &mut CudaViewMut<'_, T>,
+) -> Result<()> {
+    const OP: &str = "batch_norm backward_dx";
+    let d = Nchw::new(OP, shape)?;
+    check_len(OP, "x", x.len(), d.numel())?;
+    check_len(OP, "dy", dy.len(), d.numel())?;
+    check_len(OP, "dx", dx.len(), d.numel())?;
+    check_len(OP, "sums", sums.len(), 2 * d.c)?;
+    for (what, len) in [("mean", mean.len()), ("invstd", invstd.len()), ("weight", weight.len())] {
+        check_len(OP, what, len, d.c)?;
+    }
+    if d.numel() == 0 {
+        return Ok(());
+    }
+    if count == 0 {
+        return Err(Error::shape(format!("{OP}: count must be at least 1")));
+    }
+    let (n, c, hw) = d.args(OP)?;
+    let count = as_i64(OP, count)?;
+    let f = gpu.function(FILE, &kernel_name::<T>("bn_backward_dx"))?;
+    let mut b = gpu.stream().launch_builder(&f);
+    b.arg(x).arg(dy).arg(mean).arg(invstd).arg(weight).arg(sums).arg(&count);
+    b.arg(&n).arg(&c).arg(&hw).arg(dx);
+    launch(OP, &mut b, d.planes())
+}
+
+#[cfg(test)]
+#[path = "tests_cuda.rs"]
+mod tests_cuda;
