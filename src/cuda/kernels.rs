@@ -4,7 +4,13 @@
 //! table and the `kernels/` folder list the same files.
 
 /// (file name, source) of each kernel file, compiled one module per file.
-pub const SOURCES: &[(&str, &str)] = &[("relu.cu", include_str!("../../kernels/relu.cu"))];
+pub const SOURCES: &[(&str, &str)] = &[
+    ("relu.cu", include_str!("../../kernels/relu.cu")),
+    ("cast.cu", include_str!("../../kernels/cast.cu")),
+    ("max_pool2d.cu", include_str!("../../kernels/max_pool2d.cu")),
+    ("cross_entropy.cu", include_str!("../../kernels/cross_entropy.cu")),
+    ("conv2d.cu", include_str!("../../kernels/conv2d.cu")),
+];
 
 /// (include name, source) of the headers the kernel files `#include "..."`.
 pub const HEADERS: &[(&str, &str)] = &[("common.cuh", include_str!("../../kernels/common.cuh"))];

@@ -2,6 +2,7 @@
 //! (cross-correlation, zero padding, no dilation or groups).
 
 pub mod cpu;
+pub mod cuda;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
