@@ -9,6 +9,10 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("batch_norm.cu", include_str!("../../kernels/batch_norm.cu")),
     ("amp.cu", include_str!("../../kernels/amp.cu")),
     ("optim.cu", include_str!("../../kernels/optim.cu")),
+    ("cast.cu", include_str!("../../kernels/cast.cu")),
+    ("max_pool2d.cu", include_str!("../../kernels/max_pool2d.cu")),
+    ("cross_entropy.cu", include_str!("../../kernels/cross_entropy.cu")),
+    ("conv2d.cu", include_str!("../../kernels/conv2d.cu")),
 ];
 
 /// (include name, source) of the headers the kernel files `#include "..."`.

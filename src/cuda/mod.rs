@@ -6,6 +6,7 @@
 //! Kernel launchers live beside their CPU twins in `ops/<family>/cuda.rs` and
 //! take `CudaSlice`s plus sizes; they get their functions from [`Gpu::function`].
 
+pub mod cast;
 pub mod kernels;
 pub mod nvrtc;
 

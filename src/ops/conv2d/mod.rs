@@ -4,6 +4,7 @@
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 pub mod cpu;
+pub mod cuda;
 #[cfg(test)]
 mod tests;
 #[cfg(all(test, target_arch = "x86_64"))]

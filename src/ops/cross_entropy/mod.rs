@@ -2,6 +2,7 @@
 //! with its gradient for training and with the top-1 hit count for metrics.
 
 pub mod cpu;
+pub mod cuda;
 
 use super::half_emu::{any_f16, f32_of};
 use crate::error::{Error, Result};

@@ -2,6 +2,7 @@
 //! returning PyTorch-style indices (flat argmax within each (n, c) plane).
 
 pub mod cpu;
+pub mod cuda;
 
 use super::half_emu::{any_f16, f32_of};
 use crate::error::{Error, Result};

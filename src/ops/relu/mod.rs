@@ -2,6 +2,7 @@
 //! gradient buffers instead of allocating per step.
 
 pub mod cpu;
+pub mod cuda;
 
 use super::half_emu::{any_f16, f32_acc, f32_of, store};
 use crate::error::{Error, Result};

@@ -1,0 +1,233 @@
+//! f32 <-> f16 casts on the device (kernels/cast.cu), bit-identical with
+//! `half::f16::from_f32` / `to_f32` (the CPU tensors' `into_dtype`), NaN
+//! payloads included. Also home of [`DeviceFloat`], the element-type trait the
+//! op launchers are generic over.
+
+use super::{launch_1d, Gpu};
+use crate::error::{Error, Result};
+use cudarc::driver::{DevicePtr, DevicePtrMut, DeviceRepr, PushKernelArg, ValidAsZeroBits};
+use half::f16;
+
+/// An element type the kernels are instantiated for: `f32` and `half::f16`
+/// (`DDP_INSTANTIATE` entry points end in `_f32` / `_f16`).
+pub trait DeviceFloat: DeviceRepr + ValidAsZeroBits + Copy + Default + Unpin + Send + Sync + 'static {
+    /// The entry-point suffix: `"f32"` or `"f16"`.
+    const SUFFIX: &'static str;
+    fn from_f32(v: f32) -> Self;
+    fn to_f32(self) -> f32;
+}
+
+impl DeviceFloat for f32 {
+    const SUFFIX: &'static str = "f32";
+    fn from_f32(v: f32) -> Self {
+        v
+    }
+    fn to_f32(self) -> f32 {
+        self
+    }
+}
+
+impl DeviceFloat for f16 {
+    const SUFFIX: &'static str = "f16";
+    fn from_f32(v: f32) -> Self {
+        f16::from_f32(v)
+    }
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+}
+
+/// `"<op>_f32"` or `"<op>_f16"`: the entry point of a `DDP_INSTANTIATE`d kernel.
+pub fn entry<T: DeviceFloat>(op: &str) -> String {
+    format!("{op}_{}", T::SUFFIX)
+}
+
+/// Checks that a device buffer holds exactly `want` elements, so a wrong size
+/// never reaches a kernel.
+pub fn check_len(op: &str, what: &str, len: usize, want: usize) -> Result<()> {
+    if len == want {
+        Ok(())
+    } else {
+        Err(Error::shape(format!("{op}: {what} holds {len} elements, expected {want}")))
+    }
+}
+
+/// `dst = f16(src)`, rounding to nearest even; values beyond the f16 range
+/// become infinities, as on the CPU.
+pub fn f32_to_f16(gpu: &Gpu, src: &impl DevicePtr<f32>, dst: &mut impl DevicePtrMut<f16>) -> Result<()> {
+    cast(gpu, "cast_f32_to_f16", src, dst)
+}
+
+/// `dst = f32(src)` (exact).
+pub fn f16_to_f32(gpu: &Gpu, src: &impl DevicePtr<f16>, dst: &mut impl DevicePtrMut<f32>) -> Result<()> {
+    cast(gpu, "cast_f16_to_f32", src, dst)
+}
+
+fn cast<A, B>(gpu: &Gpu, name: &str, src: &impl DevicePtr<A>, dst: &mut impl DevicePtrMut<B>) -> Result<()> {
+    let n = src.len();
+    check_len(name, "dst", dst.len(), n)?;
+    if n == 0 {
+        return Ok(());
+    }
+    let f = gpu.function("cast.cu", name)?;
+    let stream = gpu.stream();
+    let (s, _s) = src.device_ptr(stream);
+    let (d, _d) = dst.device_ptr_mut(stream);
+    let n64 = n as i64;
+    // SAFETY: both pointers hold n elements of the kernel's types (checked above).
+    unsafe { stream.launch_builder(&f).arg(&s).arg(&d).arg(&n64).launch(launch_1d(n)) }
+        .map_err(|e| Error::cuda(name, e))?;
+    Ok(())
+}
+
+/// Helpers for the GPU parity tests of every op family.
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::DeviceFloat;
+    use crate::cuda::Gpu;
+    use cudarc::driver::CudaSlice;
+
+    /// `host` rounded to `T` and copied to the device.
+    pub fn upload<T: DeviceFloat>(gpu: &Gpu, host: &[f32]) -> CudaSlice<T> {
+        let v: Vec<T> = host.iter().map(|&x| T::from_f32(x)).collect();
+        gpu.stream().clone_htod(&v).unwrap()
+    }
+
+    /// `host` rounded to `T` and back: the values the device actually sees.
+    pub fn rounded<T: DeviceFloat>(host: &[f32]) -> Vec<f32> {
+        host.iter().map(|&x| T::from_f32(x).to_f32()).collect()
+    }
+
+    /// An output buffer full of NaN, so an element the kernel never writes
+    /// shows up in the comparison.
+    pub fn poisoned<T: DeviceFloat>(gpu: &Gpu, n: usize) -> CudaSlice<T> {
+        gpu.stream().clone_htod(&vec![T::from_f32(f32::NAN); n]).unwrap()
+    }
+
+    pub fn download<T: DeviceFloat>(gpu: &Gpu, d: &CudaSlice<T>) -> Vec<f32> {
+        let v: Vec<T> = gpu.stream().clone_dtoh(d).unwrap();
+        v.into_iter().map(T::to_f32).collect()
+    }
+
+    /// The relative tolerance of the parity contract for `T`.
+    pub fn tol<T: DeviceFloat>() -> f32 {
+        if T::SUFFIX == "f16" {
+            1e-2
+        } else {
+            1e-5
+        }
+    }
+
+    /// Every element within `tol` relative error (with a floor of `tol` times
+    /// 1e-3 of the largest reference magnitude, so values that cancel to
+    /// nearly zero are not held to a relative bound), and never NaN.
+    pub fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f32) {
+        assert_eq!(got.len(), want.len(), "{what}: length");
+        let peak = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let floor = (peak * 1e-3).max(f32::MIN_POSITIVE);
+        for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+            assert!(!g.is_nan(), "{what}[{i}]: NaN (unwritten or poisoned), expected {w}");
+            assert!(
+                (g - w).abs() <= tol * w.abs().max(floor),
+                "{what}[{i}]: got {g}, expected {w} (relative tolerance {tol})"
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::{poisoned, upload};
+    use super::*;
+    use crate::ops::testing::rand_vec_f32;
+
+    /// Random values over the whole f16 range plus the edge cases: signed
+    /// zeros, infinities, NaNs with payloads, the overflow boundary,
+    /// subnormals and exact ties.
+    fn inputs() -> Vec<f32> {
+        let mut v: Vec<f32> = rand_vec_f32(4099, 61).iter().map(|x| x * 70000.0).collect();
+        v.extend(rand_vec_f32(1001, 62).iter().map(|x| x * 1e-4));
+        v.extend(rand_vec_f32(503, 63).iter().map(|x| x * 1e-7));
+        v.extend([
+            0.0,
+            -0.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            -f32::NAN,
+            f32::from_bits(0x7f80_0001),
+            f32::from_bits(0xffa1_2345),
+            65504.0,
+            65519.99,
+            65520.0,
+            -65520.0,
+            1e6,
+            5.960_464_5e-8,
+            2.980_232_2e-8,
+            2.980_233e-8,
+            1.0 + 1.0 / 2048.0,
+            1.0 + 3.0 / 2048.0,
+            f32::MIN_POSITIVE,
+            f32::MAX,
+        ]);
+        v
+    }
+
+    #[test]
+    fn f32_to_f16_is_bit_identical_with_half() {
+        let Some(gpu) = crate::cuda::test_gpu("f32_to_f16_is_bit_identical_with_half") else { return };
+        let host = inputs();
+        let src = gpu.stream().clone_htod(&host).unwrap();
+        let mut dst = poisoned::<f16>(&gpu, host.len());
+        f32_to_f16(&gpu, &src, &mut dst).unwrap();
+        let got: Vec<f16> = gpu.stream().clone_dtoh(&dst).unwrap();
+        for (i, (&x, g)) in host.iter().zip(&got).enumerate() {
+            let want = f16::from_f32(x);
+            assert_eq!(g.to_bits(), want.to_bits(), "[{i}] f16({x:e}): got {g}, half gives {want}");
+        }
+    }
+
+    #[test]
+    fn f16_to_f32_is_bit_identical_with_half() {
+        let Some(gpu) = crate::cuda::test_gpu("f16_to_f32_is_bit_identical_with_half") else { return };
+        // Every f16 bit pattern.
+        let host: Vec<f16> = (0..=u16::MAX).map(f16::from_bits).collect();
+        let src = gpu.stream().clone_htod(&host).unwrap();
+        let mut dst = poisoned::<f32>(&gpu, host.len());
+        f16_to_f32(&gpu, &src, &mut dst).unwrap();
+        let got: Vec<f32> = gpu.stream().clone_dtoh(&dst).unwrap();
+        for (h, g) in host.iter().zip(&got) {
+            assert_eq!(g.to_bits(), h.to_f32().to_bits(), "f32({:#06x}): got {g}", h.to_bits());
+        }
+    }
+
+    #[test]
+    fn casts_on_views_touch_only_the_view() {
+        let Some(gpu) = crate::cuda::test_gpu("casts_on_views_touch_only_the_view") else { return };
+        let host = rand_vec_f32(37, 64);
+        let src = gpu.stream().clone_htod(&host).unwrap();
+        let mut dst = upload::<f16>(&gpu, &[7.0; 37]);
+        f32_to_f16(&gpu, &src.slice(5..30), &mut dst.slice_mut(5..30)).unwrap();
+        let got: Vec<f16> = gpu.stream().clone_dtoh(&dst).unwrap();
+        for (i, g) in got.iter().enumerate() {
+            let want = if (5..30).contains(&i) { f16::from_f32(host[i]) } else { f16::from_f32(7.0) };
+            assert_eq!(g.to_bits(), want.to_bits(), "[{i}]");
+        }
+    }
+
+    #[test]
+    fn a_length_mismatch_is_refused_before_launch() {
+        let Some(gpu) = crate::cuda::test_gpu("a_length_mismatch_is_refused_before_launch") else { return };
+        let src = gpu.stream().alloc_zeros::<f32>(10).unwrap();
+        let mut dst = gpu.stream().alloc_zeros::<f16>(9).unwrap();
+        let e = f32_to_f16(&gpu, &src, &mut dst).unwrap_err().to_string();
+        assert!(e.contains("cast_f32_to_f16: dst holds 9 elements, expected 10"), "{e}");
+    }
+
+    #[test]
+    fn check_len_names_the_op_and_the_buffer() {
+        let e = check_len("relu forward", "y", 3, 4).unwrap_err().to_string();
+        assert!(e.contains("relu forward: y holds 3 elements, expected 4"), "{e}");
+        assert!(check_len("relu forward", "y", 4, 4).is_ok());
+    }
+}

@@ -1,0 +1,96 @@
+//! ReLU launchers for kernels/relu.cu, the device twins of `cpu.rs` (same
+//! comparisons, so NaN and signed zeros come out as on the CPU).
+
+use crate::cuda::cast::{check_len, entry, DeviceFloat};
+use crate::cuda::{launch_1d, Gpu};
+use crate::error::{Error, Result};
+use cudarc::driver::{DevicePtr, DevicePtrMut, PushKernelArg};
+
+const FILE: &str = "relu.cu";
+
+/// `y = relu(x)`.
+pub fn forward<T: DeviceFloat>(gpu: &Gpu, x: &impl DevicePtr<T>, y: &mut impl DevicePtrMut<T>) -> Result<()> {
+    let n = x.len();
+    check_len("relu forward", "y", y.len(), n)?;
+    if n == 0 {
+        return Ok(());
+    }
+    let f = gpu.function(FILE, &entry::<T>("relu_forward"))?;
+    let stream = gpu.stream();
+    let (xp, _x) = x.device_ptr(stream);
+    let (yp, _y) = y.device_ptr_mut(stream);
+    let n64 = n as i64;
+    // SAFETY: x and y hold n elements of T (checked above).
+    unsafe { stream.launch_builder(&f).arg(&xp).arg(&yp).arg(&n64).launch(launch_1d(n)) }
+        .map_err(|e| Error::cuda("relu forward", e))?;
+    Ok(())
+}
+
+/// `x = relu(x)` in place.
+pub fn forward_<T: DeviceFloat>(gpu: &Gpu, x: &mut impl DevicePtrMut<T>) -> Result<()> {
+    let n = x.len();
+    if n == 0 {
+        return Ok(());
+    }
+    let f = gpu.function(FILE, &entry::<T>("relu_forward"))?;
+    let stream = gpu.stream();
+    let (xp, _x) = x.device_ptr_mut(stream);
+    let n64 = n as i64;
+    // SAFETY: x holds n elements; the kernel reads each element before the
+    // same thread overwrites it, so input and output may alias.
+    unsafe { stream.launch_builder(&f).arg(&xp).arg(&xp).arg(&n64).launch(launch_1d(n)) }
+        .map_err(|e| Error::cuda("relu forward_", e))?;
+    Ok(())
+}
+
+/// `dx = dy` where the forward output `y > 0` (or is NaN), else 0.
+pub fn backward<T: DeviceFloat>(
+    gpu: &Gpu,
+    y: &impl DevicePtr<T>,
+    dy: &impl DevicePtr<T>,
+    dx: &mut impl DevicePtrMut<T>,
+) -> Result<()> {
+    let n = y.len();
+    check_len("relu backward", "dy", dy.len(), n)?;
+    check_len("relu backward", "dx", dx.len(), n)?;
+    if n == 0 {
+        return Ok(());
+    }
+    let f = gpu.function(FILE, &entry::<T>("relu_backward"))?;
+    let stream = gpu.stream();
+    let (yp, _y) = y.device_ptr(stream);
+    let (dyp, _dy) = dy.device_ptr(stream);
+    let (dxp, _dx) = dx.device_ptr_mut(stream);
+    let n64 = n as i64;
+    // SAFETY: all three hold n elements of T (checked above).
+    unsafe { stream.launch_builder(&f).arg(&yp).arg(&dyp).arg(&dxp).arg(&n64).launch(launch_1d(n)) }
+        .map_err(|e| Error::cuda("relu backward", e))?;
+    Ok(())
+}
+
+/// `dy` becomes dx in place.
+pub fn backward_<T: DeviceFloat>(
+    gpu: &Gpu,
+    y: &impl DevicePtr<T>,
+    dy: &mut impl DevicePtrMut<T>,
+) -> Result<()> {
+    let n = y.len();
+    check_len("relu backward_", "dy", dy.len(), n)?;
+    if n == 0 {
+        return Ok(());
+    }
+    let f = gpu.function(FILE, &entry::<T>("relu_backward"))?;
+    let stream = gpu.stream();
+    let (yp, _y) = y.device_ptr(stream);
+    let (dyp, _dy) = dy.device_ptr_mut(stream);
+    let n64 = n as i64;
+    // SAFETY: both hold n elements; dy is read before the same thread
+    // overwrites it, so dy and dx may alias.
+    unsafe { stream.launch_builder(&f).arg(&yp).arg(&dyp).arg(&dyp).arg(&n64).launch(launch_1d(n)) }
+        .map_err(|e| Error::cuda("relu backward_", e))?;
+    Ok(())
+}
+
+#[cfg(test)]
+#[path = "tests_cuda.rs"]
+mod tests_cuda;
