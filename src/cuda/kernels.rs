@@ -4,7 +4,10 @@
 //! table and the `kernels/` folder list the same files.
 
 /// (file name, source) of each kernel file, compiled one module per file.
-pub const SOURCES: &[(&str, &str)] = &[("relu.cu", include_str!("../../kernels/relu.cu"))];
+pub const SOURCES: &[(&str, &str)] = &[
+    ("linear.cu", include_str!("../../kernels/linear.cu")),
+    ("relu.cu", include_str!("../../kernels/relu.cu")),
+];
 
 /// (include name, source) of the headers the kernel files `#include "..."`.
 pub const HEADERS: &[(&str, &str)] = &[("common.cuh", include_str!("../../kernels/common.cuh"))];
