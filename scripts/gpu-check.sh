@@ -5,7 +5,7 @@
 # cargo when cargo exists). Steps:
 #   1. library paths: libcuda from the driver; cuBLAS, NVRTC and NCCL from the
 #      python site-packages `nvidia/*/lib` (PyTorch's wheels) and
-#      /usr/local/cuda*/lib64; CUDA headers for NVRTC (DDPTRAIN_CUDA_INCLUDE)
+#      /usr/local/cuda*/lib64 (DDPTRAIN_CUDA_LIBS=dir:dir goes first); CUDA headers for NVRTC (DDPTRAIN_CUDA_INCLUDE)
 #   2. the GPU's name (nvidia-smi)
 #   3. every kernels/*.cu compiles with NVRTC (kernels-compile-test)
 #   4. the GPU unit tests: kernel parity vs the CPU twins (`tests_cuda`),
@@ -73,7 +73,10 @@ add_dir() {
         case " ${lib_dirs[*]-} " in *" $d "*) ;; *) lib_dirs+=("$d") ;; esac
     done
 }
-# CUDA 13 wheels (nvidia/cu13/lib) first: ddptrain is built against CUDA 13.
+# DDPTRAIN_CUDA_LIBS (colon-separated folders) first: an explicit choice wins.
+IFS=: read -r -a extra <<<"${DDPTRAIN_CUDA_LIBS:-}"
+add_dir "${extra[@]}"
+# CUDA 13 wheels (nvidia/cu13/lib) next: ddptrain is built against CUDA 13.
 mapfile -t wheel < <(wheel_dirs | sort -u)
 for d in "${wheel[@]}"; do case "$d" in */cu13/lib) add_dir "$d" ;; esac; done
 add_dir "${wheel[@]}"
@@ -101,7 +104,9 @@ mkdir -p "$links"
 if nccl=$(find_lib libnccl.so libnccl.so.2); then
     ln -sf "$nccl" "$links/libnccl.so"
 fi
-LD_LIBRARY_PATH="$links$(printf ':%s' "${lib_dirs[@]}")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+path=$links
+for d in "${lib_dirs[@]}"; do path="$path:$d"; done
+LD_LIBRARY_PATH="$path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export LD_LIBRARY_PATH
 
 if [ -z "${DDPTRAIN_CUDA_INCLUDE:-}" ]; then
@@ -153,14 +158,14 @@ if have kernels-compile-test; then
     log="$work/compile.log"
     # CI=true: a missing NVRTC fails instead of skipping. Only this test: the
     # table test reads kernels/ through the build machine's absolute path.
-    CI=true timeout 600 "$bundle/kernels-compile-test" every_kernel_compiles --test-threads=1 >"$log" 2>&1
+    CI=true timeout 600 "$bundle/kernels-compile-test" every_kernel_compiles --test-threads=1 --show-output >"$log" 2>&1
     rc=$?
     read -r p f <<<"$(counts "$log")"
     grep -E "^NVRTC|panicked|error" "$log" | head -n 5 | sed 's/^/   /'
     if [ "$rc" -eq 0 ] && [ "${p:-0}" -ge 1 ]; then
         record "kernels compile (NVRTC)" PASS "$(grep -o '^NVRTC [0-9.]*' "$log" | head -n1), sm_80 + sm_90"
     else
-        record "kernels compile (NVRTC)" FAIL "exit $rc, ${p:-0} passed, ${f:-?} failed (log: below)"
+        record "kernels compile (NVRTC)" FAIL "exit $rc, ${p:-0} passed, ${f:-?} failed (log above)"
         tail -n 30 "$log" | sed 's/^/   | /'
     fi
 else
@@ -229,11 +234,17 @@ fi
 # --- summary ------------------------------------------------------------------
 echo
 echo "gpu-check summary${gpu:+ on ${gpu%%,*}}"
-printf '%-26s | %-10s | %s\n' check result figure
-printf '%-26s-+-%-10s-+-%s\n' "$(printf '%.0s-' {1..26})" "$(printf '%.0s-' {1..10})" "------"
+w=6
+for r in "${rows[@]}"; do
+    IFS=$'\t' read -r _ res _ <<<"$r"
+    [ ${#res} -gt $w ] && w=${#res}
+done
+line=$(printf '%*s' 26 '' | tr ' ' -)-+-$(printf '%*s' "$w" '' | tr ' ' -)-+-------
+printf "%-26s | %-${w}s | %s\n" check result figure
+echo "$line"
 for r in "${rows[@]}"; do
     IFS=$'\t' read -r c res fig <<<"$r"
-    printf '%-26s | %-10s | %s\n' "$c" "$res" "$fig"
+    printf "%-26s | %-${w}s | %s\n" "$c" "$res" "$fig"
 done
 if [ "$failed" -ne 0 ]; then
     echo "gpu-check: FAILED"
