@@ -13,6 +13,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("max_pool2d.cu", include_str!("../../kernels/max_pool2d.cu")),
     ("cross_entropy.cu", include_str!("../../kernels/cross_entropy.cu")),
     ("conv2d.cu", include_str!("../../kernels/conv2d.cu")),
+    ("linear.cu", include_str!("../../kernels/linear.cu")),
 ];
 
 /// (include name, source) of the headers the kernel files `#include "..."`.

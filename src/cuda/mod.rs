@@ -6,9 +6,12 @@
 //! Kernel launchers live beside their CPU twins in `ops/<family>/cuda.rs` and
 //! take `CudaSlice`s plus sizes; they get their functions from [`Gpu::function`].
 
+pub mod blas;
 pub mod cast;
 pub mod kernels;
+pub mod nccl;
 pub mod nvrtc;
+pub mod select;
 
 use crate::error::{Error, Result};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, LaunchConfig};

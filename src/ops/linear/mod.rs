@@ -2,6 +2,7 @@
 //! `W[out_features, in_features]`.
 
 pub mod cpu;
+pub mod cuda;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]

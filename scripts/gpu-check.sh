@@ -1,0 +1,253 @@
+#!/usr/bin/env bash
+# The GPU acceptance check, run ON the GPU machine from the repo root. That
+# machine has no Rust toolchain and no internet: it runs what
+# scripts/gpu-bundle.sh built elsewhere into gpu-bundle/ (or builds it with
+# cargo when cargo exists). Steps:
+#   1. library paths: libcuda from the driver; cuBLAS, NVRTC and NCCL from the
+#      python site-packages `nvidia/*/lib` (PyTorch's wheels) and
+#      /usr/local/cuda*/lib64 (DDPTRAIN_CUDA_LIBS=dir:dir goes first); CUDA headers for NVRTC (DDPTRAIN_CUDA_INCLUDE)
+#   2. the GPU's name (nvidia-smi)
+#   3. every kernels/*.cu compiles with NVRTC (kernels-compile-test)
+#   4. the GPU unit tests: kernel parity vs the CPU twins (`tests_cuda`),
+#      cuBLAS, NCCL at world size 1, device selection. A test that prints
+#      "skipped: no CUDA device" here is a FAILURE.
+#   5. configs/mnist_o2.toml with run.device=cuda reaches its accuracy gate
+# and prints a summary table. Exit 0 only when every check passed; a piece
+# that cannot run is reported "not run (reason)" and fails the check.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 2
+
+bundle=${DDPTRAIN_BUNDLE:-gpu-bundle}
+work=$(mktemp -d "${TMPDIR:-/tmp}/gpu-check.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+
+rows=()
+failed=0
+# record CHECK RESULT FIGURE; RESULT is PASS, FAIL or "not run (...)".
+record() {
+    rows+=("$1"$'\t'"$2"$'\t'"$3")
+    [ "$2" = PASS ] || failed=1
+    printf '== %s: %s %s\n' "$1" "$2" "$3"
+}
+
+# --- 0. binaries ------------------------------------------------------------
+if [ ! -x "$bundle/lib-tests" ] && command -v cargo >/dev/null; then
+    echo "== no $bundle/ yet and cargo is here: building it (scripts/gpu-bundle.sh)"
+    scripts/gpu-bundle.sh || echo "gpu-bundle.sh failed"
+fi
+have() { [ -x "$bundle/$1" ]; }
+if have ddptrain && have lib-tests && have kernels-compile-test; then
+    record "binaries" PASS "$(sed -n 's/^commit: //p' "$bundle/MANIFEST" 2>/dev/null | cut -c1-12)"
+else
+    record "binaries" FAIL "missing in $bundle/ (run scripts/gpu-bundle.sh on a machine with Rust)"
+fi
+
+# --- 1. library paths ---------------------------------------------------------
+# Folders holding the nvidia-* wheels' libraries, for every python we can find.
+wheel_dirs() {
+    for py in python3 python; do
+        command -v "$py" >/dev/null || continue
+        "$py" - <<'EOF' 2>/dev/null
+import glob, os
+try:
+    import nvidia
+    roots = list(nvidia.__path__)
+except Exception:
+    roots = []
+for root in roots:
+    for d in sorted(glob.glob(os.path.join(root, "*", "lib"))):
+        print(d)
+EOF
+    done
+    # Interpreters we could not import from: the usual site-packages layouts.
+    ls -d /usr/local/lib/python3*/{site,dist}-packages/nvidia/*/lib \
+        /usr/lib/python3*/{site,dist}-packages/nvidia/*/lib \
+        "$HOME"/.local/lib/python3*/site-packages/nvidia/*/lib \
+        /opt/conda/lib/python3*/site-packages/nvidia/*/lib 2>/dev/null
+}
+lib_dirs=()
+add_dir() {
+    local d
+    for d in "$@"; do
+        [ -d "$d" ] || continue
+        case " ${lib_dirs[*]-} " in *" $d "*) ;; *) lib_dirs+=("$d") ;; esac
+    done
+}
+# DDPTRAIN_CUDA_LIBS (colon-separated folders) first: an explicit choice wins.
+IFS=: read -r -a extra <<<"${DDPTRAIN_CUDA_LIBS:-}"
+add_dir "${extra[@]}"
+# CUDA 13 wheels (nvidia/cu13/lib) next: ddptrain is built against CUDA 13.
+mapfile -t wheel < <(wheel_dirs | sort -u)
+for d in "${wheel[@]}"; do case "$d" in */cu13/lib) add_dir "$d" ;; esac; done
+add_dir "${wheel[@]}"
+add_dir /usr/local/cuda/lib64 /usr/local/cuda-*/lib64 /usr/local/cuda/targets/x86_64-linux/lib
+# libcuda comes with the driver; containers often mount it outside the default path.
+for d in /usr/lib/x86_64-linux-gnu /usr/lib64 /usr/local/nvidia/lib64 /usr/lib/wsl/lib; do
+    [ -e "$d/libcuda.so.1" ] && add_dir "$d"
+done
+
+# find_lib NAME...: first file of these names in lib_dirs or the linker cache.
+find_lib() {
+    local d n
+    for n in "$@"; do
+        for d in "${lib_dirs[@]}"; do
+            [ -e "$d/$n" ] && { echo "$d/$n"; return 0; }
+        done
+        ldconfig -p 2>/dev/null | awk -v n="$n" '$1 == n { print $NF; exit }' | grep . && return 0
+    done
+    return 1
+}
+# cudarc opens libnccl.so (or .so.<CUDA major>), never libnccl.so.2 as shipped:
+# give it an unversioned link in a folder of our own, first on the path.
+links="$work/libs"
+mkdir -p "$links"
+if nccl=$(find_lib libnccl.so libnccl.so.2); then
+    ln -sf "$nccl" "$links/libnccl.so"
+fi
+path=$links
+for d in "${lib_dirs[@]}"; do path="$path:$d"; done
+LD_LIBRARY_PATH="$path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export LD_LIBRARY_PATH
+
+if [ -z "${DDPTRAIN_CUDA_INCLUDE:-}" ]; then
+    for d in "${lib_dirs[@]}"; do
+        for inc in "${d%/lib*}/include" "$d/../include"; do
+            [ -f "$inc/cuda_fp16.h" ] && { DDPTRAIN_CUDA_INCLUDE=$(cd "$inc" && pwd); break 2; }
+        done
+    done
+    for inc in /usr/local/cuda/include /usr/local/cuda-*/include /usr/local/cuda/targets/x86_64-linux/include; do
+        [ -z "${DDPTRAIN_CUDA_INCLUDE:-}" ] && [ -f "$inc/cuda_fp16.h" ] && DDPTRAIN_CUDA_INCLUDE=$inc
+    done
+fi
+export DDPTRAIN_CUDA_INCLUDE=${DDPTRAIN_CUDA_INCLUDE:-}
+
+libs_found=() libs_missing=()
+check_lib() { # label names...
+    local label=$1 f
+    shift
+    if f=$(find_lib "$@"); then libs_found+=("$label=$f"); else libs_missing+=("$label"); fi
+}
+check_lib libcuda libcuda.so.1 libcuda.so
+check_lib cublas libcublas.so.13 libcublas.so.12 libcublas.so
+check_lib nvrtc libnvrtc.so.13 libnvrtc.so.12 libnvrtc.so
+check_lib nccl libnccl.so libnccl.so.2
+[ -n "$DDPTRAIN_CUDA_INCLUDE" ] || libs_missing+=("cuda_fp16.h")
+printf '   %s\n' "${libs_found[@]}" "DDPTRAIN_CUDA_INCLUDE=$DDPTRAIN_CUDA_INCLUDE" "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+if [ ${#libs_missing[@]} -eq 0 ]; then
+    record "CUDA libraries" PASS "libcuda cuBLAS NVRTC NCCL headers"
+else
+    record "CUDA libraries" FAIL "missing: ${libs_missing[*]}"
+fi
+
+# --- 2. the GPU -------------------------------------------------------------
+gpu=""
+if ! command -v nvidia-smi >/dev/null; then
+    record "GPU" FAIL "no GPU: nvidia-smi not found"
+elif ! gpu=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -n1) \
+    || [ -z "$gpu" ] || grep -qi "fail\|error\|no devices" <<<"$gpu"; then
+    record "GPU" FAIL "no GPU: nvidia-smi says: ${gpu:-nothing}"
+    gpu=""
+else
+    record "GPU" PASS "$gpu"
+fi
+
+# --- 3. kernel compile test ---------------------------------------------------
+# libtest summary "test result: ok. 1 passed; 0 failed; ..." -> "P F".
+counts() { sed -n 's/^test result: [A-Za-z]*\. \([0-9]*\) passed; \([0-9]*\) failed.*/\1 \2/p' "$1" | tail -n1; }
+if have kernels-compile-test; then
+    log="$work/compile.log"
+    # CI=true: a missing NVRTC fails instead of skipping. Only this test: the
+    # table test reads kernels/ through the build machine's absolute path.
+    CI=true timeout 600 "$bundle/kernels-compile-test" every_kernel_compiles --test-threads=1 --show-output >"$log" 2>&1
+    rc=$?
+    read -r p f <<<"$(counts "$log")"
+    grep -E "^NVRTC|panicked|error" "$log" | head -n 5 | sed 's/^/   /'
+    if [ "$rc" -eq 0 ] && [ "${p:-0}" -ge 1 ]; then
+        record "kernels compile (NVRTC)" PASS "$(grep -o '^NVRTC [0-9.]*' "$log" | head -n1), sm_80 + sm_90"
+    else
+        record "kernels compile (NVRTC)" FAIL "exit $rc, ${p:-0} passed, ${f:-?} failed (log above)"
+        tail -n 30 "$log" | sed 's/^/   | /'
+    fi
+else
+    record "kernels compile (NVRTC)" "not run (no kernels-compile-test binary)" ""
+fi
+
+# --- 4. GPU unit tests --------------------------------------------------------
+if have lib-tests; then
+    log="$work/unit.log"
+    timeout 900 "$bundle/lib-tests" tests_cuda cuda::blas cuda::nccl cuda::select \
+        --test-threads=1 --show-output >"$log" 2>&1
+    rc=$?
+    read -r p f <<<"$(counts "$log")"
+    skipped=$(grep -c "skipped: no CUDA device" "$log")
+    fig="${p:-0} passed, ${f:-?} failed, $skipped skipped (no CUDA device)"
+    if [ "$rc" -eq 0 ] && [ "${p:-0}" -gt 0 ] && [ "$skipped" -eq 0 ]; then
+        record "GPU unit tests" PASS "$fig"
+    else
+        record "GPU unit tests" FAIL "exit $rc: $fig"
+        grep -E "^test .* FAILED|skipped: no CUDA device|panicked" "$log" | head -n 40 | sed 's/^/   | /'
+    fi
+else
+    record "GPU unit tests" "not run (no lib-tests binary)" ""
+fi
+
+# --- 5. MNIST O2 on the GPU -----------------------------------------------------
+data=""
+for d in data/mnist "$bundle/data/mnist"; do
+    [ -e "$d/t10k-labels-idx1-ubyte" ] || [ -e "$d/t10k-labels-idx1-ubyte.gz" ] && { data=$d; break; }
+done
+if ! have ddptrain; then
+    record "MNIST O2 on GPU" "not run (no ddptrain binary)" ""
+elif [ -z "$gpu" ]; then
+    record "MNIST O2 on GPU" "not run (no GPU)" ""
+elif [ -z "$data" ]; then
+    record "MNIST O2 on GPU" "not run (no MNIST files in data/mnist or $bundle/data/mnist)" ""
+else
+    log="$work/train.log"
+    "$bundle/ddptrain" --config configs/mnist_o2.toml --set run.device=cuda --set "data.path=$data" \
+        --set "run.out_dir=$work/mnist_o2" >"$log" 2>&1 &
+    pid=$!
+    on_gpu=no
+    # Seen as a compute process (not inside every container's PID namespace).
+    while kill -0 "$pid" 2>/dev/null; do
+        nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null | grep -qx "$pid" && on_gpu=yes
+        sleep 2
+    done
+    wait "$pid"
+    rc=$?
+    tail -n 8 "$log" | sed 's/^/   | /'
+    acc=$(grep -o 'test accuracy [0-9.]*%' "$log" | tail -n1 | grep -o '[0-9.]*%')
+    ips=$(grep -o '[0-9]* images/s' "$log" | tail -n1)
+    name=${gpu%%,*}
+    if grep -qi "cuda\|$name" "$log"; then on_gpu=yes; fi
+    if [ "$rc" -ne 0 ] && grep -q "not yet supported" "$log"; then
+        record "MNIST O2 on GPU" "not run (this ddptrain has no CUDA training: $(grep -m1 -o 'not yet supported.*' "$log"))" ""
+    elif [ "$rc" -ne 0 ]; then
+        record "MNIST O2 on GPU" FAIL "exit $rc, accuracy ${acc:-n/a} (gate 97%)"
+    elif [ "$on_gpu" != yes ]; then
+        record "MNIST O2 on GPU" FAIL "accuracy ${acc:-n/a} but no sign the run used the GPU"
+    else
+        record "MNIST O2 on GPU" PASS "test accuracy ${acc:-n/a} (gate 97%), ${ips:-n/a}"
+    fi
+fi
+
+# --- summary ------------------------------------------------------------------
+echo
+echo "gpu-check summary${gpu:+ on ${gpu%%,*}}"
+w=6
+for r in "${rows[@]}"; do
+    IFS=$'\t' read -r _ res _ <<<"$r"
+    [ ${#res} -gt $w ] && w=${#res}
+done
+line=$(printf '%*s' 26 '' | tr ' ' -)-+-$(printf '%*s' "$w" '' | tr ' ' -)-+-------
+printf "%-26s | %-${w}s | %s\n" check result figure
+echo "$line"
+for r in "${rows[@]}"; do
+    IFS=$'\t' read -r c res fig <<<"$r"
+    printf "%-26s | %-${w}s | %s\n" "$c" "$res" "$fig"
+done
+if [ "$failed" -ne 0 ]; then
+    echo "gpu-check: FAILED"
+    exit 1
+fi
+echo "gpu-check: all checks passed"
