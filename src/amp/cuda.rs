@@ -12,58 +12,11 @@
 
 use super::{LossScaler, Policy, ScalerConfig, ScalerState};
 use crate::config::{AmpConfig, LossScale};
-use crate::cuda::{launch_1d, Gpu, BLOCK};
+use crate::cuda::{as_i64, check_len, entry, launch_1d, DeviceFloat, Gpu, BLOCK};
 use crate::error::{Error, Result};
-use cudarc::driver::{
-    CudaSlice, CudaView, CudaViewMut, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits,
-};
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
 
 const FILE: &str = "amp.cu";
-
-/// The element types a templated kernel is instantiated for (`<name>_f32`,
-/// `<name>_f16`), with the host conversions tests and callers need.
-pub trait GpuFloat: DeviceRepr + ValidAsZeroBits + Copy + Unpin + Send + Sync + 'static {
-    const SUFFIX: &'static str;
-    fn from_f32(v: f32) -> Self;
-    fn to_f32(self) -> f32;
-}
-
-impl GpuFloat for f32 {
-    const SUFFIX: &'static str = "f32";
-    fn from_f32(v: f32) -> Self {
-        v
-    }
-    fn to_f32(self) -> f32 {
-        self
-    }
-}
-
-impl GpuFloat for half::f16 {
-    const SUFFIX: &'static str = "f16";
-    fn from_f32(v: f32) -> Self {
-        half::f16::from_f32(v)
-    }
-    fn to_f32(self) -> f32 {
-        f32::from(self)
-    }
-}
-
-/// `<base>_f32` or `<base>_f16`.
-pub fn kernel_name<T: GpuFloat>(base: &str) -> String {
-    format!("{base}_{}", T::SUFFIX)
-}
-
-/// A `len` that the kernels index with `long long`.
-pub(crate) fn as_i64(op: &str, len: usize) -> Result<i64> {
-    i64::try_from(len).map_err(|_| Error::shape(format!("{op}: {len} elements is too many for one launch")))
-}
-
-pub(crate) fn check_len(op: &str, what: &str, got: usize, expected: usize) -> Result<()> {
-    if got != expected {
-        return Err(Error::shape(format!("{op}: {what} has {got} elements, expected {expected}")));
-    }
-    Ok(())
-}
 
 fn single_thread() -> LaunchConfig {
     LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1, 1, 1), shared_mem_bytes: 0 }
@@ -159,7 +112,7 @@ impl DeviceScaler {
 
     /// One gradient buffer: `out = grads / scale` in f32, setting the
     /// overflow flag on any inf/NaN (as [`LossScaler::unscale`]).
-    pub fn unscale<T: GpuFloat>(
+    pub fn unscale<T: DeviceFloat>(
         &mut self,
         gpu: &Gpu,
         grads: &CudaView<'_, T>,
@@ -171,7 +124,7 @@ impl DeviceScaler {
             return Ok(());
         }
         let n = as_i64(OP, grads.len())?;
-        let f = gpu.function(FILE, &kernel_name::<T>("amp_unscale"))?;
+        let f = gpu.function(FILE, &entry::<T>("amp_unscale"))?;
         let mut b = gpu.stream().launch_builder(&f);
         b.arg(grads).arg(out).arg(&n).arg(&self.scale).arg(&mut self.found_inf);
         // SAFETY: argument types and order match amp_unscale_impl; lengths checked above.

@@ -6,12 +6,12 @@ use crate::amp::{clip_grad_norm_ as cpu_clip, Overflow};
 use crate::ops::testing::rand_vec_f32;
 use crate::tensor::{DType, Tensor};
 
-fn up<T: GpuFloat>(gpu: &Gpu, v: &[f32]) -> CudaSlice<T> {
+fn up<T: DeviceFloat>(gpu: &Gpu, v: &[f32]) -> CudaSlice<T> {
     let host: Vec<T> = v.iter().map(|&x| T::from_f32(x)).collect();
     gpu.stream().clone_htod(&host).unwrap()
 }
 
-fn down<T: GpuFloat>(gpu: &Gpu, d: &CudaSlice<T>) -> Vec<f32> {
+fn down<T: DeviceFloat>(gpu: &Gpu, d: &CudaSlice<T>) -> Vec<f32> {
     gpu.stream().clone_dtoh(d).unwrap().into_iter().map(T::to_f32).collect()
 }
 
@@ -28,7 +28,7 @@ fn scaled_grads(sizes: &[usize], scale: f32, seed: u64) -> Vec<Vec<f32>> {
         .collect()
 }
 
-fn unscale_case<T: GpuFloat>(test: &str, dtype: DType) {
+fn unscale_case<T: DeviceFloat>(test: &str, dtype: DType) {
     let Some(gpu) = crate::cuda::test_gpu(test) else { return };
     let scale = 1024.0;
     let sizes = [1usize, 257, 4099];
@@ -86,7 +86,7 @@ fn unscale_refuses_a_wrong_output_length() {
     let g = up::<f32>(&gpu, &[1.0; 5]);
     let mut out = poisoned(&gpu, 4);
     let e = dev.unscale(&gpu, &g.as_view(), &mut out.as_view_mut()).unwrap_err().to_string();
-    assert!(e.contains("amp unscale: out has 4 elements, expected 5"), "{e}");
+    assert!(e.contains("amp unscale: out holds 4 elements, expected 5"), "{e}");
 }
 
 /// Drives the device scaler and the CPU scaler through the same sequence of

@@ -1,56 +1,11 @@
 //! f32 <-> f16 casts on the device (kernels/cast.cu), bit-identical with
 //! `half::f16::from_f32` / `to_f32` (the CPU tensors' `into_dtype`), NaN
-//! payloads included. Also home of [`DeviceFloat`], the element-type trait the
-//! op launchers are generic over.
+//! payloads included.
 
-use super::{launch_1d, Gpu};
+use super::{check_len, launch_1d, Gpu};
 use crate::error::{Error, Result};
-use cudarc::driver::{DevicePtr, DevicePtrMut, DeviceRepr, PushKernelArg, ValidAsZeroBits};
+use cudarc::driver::{DevicePtr, DevicePtrMut, PushKernelArg};
 use half::f16;
-
-/// An element type the kernels are instantiated for: `f32` and `half::f16`
-/// (`DDP_INSTANTIATE` entry points end in `_f32` / `_f16`).
-pub trait DeviceFloat: DeviceRepr + ValidAsZeroBits + Copy + Default + Unpin + Send + Sync + 'static {
-    /// The entry-point suffix: `"f32"` or `"f16"`.
-    const SUFFIX: &'static str;
-    fn from_f32(v: f32) -> Self;
-    fn to_f32(self) -> f32;
-}
-
-impl DeviceFloat for f32 {
-    const SUFFIX: &'static str = "f32";
-    fn from_f32(v: f32) -> Self {
-        v
-    }
-    fn to_f32(self) -> f32 {
-        self
-    }
-}
-
-impl DeviceFloat for f16 {
-    const SUFFIX: &'static str = "f16";
-    fn from_f32(v: f32) -> Self {
-        f16::from_f32(v)
-    }
-    fn to_f32(self) -> f32 {
-        f16::to_f32(self)
-    }
-}
-
-/// `"<op>_f32"` or `"<op>_f16"`: the entry point of a `DDP_INSTANTIATE`d kernel.
-pub fn entry<T: DeviceFloat>(op: &str) -> String {
-    format!("{op}_{}", T::SUFFIX)
-}
-
-/// Checks that a device buffer holds exactly `want` elements, so a wrong size
-/// never reaches a kernel.
-pub fn check_len(op: &str, what: &str, len: usize, want: usize) -> Result<()> {
-    if len == want {
-        Ok(())
-    } else {
-        Err(Error::shape(format!("{op}: {what} holds {len} elements, expected {want}")))
-    }
-}
 
 /// `dst = f16(src)`, rounding to nearest even; values beyond the f16 range
 /// become infinities, as on the CPU.
@@ -83,7 +38,7 @@ fn cast<A, B>(gpu: &Gpu, name: &str, src: &impl DevicePtr<A>, dst: &mut impl Dev
 /// Helpers for the GPU parity tests of every op family.
 #[cfg(test)]
 pub(crate) mod testing {
-    use super::DeviceFloat;
+    use crate::cuda::DeviceFloat;
     use crate::cuda::Gpu;
     use cudarc::driver::CudaSlice;
 

@@ -8,10 +8,13 @@
 
 pub mod blas;
 pub mod cast;
+mod elem;
 pub mod kernels;
 pub mod nccl;
 pub mod nvrtc;
 pub mod select;
+
+pub use elem::{as_i64, check_len, entry, DeviceFloat};
 
 use crate::error::{Error, Result};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, LaunchConfig};

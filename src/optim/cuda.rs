@@ -10,7 +10,7 @@
 //! [`DeviceOptimizer::from_host`] move the whole state for checkpoints.
 
 use super::{widen, Optimizer, OptimizerConfig, OptimizerKind, ParamState};
-use crate::amp::cuda::{as_i64, check_len, kernel_name, GpuFloat};
+use crate::cuda::{as_i64, check_len, entry, DeviceFloat};
 use crate::cuda::{launch_1d, Gpu};
 use crate::error::{Error, Result};
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
@@ -64,7 +64,7 @@ impl DeviceOptimizer {
     /// `grads`; `model`, when given, receives the masters rounded to `T`.
     /// Does nothing (weights, state and step count untouched) when
     /// `found_inf[0]` is nonzero at the time the kernels run.
-    pub fn step<T: GpuFloat>(
+    pub fn step<T: DeviceFloat>(
         &mut self,
         gpu: &Gpu,
         master: &mut CudaViewMut<'_, f32>,
@@ -97,7 +97,7 @@ impl DeviceOptimizer {
                     let one_minus_dampening = (1.0 - widen(c.dampening)) as f32;
                     let weight_decay = widen(c.weight_decay) as f32;
                     let nesterov = i32::from(c.nesterov);
-                    let f = gpu.function(FILE, &kernel_name::<T>("sgd_step"))?;
+                    let f = gpu.function(FILE, &entry::<T>("sgd_step"))?;
                     let mut b = gpu.stream().launch_builder(&f);
                     b.arg(&mut *master).arg(grads);
                     match self.state.first_mut() {
@@ -119,7 +119,7 @@ impl DeviceOptimizer {
                     let (lr64, beta1, beta2) = (widen(lr), widen(c.betas.0), widen(c.betas.1));
                     let (eps, weight_decay) = (widen(c.eps), widen(c.weight_decay));
                     let decoupled = i32::from(c.kind == OptimizerKind::AdamW);
-                    let f = gpu.function(FILE, &kernel_name::<T>("adam_step"))?;
+                    let f = gpu.function(FILE, &entry::<T>("adam_step"))?;
                     let [m1, m2] = self.state.as_mut_slice() else {
                         return Err(Error::Training(format!("{OP}: Adam state is not two buffers")));
                     };

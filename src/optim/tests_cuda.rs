@@ -8,12 +8,12 @@ use crate::ops::testing::rand_vec_f32;
 
 const SIZES: [usize; 3] = [3, 1000, 37];
 
-fn up<T: GpuFloat>(gpu: &Gpu, v: &[f32]) -> CudaSlice<T> {
+fn up<T: DeviceFloat>(gpu: &Gpu, v: &[f32]) -> CudaSlice<T> {
     let host: Vec<T> = v.iter().map(|&x| T::from_f32(x)).collect();
     gpu.stream().clone_htod(&host).unwrap()
 }
 
-fn down<T: GpuFloat>(gpu: &Gpu, d: &CudaSlice<T>) -> Vec<f32> {
+fn down<T: DeviceFloat>(gpu: &Gpu, d: &CudaSlice<T>) -> Vec<f32> {
     gpu.stream().clone_dtoh(d).unwrap().into_iter().map(T::to_f32).collect()
 }
 
@@ -38,7 +38,7 @@ fn split(flat: &[f32]) -> Vec<Vec<f32>> {
 
 /// `steps` steps of `cfg` on both sides; the steps listed in `skipped` have
 /// the overflow flag set (the CPU does not step then, as Amp::step).
-fn parity<T: GpuFloat>(test: &str, cfg: OptimizerConfig, with_model: bool) {
+fn parity<T: DeviceFloat>(test: &str, cfg: OptimizerConfig, with_model: bool) {
     let Some(gpu) = crate::cuda::test_gpu(test) else { return };
     let total: usize = SIZES.iter().sum();
     let init = rand_vec_f32(total, 1);
@@ -160,7 +160,7 @@ fn wrong_lengths_bad_lr_and_bad_config_are_refused() {
     let short = up::<f32>(&gpu, &vec![0.0; total - 1]);
     let flag = gpu.stream().clone_htod(&[0i32]).unwrap();
     let e = dev.step::<f32>(&gpu, &mut master.as_view_mut(), &short.as_view(), None, 0.1, &flag).unwrap_err();
-    assert!(e.to_string().contains("optimizer step: gradients has 1039 elements, expected 1040"), "{e}");
+    assert!(e.to_string().contains("optimizer step: gradients holds 1039 elements, expected 1040"), "{e}");
     let g = up::<f32>(&gpu, &vec![0.0; total]);
     let e =
         dev.step::<f32>(&gpu, &mut master.as_view_mut(), &g.as_view(), None, f32::NAN, &flag).unwrap_err();

@@ -9,7 +9,7 @@
 //! floats -> [`sync_stats`] -> [`forward_apply`]; backward: [`backward_reduce`]
 //! -> all-reduce the `2c` sums -> [`backward_dx`] with the global count.
 
-use crate::amp::cuda::{as_i64, check_len, kernel_name, GpuFloat};
+use crate::cuda::{as_i64, check_len, entry, DeviceFloat};
 use crate::cuda::{Gpu, BLOCK};
 use crate::error::{Error, Result};
 use cudarc::driver::{CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
@@ -89,7 +89,7 @@ fn launch(op: &str, b: &mut cudarc::driver::LaunchArgs<'_>, cfg: LaunchConfig) -
 /// them, running statistics moved (unbiased variance), and the `mean` and
 /// `invstd` backward needs.
 #[allow(clippy::too_many_arguments)]
-pub fn forward_train<T: GpuFloat>(
+pub fn forward_train<T: DeviceFloat>(
     gpu: &Gpu,
     x: &CudaView<'_, T>,
     shape: &[usize],
@@ -122,7 +122,7 @@ pub fn forward_train<T: GpuFloat>(
         return Ok(());
     }
     let (n, c, hw) = d.args(OP)?;
-    let f = gpu.function(FILE, &kernel_name::<T>("bn_forward_stats"))?;
+    let f = gpu.function(FILE, &entry::<T>("bn_forward_stats"))?;
     let mut b = gpu.stream().launch_builder(&f);
     b.arg(x).arg(&n).arg(&c).arg(&hw).arg(&eps).arg(&momentum);
     b.arg(&mut *mean).arg(&mut *invstd).arg(running_mean).arg(running_var);
@@ -133,7 +133,7 @@ pub fn forward_train<T: GpuFloat>(
 /// `y = (x - mean) * invstd * weight + bias` with given per-channel
 /// statistics (the batch's, local or synced).
 #[allow(clippy::too_many_arguments)]
-pub fn forward_apply<T: GpuFloat>(
+pub fn forward_apply<T: DeviceFloat>(
     gpu: &Gpu,
     x: &CudaView<'_, T>,
     shape: &[usize],
@@ -156,7 +156,7 @@ pub fn forward_apply<T: GpuFloat>(
         return Ok(());
     }
     let (n, c, hw) = d.args(OP)?;
-    let f = gpu.function(FILE, &kernel_name::<T>("bn_forward_apply"))?;
+    let f = gpu.function(FILE, &entry::<T>("bn_forward_apply"))?;
     let mut b = gpu.stream().launch_builder(&f);
     b.arg(x).arg(mean).arg(invstd).arg(weight).arg(bias).arg(&n).arg(&c).arg(&hw).arg(y);
     launch(OP, &mut b, d.planes())
@@ -164,7 +164,7 @@ pub fn forward_apply<T: GpuFloat>(
 
 /// Evaluation forward with the running statistics.
 #[allow(clippy::too_many_arguments)]
-pub fn forward_eval<T: GpuFloat>(
+pub fn forward_eval<T: DeviceFloat>(
     gpu: &Gpu,
     x: &CudaView<'_, T>,
     shape: &[usize],
@@ -192,7 +192,7 @@ pub fn forward_eval<T: GpuFloat>(
         return Ok(());
     }
     let (n, c, hw) = d.args(OP)?;
-    let f = gpu.function(FILE, &kernel_name::<T>("bn_forward_eval"))?;
+    let f = gpu.function(FILE, &entry::<T>("bn_forward_eval"))?;
     let mut b = gpu.stream().launch_builder(&f);
     b.arg(x).arg(weight).arg(bias).arg(running_mean).arg(running_var).arg(&eps);
     b.arg(&n).arg(&c).arg(&hw).arg(y);
@@ -202,7 +202,7 @@ pub fn forward_eval<T: GpuFloat>(
 /// Training backward: `dx`, and the weight and bias gradients added into
 /// `dweight` and `dbias`. `sums` (2c floats) is scratch for the reductions.
 #[allow(clippy::too_many_arguments)]
-pub fn backward<T: GpuFloat>(
+pub fn backward<T: DeviceFloat>(
     gpu: &Gpu,
     x: &CudaView<'_, T>,
     dy: &CudaView<'_, T>,
@@ -226,7 +226,7 @@ pub fn backward<T: GpuFloat>(
 
 /// SyncBatchNorm forward, step 1: `out = [count, sum[c], sumsq[c]]` of this
 /// rank's batch, the buffer to all-reduce.
-pub fn local_sums<T: GpuFloat>(
+pub fn local_sums<T: DeviceFloat>(
     gpu: &Gpu,
     x: &CudaView<'_, T>,
     shape: &[usize],
@@ -241,7 +241,7 @@ pub fn local_sums<T: GpuFloat>(
         return Err(Error::shape(format!("{OP}: input shape {shape:?} has no values per channel")));
     }
     let (n, c, hw) = d.args(OP)?;
-    let f = gpu.function(FILE, &kernel_name::<T>("bn_local_sums"))?;
+    let f = gpu.function(FILE, &entry::<T>("bn_local_sums"))?;
     let mut b = gpu.stream().launch_builder(&f);
     b.arg(x).arg(&n).arg(&c).arg(&hw).arg(out);
     launch(OP, &mut b, d.per_channel())
@@ -286,7 +286,7 @@ pub fn sync_stats(
 /// Backward, step 1: `sums = [sum dy[c], sum dy*xhat[c]]` of this batch (to
 /// all-reduce under SyncBatchNorm), also added into `dbias` and `dweight`.
 #[allow(clippy::too_many_arguments)]
-pub fn backward_reduce<T: GpuFloat>(
+pub fn backward_reduce<T: DeviceFloat>(
     gpu: &Gpu,
     x: &CudaView<'_, T>,
     dy: &CudaView<'_, T>,
@@ -311,7 +311,7 @@ pub fn backward_reduce<T: GpuFloat>(
         return Ok(());
     }
     let (n, c, hw) = d.args(OP)?;
-    let f = gpu.function(FILE, &kernel_name::<T>("bn_backward_reduce"))?;
+    let f = gpu.function(FILE, &entry::<T>("bn_backward_reduce"))?;
     let mut b = gpu.stream().launch_builder(&f);
     b.arg(x).arg(dy).arg(mean).arg(invstd).arg(&n).arg(&c).arg(&hw).arg(sums).arg(dweight).arg(dbias);
     launch(OP, &mut b, d.per_channel())
@@ -320,7 +320,7 @@ pub fn backward_reduce<T: GpuFloat>(
 /// Backward, step 2: `dx` from the (possibly all-reduced) `sums` and `count`,
 /// the number of values per channel they cover (all ranks' under SyncBN).
 #[allow(clippy::too_many_arguments)]
-pub fn backward_dx<T: GpuFloat>(
+pub fn backward_dx<T: DeviceFloat>(
     gpu: &Gpu,
     x: &CudaView<'_, T>,
     dy: &CudaView<'_, T>,
@@ -349,7 +349,7 @@ pub fn backward_dx<T: GpuFloat>(
     }
     let (n, c, hw) = d.args(OP)?;
     let count = as_i64(OP, count)?;
-    let f = gpu.function(FILE, &kernel_name::<T>("bn_backward_dx"))?;
+    let f = gpu.function(FILE, &entry::<T>("bn_backward_dx"))?;
     let mut b = gpu.stream().launch_builder(&f);
     b.arg(x).arg(dy).arg(mean).arg(invstd).arg(weight).arg(sums).arg(&count);
     b.arg(&n).arg(&c).arg(&hw).arg(dx);

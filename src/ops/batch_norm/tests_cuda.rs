@@ -10,20 +10,20 @@ use cudarc::driver::CudaSlice;
 
 const SHAPES: [[usize; 4]; 3] = [[3, 5, 7, 7], [2, 3, 13, 13], [5, 2, 1, 1]];
 
-fn up<T: GpuFloat>(gpu: &Gpu, v: &[f32]) -> CudaSlice<T> {
+fn up<T: DeviceFloat>(gpu: &Gpu, v: &[f32]) -> CudaSlice<T> {
     let host: Vec<T> = v.iter().map(|&x| T::from_f32(x)).collect();
     gpu.stream().clone_htod(&host).unwrap()
 }
 
-fn down<T: GpuFloat>(gpu: &Gpu, d: &CudaSlice<T>) -> Vec<f32> {
+fn down<T: DeviceFloat>(gpu: &Gpu, d: &CudaSlice<T>) -> Vec<f32> {
     gpu.stream().clone_dtoh(d).unwrap().into_iter().map(T::to_f32).collect()
 }
 
-fn nan<T: GpuFloat>(gpu: &Gpu, n: usize) -> CudaSlice<T> {
+fn nan<T: DeviceFloat>(gpu: &Gpu, n: usize) -> CudaSlice<T> {
     up::<T>(gpu, &vec![f32::NAN; n])
 }
 
-fn tol<T: GpuFloat>() -> f32 {
+fn tol<T: DeviceFloat>() -> f32 {
     if T::SUFFIX == "f16" {
         1e-2
     } else {
@@ -43,7 +43,7 @@ fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f32) {
     }
 }
 
-fn dtype<T: GpuFloat>() -> DType {
+fn dtype<T: DeviceFloat>() -> DType {
     if T::SUFFIX == "f16" {
         DType::F16
     } else {
@@ -52,7 +52,7 @@ fn dtype<T: GpuFloat>() -> DType {
 }
 
 /// A random input already rounded to `T`, so both twins see the same values.
-fn input<T: GpuFloat>(shape: &[usize], seed: u64) -> Tensor {
+fn input<T: DeviceFloat>(shape: &[usize], seed: u64) -> Tensor {
     let n = shape.iter().product();
     // An offset mean, so a one-pass E[x^2] - mean^2 would lose digits.
     let v: Vec<f32> = rand_vec_f32(n, seed).iter().map(|x| 3.0 + 2.0 * x).collect();
@@ -63,7 +63,7 @@ fn param(c: usize, seed: u64, base: f32) -> Vec<f32> {
     rand_vec_f32(c, seed).iter().map(|v| base + 0.5 * v).collect()
 }
 
-fn forward_train_case<T: GpuFloat>(test: &str) {
+fn forward_train_case<T: DeviceFloat>(test: &str) {
     let Some(gpu) = crate::cuda::test_gpu(test) else { return };
     for (k, shape) in SHAPES.iter().enumerate() {
         let c = shape[1];
@@ -134,7 +134,7 @@ fn forward_train_and_eval_match_cpu_f16() {
     forward_train_case::<half::f16>("forward_train_and_eval_match_cpu_f16");
 }
 
-fn backward_case<T: GpuFloat>(test: &str) {
+fn backward_case<T: DeviceFloat>(test: &str) {
     let Some(gpu) = crate::cuda::test_gpu(test) else { return };
     for (k, shape) in SHAPES.iter().enumerate() {
         let c = shape[1];
@@ -199,7 +199,7 @@ fn add(a: &[f32], b: &[f32]) -> Vec<f32> {
     a.iter().zip(b).map(|(x, y)| x + y).collect()
 }
 
-fn sync_case<T: GpuFloat>(test: &str) {
+fn sync_case<T: DeviceFloat>(test: &str) {
     let Some(gpu) = crate::cuda::test_gpu(test) else { return };
     // Two ranks with uneven batches, one GPU.
     let (s0, s1) = ([3usize, 5, 7, 7], [2usize, 5, 7, 7]);
@@ -348,8 +348,8 @@ fn bad_shapes_and_lengths_are_refused_before_launch() {
     let e = run(&[1, 3, 1, 1], &mut y);
     assert!(e.contains("expected more than 1 value per channel when training"), "{e}");
     let e = run(&[2, 3, 2, 2], &mut y);
-    assert!(e.contains("batch_norm forward_train: x has 12 elements, expected 24"), "{e}");
+    assert!(e.contains("batch_norm forward_train: x holds 12 elements, expected 24"), "{e}");
     let mut short = nan::<f32>(&gpu, 11);
     let e = run(&[1, 3, 2, 2], &mut short);
-    assert!(e.contains("batch_norm forward_train: y has 11 elements, expected 12"), "{e}");
+    assert!(e.contains("batch_norm forward_train: y holds 11 elements, expected 12"), "{e}");
 }

@@ -6,7 +6,7 @@
 
 use super::cpu::ConvGeom;
 use super::out_size;
-use crate::cuda::cast::{check_len, entry, DeviceFloat};
+use crate::cuda::{check_len, entry, DeviceFloat};
 use crate::cuda::{launch_1d, Gpu};
 use crate::error::{Error, Result};
 use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};

@@ -5,7 +5,7 @@
 
 use super::{bias_add, bias_grad, col2im, col_len, im2col, ColLayout};
 use crate::cuda::cast::testing::{assert_close, download, poisoned, rounded, tol, upload};
-use crate::cuda::cast::DeviceFloat;
+use crate::cuda::DeviceFloat;
 use crate::cuda::Gpu;
 use crate::ops::conv2d::cpu::ConvGeom;
 use crate::ops::conv2d::{self, out_size, Conv2dArgs};

@@ -4,7 +4,7 @@
 //! ([`CrossEntropyTotals`]) that the trainer reads on logging steps and
 //! after evaluation.
 
-use crate::cuda::cast::{check_len, entry, DeviceFloat};
+use crate::cuda::{check_len, entry, DeviceFloat};
 use crate::cuda::{Gpu, BLOCK};
 use crate::error::{Error, Result};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};

@@ -5,7 +5,7 @@
 
 use super::{forward, forward_backward, CrossEntropyTotals};
 use crate::cuda::cast::testing::{assert_close, download, poisoned, rounded, tol, upload};
-use crate::cuda::cast::DeviceFloat;
+use crate::cuda::DeviceFloat;
 use crate::cuda::Gpu;
 use crate::ops::cross_entropy::cpu;
 use crate::ops::testing::rand_vec_f32;

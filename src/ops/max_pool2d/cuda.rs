@@ -4,7 +4,7 @@
 //! kernel), so it needs the pooling geometry as well as the indices.
 
 use super::cpu::Geometry;
-use crate::cuda::cast::{check_len, entry, DeviceFloat};
+use crate::cuda::{check_len, entry, DeviceFloat};
 use crate::cuda::{launch_1d, Gpu};
 use crate::error::{Error, Result};
 use cudarc::driver::{DevicePtr, DevicePtrMut, PushKernelArg};

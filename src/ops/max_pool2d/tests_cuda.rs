@@ -5,7 +5,7 @@
 
 use super::{backward, forward, out_shape};
 use crate::cuda::cast::testing::{assert_close, download, poisoned, rounded, tol, upload};
-use crate::cuda::cast::DeviceFloat;
+use crate::cuda::DeviceFloat;
 use crate::cuda::Gpu;
 use crate::ops::max_pool2d::cpu::{self, Geometry};
 use crate::ops::testing::rand_vec_f32;

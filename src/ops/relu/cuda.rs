@@ -1,7 +1,7 @@
 //! ReLU launchers for kernels/relu.cu, the device twins of `cpu.rs` (same
 //! comparisons, so NaN and signed zeros come out as on the CPU).
 
-use crate::cuda::cast::{check_len, entry, DeviceFloat};
+use crate::cuda::{check_len, entry, DeviceFloat};
 use crate::cuda::{launch_1d, Gpu};
 use crate::error::{Error, Result};
 use cudarc::driver::{DevicePtr, DevicePtrMut, PushKernelArg};

@@ -3,7 +3,7 @@
 
 use super::{backward, backward_, forward, forward_};
 use crate::cuda::cast::testing::{download, poisoned, rounded, upload};
-use crate::cuda::cast::DeviceFloat;
+use crate::cuda::DeviceFloat;
 use crate::cuda::{launch_1d, Gpu, BLOCK};
 use crate::ops::relu::cpu;
 use crate::ops::testing::rand_vec_f32;

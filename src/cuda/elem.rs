@@ -1,0 +1,56 @@
+//! What every launcher shares: the element-type trait the kernels are
+//! instantiated for, their entry-point names, and the host-side size checks
+//! that keep a wrong length from ever reaching a kernel.
+
+use crate::error::{Error, Result};
+use cudarc::driver::{DeviceRepr, ValidAsZeroBits};
+use half::f16;
+
+/// An element type the kernels are instantiated for: `f32` and `half::f16`
+/// (`DDP_INSTANTIATE` entry points end in `_f32` / `_f16`).
+pub trait DeviceFloat: DeviceRepr + ValidAsZeroBits + Copy + Default + Unpin + Send + Sync + 'static {
+    /// The entry-point suffix: `"f32"` or `"f16"`.
+    const SUFFIX: &'static str;
+    fn from_f32(v: f32) -> Self;
+    fn to_f32(self) -> f32;
+}
+
+impl DeviceFloat for f32 {
+    const SUFFIX: &'static str = "f32";
+    fn from_f32(v: f32) -> Self {
+        v
+    }
+    fn to_f32(self) -> f32 {
+        self
+    }
+}
+
+impl DeviceFloat for f16 {
+    const SUFFIX: &'static str = "f16";
+    fn from_f32(v: f32) -> Self {
+        f16::from_f32(v)
+    }
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+}
+
+/// `"<op>_f32"` or `"<op>_f16"`: the entry point of a `DDP_INSTANTIATE`d kernel.
+pub fn entry<T: DeviceFloat>(op: &str) -> String {
+    format!("{op}_{}", T::SUFFIX)
+}
+
+/// Checks that a device buffer holds exactly `want` elements, so a wrong size
+/// never reaches a kernel.
+pub fn check_len(op: &str, what: &str, len: usize, want: usize) -> Result<()> {
+    if len == want {
+        Ok(())
+    } else {
+        Err(Error::shape(format!("{op}: {what} holds {len} elements, expected {want}")))
+    }
+}
+
+/// A `len` that the kernels index with `long long`.
+pub fn as_i64(op: &str, len: usize) -> Result<i64> {
+    i64::try_from(len).map_err(|_| Error::shape(format!("{op}: {len} elements is too many for one launch")))
+}
