@@ -3,21 +3,9 @@
 
 use super::*;
 use crate::amp::{clip_grad_norm_ as cpu_clip, Overflow};
+use crate::cuda::testing::{download, poisoned, upload};
 use crate::ops::testing::rand_vec_f32;
 use crate::tensor::{DType, Tensor};
-
-fn up<T: DeviceFloat>(gpu: &Gpu, v: &[f32]) -> CudaSlice<T> {
-    let host: Vec<T> = v.iter().map(|&x| T::from_f32(x)).collect();
-    gpu.stream().clone_htod(&host).unwrap()
-}
-
-fn down<T: DeviceFloat>(gpu: &Gpu, d: &CudaSlice<T>) -> Vec<f32> {
-    gpu.stream().clone_dtoh(d).unwrap().into_iter().map(T::to_f32).collect()
-}
-
-fn poisoned(gpu: &Gpu, n: usize) -> CudaSlice<f32> {
-    up::<f32>(gpu, &vec![f32::NAN; n])
-}
 
 /// Gradients as they come out of a scaled backward: O(scale) values.
 fn scaled_grads(sizes: &[usize], scale: f32, seed: u64) -> Vec<Vec<f32>> {
@@ -54,10 +42,10 @@ fn unscale_case<T: DeviceFloat>(test: &str, dtype: DType) {
                 .unwrap();
         dev.begin_step(&gpu).unwrap();
         for (b, t) in tensors.iter().enumerate() {
-            let g = up::<T>(&gpu, &t.to_f32_vec());
+            let g = upload::<T>(&gpu, &t.to_f32_vec());
             let mut out = poisoned(&gpu, sizes[b]);
             dev.unscale(&gpu, &g.as_view(), &mut out.as_view_mut()).unwrap();
-            let got = down(&gpu, &out);
+            let got = download(&gpu, &out);
             for (i, (&a, &e)) in got.iter().zip(&cpu_out[b]).enumerate() {
                 assert!(
                     a.to_bits() == e.to_bits() || (a.is_nan() && e.is_nan()),
@@ -83,7 +71,7 @@ fn unscale_matches_loss_scaler_bitwise_f16() {
 fn unscale_refuses_a_wrong_output_length() {
     let Some(gpu) = crate::cuda::test_gpu("unscale_refuses_a_wrong_output_length") else { return };
     let mut dev = DeviceScaler::fixed(&gpu, 8.0).unwrap();
-    let g = up::<f32>(&gpu, &[1.0; 5]);
+    let g = upload::<f32>(&gpu, &[1.0; 5]);
     let mut out = poisoned(&gpu, 4);
     let e = dev.unscale(&gpu, &g.as_view(), &mut out.as_view_mut()).unwrap_err().to_string();
     assert!(e.contains("amp unscale: out holds 4 elements, expected 5"), "{e}");
@@ -106,7 +94,7 @@ fn scaler_sequence(
             g[7] = f32::INFINITY;
         }
         dev.begin_step(&gpu).unwrap();
-        let dg = up::<f32>(&gpu, &g);
+        let dg = upload::<f32>(&gpu, &g);
         let mut out = poisoned(&gpu, 33);
         dev.unscale(&gpu, &dg.as_view(), &mut out.as_view_mut()).unwrap();
         dev.update(&gpu, step).unwrap();
@@ -168,7 +156,7 @@ fn static_scale_overflow_is_the_cpu_error() {
     let mut dev = DeviceScaler::fixed(&gpu, 128.0).unwrap();
     for (step, v) in [(1u64, 1.0f32), (2, f32::NAN)] {
         dev.begin_step(&gpu).unwrap();
-        let g = up::<half::f16>(&gpu, &[v; 9]);
+        let g = upload::<half::f16>(&gpu, &[v; 9]);
         let mut out = poisoned(&gpu, 9);
         dev.unscale(&gpu, &g.as_view(), &mut out.as_view_mut()).unwrap();
         dev.update(&gpu, step).unwrap();
@@ -202,7 +190,7 @@ fn grad_norm_and_clip_match_clip_grad_norm_over_two_buffers() {
     let sizes = [1001usize, 300_017];
     for max_norm in [0.5f32, 1e6] {
         let mut host = scaled_grads(&sizes, 1.0, 77);
-        let mut bufs: Vec<CudaSlice<f32>> = host.iter().map(|v| up::<f32>(&gpu, v)).collect();
+        let mut bufs: Vec<CudaSlice<f32>> = host.iter().map(|v| upload::<f32>(&gpu, v)).collect();
         let cpu_norm = cpu_clip(&mut host, max_norm);
         let mut ws = poisoned(&gpu, NORM_PARTIALS);
         let mut sq = poisoned(&gpu, 1);
@@ -212,7 +200,7 @@ fn grad_norm_and_clip_match_clip_grad_norm_over_two_buffers() {
                 grad_norm_sq(&gpu, &b.as_view(), &mut ws.as_view_mut(), &mut sq.as_view_mut(), i > 0)
                     .unwrap();
             }
-            bits.push(down(&gpu, &sq)[0].to_bits());
+            bits.push(download(&gpu, &sq)[0].to_bits());
         }
         assert_eq!(bits[0], bits[1], "the reduction is deterministic");
         let norm = f32::from_bits(bits[0]).sqrt();
@@ -220,7 +208,7 @@ fn grad_norm_and_clip_match_clip_grad_norm_over_two_buffers() {
         let dev = DeviceScaler::fixed(&gpu, 1.0).unwrap();
         for (b, h) in bufs.iter_mut().zip(&host) {
             clip_grad_norm_(&gpu, &mut b.as_view_mut(), &sq.as_view(), max_norm, dev.found_inf()).unwrap();
-            let got = down(&gpu, b);
+            let got = download(&gpu, b);
             let worst =
                 got.iter().zip(h).map(|(&a, &e)| (a - e).abs() / e.abs().max(1e-3)).fold(0.0f32, f32::max);
             assert!(worst < 1e-5, "max_norm {max_norm}: clipped grads differ by {worst}");
@@ -232,8 +220,8 @@ fn grad_norm_and_clip_match_clip_grad_norm_over_two_buffers() {
 fn clip_refuses_a_non_positive_max_norm() {
     let Some(gpu) = crate::cuda::test_gpu("clip_refuses_a_non_positive_max_norm") else { return };
     let dev = DeviceScaler::fixed(&gpu, 1.0).unwrap();
-    let mut g = up::<f32>(&gpu, &[1.0; 3]);
-    let sq = up::<f32>(&gpu, &[3.0]);
+    let mut g = upload::<f32>(&gpu, &[1.0; 3]);
+    let sq = upload::<f32>(&gpu, &[3.0]);
     let e = clip_grad_norm_(&gpu, &mut g.as_view_mut(), &sq.as_view(), 0.0, dev.found_inf())
         .unwrap_err()
         .to_string();

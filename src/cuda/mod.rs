@@ -13,6 +13,8 @@ pub mod kernels;
 pub mod nccl;
 pub mod nvrtc;
 pub mod select;
+#[cfg(test)]
+pub(crate) mod testing;
 
 pub use elem::{as_i64, check_len, entry, DeviceFloat};
 

@@ -4,18 +4,10 @@
 //! the same bits; the bound is rel < 1e-6). Skips without a GPU.
 
 use super::*;
+use crate::cuda::testing::{download, upload};
 use crate::ops::testing::rand_vec_f32;
 
 const SIZES: [usize; 3] = [3, 1000, 37];
-
-fn up<T: DeviceFloat>(gpu: &Gpu, v: &[f32]) -> CudaSlice<T> {
-    let host: Vec<T> = v.iter().map(|&x| T::from_f32(x)).collect();
-    gpu.stream().clone_htod(&host).unwrap()
-}
-
-fn down<T: DeviceFloat>(gpu: &Gpu, d: &CudaSlice<T>) -> Vec<f32> {
-    gpu.stream().clone_dtoh(d).unwrap().into_iter().map(T::to_f32).collect()
-}
 
 fn assert_close(what: &str, got: &[f32], want: &[f32]) {
     assert_eq!(got.len(), want.len(), "{what}: length");
@@ -45,16 +37,16 @@ fn parity<T: DeviceFloat>(test: &str, cfg: OptimizerConfig, with_model: bool) {
     let mut cpu = Optimizer::new(cfg.clone(), &SIZES).unwrap();
     let mut cpu_params = split(&init);
     let mut dev = DeviceOptimizer::new(&gpu, cfg, &SIZES).unwrap();
-    let mut master = up::<f32>(&gpu, &init);
+    let mut master = upload::<f32>(&gpu, &init);
     // The model copy starts poisoned: every element must be written by a step.
-    let mut model = up::<T>(&gpu, &vec![f32::NAN; total]);
+    let mut model = upload::<T>(&gpu, &vec![f32::NAN; total]);
     let skipped = [2usize];
     for step in 0..5 {
         let grads = rand_vec_f32(total, 100 + step as u64);
         let lr = 0.05 / (1.0 + step as f32);
         let skip = skipped.contains(&step);
         let flag = gpu.stream().clone_htod(&[i32::from(skip)]).unwrap();
-        let g = up::<f32>(&gpu, &grads);
+        let g = upload::<f32>(&gpu, &grads);
         {
             let mut mv = model.as_view_mut();
             let model_arg = with_model.then_some(&mut mv);
@@ -67,11 +59,11 @@ fn parity<T: DeviceFloat>(test: &str, cfg: OptimizerConfig, with_model: bool) {
             cpu.step(&mut views, &gref, lr).unwrap();
         }
         let want: Vec<f32> = cpu_params.concat();
-        assert_close(&format!("{test} step {step} masters"), &down(&gpu, &master), &want);
+        assert_close(&format!("{test} step {step} masters"), &download(&gpu, &master), &want);
         if with_model && step == 0 {
             let rounded: Vec<f32> = want.iter().map(|&v| T::from_f32(v).to_f32()).collect();
             assert_eq!(
-                down(&gpu, &model),
+                download(&gpu, &model),
                 rounded,
                 "{test}: the model copy is the masters rounded to its type"
             );
@@ -87,7 +79,7 @@ fn parity<T: DeviceFloat>(test: &str, cfg: OptimizerConfig, with_model: bool) {
     }
     if with_model {
         let rounded: Vec<f32> = cpu_params.concat().iter().map(|&v| T::from_f32(v).to_f32()).collect();
-        assert_eq!(down(&gpu, &model), rounded, "{test}: final model copy");
+        assert_eq!(download(&gpu, &model), rounded, "{test}: final model copy");
     }
 }
 
@@ -140,13 +132,13 @@ fn a_state_loaded_from_the_cpu_continues_like_the_cpu() {
             cpu.step(&mut views, &gref, 0.01).unwrap();
         }
         let mut dev = DeviceOptimizer::from_host(&gpu, &cpu).unwrap();
-        let mut master = up::<f32>(&gpu, &params.concat());
-        let g = up::<f32>(&gpu, &gs.concat());
+        let mut master = upload::<f32>(&gpu, &params.concat());
+        let g = upload::<f32>(&gpu, &gs.concat());
         let flag = gpu.stream().clone_htod(&[0i32]).unwrap();
         dev.step::<f32>(&gpu, &mut master.as_view_mut(), &g.as_view(), None, 0.01, &flag).unwrap();
         let mut views: Vec<&mut [f32]> = params.iter_mut().map(Vec::as_mut_slice).collect();
         cpu.step(&mut views, &gref, 0.01).unwrap();
-        assert_close("after resume", &down(&gpu, &master), &params.concat());
+        assert_close("after resume", &download(&gpu, &master), &params.concat());
         assert_eq!(dev.step_count(&gpu).unwrap(), 3);
     }
 }
@@ -156,12 +148,12 @@ fn wrong_lengths_bad_lr_and_bad_config_are_refused() {
     let Some(gpu) = crate::cuda::test_gpu("wrong_lengths_bad_lr_and_bad_config_are_refused") else { return };
     let total: usize = SIZES.iter().sum();
     let mut dev = DeviceOptimizer::new(&gpu, OptimizerConfig::sgd(0.1), &SIZES).unwrap();
-    let mut master = up::<f32>(&gpu, &vec![0.0; total]);
-    let short = up::<f32>(&gpu, &vec![0.0; total - 1]);
+    let mut master = upload::<f32>(&gpu, &vec![0.0; total]);
+    let short = upload::<f32>(&gpu, &vec![0.0; total - 1]);
     let flag = gpu.stream().clone_htod(&[0i32]).unwrap();
     let e = dev.step::<f32>(&gpu, &mut master.as_view_mut(), &short.as_view(), None, 0.1, &flag).unwrap_err();
     assert!(e.to_string().contains("optimizer step: gradients holds 1039 elements, expected 1040"), "{e}");
-    let g = up::<f32>(&gpu, &vec![0.0; total]);
+    let g = upload::<f32>(&gpu, &vec![0.0; total]);
     let e =
         dev.step::<f32>(&gpu, &mut master.as_view_mut(), &g.as_view(), None, f32::NAN, &flag).unwrap_err();
     assert!(e.to_string().contains("learning rate NaN is not a finite number >= 0"), "{e}");

@@ -3,33 +3,13 @@
 //! shapes, outputs poisoned with NaN before each launch. Skips without a GPU.
 
 use super::*;
+use crate::cuda::testing::{download, poisoned, tol, upload};
 use crate::ops::batch_norm::{self as bn, cpu, sync, BatchNormSaved};
 use crate::ops::testing::rand_vec_f32;
 use crate::tensor::{DType, Tensor};
 use cudarc::driver::CudaSlice;
 
 const SHAPES: [[usize; 4]; 3] = [[3, 5, 7, 7], [2, 3, 13, 13], [5, 2, 1, 1]];
-
-fn up<T: DeviceFloat>(gpu: &Gpu, v: &[f32]) -> CudaSlice<T> {
-    let host: Vec<T> = v.iter().map(|&x| T::from_f32(x)).collect();
-    gpu.stream().clone_htod(&host).unwrap()
-}
-
-fn down<T: DeviceFloat>(gpu: &Gpu, d: &CudaSlice<T>) -> Vec<f32> {
-    gpu.stream().clone_dtoh(d).unwrap().into_iter().map(T::to_f32).collect()
-}
-
-fn nan<T: DeviceFloat>(gpu: &Gpu, n: usize) -> CudaSlice<T> {
-    up::<T>(gpu, &vec![f32::NAN; n])
-}
-
-fn tol<T: DeviceFloat>() -> f32 {
-    if T::SUFFIX == "f16" {
-        1e-2
-    } else {
-        1e-5
-    }
-}
 
 /// Relative error per element, with the buffer's mean magnitude as the
 /// floor (values near zero come out of a cancellation in both twins).
@@ -76,11 +56,11 @@ fn forward_train_case<T: DeviceFloat>(test: &str) {
         let bt = Tensor::from_vec(&[c], b.clone()).unwrap();
         let (y, saved) = bn::forward_train(&x, &wt, &bt, &mut rm, &mut rv, 0.1, 1e-5).unwrap();
 
-        let dx_ = up::<T>(&gpu, &x.to_f32_vec());
-        let (dw, db) = (up::<f32>(&gpu, &w), up::<f32>(&gpu, &b));
-        let (mut drm, mut drv) = (up::<f32>(&gpu, &rm0), up::<f32>(&gpu, &rv0));
-        let mut dy = nan::<T>(&gpu, x.numel());
-        let (mut mean, mut invstd) = (nan::<f32>(&gpu, c), nan::<f32>(&gpu, c));
+        let dx_ = upload::<T>(&gpu, &x.to_f32_vec());
+        let (dw, db) = (upload::<f32>(&gpu, &w), upload::<f32>(&gpu, &b));
+        let (mut drm, mut drv) = (upload::<f32>(&gpu, &rm0), upload::<f32>(&gpu, &rv0));
+        let mut dy = poisoned::<T>(&gpu, x.numel());
+        let (mut mean, mut invstd) = (poisoned::<f32>(&gpu, c), poisoned::<f32>(&gpu, c));
         forward_train(
             &gpu,
             &dx_.as_view(),
@@ -97,16 +77,16 @@ fn forward_train_case<T: DeviceFloat>(test: &str) {
         )
         .unwrap();
         let ctx = format!("{test} {shape:?}");
-        assert_close(&format!("{ctx} y"), &down(&gpu, &dy), &y.to_f32_vec(), tol::<T>());
+        assert_close(&format!("{ctx} y"), &download(&gpu, &dy), &y.to_f32_vec(), tol::<T>());
         // Statistics are f32 from the same inputs whatever T is.
-        assert_close(&format!("{ctx} mean"), &down(&gpu, &mean), &saved.mean, 1e-5);
-        assert_close(&format!("{ctx} invstd"), &down(&gpu, &invstd), &saved.invstd, 1e-5);
-        assert_close(&format!("{ctx} running_mean"), &down(&gpu, &drm), rm.as_f32().unwrap(), 1e-5);
-        assert_close(&format!("{ctx} running_var"), &down(&gpu, &drv), rv.as_f32().unwrap(), 1e-5);
+        assert_close(&format!("{ctx} mean"), &download(&gpu, &mean), &saved.mean, 1e-5);
+        assert_close(&format!("{ctx} invstd"), &download(&gpu, &invstd), &saved.invstd, 1e-5);
+        assert_close(&format!("{ctx} running_mean"), &download(&gpu, &drm), rm.as_f32().unwrap(), 1e-5);
+        assert_close(&format!("{ctx} running_var"), &download(&gpu, &drv), rv.as_f32().unwrap(), 1e-5);
 
         // Eval with the updated running statistics.
         let ye = bn::forward_eval(&x, &wt, &bt, &rm, &rv, 1e-5).unwrap();
-        let mut out = nan::<T>(&gpu, x.numel());
+        let mut out = poisoned::<T>(&gpu, x.numel());
         let (rmv, rvv) = (drm.as_view(), drv.as_view());
         forward_eval(
             &gpu,
@@ -120,7 +100,7 @@ fn forward_train_case<T: DeviceFloat>(test: &str) {
             &mut out.as_view_mut(),
         )
         .unwrap();
-        assert_close(&format!("{ctx} eval y"), &down(&gpu, &out), &ye.to_f32_vec(), tol::<T>());
+        assert_close(&format!("{ctx} eval y"), &download(&gpu, &out), &ye.to_f32_vec(), tol::<T>());
     }
 }
 
@@ -150,11 +130,11 @@ fn backward_case<T: DeviceFloat>(test: &str) {
         let dx = bn::backward(&x, &wt, &saved, &g, &mut dwt, &mut dbt).unwrap();
 
         let (xd, gd, wd) =
-            (up::<T>(&gpu, &x.to_f32_vec()), up::<T>(&gpu, &g.to_f32_vec()), up::<f32>(&gpu, &w));
-        let (md, id) = (up::<f32>(&gpu, &saved.mean), up::<f32>(&gpu, &saved.invstd));
-        let (mut dwd, mut dbd) = (up::<f32>(&gpu, &dw0), up::<f32>(&gpu, &db0));
-        let mut sums = nan::<f32>(&gpu, 2 * c);
-        let mut dxd = nan::<T>(&gpu, x.numel());
+            (upload::<T>(&gpu, &x.to_f32_vec()), upload::<T>(&gpu, &g.to_f32_vec()), upload::<f32>(&gpu, &w));
+        let (md, id) = (upload::<f32>(&gpu, &saved.mean), upload::<f32>(&gpu, &saved.invstd));
+        let (mut dwd, mut dbd) = (upload::<f32>(&gpu, &dw0), upload::<f32>(&gpu, &db0));
+        let mut sums = poisoned::<f32>(&gpu, 2 * c);
+        let mut dxd = poisoned::<T>(&gpu, x.numel());
         backward(
             &gpu,
             &xd.as_view(),
@@ -170,9 +150,9 @@ fn backward_case<T: DeviceFloat>(test: &str) {
         )
         .unwrap();
         let ctx = format!("{test} {shape:?}");
-        assert_close(&format!("{ctx} dx"), &down(&gpu, &dxd), &dx.to_f32_vec(), tol::<T>());
-        assert_close(&format!("{ctx} dweight"), &down(&gpu, &dwd), dwt.as_f32().unwrap(), 1e-5);
-        assert_close(&format!("{ctx} dbias"), &down(&gpu, &dbd), dbt.as_f32().unwrap(), 1e-5);
+        assert_close(&format!("{ctx} dx"), &download(&gpu, &dxd), &dx.to_f32_vec(), tol::<T>());
+        assert_close(&format!("{ctx} dweight"), &download(&gpu, &dwd), dwt.as_f32().unwrap(), 1e-5);
+        assert_close(&format!("{ctx} dbias"), &download(&gpu, &dbd), dbt.as_f32().unwrap(), 1e-5);
     }
 }
 
@@ -215,17 +195,17 @@ fn sync_case<T: DeviceFloat>(test: &str) {
         sync::forward_train(&x0f, &wt, &bt, &mut rm, &mut rv, 0.1, 1e-5, &mut reduce).unwrap();
 
     let ctx = test.to_string();
-    let (xd0, xd1) = (up::<T>(&gpu, &x0.to_f32_vec()), up::<T>(&gpu, &x1.to_f32_vec()));
+    let (xd0, xd1) = (upload::<T>(&gpu, &x0.to_f32_vec()), upload::<T>(&gpu, &x1.to_f32_vec()));
     let mut bufs = Vec::new();
     for (xd, s) in [(&xd0, &s0), (&xd1, &s1)] {
-        let mut out = nan::<f32>(&gpu, 1 + 2 * c);
+        let mut out = poisoned::<f32>(&gpu, 1 + 2 * c);
         local_sums(&gpu, &xd.as_view(), s, &mut out.as_view_mut()).unwrap();
-        bufs.push(down(&gpu, &out));
+        bufs.push(download(&gpu, &out));
     }
     assert_close(&format!("{ctx} local sums rank 1"), &bufs[1], &other, 1e-5);
-    let totals = up::<f32>(&gpu, &add(&bufs[0], &bufs[1]));
-    let (mut mean, mut invstd) = (nan::<f32>(&gpu, c), nan::<f32>(&gpu, c));
-    let (mut drm, mut drv) = (up::<f32>(&gpu, &[0.0; 5]), up::<f32>(&gpu, &[1.0; 5]));
+    let totals = upload::<f32>(&gpu, &add(&bufs[0], &bufs[1]));
+    let (mut mean, mut invstd) = (poisoned::<f32>(&gpu, c), poisoned::<f32>(&gpu, c));
+    let (mut drm, mut drv) = (upload::<f32>(&gpu, &[0.0; 5]), upload::<f32>(&gpu, &[1.0; 5]));
     sync_stats(
         &gpu,
         &totals.as_view(),
@@ -238,16 +218,16 @@ fn sync_case<T: DeviceFloat>(test: &str) {
         &mut drv.as_view_mut(),
     )
     .unwrap();
-    assert_close(&format!("{ctx} mean"), &down(&gpu, &mean), &saved.mean, 1e-5);
-    assert_close(&format!("{ctx} invstd"), &down(&gpu, &invstd), &saved.invstd, 1e-5);
-    assert_close(&format!("{ctx} running_var"), &down(&gpu, &drv), rv.as_f32().unwrap(), 1e-5);
-    let (wd, bd) = (up::<f32>(&gpu, &w), up::<f32>(&gpu, &b));
-    let mut y = nan::<T>(&gpu, x0.numel());
+    assert_close(&format!("{ctx} mean"), &download(&gpu, &mean), &saved.mean, 1e-5);
+    assert_close(&format!("{ctx} invstd"), &download(&gpu, &invstd), &saved.invstd, 1e-5);
+    assert_close(&format!("{ctx} running_var"), &download(&gpu, &drv), rv.as_f32().unwrap(), 1e-5);
+    let (wd, bd) = (upload::<f32>(&gpu, &w), upload::<f32>(&gpu, &b));
+    let mut y = poisoned::<T>(&gpu, x0.numel());
     let (mv, iv) = (mean.as_view(), invstd.as_view());
     forward_apply(&gpu, &xd0.as_view(), &s0, &mv, &iv, &wd.as_view(), &bd.as_view(), &mut y.as_view_mut())
         .unwrap();
     let y0 = y0.to_dtype(dtype::<T>()).to_f32_vec();
-    assert_close(&format!("{ctx} y rank 0"), &down(&gpu, &y), &y0, tol::<T>());
+    assert_close(&format!("{ctx} y rank 0"), &download(&gpu, &y), &y0, tol::<T>());
 
     // Backward: the other rank's (sum dy, sum dy*xhat) with the global stats.
     let (g0, g1) = (rand_vec_f32(x0.numel(), 50), rand_vec_f32(x1.numel(), 51));
@@ -259,12 +239,12 @@ fn sync_case<T: DeviceFloat>(test: &str) {
     let (mut dwt, mut dbt) = (Tensor::zeros(&[c]), Tensor::zeros(&[c]));
     let g0t = Tensor::from_vec(&s0, g0.clone()).unwrap();
     let dx0 = sync::backward(&x0f, &wt, &saved, count, &g0t, &mut dwt, &mut dbt, &mut reduce_b).unwrap();
-    let (gd0, gd1) = (up::<T>(&gpu, &g0), up::<T>(&gpu, &g1));
+    let (gd0, gd1) = (upload::<T>(&gpu, &g0), upload::<T>(&gpu, &g1));
     let mut local = Vec::new();
-    let (mut dwd, mut dbd) = (up::<f32>(&gpu, &[0.0; 5]), up::<f32>(&gpu, &[0.0; 5]));
+    let (mut dwd, mut dbd) = (upload::<f32>(&gpu, &[0.0; 5]), upload::<f32>(&gpu, &[0.0; 5]));
     for (xd, gd, s) in [(&xd0, &gd0, &s0), (&xd1, &gd1, &s1)] {
-        let mut sums = nan::<f32>(&gpu, 2 * c);
-        let (mut w_, mut b_) = (up::<f32>(&gpu, &[0.0; 5]), up::<f32>(&gpu, &[0.0; 5]));
+        let mut sums = poisoned::<f32>(&gpu, 2 * c);
+        let (mut w_, mut b_) = (upload::<f32>(&gpu, &[0.0; 5]), upload::<f32>(&gpu, &[0.0; 5]));
         let (dwv, dbv) = if local.is_empty() { (&mut dwd, &mut dbd) } else { (&mut w_, &mut b_) };
         let (mv, iv) = (mean.as_view(), invstd.as_view());
         backward_reduce(
@@ -279,13 +259,18 @@ fn sync_case<T: DeviceFloat>(test: &str) {
             &mut dbv.as_view_mut(),
         )
         .unwrap();
-        local.push(down(&gpu, &sums));
+        local.push(download(&gpu, &sums));
     }
     assert_close(&format!("{ctx} backward sums rank 1"), &local[1], &other_b, 1e-5);
-    assert_close(&format!("{ctx} dweight rank 0 (local)"), &down(&gpu, &dwd), dwt.as_f32().unwrap(), 1e-5);
-    assert_close(&format!("{ctx} dbias rank 0 (local)"), &down(&gpu, &dbd), dbt.as_f32().unwrap(), 1e-5);
-    let global = up::<f32>(&gpu, &add(&local[0], &local[1]));
-    let mut dx = nan::<T>(&gpu, x0.numel());
+    assert_close(
+        &format!("{ctx} dweight rank 0 (local)"),
+        &download(&gpu, &dwd),
+        dwt.as_f32().unwrap(),
+        1e-5,
+    );
+    assert_close(&format!("{ctx} dbias rank 0 (local)"), &download(&gpu, &dbd), dbt.as_f32().unwrap(), 1e-5);
+    let global = upload::<f32>(&gpu, &add(&local[0], &local[1]));
+    let mut dx = poisoned::<T>(&gpu, x0.numel());
     let (mv, iv) = (mean.as_view(), invstd.as_view());
     backward_dx(
         &gpu,
@@ -301,7 +286,7 @@ fn sync_case<T: DeviceFloat>(test: &str) {
     )
     .unwrap();
     let dx0 = dx0.to_dtype(dtype::<T>()).to_f32_vec();
-    assert_close(&format!("{ctx} dx rank 0"), &down(&gpu, &dx), &dx0, tol::<T>());
+    assert_close(&format!("{ctx} dx rank 0"), &download(&gpu, &dx), &dx0, tol::<T>());
 }
 
 #[test]
@@ -317,11 +302,15 @@ fn sync_pieces_match_sync_batch_norm_over_two_uneven_ranks_f16() {
 #[test]
 fn bad_shapes_and_lengths_are_refused_before_launch() {
     let Some(gpu) = crate::cuda::test_gpu("bad_shapes_and_lengths_are_refused_before_launch") else { return };
-    let x = up::<f32>(&gpu, &[1.0; 12]);
-    let p = up::<f32>(&gpu, &[1.0; 3]);
-    let (mut rm, mut rv, mut m, mut i) =
-        (up::<f32>(&gpu, &[0.0; 3]), up::<f32>(&gpu, &[1.0; 3]), nan::<f32>(&gpu, 3), nan::<f32>(&gpu, 3));
-    let mut y = nan::<f32>(&gpu, 12);
+    let x = upload::<f32>(&gpu, &[1.0; 12]);
+    let p = upload::<f32>(&gpu, &[1.0; 3]);
+    let (mut rm, mut rv, mut m, mut i) = (
+        upload::<f32>(&gpu, &[0.0; 3]),
+        upload::<f32>(&gpu, &[1.0; 3]),
+        poisoned::<f32>(&gpu, 3),
+        poisoned::<f32>(&gpu, 3),
+    );
+    let mut y = poisoned::<f32>(&gpu, 12);
     let mut run = |shape: &[usize], y: &mut CudaSlice<f32>| {
         forward_train(
             &gpu,
@@ -349,7 +338,7 @@ fn bad_shapes_and_lengths_are_refused_before_launch() {
     assert!(e.contains("expected more than 1 value per channel when training"), "{e}");
     let e = run(&[2, 3, 2, 2], &mut y);
     assert!(e.contains("batch_norm forward_train: x holds 12 elements, expected 24"), "{e}");
-    let mut short = nan::<f32>(&gpu, 11);
+    let mut short = poisoned::<f32>(&gpu, 11);
     let e = run(&[1, 3, 2, 2], &mut short);
     assert!(e.contains("batch_norm forward_train: y holds 11 elements, expected 12"), "{e}");
 }

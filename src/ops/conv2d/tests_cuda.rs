@@ -4,7 +4,7 @@
 //! to the convolution it must feed.
 
 use super::{bias_add, bias_grad, col2im, col_len, im2col, ColLayout};
-use crate::cuda::cast::testing::{assert_close, download, poisoned, rounded, tol, upload};
+use crate::cuda::testing::{assert_close, download, poisoned, rounded, tol, upload};
 use crate::cuda::DeviceFloat;
 use crate::cuda::Gpu;
 use crate::ops::conv2d::cpu::ConvGeom;

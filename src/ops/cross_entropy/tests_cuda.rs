@@ -4,7 +4,7 @@
 //! tolerance for both dtypes; dlogits to the tolerance of its dtype.
 
 use super::{forward, forward_backward, CrossEntropyTotals};
-use crate::cuda::cast::testing::{assert_close, download, poisoned, rounded, tol, upload};
+use crate::cuda::testing::{assert_close, download, poisoned, rounded, tol, upload};
 use crate::cuda::DeviceFloat;
 use crate::cuda::Gpu;
 use crate::ops::cross_entropy::cpu;

@@ -4,7 +4,7 @@
 //! the parity tolerance only for the f16 rounding.
 
 use super::{backward, forward, out_shape};
-use crate::cuda::cast::testing::{assert_close, download, poisoned, rounded, tol, upload};
+use crate::cuda::testing::{assert_close, download, poisoned, rounded, tol, upload};
 use crate::cuda::DeviceFloat;
 use crate::cuda::Gpu;
 use crate::ops::max_pool2d::cpu::{self, Geometry};

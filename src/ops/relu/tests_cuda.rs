@@ -2,7 +2,7 @@
 //! ReLU is exact, so the outputs must be identical, special values included.
 
 use super::{backward, backward_, forward, forward_};
-use crate::cuda::cast::testing::{download, poisoned, rounded, upload};
+use crate::cuda::testing::{download, poisoned, rounded, upload};
 use crate::cuda::DeviceFloat;
 use crate::cuda::{launch_1d, Gpu, BLOCK};
 use crate::ops::relu::cpu;
