@@ -50,6 +50,53 @@ fn dims(op: &str, x: &Tensor) -> Result<(usize, usize, usize)> {
     }
 }
 
+/// The f16 arm of a training forward (O3, or O2's f16 activations): `op`
+/// runs on f32 copies, so the statistics are f32; the output comes back in
+/// x's dtype and the running statistics are rounded to their own dtype once.
+/// `None` when every operand is f32.
+pub(super) fn forward_widened<R>(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: &Tensor,
+    running_mean: &mut Tensor,
+    running_var: &mut Tensor,
+    op: impl FnOnce(&Tensor, &Tensor, &Tensor, &mut Tensor, &mut Tensor) -> Result<(Tensor, R)>,
+) -> Option<Result<(Tensor, R)>> {
+    if !any_f16([Some(x), Some(weight), Some(bias), Some(&*running_mean), Some(&*running_var)]) {
+        return None;
+    }
+    let (mut rm, mut rv) = (f32_acc(running_mean), f32_acc(running_var));
+    Some((|| {
+        let (y, r) = op(&f32_of(x), &f32_of(weight), &f32_of(bias), &mut rm, &mut rv)?;
+        store(running_mean, &rm)?;
+        store(running_var, &rv)?;
+        Ok((y.into_dtype(x.dtype()), r))
+    })())
+}
+
+/// The f16 arm of a training backward: `op` runs on f32 copies, dx comes back
+/// in x's dtype and the parameter gradients are accumulated in f32 and
+/// rounded once. `None` when every operand is f32.
+pub(super) fn backward_widened(
+    x: &Tensor,
+    weight: &Tensor,
+    dy: &Tensor,
+    dweight: &mut Tensor,
+    dbias: &mut Tensor,
+    op: impl FnOnce(&Tensor, &Tensor, &Tensor, &mut Tensor, &mut Tensor) -> Result<Tensor>,
+) -> Option<Result<Tensor>> {
+    if !any_f16([Some(x), Some(weight), Some(dy), Some(&*dweight), Some(&*dbias)]) {
+        return None;
+    }
+    let (mut dw, mut db) = (f32_acc(dweight), f32_acc(dbias));
+    Some((|| {
+        let dx = op(&f32_of(x), &f32_of(weight), &f32_of(dy), &mut dw, &mut db)?;
+        store(dweight, &dw)?;
+        store(dbias, &db)?;
+        Ok(dx.into_dtype(x.dtype()))
+    })())
+}
+
 /// Training-mode forward: normalizes with the batch statistics, updates the
 /// running statistics in place, and returns what backward needs.
 pub fn forward_train(
@@ -62,15 +109,10 @@ pub fn forward_train(
     eps: f32,
 ) -> Result<(Tensor, BatchNormSaved)> {
     const OP: &str = "forward_train";
-    // f16 (O3, or O2's f16 activations): statistics in f32, output in x's dtype,
-    // running statistics rounded to their own dtype on store.
-    if any_f16([Some(x), Some(weight), Some(bias), Some(&*running_mean), Some(&*running_var)]) {
-        let (mut rm, mut rv) = (f32_acc(running_mean), f32_acc(running_var));
-        let (y, saved) =
-            forward_train(&f32_of(x), &f32_of(weight), &f32_of(bias), &mut rm, &mut rv, momentum, eps)?;
-        store(running_mean, &rm)?;
-        store(running_var, &rv)?;
-        return Ok((y.into_dtype(x.dtype()), saved));
+    if let Some(r) = forward_widened(x, weight, bias, running_mean, running_var, |x, w, b, rm, rv| {
+        forward_train(x, w, b, rm, rv, momentum, eps)
+    }) {
+        return r;
     }
     let (n, c, hw) = dims(OP, x)?;
     if n * hw <= 1 {
@@ -138,12 +180,10 @@ pub fn backward(
     dbias: &mut Tensor,
 ) -> Result<Tensor> {
     const OP: &str = "backward";
-    if any_f16([Some(x), Some(weight), Some(dy), Some(&*dweight), Some(&*dbias)]) {
-        let (mut dw, mut db) = (f32_acc(dweight), f32_acc(dbias));
-        let dx = backward(&f32_of(x), &f32_of(weight), saved, &f32_of(dy), &mut dw, &mut db)?;
-        store(dweight, &dw)?;
-        store(dbias, &db)?;
-        return Ok(dx.into_dtype(x.dtype()));
+    if let Some(r) =
+        backward_widened(x, weight, dy, dweight, dbias, |x, w, dy, dw, db| backward(x, w, saved, dy, dw, db))
+    {
+        return r;
     }
     let (n, c, hw) = dims(OP, x)?;
     dy.check_shape(&format!("batch_norm {OP}: dy (must match x)"), x.shape())?;

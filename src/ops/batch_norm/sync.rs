@@ -4,9 +4,8 @@
 //! so uneven per-rank batches stay correct. As in PyTorch, the weight and bias
 //! gradients are the local ones (DDP averages them like any other gradient).
 
-use super::{cpu, dims, BatchNormSaved};
+use super::{backward_widened, cpu, dims, forward_widened, BatchNormSaved};
 use crate::error::{Error, Result};
-use crate::ops::half_emu::{any_f16, f32_acc, f32_of, store};
 use crate::tensor::Tensor;
 
 /// Element-wise sum of a buffer over all ranks (an all-reduce).
@@ -39,13 +38,11 @@ pub fn forward_train(
 ) -> Result<(Tensor, BatchNormSaved, usize)> {
     // f16 (O2's f16 activations, O3's f16 BatchNorm): as plain batch_norm does,
     // statistics and their all-reduce in f32, output in x's dtype.
-    if any_f16([Some(x), Some(weight), Some(bias), Some(&*running_mean), Some(&*running_var)]) {
-        let (mut rm, mut rv) = (f32_acc(running_mean), f32_acc(running_var));
-        let (y, saved, count) =
-            forward_train(&f32_of(x), &f32_of(weight), &f32_of(bias), &mut rm, &mut rv, momentum, eps, sum)?;
-        store(running_mean, &rm)?;
-        store(running_var, &rv)?;
-        return Ok((y.into_dtype(x.dtype()), saved, count));
+    if let Some(r) = forward_widened(x, weight, bias, running_mean, running_var, |x, w, b, rm, rv| {
+        let (y, saved, count) = forward_train(x, w, b, rm, rv, momentum, eps, &mut *sum)?;
+        Ok((y, (saved, count)))
+    }) {
+        return r.map(|(y, (saved, count))| (y, saved, count));
     }
     let (n, c, hw) = dims("sync forward_train", x)?;
     let xs = x.as_f32()?;
@@ -85,12 +82,10 @@ pub fn backward(
     dbias: &mut Tensor,
     sum: &mut SumOverRanks,
 ) -> Result<Tensor> {
-    if any_f16([Some(x), Some(weight), Some(dy), Some(&*dweight), Some(&*dbias)]) {
-        let (mut dw, mut db) = (f32_acc(dweight), f32_acc(dbias));
-        let dx = backward(&f32_of(x), &f32_of(weight), saved, count, &f32_of(dy), &mut dw, &mut db, sum)?;
-        store(dweight, &dw)?;
-        store(dbias, &db)?;
-        return Ok(dx.into_dtype(x.dtype()));
+    if let Some(r) = backward_widened(x, weight, dy, dweight, dbias, |x, w, dy, dw, db| {
+        backward(x, w, saved, count, dy, dw, db, &mut *sum)
+    }) {
+        return r;
     }
     let (n, c, hw) = dims("sync backward", x)?;
     dy.check_shape("sync_batch_norm backward: dy (must match x)", x.shape())?;
