@@ -72,7 +72,9 @@ impl Gpu {
             CudaContext::new(ordinal).map_err(|e| Error::cuda(format!("opening device {ordinal}"), e))?;
         let (major, minor) = ctx.compute_capability().map_err(|e| Error::cuda("compute capability", e))?;
         let name = ctx.name().map_err(|e| Error::cuda("device name", e))?;
-        let stream = ctx.default_stream();
+        // Not the legacy default stream: that one waits for every other
+        // stream, so the communication stream could never overlap backward.
+        let stream = ctx.new_stream().map_err(|e| Error::cuda("creating the compute stream", e))?;
         Ok(Arc::new(Gpu {
             ctx,
             stream,

@@ -3,6 +3,7 @@
 //! training mode returns what each layer's backward needs ([`Saved`]); backward
 //! walks the layers in reverse and accumulates into each parameter's `.grad`.
 
+pub mod cuda;
 mod init;
 mod state;
 

@@ -1,0 +1,5 @@
+//! The model on the GPU: the same layers as [`crate::nn::Model`], with their
+//! parameters, gradients and activations in device buffers allocated once
+//! before the first step, and every op a launch of its `ops/<family>/cuda.rs`.
+
+pub mod params;

@@ -1,0 +1,406 @@
+//! Where a model's parameters and gradients live on the device.
+//!
+//! Values: one flat buffer per dtype ([`ParamGroup`]), the parameters of that
+//! dtype in reverse registration order, so that the fused optimizer steps a
+//! whole group in one launch (`optim::cuda::DeviceOptimizer`).
+//!
+//! Gradients: one allocation per DDP bucket ([`GradBucket`], the layout of
+//! `dist::reducer::assign_buckets`), and a parameter's `.grad` is a view into
+//! its bucket, as in PyTorch's reducer. A bucket is its own allocation so
+//! that the communication stream reading one bucket never orders the compute
+//! stream's writes into another (cudarc tracks reads and writes per
+//! allocation). Buckets of one dtype, in order, tile that dtype's group:
+//! bucket `b` holds the gradients of the values at
+//! `group_offset..group_offset + numel` of its group.
+
+use crate::cuda::{DeviceFloat, Gpu};
+use crate::dist::reducer::{assign_buckets, BucketLayout};
+use crate::error::{Error, Result};
+use crate::nn::Model;
+use crate::tensor::DType;
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
+use half::f16;
+
+/// A device buffer of either element type.
+pub enum DevBuf {
+    F32(CudaSlice<f32>),
+    F16(CudaSlice<f16>),
+}
+
+impl DevBuf {
+    /// `n` zeros (at least one element, so an empty group still allocates).
+    pub fn zeros(gpu: &Gpu, dtype: DType, n: usize) -> Result<DevBuf> {
+        let s = gpu.stream();
+        let alloc = |e| Error::cuda(format!("allocating {n} {dtype:?} values"), e);
+        Ok(match dtype {
+            DType::F32 => DevBuf::F32(s.alloc_zeros(n.max(1)).map_err(alloc)?),
+            DType::F16 => DevBuf::F16(s.alloc_zeros(n.max(1)).map_err(alloc)?),
+        })
+    }
+
+    pub fn dtype(&self) -> DType {
+        match self {
+            DevBuf::F32(_) => DType::F32,
+            DevBuf::F16(_) => DType::F16,
+        }
+    }
+
+    pub fn zero(&mut self, gpu: &Gpu) -> Result<()> {
+        let s = gpu.stream();
+        match self {
+            DevBuf::F32(b) => s.memset_zeros(b),
+            DevBuf::F16(b) => s.memset_zeros(b),
+        }
+        .map_err(|e| Error::cuda("zeroing a device buffer", e))
+    }
+
+    /// Writes `host` (rounded to this buffer's dtype) at `offset`.
+    pub fn write_f32(&mut self, gpu: &Gpu, offset: usize, host: &[f32]) -> Result<()> {
+        let s = gpu.stream();
+        let range = offset..offset + host.len();
+        let err = |e| Error::cuda("copying parameters to the device", e);
+        match self {
+            DevBuf::F32(b) => s.memcpy_htod(host, &mut b.slice_mut(range)).map_err(err),
+            DevBuf::F16(b) => {
+                let h = crate::tensor::f32_to_f16(host);
+                s.memcpy_htod(&h, &mut b.slice_mut(range)).map_err(err)
+            }
+        }
+    }
+
+    /// `len` values from `offset`, widened to f32 (waits for the stream).
+    pub fn read_f32(&self, gpu: &Gpu, offset: usize, len: usize) -> Result<Vec<f32>> {
+        let s = gpu.stream();
+        let range = offset..offset + len;
+        let err = |e| Error::cuda("copying parameters from the device", e);
+        Ok(match self {
+            DevBuf::F32(b) => s.clone_dtoh(&b.slice(range)).map_err(err)?,
+            DevBuf::F16(b) => crate::tensor::f16_to_f32(&s.clone_dtoh(&b.slice(range)).map_err(err)?),
+        })
+    }
+}
+
+/// The element types a [`DevBuf`] holds, for code generic over them.
+pub trait DevElem: DeviceFloat + cudarc::driver::DeviceRepr {
+    const DTYPE: DType;
+    fn of(buf: &DevBuf) -> Option<&CudaSlice<Self>>;
+    fn of_mut(buf: &mut DevBuf) -> Option<&mut CudaSlice<Self>>;
+}
+
+impl DevElem for f32 {
+    const DTYPE: DType = DType::F32;
+    fn of(buf: &DevBuf) -> Option<&CudaSlice<f32>> {
+        match buf {
+            DevBuf::F32(b) => Some(b),
+            DevBuf::F16(_) => None,
+        }
+    }
+    fn of_mut(buf: &mut DevBuf) -> Option<&mut CudaSlice<f32>> {
+        match buf {
+            DevBuf::F32(b) => Some(b),
+            DevBuf::F16(_) => None,
+        }
+    }
+}
+
+impl DevElem for f16 {
+    const DTYPE: DType = DType::F16;
+    fn of(buf: &DevBuf) -> Option<&CudaSlice<f16>> {
+        match buf {
+            DevBuf::F16(b) => Some(b),
+            DevBuf::F32(_) => None,
+        }
+    }
+    fn of_mut(buf: &mut DevBuf) -> Option<&mut CudaSlice<f16>> {
+        match buf {
+            DevBuf::F16(b) => Some(b),
+            DevBuf::F32(_) => None,
+        }
+    }
+}
+
+/// Where parameter `i` (registration order) lives.
+#[derive(Debug, Clone)]
+pub struct ParamSlot {
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub numel: usize,
+    pub dtype: DType,
+    /// Index into [`DeviceParams::groups`] and offset in its values.
+    pub group: usize,
+    pub offset: usize,
+    /// Index into [`DeviceParams::buckets`] and offset in its gradients.
+    pub bucket: usize,
+    pub bucket_offset: usize,
+}
+
+/// The values of every parameter of one dtype, flat.
+pub struct ParamGroup {
+    pub dtype: DType,
+    pub values: DevBuf,
+    /// Parameter indices in layout order (reverse registration order).
+    pub params: Vec<usize>,
+    pub numel: usize,
+}
+
+/// One DDP bucket's gradients, flat, in the dtype of its parameters.
+pub struct GradBucket {
+    pub layout: BucketLayout,
+    pub grads: DevBuf,
+    /// The group whose values these are the gradients of, and where they start in it.
+    pub group: usize,
+    pub group_offset: usize,
+}
+
+pub struct DeviceParams {
+    pub slots: Vec<ParamSlot>,
+    pub groups: Vec<ParamGroup>,
+    pub buckets: Vec<GradBucket>,
+}
+
+fn internal(msg: String) -> Error {
+    Error::Training(format!("internal error: {msg}"))
+}
+
+impl DeviceParams {
+    /// Buffers for `host`'s parameters in their current dtypes (after the amp
+    /// cast), with buckets capped as DDP's (`first_bucket_bytes` for each
+    /// dtype's first, then `bucket_cap_bytes`). Values are uploaded; gradients
+    /// start at zero.
+    pub fn new(gpu: &Gpu, host: &Model, first_bucket_bytes: usize, bucket_cap_bytes: usize) -> Result<Self> {
+        let params = host.params();
+        let spec: Vec<(usize, DType)> = params.iter().map(|p| (p.value.numel(), p.value.dtype())).collect();
+        let layouts = assign_buckets(&spec, first_bucket_bytes, bucket_cap_bytes);
+        let mut slots: Vec<ParamSlot> = params
+            .iter()
+            .map(|p| ParamSlot {
+                name: p.name.clone(),
+                shape: p.value.shape().to_vec(),
+                numel: p.value.numel(),
+                dtype: p.value.dtype(),
+                group: usize::MAX,
+                offset: 0,
+                bucket: usize::MAX,
+                bucket_offset: 0,
+            })
+            .collect();
+        // Groups in the order their dtype's first bucket appears; each group's
+        // layout is its buckets' parameters, bucket after bucket.
+        let mut groups: Vec<(DType, Vec<usize>, usize)> = Vec::new();
+        let mut bucket_meta = Vec::with_capacity(layouts.len());
+        for (b, layout) in layouts.iter().enumerate() {
+            let g = match groups.iter().position(|(d, _, _)| *d == layout.dtype) {
+                Some(g) => g,
+                None => {
+                    groups.push((layout.dtype, Vec::new(), 0));
+                    groups.len() - 1
+                }
+            };
+            let (_, members, numel) = &mut groups[g];
+            let group_offset = *numel;
+            let mut boff = 0;
+            for &i in &layout.params {
+                let s = &mut slots[i];
+                (s.group, s.offset, s.bucket, s.bucket_offset) = (g, *numel, b, boff);
+                members.push(i);
+                *numel += s.numel;
+                boff += s.numel;
+            }
+            bucket_meta.push((g, group_offset));
+        }
+        if let Some(s) = slots.iter().find(|s| s.group == usize::MAX) {
+            return Err(internal(format!("parameter {} is in no bucket", s.name)));
+        }
+        let groups = groups
+            .into_iter()
+            .map(|(dtype, params, numel)| {
+                Ok(ParamGroup { dtype, values: DevBuf::zeros(gpu, dtype, numel)?, params, numel })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let buckets = layouts
+            .into_iter()
+            .zip(bucket_meta)
+            .map(|(layout, (group, group_offset))| {
+                let grads = DevBuf::zeros(gpu, layout.dtype, layout.numel)?;
+                Ok(GradBucket { layout, grads, group, group_offset })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let mut me = DeviceParams { slots, groups, buckets };
+        me.upload(gpu, host)?;
+        Ok(me)
+    }
+
+    fn check_host(&self, host: &Model) -> Result<()> {
+        let params = host.params();
+        if params.len() != self.slots.len() {
+            return Err(internal(format!(
+                "the model has {} parameters, the device copy {}",
+                params.len(),
+                self.slots.len()
+            )));
+        }
+        for (p, s) in params.iter().zip(&self.slots) {
+            if p.name != s.name || p.value.shape() != s.shape.as_slice() || p.value.dtype() != s.dtype {
+                return Err(internal(format!(
+                    "parameter {} {:?} {:?} does not match the device copy {} {:?} {:?}",
+                    p.name,
+                    p.value.shape(),
+                    p.value.dtype(),
+                    s.name,
+                    s.shape,
+                    s.dtype
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies every parameter's value from `host`.
+    pub fn upload(&mut self, gpu: &Gpu, host: &Model) -> Result<()> {
+        self.check_host(host)?;
+        for (p, s) in host.params().iter().zip(&self.slots) {
+            self.groups[s.group].values.write_f32(gpu, s.offset, &p.value.to_f32_vec())?;
+        }
+        Ok(())
+    }
+
+    /// Copies every parameter's value into `host` (waits for the stream).
+    pub fn download(&self, gpu: &Gpu, host: &mut Model) -> Result<()> {
+        self.check_host(host)?;
+        for (p, s) in host.params_mut().into_iter().zip(&self.slots) {
+            let v = self.groups[s.group].values.read_f32(gpu, s.offset, s.numel)?;
+            p.value.copy_from_f32(&v)?;
+        }
+        Ok(())
+    }
+
+    /// Copies every parameter's `.grad` into `host` (tests; checkpoints with
+    /// pending accumulation).
+    pub fn download_grads(&self, gpu: &Gpu, host: &mut Model) -> Result<()> {
+        self.check_host(host)?;
+        for (p, s) in host.params_mut().into_iter().zip(&self.slots) {
+            let v = self.buckets[s.bucket].grads.read_f32(gpu, s.bucket_offset, s.numel)?;
+            p.grad.copy_from_f32(&v)?;
+        }
+        Ok(())
+    }
+
+    /// Copies every parameter's `.grad` from `host` (resume with pending accumulation).
+    pub fn upload_grads(&mut self, gpu: &Gpu, host: &Model) -> Result<()> {
+        self.check_host(host)?;
+        for (p, s) in host.params().iter().zip(&self.slots) {
+            self.buckets[s.bucket].grads.write_f32(gpu, s.bucket_offset, &p.grad.to_f32_vec())?;
+        }
+        Ok(())
+    }
+
+    /// `optimizer.zero_grad()`: every bucket to zero.
+    pub fn zero_grad(&mut self, gpu: &Gpu) -> Result<()> {
+        self.buckets.iter_mut().try_for_each(|b| b.grads.zero(gpu))
+    }
+
+    /// Parameter `i`'s value.
+    pub fn value<T: DevElem>(&self, i: usize) -> Result<CudaView<'_, T>> {
+        let s = self.slot(i)?;
+        let buf = T::of(&self.groups[s.group].values).ok_or_else(|| dtype_error::<T>(s))?;
+        Ok(buf.slice(s.offset..s.offset + s.numel))
+    }
+
+    /// Parameter `i`'s value, writable (uploads, BatchNorm's f16 twins).
+    pub fn value_mut<T: DevElem>(&mut self, i: usize) -> Result<CudaViewMut<'_, T>> {
+        let s = self.slots.get(i).ok_or_else(|| internal(format!("no parameter {i}")))?.clone();
+        let buf = T::of_mut(&mut self.groups[s.group].values).ok_or_else(|| dtype_error::<T>(&s))?;
+        Ok(buf.slice_mut(s.offset..s.offset + s.numel))
+    }
+
+    /// Runs `f` with the values of parameters `values` and the writable
+    /// `.grad`s of `grads` (at most two: a layer's weight and bias), in the
+    /// order asked. Values and gradients live apart, so both can be borrowed.
+    pub fn with_params<T: DevElem, G: DevElem, R>(
+        &mut self,
+        values: &[usize],
+        grads: &[usize],
+        f: impl FnOnce(&[CudaView<'_, T>], &mut [CudaViewMut<'_, G>]) -> Result<R>,
+    ) -> Result<R> {
+        let DeviceParams { slots, groups, buckets } = self;
+        let mut vs = Vec::with_capacity(values.len());
+        for &i in values {
+            let s = slots.get(i).ok_or_else(|| internal(format!("no parameter {i}")))?;
+            let buf = T::of(&groups[s.group].values).ok_or_else(|| dtype_error::<T>(s))?;
+            vs.push(buf.slice(s.offset..s.offset + s.numel));
+        }
+        with_grads::<G, R>(slots, buckets, grads, |gs| f(&vs, gs))
+    }
+
+    /// Runs `f` with the writable `.grad`s of `ids` (at most two).
+    pub fn with_grads<G: DevElem, R>(
+        &mut self,
+        ids: &[usize],
+        f: impl FnOnce(&mut [CudaViewMut<'_, G>]) -> Result<R>,
+    ) -> Result<R> {
+        with_grads::<G, R>(&self.slots, &mut self.buckets, ids, f)
+    }
+
+    fn slot(&self, i: usize) -> Result<&ParamSlot> {
+        self.slots.get(i).ok_or_else(|| internal(format!("no parameter {i}")))
+    }
+}
+
+fn dtype_error<T: DevElem>(s: &ParamSlot) -> Error {
+    internal(format!("parameter {} is {:?} on the device, not {:?}", s.name, s.dtype, T::DTYPE))
+}
+
+fn grad_buf<'b, G: DevElem>(b: &'b mut GradBucket, s: &ParamSlot) -> Result<&'b mut CudaSlice<G>> {
+    G::of_mut(&mut b.grads).ok_or_else(|| dtype_error::<G>(s))
+}
+
+/// `f` over disjoint mutable views of one or two parameters' gradients. Two
+/// in one bucket are cut from one view of the range they span.
+fn with_grads<G: DevElem, R>(
+    slots: &[ParamSlot],
+    buckets: &mut [GradBucket],
+    ids: &[usize],
+    f: impl FnOnce(&mut [CudaViewMut<'_, G>]) -> Result<R>,
+) -> Result<R> {
+    let slot = |i: usize| -> Result<&ParamSlot> {
+        let s = slots.get(i).ok_or_else(|| internal(format!("no parameter {i}")))?;
+        if s.dtype != G::DTYPE {
+            return Err(dtype_error::<G>(s));
+        }
+        Ok(s)
+    };
+    match *ids {
+        [] => f(&mut []),
+        [i] => {
+            let s = slot(i)?;
+            let buf = grad_buf(&mut buckets[s.bucket], s)?;
+            f(&mut [buf.slice_mut(s.bucket_offset..s.bucket_offset + s.numel)])
+        }
+        [i, j] if i == j => Err(internal(format!("gradient of {} asked for twice", slot(i)?.name))),
+        [i, j] => {
+            let (si, sj) = (slot(i)?, slot(j)?);
+            if si.bucket != sj.bucket {
+                let (lo, hi) = buckets.split_at_mut(si.bucket.max(sj.bucket));
+                let (bi, bj) = if si.bucket < sj.bucket {
+                    (&mut lo[si.bucket], &mut hi[0])
+                } else {
+                    (&mut hi[0], &mut lo[sj.bucket])
+                };
+                let gi = grad_buf(bi, si)?.slice_mut(si.bucket_offset..si.bucket_offset + si.numel);
+                let gj = grad_buf(bj, sj)?.slice_mut(sj.bucket_offset..sj.bucket_offset + sj.numel);
+                return f(&mut [gi, gj]);
+            }
+            let (first, second) = if si.bucket_offset < sj.bucket_offset { (si, sj) } else { (sj, si) };
+            let buf = grad_buf(&mut buckets[si.bucket], si)?;
+            let mut span = buf.slice_mut(first.bucket_offset..second.bucket_offset + second.numel);
+            let (mut a, b) = span.split_at_mut(second.bucket_offset - first.bucket_offset);
+            let a = a.slice_mut(0..first.numel);
+            if std::ptr::eq(first, si) {
+                f(&mut [a, b])
+            } else {
+                f(&mut [b, a])
+            }
+        }
+        _ => Err(internal(format!("{} gradients asked for at once (at most two)", ids.len()))),
+    }
+}
