@@ -4,6 +4,7 @@
 //! A dataset is decoded and normalized once into memory (MNIST is 47 MB as
 //! f32); the loader thread only gathers samples into batches.
 
+pub mod cuda;
 pub mod idx;
 mod loader;
 mod sampler;

@@ -1,0 +1,48 @@
+//! gather_batch against the CPU loader's batch assembly.
+
+use super::*;
+use crate::data::{synthetic, Loader, Split};
+use std::sync::Arc;
+
+#[test]
+fn gather_batch_matches_the_loader_including_a_partial_last_batch() {
+    let Some(gpu) = crate::cuda::test_gpu("gather_batch_matches_the_loader_including_a_partial_last_batch")
+    else {
+        return;
+    };
+    let ds = Arc::new(synthetic(7, Split::Train, 23, [3, 5, 7], 4));
+    let dev = DeviceDataset::upload(&gpu, &ds).unwrap();
+    let order: Vec<usize> = (0..23).map(|i| (i * 7 + 3) % 23).collect();
+    let idx = DeviceIndices::upload(&gpu, &dev, &order).unwrap();
+    let batch = 6;
+    let loader = Loader::new(ds.clone(), order.clone(), batch, false, 0);
+    for (k, want) in loader.enumerate() {
+        let n = want.labels.len();
+        let mut x = crate::cuda::testing::poisoned::<f32>(&gpu, n * dev.sample_len());
+        let mut y = gpu.stream().clone_htod(&vec![u32::MAX; n]).unwrap();
+        gather_batch(&gpu, &dev, &idx, k * batch, n, &mut x.as_view_mut(), &mut y.as_view_mut()).unwrap();
+        let got_x: Vec<f32> = gpu.stream().clone_dtoh(&x).unwrap();
+        let got_y: Vec<u32> = gpu.stream().clone_dtoh(&y).unwrap();
+        assert_eq!(got_x, want.images.as_f32().unwrap(), "batch {k} images");
+        assert_eq!(got_y, want.labels, "batch {k} labels");
+    }
+}
+
+#[test]
+fn gather_batch_refuses_rows_past_the_pass_and_bad_indices() {
+    let Some(gpu) = crate::cuda::test_gpu("gather_batch_refuses_rows_past_the_pass_and_bad_indices") else {
+        return;
+    };
+    let ds = synthetic(7, Split::Train, 5, [1, 2, 2], 3);
+    let dev = DeviceDataset::upload(&gpu, &ds).unwrap();
+    let err = DeviceIndices::upload(&gpu, &dev, &[0, 5]).err().unwrap().to_string();
+    assert!(err.contains("index 5 is out of range for 5 samples"), "{err}");
+    let idx = DeviceIndices::upload(&gpu, &dev, &[0, 1, 2]).unwrap();
+    let mut x = gpu.stream().alloc_zeros::<f32>(8).unwrap();
+    let mut y = gpu.stream().alloc_zeros::<u32>(2).unwrap();
+    let err = gather_batch(&gpu, &dev, &idx, 2, 2, &mut x.as_view_mut(), &mut y.as_view_mut())
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("rows 2..4 past the 3 indices"), "{err}");
+}
