@@ -6,28 +6,54 @@
 #
 #   scripts/bench.sh                 # 300 steps, all cores
 #   STEPS=500 THREADS=2 PYTHON=/path/to/python scripts/bench.sh
+#   DEVICE=cuda BIN=gpu-bundle/ddptrain scripts/bench.sh   # on a GPU machine (gpu-check.sh runs this)
+# On the GPU: ddptrain O0 and O2 against PyTorch eager fp32 and PyTorch
+# autocast(float16) + GradScaler, same model, batch and data on the device.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 STEPS=${STEPS:-300}
 THREADS=${THREADS:-$(nproc)}
 PYTHON=${PYTHON:-python3}
+DEVICE=${DEVICE:-cpu}
 BATCH=100
 
-cargo build --release --quiet
-BIN="${CARGO_TARGET_DIR:-target}/release/ddptrain"
+if [ -z "${BIN:-}" ]; then
+  cargo build --release --quiet
+  BIN="${CARGO_TARGET_DIR:-target}/release/ddptrain"
+fi
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
 # images/s of the seed ConvNet at one opt level (same model, data, batch and threads).
 run_level() {
-  RAYON_NUM_THREADS=$THREADS "$BIN" --config "configs/mnist_$1.toml" \
+  RAYON_NUM_THREADS=$THREADS "$BIN" --config "configs/mnist_$1.toml" --set run.device="$DEVICE" \
     --set data.dataset=synthetic --set data.synthetic_train_size=$((STEPS * BATCH)) \
     --set data.synthetic_test_size=$BATCH --set data.batch_size=$BATCH \
     --set train.max_steps="$STEPS" --set run.out_dir="$out/$1" \
     --set logging.progress=never --set expect.min_test_accuracy=0.0 >/dev/null
   python3 -c "import json,sys; print(round(json.load(open(sys.argv[1]))['images_per_s']))" "$out/$1/summary.json"
 }
+ratio() { python3 -c "import sys; print(f'{float(sys.argv[1]) / float(sys.argv[2]):.2f}x')" "$1" "$2"; }
+
+if [ "$DEVICE" = cuda ]; then
+  gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n1)
+  ours=$(run_level o0)
+  ours_o2=$(run_level o2)
+  echo "seed ConvNet, batch $BATCH, $STEPS steps, on ${gpu:-an unnamed GPU}"
+  printf '%-28s %12s\n' "trainer" "images/s"
+  printf '%-28s %12s\n' "ddptrain O0" "$ours" "ddptrain O2" "$ours_o2"
+  if "$PYTHON" -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
+    fp32=$("$PYTHON" scripts/bench_torch.py --steps "$STEPS" --batch "$BATCH" --device cuda)
+    amp=$("$PYTHON" scripts/bench_torch.py --steps "$STEPS" --batch "$BATCH" --device cuda --amp)
+    printf '%-28s %12s\n' "pytorch fp32" "$fp32" "pytorch autocast+GradScaler" "$amp"
+    echo "ratio ddptrain O0/pytorch fp32: $(ratio "$ours" "$fp32")"
+    echo "ratio ddptrain O2/pytorch autocast+GradScaler: $(ratio "$ours_o2" "$amp")"
+  else
+    echo "pytorch: not measured ($PYTHON cannot import torch with CUDA; set PYTHON)"
+  fi
+  exit 0
+fi
 ours=$(run_level o0)
 ours_o2=$(run_level o2)
 

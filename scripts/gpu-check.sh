@@ -12,6 +12,8 @@
 #      cuBLAS, NCCL at world size 1, device selection. A test that prints
 #      "skipped: no CUDA device" here is a FAILURE.
 #   5. configs/mnist_o2.toml with run.device=cuda reaches its accuracy gate
+#   6. two ranks sharing the GPU over the tcp backend reproduce one rank
+#   7. scripts/bench.sh on the GPU: ddptrain O0/O2 vs PyTorch fp32/autocast
 # and prints a summary table. Exit 0 only when every check passed; a piece
 # that cannot run is reported "not run (reason)" and fails the check.
 set -uo pipefail
@@ -216,7 +218,7 @@ else
     wait "$pid"
     rc=$?
     tail -n 8 "$log" | sed 's/^/   | /'
-    acc=$(grep -o 'test accuracy [0-9.]*%' "$log" | tail -n1 | grep -o '[0-9.]*%')
+    acc=$(grep -o 'test accuracy [0-9.]*' "$log" | tail -n1 | grep -o '[0-9.]*$')
     ips=$(grep -o '[0-9]* images/s' "$log" | tail -n1)
     name=${gpu%%,*}
     if grep -qi "cuda\|$name" "$log"; then on_gpu=yes; fi
@@ -228,6 +230,71 @@ else
         record "MNIST O2 on GPU" FAIL "accuracy ${acc:-n/a} but no sign the run used the GPU"
     else
         record "MNIST O2 on GPU" PASS "test accuracy ${acc:-n/a} (gate 97%), ${ips:-n/a}"
+    fi
+fi
+
+# --- 6. two ranks on one GPU (tcp) vs one rank ---------------------------------
+# Max |w| difference of two safetensors files (f32 tensors), read by hand so
+# that no python package beyond the standard library is needed.
+max_diff() {
+    python3 - "$1" "$2" <<'EOF'
+import json, struct, sys
+def load(p):
+    b = open(p, "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    head = json.loads(b[8:8 + n])
+    out = {}
+    for k, v in head.items():
+        if k == "__metadata__" or v["dtype"] != "F32":
+            continue
+        s, e = v["data_offsets"]
+        raw = b[8 + n + s:8 + n + e]
+        out[k] = struct.unpack(f"<{len(raw) // 4}f", raw)
+    return out
+a, b = load(sys.argv[1]), load(sys.argv[2])
+assert a.keys() == b.keys(), (sorted(a), sorted(b))
+d = max(abs(x - y) for k in a for x, y in zip(a[k], b[k]))
+peak = max(abs(x) for k in a for x in a[k])
+print(f"{d:.3e} {peak:.3e}")
+EOF
+}
+if ! have ddptrain || [ -z "$gpu" ]; then
+    record "2 ranks on 1 GPU (tcp)" "not run (no ddptrain binary or no GPU)" ""
+else
+    common=(--config configs/mnist_o0.toml --set run.device=cuda --set data.dataset=synthetic
+        --set data.synthetic_train_size=2000 --set data.synthetic_test_size=200 --set train.max_steps=20
+        --set parallel.backend=tcp --set parallel.sync_batchnorm=true --set logging.progress=never
+        --set expect.min_test_accuracy=0.0)
+    log="$work/w2.log"
+    "$bundle/ddptrain" "${common[@]}" --set data.batch_size=100 --set "run.out_dir=$work/w1" >"$log" 2>&1
+    rc1=$?
+    "$bundle/ddptrain" launch --nproc-per-node 2 -- "${common[@]}" --set data.batch_size=50 \
+        --set "run.out_dir=$work/w2" >>"$log" 2>&1
+    rc2=$?
+    if [ "$rc1" -ne 0 ] || [ "$rc2" -ne 0 ]; then
+        record "2 ranks on 1 GPU (tcp)" FAIL "exit $rc1 (1 rank), $rc2 (2 ranks)"
+        tail -n 20 "$log" | sed 's/^/   | /'
+    else
+        read -r d peak <<<"$(max_diff "$work/w1/model.safetensors" "$work/w2/model.safetensors")"
+        if python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) < 1e-3 * max(1.0, float(sys.argv[2])) else 1)" "$d" "$peak"; then
+            record "2 ranks on 1 GPU (tcp)" PASS "max |w2 - w1| = $d after 20 O0 steps (SyncBN)"
+        else
+            record "2 ranks on 1 GPU (tcp)" FAIL "max |w2 - w1| = $d (largest weight $peak)"
+        fi
+    fi
+fi
+
+# --- 7. GPU benchmark ------------------------------------------------------------
+if ! have ddptrain || [ -z "$gpu" ]; then
+    record "GPU benchmark" "not run (no ddptrain binary or no GPU)" ""
+else
+    log="$work/bench.log"
+    if DEVICE=cuda BIN="$bundle/ddptrain" STEPS=${BENCH_STEPS:-300} scripts/bench.sh >"$log" 2>&1; then
+        sed 's/^/   | /' "$log"
+        record "GPU benchmark" PASS "$(grep -o 'O2/pytorch autocast+GradScaler: [0-9.]*x' "$log" || echo 'see the table above')"
+    else
+        record "GPU benchmark" FAIL "scripts/bench.sh failed"
+        tail -n 20 "$log" | sed 's/^/   | /'
     fi
 fi
 

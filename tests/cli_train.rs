@@ -134,3 +134,30 @@ fn seed_mnist_config_learns_in_one_epoch() {
         s["test_accuracy"], s["images_per_s"]
     );
 }
+
+#[test]
+fn device_cuda_without_a_gpu_is_a_clear_error_and_auto_falls_back_with_one_warning() {
+    if ddptrain::cuda::device_count() > 0 {
+        println!("skipped: a CUDA device is visible (this checks the machines without one)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let out_set = format!("run.out_dir={}", out.display());
+    let cfg = repo_root().join("configs/mnist_o0.toml");
+    let mut args = vec!["--config", cfg.to_str().unwrap(), "--set", &out_set, "--set", "run.device=cuda"];
+    args.extend_from_slice(SYNTH);
+    let o = ddptrain(&args, dir.path());
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{t}");
+    assert!(t.contains("run.device = \"cuda\" but no CUDA device is visible"), "{t}");
+    assert!(t.contains("set run.device = \"cpu\" or \"auto\""), "{t}");
+    assert!(!out.join("summary.json").exists());
+
+    args[5] = "run.device=auto";
+    let o = ddptrain(&args, dir.path());
+    let t = text(&o);
+    assert_eq!(t.matches("found no CUDA device").count(), 1, "one warning line:\n{t}");
+    assert!(t.contains("training on the CPU"), "{t}");
+    assert_eq!(read_json(&out.join("summary.json"))["device"], "cpu");
+}
