@@ -49,6 +49,9 @@ struct EvalArgs {
     /// A checkpoint directory (`.../ckpt/step_XXXXXXXX`, `.../ckpt/latest` or `.../ckpt`).
     #[arg(long, required = true)]
     checkpoint: PathBuf,
+    /// Print the result as one JSON object (exact values) instead of a line of text.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args, Clone)]
@@ -101,16 +104,33 @@ fn check(args: &ConfigArgs) -> anyhow::Result<u8> {
     Ok(0)
 }
 
+/// Scores a checkpoint at the config's opt level: the fp32 weights (the
+/// masters under O2) cast as apex's `amp.initialize` would, so an O2
+/// checkpoint scores as the run's own evaluation of it did.
 fn eval(args: &EvalArgs) -> anyhow::Result<u8> {
     let cfg = load(&args.config)?;
+    let policy = ddptrain::amp::Policy::resolve(&cfg.amp)?;
     let train::Prepared { mut model, test_ds, .. } = train::prepare(&cfg)?;
-    let state = ddptrain::checkpoint::load_for_eval(&args.checkpoint, &mut model)?;
+    let state = ddptrain::checkpoint::load_for_eval(&args.checkpoint, &mut model, &policy)?;
+    let level = cfg.amp.opt_level.to_string();
+    if state.opt_level != level {
+        eprintln!(
+            "note: evaluating at {level} (amp.opt_level); the checkpoint was trained at {}",
+            state.opt_level
+        );
+    }
     let ev = train::evaluate(&model, &test_ds, cfg.data.eval_batch_size, cfg.data.prefetch)?;
+    let (step, epoch) = (state.progress.step, state.progress.epoch);
+    if args.json {
+        let rec = serde_json::json!({"checkpoint": args.checkpoint, "step": step, "epoch": epoch,
+            "opt_level": level, "test_accuracy": ev.accuracy, "test_loss": ev.loss, "correct": ev.correct,
+            "total": ev.total});
+        println!("{rec}");
+        return Ok(0);
+    }
     println!(
-        "checkpoint {} (step {}, epoch {}): test accuracy {:.4} ({}/{}), test loss {:.4}",
+        "checkpoint {} (step {step}, epoch {epoch}) at {level}: test accuracy {:.4} ({}/{}), test loss {:.4}",
         args.checkpoint.display(),
-        state.progress.step,
-        state.progress.epoch,
         ev.accuracy,
         ev.correct,
         ev.total,

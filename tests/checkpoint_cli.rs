@@ -221,13 +221,22 @@ fn launch2(a: &[String]) -> Vec<String> {
     l
 }
 
+/// The "rank R: final state sha256 X | loss scale ..." lines of a run's ranks, sorted.
+fn final_digests(t: &str) -> Vec<String> {
+    let mut d: Vec<String> =
+        t.lines().filter(|l| l.contains("final state sha256")).map(|l| l.trim().to_string()).collect();
+    d.sort();
+    d
+}
+
 /// Two ranks straight, and two ranks halted after step 3 then resumed from
-/// step 2: the final weights, optimizer state (masters included) and
-/// state.json (scaler included) are the same bytes. Returns the resumed run's dir.
+/// step 2: the final weights, optimizer state (masters included),
+/// state.json (scaler included) and every rank's final-state digest are the
+/// same. Returns the resumed run's dir.
 fn two_rank_resume_is_bitwise(dir: &Path, name: &str, extra: &[&str]) -> PathBuf {
     let (a, b) = (dir.join(format!("{name}_straight")), dir.join(format!("{name}_resumed")));
-    let (code, t) = run(&launch2(&args(&a, extra)), dir);
-    assert_eq!(code, Some(0), "{t}");
+    let (code, straight) = run(&launch2(&args(&a, extra)), dir);
+    assert_eq!(code, Some(0), "{straight}");
     let mut halt = args(&b, extra);
     halt.extend(["--halt-after-steps".into(), "3".into()]);
     let (code, t) = run(&launch2(&halt), dir);
@@ -237,6 +246,9 @@ fn two_rank_resume_is_bitwise(dir: &Path, name: &str, extra: &[&str]) -> PathBuf
     let (code, t) = run(&launch2(&args(&b, extra)), dir);
     assert_eq!(code, Some(0), "{t}");
     assert!(t.contains("[rank 1] resuming from") && t.contains("step_00000002"), "{t}");
+    let digests = final_digests(&straight);
+    assert_eq!(digests.len(), 2, "{straight}");
+    assert_eq!(digests, final_digests(&t), "{name}: the ranks' final states differ");
     for f in ["model.safetensors", "ckpt/latest/model.safetensors", "ckpt/latest/optim.safetensors"] {
         assert_eq!(
             std::fs::read(a.join(f)).unwrap(),
@@ -291,4 +303,71 @@ fn two_ranks_resume_o2_with_masters_and_a_moving_loss_scale_bitwise() {
         end["optimizer"]["step_count"].as_u64().unwrap() >= 2,
         "the masters moved after the resume: {end}"
     );
+}
+
+#[test]
+fn two_ranks_resume_an_epoch_end_with_each_ranks_pending_f16_gradients_bitwise() {
+    let dir = tempfile::tempdir().unwrap();
+    // 400 samples per rank at batch 50 and 3 micro-batches per step: 2 steps an
+    // epoch, and each epoch ends with 2 micro-batches pending whose gradients
+    // (f16 under O2, accumulated locally by each rank) carry into step 3.
+    let accum = [
+        "amp.opt_level=O2",
+        "parallel.sync_batchnorm=false",
+        "data.synthetic_train_size=800",
+        "train.grad_accum_steps=3",
+        "train.max_steps=4",
+        "checkpoint.every_steps=0",
+        "checkpoint.every_epochs=1",
+    ];
+    let b = two_rank_resume_is_bitwise(dir.path(), "accum", &accum);
+    let step2 = b.join("ckpt/step_00000002");
+    let s: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(step2.join("state.json")).unwrap()).unwrap();
+    assert_eq!((s["epoch"].as_u64(), s["pending_grads"].as_bool()), (Some(1), Some(true)), "{s}");
+    let optim = ddptrain::checkpoint::load_safetensors(&step2.join("optim.safetensors")).unwrap();
+    let grad = |name: &str| optim.iter().find(|e| e.name == name).map(|e| e.value.clone());
+    let (g0, g1) = (grad("fc.weight.grad").unwrap(), grad("rank1.fc.weight.grad").unwrap());
+    assert_ne!(g0, g1, "the ranks' pending gradients differ, so each must get its own back");
+}
+
+/// `ddptrain eval --json` of `ckpt` with `extra` settings.
+fn eval_json(out: &Path, ckpt: &Path, extra: &[&str], cwd: &Path) -> serde_json::Value {
+    let mut a = vec!["eval".to_string()];
+    a.extend(args(out, extra));
+    a.extend(["--checkpoint".into(), ckpt.display().to_string(), "--json".into()]);
+    let (code, t) = run(&a, cwd);
+    assert_eq!(code, Some(0), "{t}");
+    let line = t.lines().find(|l| l.starts_with('{')).unwrap_or_else(|| panic!("no JSON line: {t}"));
+    serde_json::from_str(line).unwrap()
+}
+
+#[test]
+fn eval_of_an_o2_checkpoint_scores_the_runs_model_and_at_o0_its_fp32_masters() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let o2 = ["amp.opt_level=O2"];
+    let (code, t) = run(&args(&out, &o2), dir.path());
+    assert_eq!(code, Some(0), "{t}");
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    let latest = out.join("ckpt/latest");
+
+    // At O2, the f16 model cast from the fp32 weights: the run's own final evaluation, exactly.
+    let ev = eval_json(&out, &latest, &o2, dir.path());
+    assert_eq!((ev["step"].as_u64(), ev["opt_level"].as_str()), (Some(6), Some("O2")), "{ev}");
+    assert_eq!(ev["test_loss"].as_f64(), s["test_loss"].as_f64(), "{ev}\n{s}");
+    assert_eq!(ev["test_accuracy"], s["test_accuracy"], "{ev}\n{s}");
+
+    // At O0, the fp32 masters (the run's out_dir/model.safetensors) in the fp32 model,
+    // not their f16 rounding that model.safetensors of the checkpoint holds.
+    let ev0 = eval_json(&out, &latest, &[], dir.path());
+    let sets: Vec<String> = args(&out, &[]).into_iter().skip(3).step_by(2).collect();
+    let cfg = ddptrain::config::load(&repo_root().join("configs/mnist_o0.toml"), &sets).unwrap();
+    let ddptrain::train::Prepared { mut model, test_ds, .. } = ddptrain::train::prepare(&cfg).unwrap();
+    let weights = out.join("model.safetensors");
+    model.load_state_dict(ddptrain::checkpoint::load_safetensors(&weights).unwrap(), &weights).unwrap();
+    let fp32 = ddptrain::train::evaluate(&model, &test_ds, cfg.data.eval_batch_size, 0).unwrap();
+    assert_eq!(ev0["test_loss"].as_f64(), Some(fp32.loss), "{ev0}");
+    assert_ne!(ev0["test_loss"], ev["test_loss"], "O0 and O2 evaluate in different precisions");
 }

@@ -3,11 +3,12 @@
 //! restoring the model, the optimizer and the loop's progress.
 
 use super::io::{ckpt_err, parse_safetensors};
+use super::pending;
 use super::save::{schedule_state, Checkpointer};
 use super::state::{CheckpointState, TrainProgress, FORMAT_VERSION};
 use super::MASTER_PREFIX;
 use super::{parse_step_dir, step_dir_name};
-use crate::amp::Amp;
+use crate::amp::{Amp, Policy};
 use crate::config::Resume;
 use crate::dist::Communicator;
 use crate::error::Result;
@@ -101,12 +102,34 @@ pub fn parse_checkpoint(raw: &RawCheckpoint) -> Result<LoadedCheckpoint> {
     Ok(LoadedCheckpoint { dir: dir.clone(), state, model, optim })
 }
 
-/// Loads a checkpoint's weights into `model` for evaluation. Only the model's
-/// shapes must match; the rest of the config may differ.
-pub fn load_for_eval(dir: &Path, model: &mut Model) -> Result<CheckpointState> {
+/// Loads a checkpoint into the fp32 `model` for evaluation and casts it for
+/// `policy`, as a PyTorch user would: `load_state_dict` of the checkpoint's
+/// fp32 weights, then apex's `amp.initialize` (O2: f16 conv/linear, fp32
+/// BatchNorm). The fp32 weights are the masters where the run kept them
+/// (`model.safetensors` holds their f16 rounding), so at the run's own opt
+/// level this is the model the run evaluated, and at O0 an O2 run's fp32
+/// model. Only the model's shapes must match; the rest of the config may differ.
+pub fn load_for_eval(dir: &Path, model: &mut Model, policy: &Policy) -> Result<CheckpointState> {
     let c = read_checkpoint(dir)?;
     check_model_shapes(&c, model)?;
-    model.load_state_dict(c.model, &c.dir.join("model.safetensors"))?;
+    let masters: HashMap<&str, &StateEntry> =
+        c.optim.iter().filter_map(|e| Some((e.name.strip_prefix(MASTER_PREFIX)?, e))).collect();
+    let mut weights = c.model.clone();
+    for w in &mut weights {
+        let Some(m) = masters.get(w.name.as_str()) else { continue };
+        if m.shape != w.shape {
+            return Err(ckpt_err(
+                &c.dir.join("optim.safetensors"),
+                format!(
+                    "master weight `{}` has shape {:?}, but `{}` is {:?}",
+                    m.name, m.shape, w.name, w.shape
+                ),
+            ));
+        }
+        w.value = m.value.clone();
+    }
+    model.load_state_dict(weights, &c.dir.join("model.safetensors"))?;
+    crate::amp::cast_model(model, policy);
     Ok(c.state)
 }
 
@@ -315,38 +338,40 @@ impl Checkpointer {
         let optim_path = c.dir.join("optim.safetensors");
         let index: HashMap<String, usize> =
             model.params().iter().enumerate().map(|(i, p)| (p.name.clone(), i)).collect();
+        let params = model.params();
         let mut states: Vec<(&str, usize, &[f32])> = Vec::new();
-        let mut grads: Vec<Option<&[f32]>> = vec![None; index.len()];
+        let mut grads = pending::Found::new(c.state.world_size, index.len());
         let mut masters: Vec<Option<&StateEntry>> = vec![None; index.len()];
         for e in &c.optim {
             if let Some(&i) = e.name.strip_prefix(MASTER_PREFIX).and_then(|p| index.get(p)) {
                 masters[i] = Some(e);
                 continue;
             }
-            let split = ["momentum_buffer", "exp_avg_sq", "exp_avg", "grad"].into_iter().find_map(|s| {
+            let grad = pending::parse_grad_name(&e.name, &index);
+            let split = ["momentum_buffer", "exp_avg_sq", "exp_avg"].into_iter().find_map(|s| {
                 e.name
                     .strip_suffix(s)
                     .and_then(|p| p.strip_suffix('.'))
                     .and_then(|p| index.get(p))
                     .map(|&i| (s, i))
             });
-            let (Some((state, i)), StateValue::F32(values)) = (split, &e.value) else {
-                return Err(ckpt_err(&optim_path, format!("unexpected tensor `{}`", e.name)));
-            };
-            if state == "grad" {
-                grads[i] = Some(values.as_slice());
-            } else {
-                states.push((state, i, values.as_slice()));
+            match (grad, split, &e.value) {
+                (Some((r, i)), _, StateValue::F32(values)) => {
+                    grads.insert(&optim_path, &e.name, (r, i), params[i].grad.numel(), values)?
+                }
+                (None, Some((state, i)), StateValue::F32(values)) => {
+                    states.push((state, i, values.as_slice()))
+                }
+                _ => return Err(ckpt_err(&optim_path, format!("unexpected tensor `{}`", e.name))),
             }
         }
-        let pending = grads.iter().filter(|g| g.is_some()).count();
-        if pending != if c.state.pending_grads { grads.len() } else { 0 } {
-            return Err(ckpt_err(&optim_path, "the pending gradients are incomplete"));
-        }
-        if c.state.pending_grads && self.shape.world_size > 1 && self.shape.rank == 0 {
+        drop(params);
+        let legacy = grads.check(&optim_path, c.state.pending_grads)?;
+        if legacy && self.shape.rank == 0 {
             eprintln!(
-                "warning: the checkpoint holds rank 0's pending accumulated gradients only; every rank \
-                 resumes with them, so the step they complete is not exactly the uninterrupted one"
+                "warning: the checkpoint holds rank 0's pending accumulated gradients only (an older \
+                 build wrote it); every rank resumes with them, so the step they complete is not exactly \
+                 the uninterrupted one"
             );
         }
         let ranks = c.state.rank_losses.len();
@@ -377,12 +402,10 @@ impl Checkpointer {
         };
         opt.load_state_tensors(&optim_path, c.state.optimizer.step_count, &states)?;
         model.load_state_dict(c.model.clone(), &c.dir.join("model.safetensors"))?;
-        for (p, g) in model.params_mut().into_iter().zip(&grads) {
+        // Sizes were checked above; f16 gradients round back exactly.
+        for (p, g) in model.params_mut().into_iter().zip(grads.of_rank(self.shape.rank, legacy)) {
             match g {
-                Some(g) if g.len() == p.grad.numel() => p.grad.copy_from_f32(g)?,
-                Some(_) => {
-                    return Err(ckpt_err(&optim_path, format!("`{}.grad` has the wrong size", p.name)))
-                }
+                Some(g) => p.grad.copy_from_f32(g)?,
                 None => p.grad.fill_(0.0),
             }
         }

@@ -1,7 +1,8 @@
 //! Checkpoints: rank 0 writes `<out_dir>/ckpt/step_XXXXXXXX/` with
 //! `model.safetensors` (PyTorch `state_dict()` names, f32), `optim.safetensors`
 //! (optimizer state as `<param>.<state name>`, e.g. `layer1.0.weight.momentum_buffer`,
-//! and fp32 master weights as `master.<param>` when the run keeps them) and
+//! fp32 master weights as `master.<param>` when the run keeps them, and the
+//! gradients of pending accumulated micro-batches, every rank's: see `pending.rs`) and
 //! `state.json` (see [`CheckpointState`], including the dynamic loss scaler); a
 //! run resumes from one exactly. With several ranks only rank 0 reads the
 //! files and sends them to the others.
@@ -16,6 +17,7 @@
 
 mod io;
 mod load;
+mod pending;
 mod save;
 mod share;
 mod state;
@@ -24,7 +26,7 @@ mod tests_share;
 
 pub use io::{entries_to_bytes, load_safetensors, save_safetensors};
 pub use load::{load_for_eval, parse_checkpoint, read_checkpoint, read_raw, LoadedCheckpoint, RawCheckpoint};
-pub use save::{open_metrics, Checkpointer, RunShape};
+pub use save::{open_metrics, Checkpointer, RankStates, RunShape};
 pub use share::{decode_message, encode_message, ResumeMessage};
 pub use state::{
     CheckpointState, EvalState, FileDigest, RankLosses, ScalerRecord, TrainProgress, FORMAT_VERSION,

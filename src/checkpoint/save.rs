@@ -5,7 +5,7 @@ use super::io::{ckpt_err, entries_to_bytes, sync_dir, write_synced};
 use super::state::{
     CheckpointState, FileDigest, OptimizerState, RankLosses, ScheduleState, TrainProgress, FORMAT_VERSION,
 };
-use super::{parse_step_dir, step_dir_name, MASTER_PREFIX};
+use super::{parse_step_dir, pending, step_dir_name, MASTER_PREFIX};
 use crate::amp::Amp;
 use crate::config::{Config, Resume};
 use crate::dist::{Buffer, Communicator};
@@ -29,6 +29,17 @@ pub struct RunShape {
     pub total_steps: u64,
     pub train_samples: usize,
     pub schedule: LrSchedule,
+}
+
+/// What rank 0 collects from every rank at a save; empty with one process.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RankStates {
+    /// Every rank's loss accumulators, in rank order.
+    pub losses: Vec<RankLosses>,
+    /// Every rank's gradients, flattened in parameter order and widened to
+    /// f32, in rank order, when any rank has micro-batches pending (empty
+    /// otherwise, and then rank 0's own gradients are checked).
+    pub pending_grads: Vec<Vec<f32>>,
 }
 
 /// Saves checkpoints when the config asks for them and restores one at setup
@@ -209,24 +220,26 @@ impl Checkpointer {
         comm: &dyn Communicator,
     ) -> Result<()> {
         // Every rank is here (the save points depend on step and epoch only):
-        // rank 0 collects the loss accumulators, which differ per rank.
-        let rank_losses = if comm.world_size() > 1 { gather_losses(comm, p)? } else { Vec::new() };
+        // rank 0 collects the loss accumulators and pending gradients, which differ per rank.
+        let ranks = if comm.world_size() > 1 { gather_ranks(comm, model, p)? } else { RankStates::default() };
         if self.shape.rank != 0 {
+            // As rank 0's save does: `finish` must skip a save on every rank or on none.
+            self.last_saved = Some((p.step, p.epoch));
             return Ok(());
         }
-        let dir = self.save(model, opt, amp, p, rank_losses)?;
+        let dir = self.save(model, opt, amp, p, ranks)?;
         metrics.write(&json!({"kind": "checkpoint", "step": p.step, "epoch": p.epoch, "path": dir}))
     }
 
     /// Writes a checkpoint of the current state and points `latest` at it.
-    /// `rank_losses`: every rank's loss accumulators, with several ranks.
+    /// `ranks`: what every rank holds of its own, with several ranks.
     pub fn save(
         &mut self,
         model: &Model,
         opt: &Optimizer,
         amp: &Amp,
         p: &TrainProgress,
-        rank_losses: Vec<RankLosses>,
+        ranks: RankStates,
     ) -> Result<PathBuf> {
         let root = &self.root;
         std::fs::create_dir_all(root)
@@ -239,7 +252,7 @@ impl Checkpointer {
         }
         std::fs::create_dir(&tmp).map_err(|e| Error::io(format!("cannot create {}", tmp.display()), e))?;
 
-        let (optim_entries, pending_grads) = optim_entries(model, opt, amp)?;
+        let (optim_entries, pending_grads) = optim_entries(model, opt, amp, &ranks.pending_grads)?;
         let mut files = BTreeMap::new();
         for (i, (file, entries)) in
             [("model.safetensors", model.state_dict()?), ("optim.safetensors", optim_entries)]
@@ -272,7 +285,7 @@ impl Checkpointer {
                 step_count: opt.step_count(),
             },
             pending_grads,
-            rank_losses,
+            rank_losses: ranks.losses,
             scaler: amp.scaler.is_dynamic().then(|| amp.scaler.state().into()),
             files,
             config: self.config_json.clone(),
@@ -320,22 +333,29 @@ impl Checkpointer {
     }
 }
 
-/// Every rank's (step_loss, window_loss), in rank order. The f64 bits travel
-/// as f32 words, which a broadcast or gather moves without touching.
-fn gather_losses(comm: &dyn Communicator, p: &TrainProgress) -> Result<Vec<RankLosses>> {
-    let words: Vec<f32> = [p.step_loss, p.window_loss]
+/// Every rank's (step_loss, window_loss) and, when any rank has micro-batches
+/// pending, every rank's gradients, in rank order. The f64 bits travel as f32
+/// words, which a broadcast or gather moves without touching; a fifth word
+/// says whether the rank has a non-zero gradient.
+fn gather_ranks(comm: &dyn Communicator, model: &Model, p: &TrainProgress) -> Result<RankStates> {
+    let grads = pending::local_flat(model);
+    let mut words: Vec<f32> = [p.step_loss, p.window_loss]
         .iter()
         .flat_map(|v| {
             let b = v.to_bits();
             [f32::from_bits(b as u32), f32::from_bits((b >> 32) as u32)]
         })
         .collect();
+    words.push(if grads.iter().any(|&g| g != 0.0) { 1.0 } else { 0.0 });
     let all = comm.all_gather(Buffer::F32(words), "checkpoint: loss accumulators")?.into_f32()?;
     let f64_at = |w: &[f32]| f64::from_bits(u64::from(w[0].to_bits()) | (u64::from(w[1].to_bits()) << 32));
-    Ok(all
-        .chunks_exact(4)
+    let losses = all
+        .chunks_exact(5)
         .map(|c| RankLosses { step_loss: f64_at(&c[0..2]), window_loss: f64_at(&c[2..4]) })
-        .collect())
+        .collect();
+    let any_pending = all.chunks_exact(5).any(|c| c[4] != 0.0);
+    let pending_grads = if any_pending { pending::gather(comm, grads)? } else { Vec::new() };
+    Ok(RankStates { losses, pending_grads })
 }
 
 fn remove_dir(path: &Path) -> Result<()> {
@@ -343,9 +363,15 @@ fn remove_dir(path: &Path) -> Result<()> {
 }
 
 /// Optimizer state as `<param>.<state>` tensors, the fp32 masters as
-/// `master.<param>` when the run keeps them, plus `<param>.grad` (widened to
-/// f32, exactly) when micro-batches are pending (any gradient non-zero between steps).
-fn optim_entries(model: &Model, opt: &Optimizer, amp: &Amp) -> Result<(Vec<StateEntry>, bool)> {
+/// `master.<param>` when the run keeps them, plus the pending gradients when
+/// micro-batches are pending (any gradient non-zero between steps; see
+/// `pending.rs`): `gathered` holds every rank's, or is empty and rank 0's own are used.
+fn optim_entries(
+    model: &Model,
+    opt: &Optimizer,
+    amp: &Amp,
+    gathered: &[Vec<f32>],
+) -> Result<(Vec<StateEntry>, bool)> {
     let params = model.params();
     let mut out = Vec::new();
     for (state, i, values) in opt.state_tensors() {
@@ -367,17 +393,13 @@ fn optim_entries(model: &Model, opt: &Optimizer, amp: &Amp) -> Result<(Vec<State
             });
         }
     }
-    let grads: Vec<Vec<f32>> = params.iter().map(|p| p.grad.to_f32_vec()).collect();
-    let pending = grads.iter().any(|g| g.iter().any(|&v| v != 0.0));
-    if pending {
-        for (p, g) in params.iter().zip(grads) {
-            out.push(StateEntry {
-                name: format!("{}.grad", p.name),
-                shape: p.grad.shape().to_vec(),
-                value: StateValue::F32(g),
-            });
-        }
-    }
+    let grads = if gathered.is_empty() {
+        pending::entries(model, &[pending::local_flat(model)])?
+    } else {
+        pending::entries(model, gathered)?
+    };
+    let pending = !grads.is_empty();
+    out.extend(grads);
     Ok((out, pending))
 }
 

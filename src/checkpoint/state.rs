@@ -126,7 +126,8 @@ pub struct CheckpointState {
     pub schedule: ScheduleState,
     pub optimizer: OptimizerState,
     /// True when `optim.safetensors` also holds `<param>.grad` (gradients of
-    /// micro-batches accumulated but not yet stepped on).
+    /// micro-batches accumulated but not yet stepped on), and with several
+    /// ranks every other rank's as `rank{r}.<param>.grad` (see `pending.rs`).
     pub pending_grads: bool,
     /// With several ranks, every rank's own loss accumulators in rank order
     /// (the progress fields hold rank 0's): the logged loss is their mean, so

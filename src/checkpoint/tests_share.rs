@@ -84,7 +84,8 @@ fn saved(out: &Path) -> (Run, PathBuf) {
         r.model.zero_grad().unwrap();
     }
     r.amp.scaler.load_state(ScalerState { scale: 2048.0, growth_tracker: 3, overflow_steps: 4 });
-    let dir = r.ckpt.save(&r.model, &r.opt, &r.amp, &progress(2), losses()).unwrap();
+    let ranks = RankStates { losses: losses(), pending_grads: Vec::new() };
+    let dir = r.ckpt.save(&r.model, &r.opt, &r.amp, &progress(2), ranks).unwrap();
     (r, dir)
 }
 
@@ -260,4 +261,67 @@ fn when_rank_0_cannot_read_its_checkpoint_both_ranks_fail_with_its_reason() {
     let mut raw = read_raw(&path).unwrap();
     raw.model[0] ^= 1;
     assert!(parse_checkpoint(&raw).unwrap_err().to_string().contains("is corrupt"));
+}
+
+/// Rank 0's checkpoint with micro-batches pending on both ranks (rank 1's
+/// gradients are twice rank 0's: distinct, and exact in f16 too); returns
+/// the path and both ranks' flattened gradients.
+fn saved_with_pending(out: &Path) -> (PathBuf, Vec<Vec<f32>>) {
+    let mut r = run(out, 0, &[]);
+    for (i, p) in r.model.params_mut().into_iter().enumerate() {
+        let g: Vec<f32> = (0..p.grad.numel()).map(|j| ((i * 7 + j) % 13) as f32 * 0.125 - 0.5).collect();
+        p.grad.copy_from_f32(&g).unwrap();
+    }
+    let rank0 = super::pending::local_flat(&r.model);
+    let rank1: Vec<f32> = rank0.iter().map(|g| g * 2.0).collect();
+    let ranks = RankStates { losses: losses(), pending_grads: vec![rank0.clone(), rank1.clone()] };
+    let dir = r.ckpt.save(&r.model, &r.opt, &r.amp, &progress(2), ranks).unwrap();
+    (dir, vec![rank0, rank1])
+}
+
+#[test]
+fn every_rank_restores_its_own_pending_gradients_and_mismatched_sets_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, grads) = saved_with_pending(dir.path());
+    let names: Vec<String> =
+        load_safetensors(&path.join("optim.safetensors")).unwrap().into_iter().map(|e| e.name).collect();
+    assert!(names.contains(&"fc.weight.grad".into()) && names.contains(&"rank1.fc.weight.grad".into()));
+    let apply = |rank: usize, edit: &dyn Fn(&mut LoadedCheckpoint)| {
+        let mut r = run(dir.path(), rank, &[]);
+        let mut c = read_checkpoint(&path).unwrap();
+        edit(&mut c);
+        r.ckpt.apply(c, &mut r.model, &mut r.opt, &mut r.amp).map(|_| super::pending::local_flat(&r.model))
+    };
+    assert_eq!(apply(0, &|_| {}).unwrap(), grads[0]);
+    assert_eq!(apply(1, &|_| {}).unwrap(), grads[1], "rank 1 resumes with its own gradients");
+    // An older build's checkpoint holds rank 0's only: every rank takes them.
+    let legacy = |c: &mut LoadedCheckpoint| c.optim.retain(|e| !e.name.starts_with("rank1."));
+    assert_eq!(apply(1, &legacy).unwrap(), grads[0]);
+
+    let refusal = |edit: &dyn Fn(&mut LoadedCheckpoint)| apply(1, edit).unwrap_err().to_string();
+    let e = refusal(&|c| c.optim.retain(|e| e.name != "rank1.fc.bias.grad"));
+    assert!(
+        e.contains("the pending gradients are incomplete: rank 1 has 9 of 10 (`rank1.<param>.grad`)"),
+        "{e}"
+    );
+    let e = refusal(&|c| {
+        let g = c.optim.iter_mut().find(|e| e.name == "rank1.fc.bias.grad").unwrap();
+        g.name = "rank2.fc.bias.grad".into();
+    });
+    assert!(
+        e.contains(
+            "`rank2.fc.bias.grad` holds pending gradients of rank 2, but state.json records a world \
+                    size of 2 (ranks 0 to 1)"
+        ),
+        "{e}"
+    );
+    let e = refusal(&|c| c.state.pending_grads = false);
+    assert!(e.contains("it holds pending gradients (`<param>.grad`), but state.json records none"), "{e}");
+    let e = refusal(&|c| {
+        let g = c.optim.iter_mut().find(|e| e.name == "rank1.fc.bias.grad").unwrap();
+        g.value = StateValue::F32(vec![0.0; 3]);
+    });
+    assert!(e.contains("`rank1.fc.bias.grad` has 3 values, its parameter 10"), "{e}");
+    let e = refusal(&|c| c.optim.retain(|e| !e.name.ends_with(".grad") || e.name.starts_with("rank1.")));
+    assert!(e.contains("the pending gradients are incomplete: rank 0 has 0 of 10"), "{e}");
 }
