@@ -32,3 +32,26 @@ extern "C" __global__ void cast_f32_to_f16(const float* src, __half* dst, long l
 extern "C" __global__ void cast_f16_to_f32(const __half* src, float* dst, long long n) {
   DDP_FOR_EACH(i, n) { dst[i] = f16_to_f32_bits(src[i]); }
 }
+
+// dst += f32(src): an f16 gradient accumulated into an f32 `.grad` (apex O1:
+// conv and linear compute their gradients in f16, the fp32 weights' .grad
+// sums them in f32). CPU twin: `accumulate_grad` in src/nn/mod.rs.
+extern "C" __global__ void cast_f16_add_to_f32(const __half* src, float* dst, long long n) {
+  DDP_FOR_EACH(i, n) { dst[i] = dst[i] + f16_to_f32_bits(src[i]); }
+}
+
+// dst[B, A, C] = src[A, B, C]: the two outer dimensions swapped, the inner
+// one kept contiguous (a layout change, values copied bit for bit). The
+// device conv2d uses it to view dy [N, O, HW] as one [O, N*HW] matrix.
+// One thread per dst element, so the writes are coalesced.
+template <typename T>
+__device__ void swap_outer_impl(const T* src, T* dst, long long a, long long b, long long c) {
+  DDP_FOR_EACH(i, a * b * c) {
+    long long k = i % c;
+    long long r = i / c;
+    long long ai = r % a;
+    long long bi = r / a;
+    dst[i] = src[(ai * b + bi) * c + k];
+  }
+}
+DDP_INSTANTIATE(swap_outer, (const T* src, T* dst, long long a, long long b, long long c), (src, dst, a, b, c))

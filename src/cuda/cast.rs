@@ -1,8 +1,9 @@
 //! f32 <-> f16 casts on the device (kernels/cast.cu), bit-identical with
 //! `half::f16::from_f32` / `to_f32` (the CPU tensors' `into_dtype`), NaN
-//! payloads included.
+//! payloads included; plus an f16 -> f32 accumulate (O1's gradients) and an
+//! outer-dimension swap (the device conv2d's weight gradient).
 
-use super::{check_len, launch_1d, Gpu};
+use super::{as_i64, check_len, entry, launch_1d, DeviceFloat, Gpu};
 use crate::error::{Error, Result};
 use cudarc::driver::{DevicePtr, DevicePtrMut, PushKernelArg};
 use half::f16;
@@ -32,6 +33,38 @@ fn cast<A, B>(gpu: &Gpu, name: &str, src: &impl DevicePtr<A>, dst: &mut impl Dev
     // SAFETY: both pointers hold n elements of the kernel's types (checked above).
     unsafe { stream.launch_builder(&f).arg(&s).arg(&d).arg(&n64).launch(launch_1d(n)) }
         .map_err(|e| Error::cuda(name, e))?;
+    Ok(())
+}
+
+/// `dst += f32(src)`, elementwise in f32: an f16 gradient accumulated into
+/// an f32 `.grad` (O1's conv and linear), as `accumulate_grad` on the CPU.
+pub fn f16_add_to_f32(gpu: &Gpu, src: &impl DevicePtr<f16>, dst: &mut impl DevicePtrMut<f32>) -> Result<()> {
+    cast(gpu, "cast_f16_add_to_f32", src, dst)
+}
+
+/// `dst[B, A, C] = src[A, B, C]` for `shape = [A, B, C]`: the two outer
+/// dimensions swapped, values copied bit for bit.
+pub fn swap_outer<T: DeviceFloat>(
+    gpu: &Gpu,
+    shape: [usize; 3],
+    src: &impl DevicePtr<T>,
+    dst: &mut impl DevicePtrMut<T>,
+) -> Result<()> {
+    const OP: &str = "swap_outer";
+    let n = shape.iter().product::<usize>();
+    check_len(OP, "src", src.len(), n)?;
+    check_len(OP, "dst", dst.len(), n)?;
+    if n == 0 {
+        return Ok(());
+    }
+    let [a, b, c] = [as_i64(OP, shape[0])?, as_i64(OP, shape[1])?, as_i64(OP, shape[2])?];
+    let f = gpu.function("cast.cu", &entry::<T>(OP))?;
+    let stream = gpu.stream();
+    let (s, _s) = src.device_ptr(stream);
+    let (d, _d) = dst.device_ptr_mut(stream);
+    // SAFETY: src and dst hold a*b*c elements of T (checked above).
+    unsafe { stream.launch_builder(&f).arg(&s).arg(&d).arg(&a).arg(&b).arg(&c).launch(launch_1d(n)) }
+        .map_err(|e| Error::cuda(OP, e))?;
     Ok(())
 }
 
@@ -122,6 +155,60 @@ mod tests {
         let mut dst = gpu.stream().alloc_zeros::<f16>(9).unwrap();
         let e = f32_to_f16(&gpu, &src, &mut dst).unwrap_err().to_string();
         assert!(e.contains("cast_f32_to_f16: dst holds 9 elements, expected 10"), "{e}");
+    }
+
+    #[test]
+    fn f16_add_to_f32_accumulates_like_the_cpu() {
+        let Some(gpu) = crate::cuda::test_gpu("f16_add_to_f32_accumulates_like_the_cpu") else { return };
+        let g: Vec<f16> = rand_vec_f32(1037, 65).iter().map(|&v| f16::from_f32(v * 300.0)).collect();
+        let acc = rand_vec_f32(1037, 66);
+        let src = gpu.stream().clone_htod(&g).unwrap();
+        let mut dst = gpu.stream().clone_htod(&acc).unwrap();
+        // Twice: the second call must add onto the first, not overwrite it.
+        f16_add_to_f32(&gpu, &src, &mut dst).unwrap();
+        f16_add_to_f32(&gpu, &src, &mut dst).unwrap();
+        let got: Vec<f32> = gpu.stream().clone_dtoh(&dst).unwrap();
+        for (i, ((&a, h), &r)) in acc.iter().zip(&g).zip(&got).enumerate() {
+            let want = a + h.to_f32() + h.to_f32();
+            assert_eq!(r.to_bits(), want.to_bits(), "[{i}] {a} + 2 * {h}: got {r}");
+        }
+        let mut short = gpu.stream().alloc_zeros::<f32>(5).unwrap();
+        let e = f16_add_to_f32(&gpu, &src, &mut short).unwrap_err().to_string();
+        assert!(e.contains("cast_f16_add_to_f32: dst holds 5 elements, expected 1037"), "{e}");
+    }
+
+    fn check_swap_outer<T: crate::cuda::DeviceFloat>(gpu: &Gpu, [a, b, c]: [usize; 3]) {
+        let host = crate::cuda::testing::rounded::<T>(&rand_vec_f32(a * b * c, 67));
+        let src = upload::<T>(gpu, &host);
+        let mut dst = poisoned::<T>(gpu, a * b * c);
+        swap_outer(gpu, [a, b, c], &src, &mut dst).unwrap();
+        let got = crate::cuda::testing::download(gpu, &dst);
+        for bi in 0..b {
+            for ai in 0..a {
+                for k in 0..c {
+                    let (g, w) = (got[(bi * a + ai) * c + k], host[(ai * b + bi) * c + k]);
+                    assert_eq!(
+                        g.to_bits(),
+                        w.to_bits(),
+                        "{} [{a}, {b}, {c}] at ({bi}, {ai}, {k})",
+                        T::SUFFIX
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn swap_outer_moves_every_element() {
+        let Some(gpu) = crate::cuda::test_gpu("swap_outer_moves_every_element") else { return };
+        for shape in [[3, 5, 7], [7, 16, 1], [1, 4, 9], [100, 16, 13]] {
+            check_swap_outer::<f32>(&gpu, shape);
+            check_swap_outer::<f16>(&gpu, shape);
+        }
+        let src = gpu.stream().alloc_zeros::<f32>(24).unwrap();
+        let mut dst = gpu.stream().alloc_zeros::<f32>(24).unwrap();
+        let e = swap_outer(&gpu, [2, 3, 5], &src, &mut dst).unwrap_err().to_string();
+        assert!(e.contains("swap_outer: src holds 24 elements, expected 30"), "{e}");
     }
 
     #[test]

@@ -2,4 +2,8 @@
 //! parameters, gradients and activations in device buffers allocated once
 //! before the first step, and every op a launch of its `ops/<family>/cuda.rs`.
 
+mod half;
+mod layers;
+pub mod model;
 pub mod params;
+pub mod plan;

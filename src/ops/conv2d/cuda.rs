@@ -1,15 +1,16 @@
 //! Launchers for kernels/conv2d.cu: the non-GEMM pieces of a device conv2d
-//! (im2col, col2im, bias add, bias gradient). The GEMMs between them come
-//! from cuBLAS (src/cuda/blas.rs). Sizes are a [`ConvGeom`] as built by the
+//! (im2col, col2im, bias add, bias gradient), and [`forward`] / [`backward`]
+//! chaining them with the cuBLAS GEMMs (src/cuda/blas.rs). Sizes are a [`ConvGeom`] as built by the
 //! CPU path's checks; it is re-validated here so that an inconsistent one
 //! never reaches a kernel.
 
 use super::cpu::ConvGeom;
 use super::out_size;
+use crate::cuda::blas::{gemm, gemm_strided_batched, BatchStrides, Blas, BlasElem};
 use crate::cuda::{check_len, entry, DeviceFloat};
 use crate::cuda::{launch_1d, Gpu};
 use crate::error::{Error, Result};
-use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 
 const FILE: &str = "conv2d.cu";
 /// Threads per block of `conv2d_bias_grad` (its shared array is this size).
@@ -176,6 +177,138 @@ pub fn bias_grad<T: DeviceFloat>(
     // SAFETY: dy holds n*o*hw and db o elements (checked above); the block
     // size matches the kernel's shared array.
     unsafe { b.launch(cfg) }.map_err(|e| Error::cuda(OP, e))?;
+    Ok(())
+}
+
+/// Elements of the scratch [`backward`] swaps `dy` into: `dy`'s own size.
+pub fn dy_t_len(g: &ConvGeom) -> usize {
+    g.n * g.y_len()
+}
+
+/// A view of the first `len` elements of a scratch buffer that may be larger
+/// (one scratch serves every conv of a model, sized for the largest).
+fn scratch<'b, T>(
+    op: &str,
+    what: &str,
+    buf: &'b mut CudaViewMut<'_, T>,
+    len: usize,
+) -> Result<CudaViewMut<'b, T>> {
+    if buf.len() < len {
+        return Err(Error::shape(format!("{op}: {what} holds {} elements, needs at least {len}", buf.len())));
+    }
+    Ok(buf.slice_mut(0..len))
+}
+
+/// The whole forward: `y[N, O, Ho, Wo] = conv(x, w) + bias`, overwritten.
+/// `col` is scratch of at least [`col_len`] elements. im2col per image, then
+/// one strided-batched GEMM `y[img] = W[O, CKK] col[img][CKK, HoWo]` with
+/// the weight shared; with a bias, `y` starts as the broadcast bias and the
+/// GEMM adds onto it, so an f16 output is rounded once, as on the CPU.
+#[allow(clippy::too_many_arguments)]
+pub fn forward<T: DeviceFloat + BlasElem>(
+    gpu: &Gpu,
+    blas: &Blas,
+    g: &ConvGeom,
+    x: &CudaView<'_, T>,
+    w: &CudaView<'_, T>,
+    bias: Option<&CudaView<'_, T>>,
+    col: &mut CudaViewMut<'_, T>,
+    y: &mut CudaViewMut<'_, T>,
+) -> Result<()> {
+    const OP: &str = "conv2d forward";
+    check_geom(OP, g)?;
+    check_len(OP, "x", x.len(), g.n * g.x_len())?;
+    check_len(OP, "weight", w.len(), g.o * g.ckk())?;
+    if let Some(b) = bias {
+        check_len(OP, "bias", b.len(), g.o)?;
+    }
+    check_len(OP, "y", y.len(), g.n * g.y_len())?;
+    let mut col = scratch(OP, "col", col, col_len(g))?;
+    if g.n == 0 {
+        return Ok(());
+    }
+    im2col(gpu, g, x, ColLayout::PerImage, &mut col)?;
+    let beta = match bias {
+        Some(b) => {
+            gpu.stream().memset_zeros(y).map_err(|e| Error::cuda(OP, e))?;
+            bias_add(gpu, [g.n, g.o, g.out_hw()], y, b)?;
+            1.0
+        }
+        None => 0.0,
+    };
+    let (hw, ckk) = (g.out_hw(), g.ckk());
+    let strides = BatchStrides { batch: g.n, stride_a: 0, stride_b: ckk * hw, stride_c: g.o * hw };
+    gemm_strided_batched(
+        blas,
+        false,
+        false,
+        g.o,
+        hw,
+        ckk,
+        1.0,
+        w,
+        ckk,
+        &col.as_view(),
+        hw,
+        beta,
+        y,
+        hw,
+        strides,
+    )
+}
+
+/// The whole backward: `dw += dy . col(x)^T` and `db +=` the sums of `dy`
+/// (PyTorch's `.grad` accumulation; f16 rounds once, after the add), and
+/// `dx` (overwritten) when asked. `col` ([`col_len`]) and `dy_t`
+/// ([`dy_t_len`]) are scratch. The batch is one GEMM per product: `dy` is
+/// swapped to `[O, N*HoWo]` and `x` unfolded side by side
+/// ([`ColLayout::Wide`], `[CKK, N*HoWo]`), so the weight gradient sums over
+/// images inside one f32-accumulated GEMM.
+#[allow(clippy::too_many_arguments)]
+pub fn backward<T: DeviceFloat + BlasElem>(
+    gpu: &Gpu,
+    blas: &Blas,
+    g: &ConvGeom,
+    x: &CudaView<'_, T>,
+    w: &CudaView<'_, T>,
+    dy: &CudaView<'_, T>,
+    col: &mut CudaViewMut<'_, T>,
+    dy_t: &mut CudaViewMut<'_, T>,
+    dw: &mut CudaViewMut<'_, T>,
+    db: Option<&mut CudaViewMut<'_, T>>,
+    dx: Option<&mut CudaViewMut<'_, T>>,
+) -> Result<()> {
+    const OP: &str = "conv2d backward";
+    check_geom(OP, g)?;
+    check_len(OP, "x", x.len(), g.n * g.x_len())?;
+    check_len(OP, "weight", w.len(), g.o * g.ckk())?;
+    check_len(OP, "dy", dy.len(), g.n * g.y_len())?;
+    check_len(OP, "dweight", dw.len(), g.o * g.ckk())?;
+    if let Some(db) = &db {
+        check_len(OP, "dbias", db.len(), g.o)?;
+    }
+    if let Some(dx) = &dx {
+        check_len(OP, "dx", dx.len(), g.n * g.x_len())?;
+    }
+    let mut col = scratch(OP, "col", col, col_len(g))?;
+    let mut dy_t = scratch(OP, "dy_t", dy_t, dy_t_len(g))?;
+    if g.n == 0 {
+        return Ok(());
+    }
+    let (hw, ckk, nhw) = (g.out_hw(), g.ckk(), g.n * g.out_hw());
+    im2col(gpu, g, x, ColLayout::Wide, &mut col)?;
+    crate::cuda::cast::swap_outer(gpu, [g.n, g.o, hw], dy, &mut dy_t)?;
+    // dw[O, CKK] += dy_t[O, N*HW] col[CKK, N*HW]^T
+    gemm(blas, false, true, g.o, ckk, nhw, 1.0, &dy_t.as_view(), nhw, &col.as_view(), nhw, 1.0, dw, ckk)?;
+    if let Some(db) = db {
+        bias_grad(gpu, [g.n, g.o, hw], dy, db, true)?;
+    }
+    if let Some(dx) = dx {
+        // dcol[CKK, N*HW] = w[O, CKK]^T dy_t[O, N*HW], into the col scratch
+        // (its unfolded x was consumed by the GEMM above, in stream order).
+        gemm(blas, true, false, ckk, nhw, g.o, 1.0, w, ckk, &dy_t.as_view(), nhw, 0.0, &mut col, nhw)?;
+        col2im(gpu, g, &col, ColLayout::Wide, dx)?;
+    }
     Ok(())
 }
 

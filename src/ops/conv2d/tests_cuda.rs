@@ -280,3 +280,167 @@ fn conv2d_pieces_refuse_inconsistent_sizes() {
     let e = bias_grad(&gpu, [2, 4, 4], &y, &mut db, false).unwrap_err().to_string();
     assert!(e.contains("conv2d bias_grad: dy holds 24 elements, expected 32"), "{e}");
 }
+
+/// `conv2d::forward` / `backward` on the CPU over `T`-rounded inputs
+/// (f16 through the CPU's widened path): y, dw0 + dW, db0 + dB, dx.
+#[allow(clippy::too_many_arguments)]
+fn cpu_conv(
+    g: &ConvGeom,
+    dtype: crate::tensor::DType,
+    x: &[f32],
+    w: &[f32],
+    b: &[f32],
+    dy: &[f32],
+    dw0: &[f32],
+    db0: &[f32],
+) -> [Vec<f32>; 4] {
+    let t = |shape: &[usize], v: &[f32]| Tensor::from_f32_as(shape, v.to_vec(), dtype).unwrap();
+    let (xs, ws, ys) = ([g.n, g.c, g.h, g.w], [g.o, g.c, g.k, g.k], [g.n, g.o, g.ho, g.wo]);
+    let (xt, wt, bt, dyt) = (t(&xs, x), t(&ws, w), t(&[g.o], b), t(&ys, dy));
+    let args = Conv2dArgs { stride: g.stride, padding: g.padding };
+    let y = conv2d::forward(&xt, &wt, Some(&bt), args).unwrap().to_f32_vec();
+    let (mut dwt, mut dbt) = (t(&ws, dw0), t(&[g.o], db0));
+    let dx = conv2d::backward(&xt, &wt, &dyt, args, &mut dwt, Some(&mut dbt), true).unwrap().unwrap();
+    [y, dwt.to_f32_vec(), dbt.to_f32_vec(), dx.to_f32_vec()]
+}
+
+fn check_chained<T: DeviceFloat + crate::cuda::blas::BlasElem>(gpu: &Gpu, gs: [usize; 8], seed: u64) {
+    use crate::tensor::DType;
+    let g = geom(gs);
+    let what = format!("conv2d {} {g:?}", <T as DeviceFloat>::SUFFIX);
+    let dtype = if <T as DeviceFloat>::SUFFIX == "f16" { DType::F16 } else { DType::F32 };
+    let r = |len, s| rounded::<T>(&rand_vec_f32(len, s));
+    let (x, w, b) = (r(g.n * g.x_len(), seed), r(g.o * g.ckk(), seed + 1), r(g.o, seed + 2));
+    let (dy, dw0, db0) = (r(g.n * g.y_len(), seed + 3), r(g.o * g.ckk(), seed + 4), r(g.o, seed + 5));
+    let want = cpu_conv(&g, dtype, &x, &w, &b, &dy, &dw0, &db0);
+    // The bound on each result's error: the same sums over magnitudes.
+    let abs = |v: &[f32]| v.iter().map(|a| a.abs()).collect::<Vec<_>>();
+    let mag = cpu_conv(&g, DType::F32, &abs(&x), &abs(&w), &abs(&b), &abs(&dy), &abs(&dw0), &abs(&db0));
+
+    let blas = crate::cuda::blas::Blas::new(gpu, false).unwrap();
+    let (xd, wd, bd, dyd) =
+        (upload::<T>(gpu, &x), upload::<T>(gpu, &w), upload::<T>(gpu, &b), upload::<T>(gpu, &dy));
+    // Scratch larger than this conv needs, as a model's shared scratch is.
+    let mut col = poisoned::<T>(gpu, col_len(&g) + 7);
+    let mut dy_t = poisoned::<T>(gpu, super::dy_t_len(&g) + 3);
+    let mut yd = poisoned::<T>(gpu, g.n * g.y_len());
+    let (mut colv, mut yv) = (col.as_view_mut(), yd.as_view_mut());
+    super::forward(gpu, &blas, &g, &xd.as_view(), &wd.as_view(), Some(&bd.as_view()), &mut colv, &mut yv)
+        .unwrap();
+    let tol = tol::<T>();
+    assert_close_mag(&format!("{what}: y"), &download(gpu, &yd), &want[0], &mag[0], tol);
+
+    let (mut dwd, mut dbd) = (upload::<T>(gpu, &dw0), upload::<T>(gpu, &db0));
+    let mut dxd = poisoned::<T>(gpu, g.n * g.x_len());
+    super::backward(
+        gpu,
+        &blas,
+        &g,
+        &xd.as_view(),
+        &wd.as_view(),
+        &dyd.as_view(),
+        &mut col.as_view_mut(),
+        &mut dy_t.as_view_mut(),
+        &mut dwd.as_view_mut(),
+        Some(&mut dbd.as_view_mut()),
+        Some(&mut dxd.as_view_mut()),
+    )
+    .unwrap();
+    assert_close_mag(&format!("{what}: dw (accumulated)"), &download(gpu, &dwd), &want[1], &mag[1], tol);
+    assert_close_mag(&format!("{what}: db (accumulated)"), &download(gpu, &dbd), &want[2], &mag[2], tol);
+    assert_close_mag(&format!("{what}: dx"), &download(gpu, &dxd), &want[3], &mag[3], tol);
+
+    // Without a bias and without dx (the first layer): y is still fully written.
+    let mut yd = poisoned::<T>(gpu, g.n * g.y_len());
+    super::forward(
+        gpu,
+        &blas,
+        &g,
+        &xd.as_view(),
+        &wd.as_view(),
+        None,
+        &mut col.as_view_mut(),
+        &mut yd.as_view_mut(),
+    )
+    .unwrap();
+    let want_nb: Vec<f32> = (0..want[0].len()).map(|i| want[0][i] - b[i / g.out_hw() % g.o]).collect();
+    assert_close_mag(&format!("{what}: y without bias"), &download(gpu, &yd), &want_nb, &mag[0], tol);
+    let mut dwd = upload::<T>(gpu, &dw0);
+    super::backward(
+        gpu,
+        &blas,
+        &g,
+        &xd.as_view(),
+        &wd.as_view(),
+        &dyd.as_view(),
+        &mut col.as_view_mut(),
+        &mut dy_t.as_view_mut(),
+        &mut dwd.as_view_mut(),
+        None,
+        None,
+    )
+    .unwrap();
+    assert_close_mag(&format!("{what}: dw without dx"), &download(gpu, &dwd), &want[1], &mag[1], tol);
+}
+
+#[test]
+fn conv2d_forward_backward_match_the_cpu_conv2d_f32() {
+    let Some(gpu) = crate::cuda::test_gpu("conv2d_forward_backward_match_the_cpu_conv2d_f32") else { return };
+    for (i, &gs) in GEOMS.iter().enumerate() {
+        check_chained::<f32>(&gpu, gs, 1100 + 10 * i as u64);
+    }
+    // MNIST's second conv at a small batch.
+    check_chained::<f32>(&gpu, [3, 16, 14, 14, 32, 5, 1, 2], 1190);
+}
+
+#[test]
+fn conv2d_forward_backward_match_the_cpu_conv2d_f16() {
+    let Some(gpu) = crate::cuda::test_gpu("conv2d_forward_backward_match_the_cpu_conv2d_f16") else { return };
+    for (i, &gs) in GEOMS.iter().enumerate() {
+        check_chained::<f16>(&gpu, gs, 1200 + 10 * i as u64);
+    }
+    check_chained::<f16>(&gpu, [3, 16, 14, 14, 32, 5, 1, 2], 1290);
+}
+
+#[test]
+fn conv2d_forward_backward_refuse_short_buffers() {
+    let Some(gpu) = crate::cuda::test_gpu("conv2d_forward_backward_refuse_short_buffers") else { return };
+    let blas = crate::cuda::blas::Blas::new(&gpu, false).unwrap();
+    let g = geom([2, 3, 7, 7, 4, 3, 1, 1]);
+    let x = upload::<f32>(&gpu, &vec![0.0; g.n * g.x_len()]);
+    let w = upload::<f32>(&gpu, &vec![0.0; g.o * g.ckk()]);
+    let mut col = poisoned::<f32>(&gpu, col_len(&g) - 1);
+    let mut y = poisoned::<f32>(&gpu, g.n * g.y_len());
+    let e = super::forward(
+        &gpu,
+        &blas,
+        &g,
+        &x.as_view(),
+        &w.as_view(),
+        None,
+        &mut col.as_view_mut(),
+        &mut y.as_view_mut(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("conv2d forward: col holds 2645 elements, needs at least 2646"), "{e}");
+    let mut col = poisoned::<f32>(&gpu, col_len(&g));
+    let mut dy_t = poisoned::<f32>(&gpu, super::dy_t_len(&g));
+    let mut dw = poisoned::<f32>(&gpu, g.o * g.ckk() + 1);
+    let e = super::backward(
+        &gpu,
+        &blas,
+        &g,
+        &x.as_view(),
+        &w.as_view(),
+        &y.as_view(),
+        &mut col.as_view_mut(),
+        &mut dy_t.as_view_mut(),
+        &mut dw.as_view_mut(),
+        None,
+        None,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("conv2d backward: dweight holds 109 elements, expected 108"), "{e}");
+}

@@ -1,0 +1,471 @@
+//! One layer of [`super::model::GpuModel`], forward and backward: the
+//! device twins of `Layer::forward_train` / `forward_eval` / `backward` in
+//! src/nn/mod.rs, over preallocated buffers, with the same amp behaviour:
+//! O1's conv and linear cast their input and weights to f16 per call and
+//! add their f16 gradients into the f32 `.grad`; BatchNorm with f16
+//! parameters (O3) runs on f32 copies and rounds its running statistics and
+//! gradients back once, as `forward_widened` / `backward_widened` do.
+
+use super::model::{BnScratch, Elem, HalfScratch, TrainHooks};
+use super::params::{DevBuf, DevElem, DeviceParams};
+use super::plan::{LayerPlan, Step};
+use crate::cuda::blas::Blas;
+use crate::cuda::{cast, Gpu};
+use crate::error::{Error, Result};
+use crate::nn::BatchNorm2d;
+use crate::ops::batch_norm::cuda as bnk;
+use crate::ops::conv2d::cpu::ConvGeom;
+use crate::ops::conv2d::cuda as convk;
+use crate::ops::linear::cuda as lin;
+use crate::ops::max_pool2d::cuda as pool;
+use crate::ops::relu::cuda as relu;
+use crate::tensor::DType;
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
+use half::f16;
+
+pub(super) fn internal(msg: impl std::fmt::Display) -> Error {
+    Error::Training(format!("internal error: device model: {msg}"))
+}
+
+/// What the layers of one step share: the device, cuBLAS, the parameters
+/// and the scratch buffers.
+pub(super) struct Ctx<'a> {
+    pub gpu: &'a Gpu,
+    pub blas: &'a Blas,
+    pub params: &'a mut DeviceParams,
+    /// O1: conv and linear compute in f16 on f32 activations.
+    pub o1: bool,
+    pub col: &'a mut DevBuf,
+    pub dy_t: &'a mut DevBuf,
+    pub bn: &'a mut BnScratch,
+    pub half: Option<&'a mut HalfScratch>,
+}
+
+/// What a layer keeps between its forward and its backward.
+pub(super) enum LayerState {
+    None,
+    BatchNorm(Box<BnState>),
+    /// The flat index of each output's maximum within its plane.
+    MaxPool(CudaSlice<u32>),
+    /// O1: the layer's input cast to f16, which its backward reads.
+    HalfInput(CudaSlice<f16>),
+}
+
+/// A BatchNorm's buffers: running statistics in the parameters' dtype,
+/// the batch mean and invstd of the last training forward, and the
+/// num_batches_tracked counter (host-side: nothing on the device reads it).
+pub(super) struct BnState {
+    running_mean: DevBuf,
+    running_var: DevBuf,
+    mean: CudaSlice<f32>,
+    invstd: CudaSlice<f32>,
+    num_batches_tracked: i64,
+    eps: f32,
+    momentum: f32,
+    channels: usize,
+}
+
+impl BnState {
+    pub fn new(gpu: &Gpu, bn: &BatchNorm2d, channels: usize) -> Result<BnState> {
+        let dt = bn.running_mean.dtype();
+        let alloc = |e| Error::cuda("allocating BatchNorm statistics", e);
+        let mut s = BnState {
+            running_mean: DevBuf::zeros(gpu, dt, channels)?,
+            running_var: DevBuf::zeros(gpu, dt, channels)?,
+            mean: gpu.stream().alloc_zeros(channels.max(1)).map_err(alloc)?,
+            invstd: gpu.stream().alloc_zeros(channels.max(1)).map_err(alloc)?,
+            num_batches_tracked: 0,
+            eps: bn.eps,
+            momentum: bn.momentum,
+            channels,
+        };
+        s.upload(gpu, bn)?;
+        Ok(s)
+    }
+
+    fn check(&self, bn: &BatchNorm2d) -> Result<()> {
+        for t in [&bn.running_mean, &bn.running_var] {
+            if t.dtype() != self.running_mean.dtype() || t.numel() != self.channels {
+                return Err(internal(format!(
+                    "BatchNorm running statistics {:?} {:?} do not match the device's {} {:?}",
+                    t.shape(),
+                    t.dtype(),
+                    self.channels,
+                    self.running_mean.dtype()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn upload(&mut self, gpu: &Gpu, bn: &BatchNorm2d) -> Result<()> {
+        self.check(bn)?;
+        self.running_mean.write_f32(gpu, 0, &bn.running_mean.to_f32_vec())?;
+        self.running_var.write_f32(gpu, 0, &bn.running_var.to_f32_vec())?;
+        (self.num_batches_tracked, self.eps, self.momentum) = (bn.num_batches_tracked, bn.eps, bn.momentum);
+        Ok(())
+    }
+
+    pub fn download(&self, gpu: &Gpu, bn: &mut BatchNorm2d) -> Result<()> {
+        self.check(bn)?;
+        bn.running_mean.copy_from_f32(&self.running_mean.read_f32(gpu, 0, self.channels)?)?;
+        bn.running_var.copy_from_f32(&self.running_var.read_f32(gpu, 0, self.channels)?)?;
+        bn.num_batches_tracked = self.num_batches_tracked;
+        Ok(())
+    }
+}
+
+/// The first `len` values of a typed scratch buffer.
+pub(super) fn slice<T>(s: &CudaSlice<T>, len: usize) -> Result<CudaView<'_, T>> {
+    let have = s.len();
+    s.try_slice(0..len).ok_or_else(|| internal(format!("{len} values asked of a buffer of {have}")))
+}
+
+pub(super) fn slice_mut<T>(s: &mut CudaSlice<T>, len: usize) -> Result<CudaViewMut<'_, T>> {
+    let have = s.len();
+    s.try_slice_mut(0..len).ok_or_else(|| internal(format!("{len} values asked of a buffer of {have}")))
+}
+
+fn typed<T: DevElem>(b: &DevBuf) -> Result<&CudaSlice<T>> {
+    T::of(b).ok_or_else(|| internal(format!("a {:?} buffer used as {:?}", b.dtype(), T::DTYPE)))
+}
+
+fn typed_mut<T: DevElem>(b: &mut DevBuf) -> Result<&mut CudaSlice<T>> {
+    let dt = b.dtype();
+    T::of_mut(b).ok_or_else(|| internal(format!("a {dt:?} buffer used as {:?}", T::DTYPE)))
+}
+
+/// The first `len` values of a buffer, as `T`.
+pub(super) fn view<T: DevElem>(b: &DevBuf, len: usize) -> Result<CudaView<'_, T>> {
+    slice(typed(b)?, len)
+}
+
+pub(super) fn view_mut<T: DevElem>(b: &mut DevBuf, len: usize) -> Result<CudaViewMut<'_, T>> {
+    slice_mut(typed_mut(b)?, len)
+}
+
+/// The whole of a scratch buffer (the launchers take a larger one).
+pub(super) fn whole_mut<T: DevElem>(b: &mut DevBuf) -> Result<CudaViewMut<'_, T>> {
+    Ok(typed_mut::<T>(b)?.as_view_mut())
+}
+
+/// A layer's input (read) and output (written) activations.
+pub(super) fn io<'b, T: DevElem>(
+    acts: &'b mut [DevBuf],
+    lp: &LayerPlan,
+    n: usize,
+) -> Result<(CudaView<'b, T>, CudaViewMut<'b, T>)> {
+    if lp.src >= lp.dst || lp.dst >= acts.len() {
+        return Err(internal(format!("layer {} reads buffer {} and writes {}", lp.name, lp.src, lp.dst)));
+    }
+    let (lo, hi) = acts.split_at_mut(lp.dst);
+    Ok((view(&lo[lp.src], n * lp.in_numel)?, view_mut(&mut hi[0], n * lp.out_numel)?))
+}
+
+/// `(dw, db)` out of the one or two gradients `with_params` hands over.
+#[allow(clippy::type_complexity)]
+pub(super) fn weight_and_bias<'s, 'v, G>(
+    gs: &'s mut [CudaViewMut<'v, G>],
+) -> Result<(&'s mut CudaViewMut<'v, G>, Option<&'s mut CudaViewMut<'v, G>>)> {
+    match gs {
+        [w] => Ok((w, None)),
+        [w, b] => Ok((w, Some(b))),
+        _ => Err(internal(format!("{} gradients for a weight and a bias", gs.len()))),
+    }
+}
+
+pub(super) fn ids(weight: usize, bias: Option<usize>) -> Vec<usize> {
+    std::iter::once(weight).chain(bias).collect()
+}
+
+/// Forward of one layer over `n` images, training mode when `train`
+/// (batch statistics, running statistics moved, SyncBatchNorm through
+/// `hooks`), else evaluation mode. Flatten does nothing: its output is its
+/// input buffer.
+pub(super) fn forward<A: Elem>(
+    ctx: &mut Ctx<'_>,
+    lp: &LayerPlan,
+    state: &mut LayerState,
+    acts: &mut [DevBuf],
+    n: usize,
+    train: bool,
+    hooks: &mut dyn TrainHooks,
+) -> Result<()> {
+    let (gpu, blas) = (ctx.gpu, ctx.blas);
+    match (&lp.step, state) {
+        (Step::Flatten, _) => Ok(()),
+        (Step::Conv { .. } | Step::Linear { .. }, LayerState::HalfInput(x16)) if ctx.o1 => {
+            super::half::forward(ctx, lp, x16, acts, n)
+        }
+        (&Step::Conv { geom, weight, bias }, _) => {
+            let (x, mut y) = io::<A>(acts, lp, n)?;
+            let w = ctx.params.value::<A>(weight)?;
+            let b = bias.map(|b| ctx.params.value::<A>(b)).transpose()?;
+            let g = ConvGeom { n, ..geom };
+            convk::forward(gpu, blas, &g, &x, &w, b.as_ref(), &mut whole_mut::<A>(ctx.col)?, &mut y)
+        }
+        (&Step::Linear { in_features, out_features, weight, bias }, _) => {
+            let (x, mut y) = io::<A>(acts, lp, n)?;
+            let w = ctx.params.value::<A>(weight)?;
+            let b = bias.map(|b| ctx.params.value::<A>(b)).transpose()?;
+            lin::forward(gpu, blas, n, in_features, out_features, &x, &w, b.as_ref(), &mut y)
+        }
+        (Step::Relu, _) => {
+            let (x, mut y) = io::<A>(acts, lp, n)?;
+            relu::forward(gpu, &x, &mut y)
+        }
+        (&Step::MaxPool { shape: [c, h, w], kernel, stride }, LayerState::MaxPool(indices)) => {
+            let (x, mut y) = io::<A>(acts, lp, n)?;
+            let mut indices = slice_mut(indices, n * lp.out_numel)?;
+            pool::forward(gpu, &x, [n, c, h, w], kernel, stride, &mut y, &mut indices).map(|_| ())
+        }
+        (Step::BatchNorm { .. }, LayerState::BatchNorm(bn)) => {
+            let (x, mut y) = io::<A>(acts, lp, n)?;
+            if train {
+                bn_forward_train(ctx, &lp.step, bn, &x, &mut y, n, hooks)
+            } else {
+                bn_forward_eval(ctx, &lp.step, bn, &x, &mut y, n)
+            }
+        }
+        (step, _) => Err(internal(format!("layer {} ({step:?}) has no state for its forward", lp.name))),
+    }
+}
+
+/// Backward of one layer: parameter gradients accumulated into `.grad`,
+/// and dx into `gx` when `need_dx`, from dy in `gy`.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn backward<A: Elem>(
+    ctx: &mut Ctx<'_>,
+    lp: &LayerPlan,
+    state: &LayerState,
+    acts: &[DevBuf],
+    (gy, gx): (&DevBuf, &mut DevBuf),
+    n: usize,
+    need_dx: bool,
+    hooks: &mut dyn TrainHooks,
+) -> Result<()> {
+    let (gpu, blas) = (ctx.gpu, ctx.blas);
+    let (in_len, out_len) = (n * lp.in_numel, n * lp.out_numel);
+    if let (Step::Conv { .. } | Step::Linear { .. }, LayerState::HalfInput(x16), true) =
+        (&lp.step, state, ctx.o1)
+    {
+        return super::half::backward(ctx, lp, x16, (gy, gx), n, need_dx);
+    }
+    let x = view::<A>(&acts[lp.src], in_len)?;
+    let dy = view::<A>(gy, out_len)?;
+    let mut dx = if need_dx { Some(view_mut::<A>(gx, in_len)?) } else { None };
+    match (&lp.step, state) {
+        (&Step::Conv { geom, weight, bias }, _) => {
+            let g = ConvGeom { n, ..geom };
+            let (col, dy_t) = (&mut *ctx.col, &mut *ctx.dy_t);
+            ctx.params.with_params::<A, A, ()>(&[weight], &ids(weight, bias), |w, gs| {
+                let (dw, db) = weight_and_bias(gs)?;
+                let (mut col, mut dy_t) = (whole_mut::<A>(col)?, whole_mut::<A>(dy_t)?);
+                convk::backward(gpu, blas, &g, &x, &w[0], &dy, &mut col, &mut dy_t, dw, db, dx.as_mut())
+            })
+        }
+        (&Step::Linear { in_features, out_features, weight, bias }, _) => {
+            ctx.params.with_params::<A, A, ()>(&[weight], &ids(weight, bias), |w, gs| {
+                let (dw, db) = weight_and_bias(gs)?;
+                lin::backward(gpu, blas, n, in_features, out_features, &x, &w[0], &dy, dw, db, dx.as_mut())
+            })
+        }
+        (Step::Relu, _) => {
+            let y = view::<A>(&acts[lp.dst], out_len)?;
+            let dx = dx.as_mut().ok_or_else(|| internal("ReLU backward without dx"))?;
+            relu::backward(gpu, &y, &dy, dx)
+        }
+        (&Step::MaxPool { shape: [c, h, w], kernel, stride }, LayerState::MaxPool(indices)) => {
+            let indices = slice(indices, out_len)?;
+            let dx = dx.as_mut().ok_or_else(|| internal("max_pool backward without dx"))?;
+            pool::backward(gpu, &dy, &indices, [n, c, h, w], kernel, stride, dx)
+        }
+        (Step::BatchNorm { .. }, LayerState::BatchNorm(bn)) => {
+            bn_backward(ctx, &lp.step, bn, &x, &dy, dx.as_mut(), n, hooks)
+        }
+        (step, _) => Err(internal(format!("layer {} ({step:?}) has no state for its backward", lp.name))),
+    }
+}
+
+/// BatchNorm parameter `i` as the f32 view the launchers take: the value
+/// itself, or (f16 parameters, O3) its copy cast up into `scratch`.
+fn bn_param<'b>(
+    gpu: &Gpu,
+    params: &'b DeviceParams,
+    scratch: &'b mut CudaSlice<f32>,
+    i: usize,
+    c: usize,
+    dt: DType,
+) -> Result<CudaView<'b, f32>> {
+    match dt {
+        DType::F32 => params.value::<f32>(i),
+        DType::F16 => {
+            cast::f16_to_f32(gpu, &params.value::<f16>(i)?, &mut slice_mut(scratch, c)?)?;
+            let scratch: &'b CudaSlice<f32> = scratch;
+            slice(scratch, c)
+        }
+    }
+}
+
+/// `(channels, hw, weight, bias, sync, param_dtype)` of a BatchNorm step.
+fn bn_step(step: &Step) -> Result<(usize, usize, usize, usize, bool, DType)> {
+    match *step {
+        Step::BatchNorm { channels, hw, weight, bias, sync, param_dtype } => {
+            Ok((channels, hw, weight, bias, sync, param_dtype))
+        }
+        ref other => Err(internal(format!("{other:?} run as a BatchNorm"))),
+    }
+}
+
+/// f16 running statistics (O3) cast up into the scratch (`up`) or the
+/// scratch rounded back into them (once per step, as on the CPU).
+fn bn_running_cast(gpu: &Gpu, bn: &mut BnState, s: &mut BnScratch, up: bool) -> Result<()> {
+    let c = bn.channels;
+    for (dev, scratch) in
+        [(&mut bn.running_mean, &mut s.running_mean), (&mut bn.running_var, &mut s.running_var)]
+    {
+        if up {
+            cast::f16_to_f32(gpu, &view::<f16>(dev, c)?, &mut slice_mut(scratch, c)?)?;
+        } else {
+            cast::f32_to_f16(gpu, &slice(scratch, c)?, &mut view_mut::<f16>(dev, c)?)?;
+        }
+    }
+    Ok(())
+}
+
+fn bn_forward_train<A: Elem>(
+    ctx: &mut Ctx<'_>,
+    step: &Step,
+    bn: &mut BnState,
+    x: &CudaView<'_, A>,
+    y: &mut CudaViewMut<'_, A>,
+    n: usize,
+    hooks: &mut dyn TrainHooks,
+) -> Result<()> {
+    let (c, hw, wi, bi, sync, dt) = bn_step(step)?;
+    let (gpu, shape) = (ctx.gpu, [n, c, hw, 1]);
+    let s = &mut *ctx.bn;
+    let half = dt == DType::F16;
+    if half {
+        bn_running_cast(gpu, bn, s, true)?;
+    }
+    {
+        let BnScratch { weight, bias, running_mean, running_var, totals, .. } = &mut *s;
+        let w = bn_param(gpu, ctx.params, weight, wi, c, dt)?;
+        let b = bn_param(gpu, ctx.params, bias, bi, c, dt)?;
+        let BnState { running_mean: drm, running_var: drv, mean, invstd, eps, momentum, .. } = &mut *bn;
+        let (mut rm, mut rv) = if half {
+            (slice_mut(running_mean, c)?, slice_mut(running_var, c)?)
+        } else {
+            (view_mut::<f32>(drm, c)?, view_mut::<f32>(drv, c)?)
+        };
+        let (mut mean, mut invstd) = (slice_mut(mean, c)?, slice_mut(invstd, c)?);
+        if sync {
+            let mut totals = slice_mut(totals, 1 + 2 * c)?;
+            bnk::local_sums(gpu, x, &shape, &mut totals)?;
+            hooks.all_reduce_sum(&mut totals, "SyncBatchNorm forward")?;
+            bnk::sync_stats(
+                gpu,
+                &totals.as_view(),
+                c,
+                *momentum,
+                *eps,
+                &mut mean,
+                &mut invstd,
+                &mut rm,
+                &mut rv,
+            )?;
+            bnk::forward_apply(gpu, x, &shape, &mean.as_view(), &invstd.as_view(), &w, &b, y)?;
+        } else {
+            bnk::forward_train(
+                gpu,
+                x,
+                &shape,
+                &w,
+                &b,
+                &mut rm,
+                &mut rv,
+                *momentum,
+                *eps,
+                y,
+                &mut mean,
+                &mut invstd,
+            )?;
+        }
+    }
+    if half {
+        bn_running_cast(gpu, bn, s, false)?;
+    }
+    bn.num_batches_tracked += 1;
+    Ok(())
+}
+
+fn bn_forward_eval<A: Elem>(
+    ctx: &mut Ctx<'_>,
+    step: &Step,
+    bn: &mut BnState,
+    x: &CudaView<'_, A>,
+    y: &mut CudaViewMut<'_, A>,
+    n: usize,
+) -> Result<()> {
+    let (c, hw, wi, bi, _, dt) = bn_step(step)?;
+    let (gpu, shape) = (ctx.gpu, [n, c, hw, 1]);
+    let s = &mut *ctx.bn;
+    if dt == DType::F16 {
+        bn_running_cast(gpu, bn, s, true)?;
+    }
+    let BnScratch { weight, bias, running_mean, running_var, .. } = s;
+    let w = bn_param(gpu, ctx.params, weight, wi, c, dt)?;
+    let b = bn_param(gpu, ctx.params, bias, bi, c, dt)?;
+    let (rm, rv) = match dt {
+        DType::F16 => (slice(running_mean, c)?, slice(running_var, c)?),
+        DType::F32 => (view::<f32>(&bn.running_mean, c)?, view::<f32>(&bn.running_var, c)?),
+    };
+    bnk::forward_eval(gpu, x, &shape, &w, &b, &rm, &rv, bn.eps, y)
+}
+
+/// BatchNorm backward in its two launches, so that SyncBatchNorm can
+/// all-reduce the per-channel sums between them. The weight and bias
+/// gradients are this rank's (DDP averages them like any other).
+#[allow(clippy::too_many_arguments)]
+fn bn_backward<A: Elem>(
+    ctx: &mut Ctx<'_>,
+    step: &Step,
+    bn: &BnState,
+    x: &CudaView<'_, A>,
+    dy: &CudaView<'_, A>,
+    dx: Option<&mut CudaViewMut<'_, A>>,
+    n: usize,
+    hooks: &mut dyn TrainHooks,
+) -> Result<()> {
+    let (c, hw, wi, bi, sync, dt) = bn_step(step)?;
+    let (gpu, shape) = (ctx.gpu, [n, c, hw, 1]);
+    let BnScratch { weight, dweight, dbias, sums, .. } = &mut *ctx.bn;
+    let (mean, invstd) = (slice(&bn.mean, c)?, slice(&bn.invstd, c)?);
+    let mut sums = slice_mut(sums, 2 * c)?;
+    match dt {
+        DType::F32 => ctx.params.with_grads::<f32, ()>(&[wi, bi], |g| {
+            let [dw, db] = g else { return Err(internal("BatchNorm gradients")) };
+            bnk::backward_reduce(gpu, x, dy, &shape, &mean, &invstd, &mut sums, dw, db)
+        })?,
+        // f16 .grad (O3): accumulated in f32, rounded once.
+        DType::F16 => ctx.params.with_grads::<f16, ()>(&[wi, bi], |g| {
+            let [dw, db] = g else { return Err(internal("BatchNorm gradients")) };
+            let (mut dw32, mut db32) = (slice_mut(dweight, c)?, slice_mut(dbias, c)?);
+            cast::f16_to_f32(gpu, &*dw, &mut dw32)?;
+            cast::f16_to_f32(gpu, &*db, &mut db32)?;
+            bnk::backward_reduce(gpu, x, dy, &shape, &mean, &invstd, &mut sums, &mut dw32, &mut db32)?;
+            cast::f32_to_f16(gpu, &dw32, dw)?;
+            cast::f32_to_f16(gpu, &db32, db)
+        })?,
+    }
+    let Some(dx) = dx else { return Ok(()) };
+    let count = if sync {
+        hooks.all_reduce_sum(&mut sums, "SyncBatchNorm backward")?;
+        hooks.world_size() * n * hw
+    } else {
+        n * hw
+    };
+    let w = bn_param(gpu, ctx.params, weight, wi, c, dt)?;
+    bnk::backward_dx(gpu, x, dy, &shape, &mean, &invstd, &w, &sums.as_view(), count, dx)
+}

@@ -1,0 +1,366 @@
+//! [`GpuModel`]: the host [`Model`] on the device. Every buffer a step needs
+//! for batches of up to `max_batch` is allocated once, in [`GpuModel::new`]
+//! (sizes from [`Plan`]); a training step is launches on the compute stream
+//! only, with no host synchronization, and the DDP and SyncBatchNorm
+//! communication goes through [`TrainHooks`].
+
+use super::layers::{self, Ctx, LayerState};
+use super::params::{DevBuf, DevElem, DeviceParams};
+use super::plan::{activation_dtype, Plan, Step};
+use crate::cuda::blas::{Blas, BlasElem};
+use crate::cuda::Gpu;
+use crate::error::{Error, Result};
+use crate::nn::{Layer, Model};
+use crate::ops::cross_entropy::cuda::{self as xent, CrossEntropyTotals};
+use crate::tensor::DType;
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
+use half::f16;
+use std::sync::Arc;
+
+/// An activation element type: f32 or f16.
+pub trait Elem: DevElem + BlasElem {}
+impl Elem for f32 {}
+impl Elem for f16 {}
+
+/// What a training step asks of its surroundings (DDP, SyncBatchNorm).
+pub trait TrainHooks {
+    /// The layers whose parameters are `ready` (registration indices) have
+    /// launched every kernel writing their gradients: DDP may start the
+    /// all-reduce of a bucket they complete.
+    fn grads_ready(&mut self, params: &mut DeviceParams, ready: &[usize]) -> Result<()>;
+    /// Sum `buf` over all ranks in place, in compute-stream order (SyncBatchNorm).
+    fn all_reduce_sum(&mut self, buf: &mut CudaViewMut<'_, f32>, what: &str) -> Result<()>;
+    /// Ranks the SyncBatchNorm statistics cover. Every rank's micro-batch has
+    /// the same size (DistributedSampler pads the dataset to a multiple of
+    /// the world size), so the global element count per channel is
+    /// `world_size * n * H * W`, known on the host without reading back the
+    /// all-reduced count.
+    fn world_size(&self) -> usize;
+}
+
+/// World size 1: nothing to reduce (all_reduce_sum leaves buf as is).
+pub struct LocalHooks;
+
+impl TrainHooks for LocalHooks {
+    fn grads_ready(&mut self, _params: &mut DeviceParams, _ready: &[usize]) -> Result<()> {
+        Ok(())
+    }
+    fn all_reduce_sum(&mut self, _buf: &mut CudaViewMut<'_, f32>, _what: &str) -> Result<()> {
+        Ok(())
+    }
+    fn world_size(&self) -> usize {
+        1
+    }
+}
+
+/// f32 scratch for BatchNorm, sized for the most channels: f16 parameters
+/// and running statistics cast up (O3), f32 gradients accumulated before
+/// the one rounding into the f16 `.grad`, and the reduction buffers.
+pub(super) struct BnScratch {
+    pub weight: CudaSlice<f32>,
+    pub bias: CudaSlice<f32>,
+    pub running_mean: CudaSlice<f32>,
+    pub running_var: CudaSlice<f32>,
+    pub dweight: CudaSlice<f32>,
+    pub dbias: CudaSlice<f32>,
+    /// `[sum dy, sum dy*xhat]`, 2c (backward).
+    pub sums: CudaSlice<f32>,
+    /// `[count, sum, sumsq]`, 1 + 2c (SyncBatchNorm forward).
+    pub totals: CudaSlice<f32>,
+}
+
+/// O1's f16 scratch: conv/linear weights and biases cast per call, their
+/// f16 gradients before they are added into the f32 `.grad`, and the f16
+/// output, dy and dx of one layer.
+pub(super) struct HalfScratch {
+    pub weight: CudaSlice<f16>,
+    pub bias: CudaSlice<f16>,
+    pub dweight: CudaSlice<f16>,
+    pub dbias: CudaSlice<f16>,
+    pub y: CudaSlice<f16>,
+    pub dy: CudaSlice<f16>,
+    pub dx: CudaSlice<f16>,
+}
+
+pub struct GpuModel {
+    pub params: DeviceParams,
+    gpu: Arc<Gpu>,
+    blas: Blas,
+    plan: Plan,
+    /// The dtype of every activation and activation gradient.
+    act: DType,
+    /// O1: conv and linear compute in f16 on f32 activations.
+    o1: bool,
+    states: Vec<LayerState>,
+    /// Activation buffers (plan.acts; 0 is the input), in `act`.
+    acts: Vec<DevBuf>,
+    /// dlogits, then each layer's dx, alternating, in `act`.
+    grads: [DevBuf; 2],
+    /// Conv's im2col and swapped-dy scratch, in the conv compute dtype.
+    col: DevBuf,
+    dy_t: DevBuf,
+    bn: BnScratch,
+    half: Option<HalfScratch>,
+}
+
+fn alloc<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+    gpu: &Gpu,
+    n: usize,
+) -> Result<CudaSlice<T>> {
+    gpu.stream().alloc_zeros(n.max(1)).map_err(|e| Error::cuda(format!("allocating {n} device values"), e))
+}
+
+impl GpuModel {
+    /// Device copy of `host` (already cast by amp, so each param's dtype and
+    /// `host.precision` say the opt level). Every buffer for batches of up
+    /// to `max_batch` is allocated here, once.
+    pub fn new(
+        gpu: Arc<Gpu>,
+        host: &Model,
+        max_batch: usize,
+        first_bucket_bytes: usize,
+        bucket_cap_bytes: usize,
+        allow_tf32: bool,
+    ) -> Result<Self> {
+        let act = activation_dtype(host)?;
+        let o1 = host.precision.patch_conv_linear.is_some();
+        let plan = Plan::new(host, max_batch)?;
+        let compute = if o1 { DType::F16 } else { act };
+        let blas = Blas::new(&gpu, allow_tf32)?;
+        let params = DeviceParams::new(&gpu, host, first_bucket_bytes, bucket_cap_bytes)?;
+        let g = &*gpu;
+        let acts = plan.acts.iter().map(|&k| DevBuf::zeros(g, act, k * max_batch)).collect::<Result<_>>()?;
+        let grads =
+            [DevBuf::zeros(g, act, plan.grad * max_batch)?, DevBuf::zeros(g, act, plan.grad * max_batch)?];
+        let mut states = Vec::with_capacity(plan.layers.len());
+        for (lp, layer) in plan.layers.iter().zip(&host.layers) {
+            states.push(match (&lp.step, layer) {
+                (Step::BatchNorm { channels, .. }, Layer::BatchNorm2d(bn)) => {
+                    LayerState::BatchNorm(Box::new(layers::BnState::new(g, bn, *channels)?))
+                }
+                (Step::MaxPool { .. }, _) => LayerState::MaxPool(alloc(g, lp.out_numel * max_batch)?),
+                (Step::Conv { .. } | Step::Linear { .. }, _) if o1 => {
+                    LayerState::HalfInput(alloc(g, lp.in_numel * max_batch)?)
+                }
+                _ => LayerState::None,
+            });
+        }
+        let c = plan.channels;
+        let bn = BnScratch {
+            weight: alloc(g, c)?,
+            bias: alloc(g, c)?,
+            running_mean: alloc(g, c)?,
+            running_var: alloc(g, c)?,
+            dweight: alloc(g, c)?,
+            dbias: alloc(g, c)?,
+            sums: alloc(g, 2 * c)?,
+            totals: alloc(g, 1 + 2 * c)?,
+        };
+        let half = if o1 {
+            let act_len = plan.grad * max_batch;
+            Some(HalfScratch {
+                weight: alloc(g, plan.weight)?,
+                bias: alloc(g, plan.bias)?,
+                dweight: alloc(g, plan.weight)?,
+                dbias: alloc(g, plan.bias)?,
+                y: alloc(g, act_len)?,
+                dy: alloc(g, act_len)?,
+                dx: alloc(g, act_len)?,
+            })
+        } else {
+            None
+        };
+        let col = DevBuf::zeros(g, compute, plan.col)?;
+        let dy_t = DevBuf::zeros(g, compute, plan.dy_t)?;
+        Ok(GpuModel { params, gpu, blas, plan, act, o1, states, acts, grads, col, dy_t, bn, half })
+    }
+
+    pub fn gpu(&self) -> &Arc<Gpu> {
+        &self.gpu
+    }
+
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// Parameters and buffers (BatchNorm running statistics and
+    /// num_batches_tracked) from `host`.
+    pub fn upload(&mut self, host: &Model) -> Result<()> {
+        self.check_layers(host)?;
+        self.params.upload(&self.gpu, host)?;
+        for (state, layer) in self.states.iter_mut().zip(&host.layers) {
+            if let (LayerState::BatchNorm(s), Layer::BatchNorm2d(bn)) = (state, layer) {
+                s.upload(&self.gpu, bn)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Parameters and buffers into `host` (waits for the stream).
+    pub fn download(&self, host: &mut Model) -> Result<()> {
+        self.check_layers(host)?;
+        self.params.download(&self.gpu, host)?;
+        for (state, layer) in self.states.iter().zip(&mut host.layers) {
+            if let (LayerState::BatchNorm(s), Layer::BatchNorm2d(bn)) = (state, layer) {
+                s.download(&self.gpu, bn)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn check_layers(&self, host: &Model) -> Result<()> {
+        let same =
+            host.layers.len() == self.states.len()
+                && host.layers.iter().zip(&self.states).all(|(l, s)| {
+                    matches!(l, Layer::BatchNorm2d(_)) == matches!(s, LayerState::BatchNorm(_))
+                });
+        if same {
+            Ok(())
+        } else {
+            Err(Error::Training(
+                "internal error: the host model does not match its device copy's layers".into(),
+            ))
+        }
+    }
+
+    fn check_batch(&self, op: &str, x: usize, labels: usize, n: usize) -> Result<()> {
+        if n == 0 || n > self.plan.max_batch {
+            return Err(Error::shape(format!(
+                "{op}: a batch of {n} images, but the device model holds 1 to {}",
+                self.plan.max_batch
+            )));
+        }
+        let per = self.plan.acts[0];
+        if x != n * per || labels != n {
+            return Err(Error::shape(format!(
+                "{op}: {x} input values and {labels} labels for {n} images of {per} values"
+            )));
+        }
+        Ok(())
+    }
+
+    /// One micro-batch: training-mode forward, softmax cross-entropy with
+    /// `grad_scale` (one device f32: the loss scale / accumulation steps)
+    /// adding loss sum and hits to `totals`, and backward accumulating into
+    /// every parameter's `.grad`, with `hooks.grads_ready` after each layer
+    /// with parameters. `x` is f32 `[n, C, H, W]`, `labels` u32 `[n]`.
+    pub fn train_batch(
+        &mut self,
+        x: &CudaView<'_, f32>,
+        labels: &CudaView<'_, u32>,
+        n: usize,
+        grad_scale: &CudaView<'_, f32>,
+        totals: &mut CrossEntropyTotals,
+        hooks: &mut dyn TrainHooks,
+    ) -> Result<()> {
+        self.check_batch("train_batch", x.len(), labels.len(), n)?;
+        match self.act {
+            DType::F32 => self.train::<f32>(x, labels, n, grad_scale, totals, hooks),
+            DType::F16 => self.train::<f16>(x, labels, n, grad_scale, totals, hooks),
+        }
+    }
+
+    /// Evaluation-mode forward (running statistics) and the loss sum and
+    /// correct count added to `totals`.
+    pub fn eval_batch(
+        &mut self,
+        x: &CudaView<'_, f32>,
+        labels: &CudaView<'_, u32>,
+        n: usize,
+        totals: &mut CrossEntropyTotals,
+    ) -> Result<()> {
+        self.check_batch("eval_batch", x.len(), labels.len(), n)?;
+        match self.act {
+            DType::F32 => self.eval::<f32>(x, labels, n, totals),
+            DType::F16 => self.eval::<f16>(x, labels, n, totals),
+        }
+    }
+
+    /// Logits of the last batch, widened to f32 (tests; waits for the stream).
+    pub fn logits_f32(&self, n: usize) -> Result<Vec<f32>> {
+        if n > self.plan.max_batch {
+            return Err(Error::shape(format!(
+                "logits_f32: {n} rows, but the device model holds at most {}",
+                self.plan.max_batch
+            )));
+        }
+        self.acts[self.plan.logits()].read_f32(&self.gpu, 0, n * self.plan.classes)
+    }
+
+    /// The step's shared context and the buffers the layers read and write.
+    #[allow(clippy::type_complexity)]
+    fn parts(&mut self) -> (Ctx<'_>, &mut [DevBuf], &mut [DevBuf; 2], &mut [LayerState], &Plan) {
+        let GpuModel { params, gpu, blas, plan, o1, states, acts, grads, col, dy_t, bn, half, .. } = self;
+        let ctx = Ctx { gpu, blas, params, o1: *o1, col, dy_t, bn, half: half.as_mut() };
+        (ctx, acts, grads, states, &*plan)
+    }
+
+    /// The model input: `x` converted to the activation dtype into buffer 0.
+    fn load_input(gpu: &Gpu, acts: &mut [DevBuf], x: &CudaView<'_, f32>) -> Result<()> {
+        let len = x.len();
+        match &mut acts[0] {
+            DevBuf::F32(b) => gpu
+                .stream()
+                .memcpy_dtod(x, &mut b.slice_mut(0..len))
+                .map_err(|e| Error::cuda("copying the input batch", e)),
+            DevBuf::F16(b) => crate::cuda::cast::f32_to_f16(gpu, x, &mut b.slice_mut(0..len)),
+        }
+    }
+
+    fn train<A: Elem>(
+        &mut self,
+        x: &CudaView<'_, f32>,
+        labels: &CudaView<'_, u32>,
+        n: usize,
+        grad_scale: &CudaView<'_, f32>,
+        totals: &mut CrossEntropyTotals,
+        hooks: &mut dyn TrainHooks,
+    ) -> Result<()> {
+        let (mut ctx, acts, grads, states, plan) = self.parts();
+        Self::load_input(ctx.gpu, acts, x)?;
+        for (lp, state) in plan.layers.iter().zip(states.iter_mut()) {
+            layers::forward::<A>(&mut ctx, lp, state, acts, n, true, hooks)?;
+        }
+        let classes = plan.classes;
+        {
+            let logits = layers::view::<A>(&acts[plan.logits()], n * classes)?;
+            let mut dlogits = layers::view_mut::<A>(&mut grads[0], n * classes)?;
+            xent::forward_backward(ctx.gpu, &logits, labels, [n, classes], grad_scale, &mut dlogits, totals)?;
+        }
+        // dy is in grads[cur]; each layer's dx goes to the other buffer.
+        let mut cur = 0;
+        for (i, (lp, state)) in plan.layers.iter().zip(states.iter()).enumerate().rev() {
+            let need_dx = i > 0;
+            if lp.step != Step::Flatten && (need_dx || !lp.params.is_empty()) {
+                let [g0, g1] = &mut *grads;
+                let io = if cur == 0 { (&*g0, g1) } else { (&*g1, g0) };
+                layers::backward::<A>(&mut ctx, lp, state, acts, io, n, need_dx, hooks)?;
+                cur = 1 - cur;
+            }
+            if !lp.params.is_empty() {
+                hooks.grads_ready(ctx.params, &lp.params)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn eval<A: Elem>(
+        &mut self,
+        x: &CudaView<'_, f32>,
+        labels: &CudaView<'_, u32>,
+        n: usize,
+        totals: &mut CrossEntropyTotals,
+    ) -> Result<()> {
+        let (mut ctx, acts, _, states, plan) = self.parts();
+        Self::load_input(ctx.gpu, acts, x)?;
+        for (lp, state) in plan.layers.iter().zip(states.iter_mut()) {
+            layers::forward::<A>(&mut ctx, lp, state, acts, n, false, &mut LocalHooks)?;
+        }
+        let logits = layers::view::<A>(&acts[plan.logits()], n * plan.classes)?;
+        xent::forward(ctx.gpu, &logits, labels, [n, plan.classes], totals)
+    }
+}
+
+#[cfg(test)]
+#[path = "tests_cuda.rs"]
+mod tests_cuda;

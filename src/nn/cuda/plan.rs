@@ -1,0 +1,274 @@
+//! What the device model allocates, worked out on the host from the layers
+//! and their resolved shapes: one activation buffer per layer output (Flatten
+//! reuses its input's), two ping-pong gradient buffers as large as the
+//! largest activation, one im2col scratch for the largest conv, and the
+//! per-layer state backward needs. Pure, so it is tested without a GPU.
+
+use crate::error::{Error, Result};
+use crate::nn::{Layer, Model};
+use crate::ops::conv2d::cpu::ConvGeom;
+use crate::ops::conv2d::out_size;
+use crate::tensor::DType;
+
+/// One layer's device work.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Step {
+    /// `geom.n` is 0 here; each batch fills in its own.
+    Conv {
+        geom: ConvGeom,
+        weight: usize,
+        bias: Option<usize>,
+    },
+    /// `hw` is H*W of the input; `param_dtype` that of weight, bias and the
+    /// running statistics (f16 under O3).
+    BatchNorm {
+        channels: usize,
+        hw: usize,
+        weight: usize,
+        bias: usize,
+        sync: bool,
+        param_dtype: DType,
+    },
+    Relu,
+    /// `shape` is the input's `[C, H, W]`.
+    MaxPool {
+        shape: [usize; 3],
+        kernel: usize,
+        stride: usize,
+    },
+    Flatten,
+    Linear {
+        in_features: usize,
+        out_features: usize,
+        weight: usize,
+        bias: Option<usize>,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct LayerPlan {
+    pub name: String,
+    pub step: Step,
+    /// The activation buffers read and written (0 is the model input); the
+    /// same buffer for Flatten, which only renames the shape.
+    pub src: usize,
+    pub dst: usize,
+    /// Elements per sample of the input and the output.
+    pub in_numel: usize,
+    pub out_numel: usize,
+    /// Registration indices of the layer's parameters (weight, then bias).
+    pub params: Vec<usize>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    pub max_batch: usize,
+    pub layers: Vec<LayerPlan>,
+    /// Elements per sample of each activation buffer; 0 is the input.
+    pub acts: Vec<usize>,
+    /// Elements per sample of each of the two gradient buffers (dlogits,
+    /// then every layer's dx, alternating): the largest activation.
+    pub grad: usize,
+    /// The im2col scratch and conv's swapped-dy scratch for `max_batch`,
+    /// sized for the largest conv (0 without convs).
+    pub col: usize,
+    pub dy_t: usize,
+    /// The largest conv/linear weight and bias (O1's per-call f16 copies).
+    pub weight: usize,
+    pub bias: usize,
+    /// The most channels of any BatchNorm (its f32 scratch).
+    pub channels: usize,
+    pub classes: usize,
+}
+
+fn internal(msg: String) -> Error {
+    Error::Training(format!("internal error: device model plan: {msg}"))
+}
+
+fn chw(name: &str, shape: &[usize]) -> Result<[usize; 3]> {
+    match *shape {
+        [c, h, w] => Ok([c, h, w]),
+        _ => Err(internal(format!("layer {name} needs a [C, H, W] input, got {shape:?}"))),
+    }
+}
+
+impl Plan {
+    /// The plan for `model` and batches of up to `max_batch`.
+    pub fn new(model: &Model, max_batch: usize) -> Result<Plan> {
+        if max_batch == 0 {
+            return Err(Error::shape("device model: max_batch must be at least 1"));
+        }
+        if model.layers.len() != model.resolved.len() || model.layers.is_empty() {
+            return Err(internal(format!(
+                "{} layers but {} resolved descriptions",
+                model.layers.len(),
+                model.resolved.len()
+            )));
+        }
+        let numel = |s: &[usize]| s.iter().product::<usize>();
+        let mut plan = Plan {
+            max_batch,
+            layers: Vec::with_capacity(model.layers.len()),
+            acts: vec![numel(&model.resolved[0].in_shape)],
+            grad: 0,
+            col: 0,
+            dy_t: 0,
+            weight: 0,
+            bias: 0,
+            channels: 0,
+            classes: 0,
+        };
+        let mut next_param = 0;
+        let mut src = 0;
+        for (layer, r) in model.layers.iter().zip(&model.resolved) {
+            let (in_numel, out_numel) = (numel(&r.in_shape), numel(&r.out_shape));
+            if in_numel != plan.acts[src] {
+                return Err(internal(format!(
+                    "layer {} takes {:?} but the previous layer gives {} values",
+                    r.name, r.in_shape, plan.acts[src]
+                )));
+            }
+            let count = layer.params().len();
+            let params: Vec<usize> = (next_param..next_param + count).collect();
+            next_param += count;
+            let (weight, bias) = (params.first().copied(), params.get(1).copied());
+            let step = match layer {
+                Layer::Conv2d { weight: w, args, .. } => {
+                    let [c, h, wd] = chw(&r.name, &r.in_shape)?;
+                    let &[o, wc, k, _] = w.value.shape() else {
+                        return Err(internal(format!("conv {} weight {:?}", r.name, w.value.shape())));
+                    };
+                    let (s, p) = (args.stride, args.padding);
+                    let (ho, wo) = (out_size(h, k, s, p), out_size(wd, k, s, p));
+                    if wc != c || ho * wo == 0 || r.out_shape != [o, ho, wo] {
+                        return Err(internal(format!(
+                            "conv {} weight {:?} does not take {:?} to {:?}",
+                            r.name,
+                            w.value.shape(),
+                            r.in_shape,
+                            r.out_shape
+                        )));
+                    }
+                    let geom = ConvGeom { n: 0, c, h, w: wd, o, k, stride: s, padding: p, ho, wo };
+                    let batch = ConvGeom { n: max_batch, ..geom };
+                    plan.col = plan.col.max(crate::ops::conv2d::cuda::col_len(&batch));
+                    plan.dy_t = plan.dy_t.max(crate::ops::conv2d::cuda::dy_t_len(&batch));
+                    let weight = weight.ok_or_else(|| internal(format!("conv {} has no weight", r.name)))?;
+                    Step::Conv { geom, weight, bias }
+                }
+                Layer::BatchNorm2d(bn) => {
+                    let [c, h, w] = chw(&r.name, &r.in_shape)?;
+                    let dt = bn.weight.value.dtype();
+                    let same = [bn.bias.value.dtype(), bn.running_mean.dtype(), bn.running_var.dtype()];
+                    if same.iter().any(|&d| d != dt) || bn.weight.value.numel() != c {
+                        return Err(internal(format!(
+                            "BatchNorm {} parameters and running statistics must be {c} values of one dtype",
+                            r.name
+                        )));
+                    }
+                    plan.channels = plan.channels.max(c);
+                    let (Some(weight), Some(bias)) = (weight, bias) else {
+                        return Err(internal(format!("BatchNorm {} has no weight and bias", r.name)));
+                    };
+                    Step::BatchNorm {
+                        channels: c,
+                        hw: h * w,
+                        weight,
+                        bias,
+                        sync: bn.sync.is_some(),
+                        param_dtype: dt,
+                    }
+                }
+                Layer::Relu => Step::Relu,
+                Layer::MaxPool2d { kernel_size, stride } => {
+                    let shape = chw(&r.name, &r.in_shape)?;
+                    let [c, h, w] = shape;
+                    let out =
+                        crate::ops::max_pool2d::cuda::out_shape([max_batch, c, h, w], *kernel_size, *stride)?;
+                    if out[1..] != r.out_shape[..] {
+                        return Err(internal(format!(
+                            "max_pool {} gives {:?}, not {:?}",
+                            r.name, out, r.out_shape
+                        )));
+                    }
+                    Step::MaxPool { shape, kernel: *kernel_size, stride: *stride }
+                }
+                Layer::Flatten => Step::Flatten,
+                Layer::Linear { weight: w, .. } => {
+                    let &[out_features, in_features] = w.value.shape() else {
+                        return Err(internal(format!("linear {} weight {:?}", r.name, w.value.shape())));
+                    };
+                    if in_features != in_numel || out_features != out_numel {
+                        return Err(internal(format!(
+                            "linear {} weight {:?} does not take {:?} to {:?}",
+                            r.name,
+                            w.value.shape(),
+                            r.in_shape,
+                            r.out_shape
+                        )));
+                    }
+                    let weight =
+                        weight.ok_or_else(|| internal(format!("linear {} has no weight", r.name)))?;
+                    Step::Linear { in_features, out_features, weight, bias }
+                }
+            };
+            if let Step::Conv { .. } | Step::Linear { .. } = step {
+                for (i, p) in layer.params().iter().enumerate() {
+                    let slot = if i == 0 { &mut plan.weight } else { &mut plan.bias };
+                    *slot = (*slot).max(p.value.numel());
+                }
+            }
+            let dst = if step == Step::Flatten {
+                src
+            } else {
+                plan.acts.push(out_numel);
+                plan.acts.len() - 1
+            };
+            plan.layers.push(LayerPlan { name: r.name.clone(), step, src, dst, in_numel, out_numel, params });
+            src = dst;
+        }
+        plan.grad = plan.acts.iter().copied().max().unwrap_or(0);
+        plan.classes = plan.acts[src];
+        Ok(plan)
+    }
+
+    /// The activation buffer holding the logits.
+    pub fn logits(&self) -> usize {
+        self.layers.last().map_or(0, |l| l.dst)
+    }
+}
+
+/// The dtype every activation has on the device (the amp input dtype: O1's
+/// conv and linear cast their output back to it), after checking that the
+/// model's parameters fit a combination the device path runs: conv and
+/// linear weights in that dtype (O1: f32 with f16 compute), BatchNorm in
+/// f32 or f16.
+pub fn activation_dtype(model: &Model) -> Result<DType> {
+    let act = model.precision.input;
+    if let Some(dt) = model.precision.patch_conv_linear {
+        if dt != DType::F16 || act != DType::F32 {
+            return Err(Error::Unsupported(format!(
+                "device model: conv and linear patched to {dt:?} on {act:?} inputs (apex O1 patches f32 models to f16)"
+            )));
+        }
+    }
+    for layer in &model.layers {
+        if let Layer::Conv2d { weight, bias, .. } | Layer::Linear { weight, bias } = layer {
+            for p in std::iter::once(weight).chain(bias.as_ref()) {
+                if p.value.dtype() != act {
+                    return Err(Error::Unsupported(format!(
+                        "device model: {} is {:?} but the model's inputs are {:?} (amp casts them together)",
+                        p.name,
+                        p.value.dtype(),
+                        act
+                    )));
+                }
+            }
+        }
+    }
+    Ok(act)
+}
+
+#[cfg(test)]
+#[path = "tests_plan.rs"]
+pub(crate) mod tests_plan;

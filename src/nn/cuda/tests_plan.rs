@@ -1,0 +1,170 @@
+//! The device model's buffer plan, on the host (no GPU needed).
+
+use super::{activation_dtype, Plan, Step};
+use crate::amp::{cast_model, Policy};
+use crate::config::model::{LayerKind, ResolvedLayer};
+use crate::config::OptLevel;
+use crate::nn::Model;
+use crate::ops::conv2d::out_size;
+use crate::tensor::DType;
+
+/// Resolved layers named "0", "1", ... for `input` through `kinds`, with
+/// the shapes worked out as config resolution does.
+pub(crate) fn resolved(input: [usize; 3], kinds: &[LayerKind]) -> Vec<ResolvedLayer> {
+    let mut shape = input.to_vec();
+    let mut out = Vec::new();
+    for (i, kind) in kinds.iter().enumerate() {
+        let next = match *kind {
+            LayerKind::Conv2d { out_channels, kernel_size: k, stride: s, padding: p, .. } => {
+                vec![out_channels, out_size(shape[1], k, s, p), out_size(shape[2], k, s, p)]
+            }
+            LayerKind::MaxPool2d { kernel_size: k, stride: s } => {
+                vec![shape[0], (shape[1] - k) / s + 1, (shape[2] - k) / s + 1]
+            }
+            LayerKind::Flatten => vec![shape.iter().product()],
+            LayerKind::Linear { out_features, .. } => vec![out_features],
+            LayerKind::BatchNorm2d { .. } | LayerKind::Relu => shape.clone(),
+        };
+        out.push(ResolvedLayer {
+            name: i.to_string(),
+            kind: kind.clone(),
+            in_shape: shape.clone(),
+            out_shape: next.clone(),
+            key: format!("model.layers[{i}]"),
+        });
+        shape = next;
+    }
+    out
+}
+
+/// A small ConvNet with odd sizes: 1x13x13, conv 1->3 k3 p1, BN, ReLU,
+/// max-pool 2 (13 -> 6, the last row and column dropped), flatten, linear
+/// 108 -> 5.
+pub(crate) fn tiny_layers() -> Vec<ResolvedLayer> {
+    resolved(
+        [1, 13, 13],
+        &[
+            LayerKind::Conv2d {
+                in_channels: 1,
+                out_channels: 3,
+                kernel_size: 3,
+                stride: 1,
+                padding: 1,
+                bias: true,
+            },
+            LayerKind::BatchNorm2d { num_features: 3, eps: 1e-5, momentum: 0.1 },
+            LayerKind::Relu,
+            LayerKind::MaxPool2d { kernel_size: 2, stride: 2 },
+            LayerKind::Flatten,
+            LayerKind::Linear { in_features: 108, out_features: 5, bias: true },
+        ],
+    )
+}
+
+pub(crate) fn mnist_layers() -> Vec<ResolvedLayer> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/mnist_o0.toml");
+    crate::config::model::resolve(&crate::config::load(&path, &[]).unwrap().model).unwrap()
+}
+
+#[test]
+fn mnist_plan_sizes_every_buffer() {
+    let model = Model::new(&mnist_layers(), 1).unwrap();
+    let p = Plan::new(&model, 100).unwrap();
+    assert_eq!(p.acts, [784, 12544, 12544, 12544, 3136, 6272, 6272, 6272, 1568, 10]);
+    assert_eq!(p.grad, 12544);
+    // conv2: 100 images x (16*5*5) rows x (14*14) columns; conv1's dy: 100 x 16*28*28.
+    assert_eq!((p.col, p.dy_t), (100 * 400 * 196, 100 * 12544));
+    assert_eq!((p.weight, p.bias, p.channels, p.classes), (10 * 1568, 32, 32, 10));
+    let io: Vec<(usize, usize)> = p.layers.iter().map(|l| (l.src, l.dst)).collect();
+    assert_eq!(io, [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5), (5, 6), (6, 7), (7, 8), (8, 8), (8, 9)]);
+    assert_eq!(p.logits(), 9);
+    let params: Vec<Vec<usize>> = p.layers.iter().map(|l| l.params.clone()).collect();
+    let want: Vec<Vec<usize>> = vec![
+        vec![0, 1],
+        vec![2, 3],
+        vec![],
+        vec![],
+        vec![4, 5],
+        vec![6, 7],
+        vec![],
+        vec![],
+        vec![],
+        vec![8, 9],
+    ];
+    assert_eq!(params, want);
+    let Step::Conv { geom, weight: 4, bias: Some(5) } = p.layers[4].step else {
+        panic!("layer 4: {:?}", p.layers[4].step)
+    };
+    assert_eq!((geom.n, geom.c, geom.h, geom.o, geom.k, geom.padding, geom.ho), (0, 16, 14, 32, 5, 2, 14));
+    assert_eq!(
+        p.layers[1].step,
+        Step::BatchNorm { channels: 16, hw: 784, weight: 2, bias: 3, sync: false, param_dtype: DType::F32 }
+    );
+    assert_eq!(p.layers[3].step, Step::MaxPool { shape: [16, 28, 28], kernel: 2, stride: 2 });
+    assert_eq!(
+        p.layers[9].step,
+        Step::Linear { in_features: 1568, out_features: 10, weight: 8, bias: Some(9) }
+    );
+}
+
+#[test]
+fn odd_sizes_plan_with_a_truncating_pool() {
+    let mut model = Model::new(&tiny_layers(), 1).unwrap();
+    cast_model(&mut model, &Policy::for_level(OptLevel::O3));
+    let p = Plan::new(&model, 7).unwrap();
+    assert_eq!(p.acts, [169, 507, 507, 507, 108, 5]);
+    assert_eq!((p.grad, p.col, p.dy_t), (507, 7 * 9 * 169, 7 * 507));
+    assert_eq!((p.weight, p.bias, p.channels, p.classes), (540, 5, 3, 5));
+    assert_eq!(
+        (p.layers[4].src, p.layers[4].dst, p.layers[4].in_numel, p.layers[4].out_numel),
+        (4, 4, 108, 108)
+    );
+    assert!(matches!(p.layers[1].step, Step::BatchNorm { param_dtype: DType::F16, .. }));
+}
+
+#[test]
+fn a_zero_max_batch_is_refused() {
+    let model = Model::new(&tiny_layers(), 1).unwrap();
+    let e = Plan::new(&model, 0).unwrap_err().to_string();
+    assert!(e.contains("device model: max_batch must be at least 1"), "{e}");
+}
+
+#[test]
+fn a_model_whose_descriptions_do_not_match_is_refused() {
+    let mut model = Model::new(&tiny_layers(), 1).unwrap();
+    model.resolved.pop();
+    let e = Plan::new(&model, 2).unwrap_err().to_string();
+    assert!(e.contains("6 layers but 5 resolved descriptions"), "{e}");
+    let mut model = Model::new(&tiny_layers(), 1).unwrap();
+    model.resolved[5].in_shape = vec![107];
+    let e = Plan::new(&model, 2).unwrap_err().to_string();
+    assert!(e.contains("layer 5 takes [107] but the previous layer gives 108 values"), "{e}");
+}
+
+#[test]
+fn activation_dtype_follows_the_opt_level() {
+    for (level, want) in [
+        (OptLevel::O0, DType::F32),
+        (OptLevel::O1, DType::F32),
+        (OptLevel::O2, DType::F16),
+        (OptLevel::O3, DType::F16),
+    ] {
+        let mut model = Model::new(&tiny_layers(), 1).unwrap();
+        cast_model(&mut model, &Policy::for_level(level));
+        assert_eq!(activation_dtype(&model).unwrap(), want, "{level}");
+    }
+}
+
+#[test]
+fn parameters_the_device_path_cannot_run_are_refused() {
+    let mut model = Model::new(&tiny_layers(), 1).unwrap();
+    cast_model(&mut model, &Policy::for_level(OptLevel::O2));
+    model.precision.input = DType::F32;
+    let e = activation_dtype(&model).unwrap_err().to_string();
+    assert!(e.contains("device model: 0.weight is F16 but the model's inputs are F32"), "{e}");
+    let mut model = Model::new(&tiny_layers(), 1).unwrap();
+    cast_model(&mut model, &Policy::for_level(OptLevel::O3));
+    model.precision.patch_conv_linear = Some(DType::F16);
+    let e = activation_dtype(&model).unwrap_err().to_string();
+    assert!(e.contains("conv and linear patched to F16 on F16 inputs"), "{e}");
+}
