@@ -119,3 +119,10 @@ extern "C" __global__ void amp_clip_by_norm(float* g, long long n, const float* 
   if (!(coef < 1.f)) return;
   DDP_FOR_EACH(i, n) { g[i] = __fmul_rn(g[i], coef); }
 }
+
+// out = *scale / divisor: the factor the loss gradient is multiplied by when
+// gradients are accumulated over `divisor` micro-batches (the CPU loop's
+// `loss_scale / grad_accum_steps`), kept on the device with the scale.
+extern "C" __global__ void amp_divided_scale(const float* scale, float divisor, float* out) {
+  if (blockIdx.x == 0 && threadIdx.x == 0) out[0] = __fdiv_rn(scale[0], divisor);
+}

@@ -162,6 +162,31 @@ impl DeviceScaler {
         Ok((scale[0], counters, flag[0]))
     }
 
+    /// `out[0] = scale / divisor` on the device: the loss-gradient factor
+    /// with `divisor` accumulation micro-batches.
+    pub fn divided_scale(&self, gpu: &Gpu, divisor: f32, out: &mut CudaSlice<f32>) -> Result<()> {
+        const OP: &str = "amp divided_scale";
+        check_len(OP, "out", out.len(), 1)?;
+        let f = gpu.function(FILE, "amp_divided_scale")?;
+        let mut b = gpu.stream().launch_builder(&f);
+        b.arg(&self.scale).arg(&divisor).arg(out);
+        // SAFETY: argument types and order match amp_divided_scale.
+        unsafe { b.launch(single_thread()) }.map_err(|e| Error::cuda(OP, e))?;
+        Ok(())
+    }
+
+    /// Starts an asynchronous copy of the scale and counters into `snap`
+    /// (pinned host memory), read later with [`ScalerSnapshot::read`]: how
+    /// the trainer learns of skipped steps one step late, without stalling.
+    pub fn snapshot(&self, gpu: &Gpu, snap: &mut ScalerSnapshot) -> Result<()> {
+        let s = gpu.stream();
+        s.memcpy_dtoh(&self.scale, &mut snap.scale).map_err(|e| Error::cuda("loss scaler snapshot", e))?;
+        s.memcpy_dtoh(&self.counters, &mut snap.counters)
+            .map_err(|e| Error::cuda("loss scaler snapshot", e))?;
+        snap.step = snap.pending_step;
+        Ok(())
+    }
+
     /// The state a checkpoint stores (waits for the stream).
     pub fn state(&self, gpu: &Gpu) -> Result<ScalerState> {
         let (scale, c, _) = self.read(gpu)?;
@@ -203,6 +228,63 @@ impl DeviceScaler {
         let mut s = if self.dynamic { LossScaler::dynamic(self.cfg) } else { LossScaler::fixed(state.scale) };
         s.load_state(state);
         Ok(s)
+    }
+}
+
+/// The scaler's state as of some step, copied to pinned host memory
+/// asynchronously by [`DeviceScaler::snapshot`].
+pub struct ScalerSnapshot {
+    scale: cudarc::driver::PinnedHostSlice<f32>,
+    counters: cudarc::driver::PinnedHostSlice<i64>,
+    /// The optimizer step the last snapshot was taken after (0: none yet).
+    step: u64,
+    pending_step: u64,
+}
+
+/// What a [`ScalerSnapshot`] held.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SnapshotValues {
+    pub step: u64,
+    pub state: ScalerState,
+    /// The error the scaler recorded, if any ([`scaler_error`]).
+    pub error: Option<(i64, i64)>,
+}
+
+impl ScalerSnapshot {
+    pub fn new(gpu: &Gpu) -> Result<Self> {
+        let ctx = gpu.ctx();
+        let err = |e| Error::cuda("allocating pinned memory for the loss scaler", e);
+        // SAFETY: plain (not write-combined: the host reads it) page-locked
+        // memory; only read through as_slice, which waits for the copy.
+        let (scale, counters) =
+            unsafe { (ctx.alloc_pinned_with_flags(1, 0), ctx.alloc_pinned_with_flags(4, 0)) };
+        Ok(ScalerSnapshot {
+            scale: scale.map_err(err)?,
+            counters: counters.map_err(err)?,
+            step: 0,
+            pending_step: 0,
+        })
+    }
+
+    /// Labels the next [`DeviceScaler::snapshot`] as taken after `step`.
+    pub fn at_step(&mut self, step: u64) -> &mut Self {
+        self.pending_step = step;
+        self
+    }
+
+    /// Waits for the last snapshot's copy (long done when taken a step ago).
+    pub fn read(&self) -> Result<SnapshotValues> {
+        let scale = self.scale.as_slice().map_err(|e| Error::cuda("reading the loss scaler snapshot", e))?;
+        let c = self.counters.as_slice().map_err(|e| Error::cuda("reading the loss scaler snapshot", e))?;
+        Ok(SnapshotValues {
+            step: self.step,
+            state: ScalerState {
+                scale: scale[0],
+                growth_tracker: c[GROWTH_TRACKER].max(0) as u64,
+                overflow_steps: c[OVERFLOW_STEPS].max(0) as u64,
+            },
+            error: (c[ERROR] != 0).then_some((c[ERROR], c[ERROR_STEP])),
+        })
     }
 }
 

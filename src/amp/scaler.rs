@@ -167,6 +167,10 @@ impl LossScaler {
         self.dynamic
     }
 
+    pub fn config(&self) -> ScalerConfig {
+        self.cfg
+    }
+
     pub fn scale(&self) -> f32 {
         self.state.scale
     }

@@ -11,7 +11,7 @@ mod schema;
 mod validate;
 
 #[cfg(test)]
-mod tests_load;
+pub(crate) mod tests_load;
 #[cfg(test)]
 mod tests_model;
 #[cfg(test)]

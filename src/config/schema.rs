@@ -220,6 +220,11 @@ pub struct AmpConfig {
     pub min_loss_scale: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_loss_scale: Option<f64>,
+    /// fp32 GEMMs on the GPU may use TF32 tensor cores (PyTorch's
+    /// `torch.backends.cuda.matmul.allow_tf32`); off by default, so O0 is
+    /// plain fp32. Left out of the resolved config while false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_tf32: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]

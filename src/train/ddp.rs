@@ -100,6 +100,16 @@ impl Ddp {
         &*self.comm
     }
 
+    /// The communicator, shared (the GPU's tcp backend stages through it).
+    pub fn communicator_arc(&self) -> Arc<dyn Communicator> {
+        self.comm.clone()
+    }
+
+    /// The optimizer step at which this rank injects an inf ([`INJECT_GRAD_INF_VAR`]).
+    pub fn inject_inf_at(&self) -> Option<u64> {
+        self.inject_inf_at
+    }
+
     /// Rank 0 writes the run's files; the others only train.
     pub fn is_primary(&self) -> bool {
         self.rank() == 0

@@ -5,6 +5,7 @@
 mod ddp;
 mod eval;
 pub mod expect;
+pub mod gpu;
 pub mod trace;
 
 pub use ddp::Ddp;
@@ -70,23 +71,20 @@ pub struct Prepared {
     pub test_ds: Arc<Dataset>,
 }
 
-/// Refuses what this build cannot do yet, with the reason, before any work.
-fn check_supported(cfg: &Config) -> Result<&'static str> {
-    match cfg.run.device {
-        config::Device::Cuda => Err(Error::Unsupported(
-            "run.device = \"cuda\": the CUDA backend is not implemented yet; use \"cpu\" or \"auto\"".into(),
-        )),
-        config::Device::Cpu => Ok("cpu"),
-        config::Device::Auto => {
-            // SAFETY: only probes whether libcuda can be dlopen'ed; it calls nothing in it.
-            if unsafe { cudarc::driver::sys::is_culib_present() } {
-                eprintln!("warning: run.device = \"auto\": the CUDA backend is not implemented yet; training on the CPU");
-            } else {
-                eprintln!("warning: run.device = \"auto\": no CUDA driver found; training on the CPU");
-            }
-            Ok("cpu")
-        }
+/// The device `run.device` picks for this rank (`LOCAL_RANK` among the
+/// visible GPUs), with the one warning line of an "auto" fallback.
+fn select_device(cfg: &Config) -> Result<crate::cuda::select::Device> {
+    let local_rank = crate::dist::DistEnv::from_process(&cfg.parallel)?.local_rank;
+    let name = match cfg.run.device {
+        config::Device::Auto => "auto",
+        config::Device::Cpu => "cpu",
+        config::Device::Cuda => "cuda",
+    };
+    let (device, warning) = crate::cuda::select::select_device(name, local_rank)?;
+    if let Some(w) = warning {
+        eprintln!("{w}");
     }
+    Ok(device)
 }
 
 pub fn load_datasets(cfg: &Config) -> Result<(Arc<Dataset>, Arc<Dataset>)> {
@@ -136,43 +134,16 @@ pub fn train(cfg: &Config) -> Result<Summary> {
 
 /// [`train`] with the options of one invocation (traces, test hooks).
 pub fn train_with(cfg: &Config, opts: &RunOptions) -> Result<Summary> {
-    let device = check_supported(cfg)?;
+    let device = match select_device(cfg)? {
+        crate::cuda::select::Device::Cuda(gpu) => return gpu::train(cfg, opts, gpu),
+        crate::cuda::select::Device::Cpu => "cpu",
+    };
     let Prepared { mut model, train_ds, test_ds } = prepare(cfg)?;
     let mut ddp = Ddp::init(cfg, &mut model)?;
 
     let d = &cfg.data;
-    let sampler = DistributedSampler {
-        len: train_ds.len(),
-        num_replicas: ddp.world_size(),
-        rank: ddp.rank(),
-        shuffle: d.shuffle,
-        seed: cfg.run.seed,
-        drop_last: d.drop_last,
-    };
-    let accum = cfg.train.grad_accum_steps.max(1) as usize;
-    let n = sampler.num_samples();
-    let batches_per_epoch = if d.drop_last { n / d.batch_size } else { n.div_ceil(d.batch_size) };
-    let steps_per_epoch = (batches_per_epoch / accum) as u64;
-    if steps_per_epoch == 0 {
-        return Err(Error::config(
-            cfg.config_path.display().to_string(),
-            "data.batch_size",
-            format!(
-                "{} samples at batch_size {} x train.grad_accum_steps {accum} give no optimizer step per epoch",
-                train_ds.len(),
-                d.batch_size
-            ),
-        ));
-    }
-    let by_epochs = cfg.train.epochs.map(|e| e * steps_per_epoch);
-    let total_steps = match (by_epochs, cfg.train.max_steps) {
-        (Some(a), Some(b)) => a.min(b),
-        (Some(a), None) => a,
-        (None, Some(b)) => b,
-        (None, None) => 0,
-    };
-    let schedule = lr_schedule(cfg, total_steps);
-    schedule.validate()?;
+    let RunPlan { sampler, accum, steps_per_epoch, total_steps, schedule } =
+        RunPlan::new(cfg, train_ds.len(), ddp.world_size(), ddp.rank())?;
     let sizes: Vec<usize> = model.params().iter().map(|p| p.value.numel()).collect();
     let mut optimizer = Optimizer::new(optimizer_config(&cfg.optimizer), &sizes)?;
     let shape = crate::checkpoint::RunShape {
@@ -202,29 +173,14 @@ pub fn train_with(cfg: &Config, opts: &RunOptions) -> Result<Summary> {
     } else {
         MetricsWriter::disabled()
     };
-    let progress = if !primary {
-        Progress::silent()
-    } else {
-        Progress::new(
-            match cfg.logging.progress {
-                config::ProgressSetting::Auto => ProgressMode::Auto,
-                config::ProgressSetting::Always => ProgressMode::Always,
-                config::ProgressSetting::Never => ProgressMode::Never,
-            },
-            total_steps,
-        )
-    };
-    progress.println(&format!(
-        "ddptrain: {} | {} params | {} train / {} test samples | world size {} x batch {} | {} steps ({} per epoch) | device {device} | opt_level {}",
-        cfg.run.name,
+    let progress = progress_for(cfg, primary, total_steps);
+    progress.println(&header_line(
+        cfg,
         model.num_params(),
-        train_ds.len(),
-        test_ds.len(),
+        (train_ds.len(), test_ds.len()),
         ddp.world_size(),
-        d.batch_size,
-        total_steps,
-        steps_per_epoch,
-        cfg.amp.opt_level
+        (total_steps, steps_per_epoch),
+        device,
     ));
 
     let wall = Instant::now();
@@ -434,6 +390,54 @@ pub fn train_with(cfg: &Config, opts: &RunOptions) -> Result<Summary> {
     Ok(summary)
 }
 
+/// What the data and the config make of a run: the sampler, the steps and
+/// the learning-rate schedule (the same on every device).
+pub struct RunPlan {
+    pub sampler: DistributedSampler,
+    pub accum: usize,
+    pub steps_per_epoch: u64,
+    pub total_steps: u64,
+    pub schedule: LrSchedule,
+}
+
+impl RunPlan {
+    pub fn new(cfg: &Config, train_len: usize, world: usize, rank: usize) -> Result<RunPlan> {
+        let d = &cfg.data;
+        let sampler = DistributedSampler {
+            len: train_len,
+            num_replicas: world,
+            rank,
+            shuffle: d.shuffle,
+            seed: cfg.run.seed,
+            drop_last: d.drop_last,
+        };
+        let accum = cfg.train.grad_accum_steps.max(1) as usize;
+        let n = sampler.num_samples();
+        let batches_per_epoch = if d.drop_last { n / d.batch_size } else { n.div_ceil(d.batch_size) };
+        let steps_per_epoch = (batches_per_epoch / accum) as u64;
+        if steps_per_epoch == 0 {
+            return Err(Error::config(
+                cfg.config_path.display().to_string(),
+                "data.batch_size",
+                format!(
+                    "{train_len} samples at batch_size {} x train.grad_accum_steps {accum} give no optimizer step per epoch",
+                    d.batch_size
+                ),
+            ));
+        }
+        let by_epochs = cfg.train.epochs.map(|e| e * steps_per_epoch);
+        let total_steps = match (by_epochs, cfg.train.max_steps) {
+            (Some(a), Some(b)) => a.min(b),
+            (Some(a), None) => a,
+            (None, Some(b)) => b,
+            (None, None) => 0,
+        };
+        let schedule = lr_schedule(cfg, total_steps);
+        schedule.validate()?;
+        Ok(RunPlan { sampler, accum, steps_per_epoch, total_steps, schedule })
+    }
+}
+
 pub fn optimizer_config(o: &config::OptimizerConfig) -> crate::optim::OptimizerConfig {
     crate::optim::OptimizerConfig {
         kind: match o.name {
@@ -466,6 +470,36 @@ pub fn lr_schedule(cfg: &Config, total_steps: u64) -> LrSchedule {
         warmup_steps: s.warmup_steps,
         total_steps,
     }
+}
+
+/// The progress bar on rank 0 (as `logging.progress` says), silent elsewhere.
+fn progress_for(cfg: &Config, primary: bool, total_steps: u64) -> Progress {
+    if !primary {
+        return Progress::silent();
+    }
+    Progress::new(
+        match cfg.logging.progress {
+            config::ProgressSetting::Auto => ProgressMode::Auto,
+            config::ProgressSetting::Always => ProgressMode::Always,
+            config::ProgressSetting::Never => ProgressMode::Never,
+        },
+        total_steps,
+    )
+}
+
+/// The run's first line: what is trained, on what, for how long.
+fn header_line(
+    cfg: &Config,
+    num_params: usize,
+    (train_len, test_len): (usize, usize),
+    world: usize,
+    (total_steps, steps_per_epoch): (u64, u64),
+    device: &str,
+) -> String {
+    format!(
+        "ddptrain: {} | {num_params} params | {train_len} train / {test_len} test samples | world size {world} x batch {} | {total_steps} steps ({steps_per_epoch} per epoch) | device {device} | opt_level {}",
+        cfg.run.name, cfg.data.batch_size, cfg.amp.opt_level
+    )
 }
 
 /// Without a bar every log line is printed; with one, every tenth (the bar shows the rest).

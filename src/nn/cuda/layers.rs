@@ -106,6 +106,12 @@ impl BnState {
         Ok(())
     }
 
+    /// running_mean and running_var (rank 0's go to every rank each step
+    /// without SyncBatchNorm: DDP's broadcast_buffers).
+    pub fn running_mut(&mut self) -> [&mut DevBuf; 2] {
+        [&mut self.running_mean, &mut self.running_var]
+    }
+
     pub fn download(&self, gpu: &Gpu, bn: &mut BatchNorm2d) -> Result<()> {
         self.check(bn)?;
         bn.running_mean.copy_from_f32(&self.running_mean.read_f32(gpu, 0, self.channels)?)?;

@@ -7,3 +7,4 @@ mod layers;
 pub mod model;
 pub mod params;
 pub mod plan;
+pub use model::{GpuModel, LocalHooks, TrainHooks};

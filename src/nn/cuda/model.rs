@@ -175,6 +175,17 @@ impl GpuModel {
         Ok(GpuModel { params, gpu, blas, plan, act, o1, states, acts, grads, col, dy_t, bn, half })
     }
 
+    /// Every buffer a DDP replica keeps in step (BatchNorm running statistics).
+    pub fn buffers_mut(&mut self) -> Vec<&mut DevBuf> {
+        self.states
+            .iter_mut()
+            .flat_map(|s| match s {
+                LayerState::BatchNorm(bn) => bn.running_mut().into_iter().collect(),
+                _ => Vec::new(),
+            })
+            .collect()
+    }
+
     pub fn gpu(&self) -> &Arc<Gpu> {
         &self.gpu
     }
