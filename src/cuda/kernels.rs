@@ -14,6 +14,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("cross_entropy.cu", include_str!("../../kernels/cross_entropy.cu")),
     ("conv2d.cu", include_str!("../../kernels/conv2d.cu")),
     ("linear.cu", include_str!("../../kernels/linear.cu")),
+    ("ddp.cu", include_str!("../../kernels/ddp.cu")),
 ];
 
 /// (include name, source) of the headers the kernel files `#include "..."`.
