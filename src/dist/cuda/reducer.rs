@@ -180,7 +180,6 @@ impl DeviceReducer {
         // ones are still in flight on gradients the caller owns.
         self.compute_after_comm(gpu)?;
         self.last_timed = None;
-        self.inject_inf = false;
         self.step += 1;
         self.tracker.finish()?;
         self.last_timed = Some(set);
