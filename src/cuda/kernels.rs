@@ -15,6 +15,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("conv2d.cu", include_str!("../../kernels/conv2d.cu")),
     ("linear.cu", include_str!("../../kernels/linear.cu")),
     ("data.cu", include_str!("../../kernels/data.cu")),
+    ("ddp.cu", include_str!("../../kernels/ddp.cu")),
 ];
 
 /// (include name, source) of the headers the kernel files `#include "..."`.

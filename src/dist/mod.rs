@@ -8,6 +8,7 @@
 //! caller computes. Operations complete in the order they are issued, and their
 //! results are bitwise equal on every rank.
 
+pub mod cuda;
 pub mod env;
 pub mod reducer;
 pub mod rendezvous;

@@ -1,0 +1,96 @@
+//! Launchers for kernels/ddp.cu: the bucket scaling around the all-reduce.
+//! Unlike the model's launchers they take the stream to run on, because they
+//! run on the reducer's communication stream, not the compute stream.
+
+use crate::cuda::{as_i64, check_len, entry, launch_1d, DeviceFloat, Gpu};
+use crate::error::{Error, Result};
+use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
+use half::f16;
+
+const FILE: &str = "ddp.cu";
+
+/// `x = x * s` in place, the product in f32, rounded once into `T`.
+pub fn scale<T: DeviceFloat>(
+    gpu: &Gpu,
+    stream: &CudaStream,
+    x: &mut impl DevicePtrMut<T>,
+    s: f32,
+) -> Result<()> {
+    let name = entry::<T>("ddp_scale");
+    let n = as_i64(&name, x.len())?;
+    if n == 0 {
+        return Ok(());
+    }
+    let f = gpu.function(FILE, &name)?;
+    let cfg = launch_1d(x.len());
+    let (xp, _x) = x.device_ptr_mut(stream);
+    // SAFETY: x holds n elements of T; each thread reads and writes only its own.
+    unsafe { stream.launch_builder(&f).arg(&xp).arg(&s).arg(&n).launch(cfg) }
+        .map_err(|e| Error::cuda(name, e))?;
+    Ok(())
+}
+
+/// `x[i] = T(v)` for every element.
+pub fn fill<T: DeviceFloat>(
+    gpu: &Gpu,
+    stream: &CudaStream,
+    x: &mut impl DevicePtrMut<T>,
+    v: f32,
+) -> Result<()> {
+    let name = entry::<T>("ddp_fill");
+    let n = as_i64(&name, x.len())?;
+    if n == 0 {
+        return Ok(());
+    }
+    let f = gpu.function(FILE, &name)?;
+    let cfg = launch_1d(x.len());
+    let (xp, _x) = x.device_ptr_mut(stream);
+    // SAFETY: x holds n elements of T.
+    unsafe { stream.launch_builder(&f).arg(&xp).arg(&v).arg(&n).launch(cfg) }
+        .map_err(|e| Error::cuda(name, e))?;
+    Ok(())
+}
+
+/// `dst = f32(src) * s` (an f16 bucket into its f32 all-reduce copy).
+pub fn widen_scale(
+    gpu: &Gpu,
+    stream: &CudaStream,
+    src: &impl DevicePtr<f16>,
+    dst: &mut impl DevicePtrMut<f32>,
+    s: f32,
+) -> Result<()> {
+    convert(gpu, stream, "ddp_widen_scale_f16", src, dst, s)
+}
+
+/// `dst = f16(src * s)` (the f32 all-reduce copy back into its f16 bucket).
+pub fn narrow_scale(
+    gpu: &Gpu,
+    stream: &CudaStream,
+    src: &impl DevicePtr<f32>,
+    dst: &mut impl DevicePtrMut<f16>,
+    s: f32,
+) -> Result<()> {
+    convert(gpu, stream, "ddp_narrow_scale_f16", src, dst, s)
+}
+
+fn convert<A, B>(
+    gpu: &Gpu,
+    stream: &CudaStream,
+    name: &str,
+    src: &impl DevicePtr<A>,
+    dst: &mut impl DevicePtrMut<B>,
+    s: f32,
+) -> Result<()> {
+    check_len(name, "dst", dst.len(), src.len())?;
+    let n = as_i64(name, src.len())?;
+    if n == 0 {
+        return Ok(());
+    }
+    let f = gpu.function(FILE, name)?;
+    let (sp, _s) = src.device_ptr(stream);
+    let (dp, _d) = dst.device_ptr_mut(stream);
+    // SAFETY: src and dst hold n elements of the kernel's types (checked above).
+    unsafe { stream.launch_builder(&f).arg(&sp).arg(&dp).arg(&s).arg(&n).launch(launch_1d(src.len())) }
+        .map_err(|e| Error::cuda(name, e))?;
+    Ok(())
+}
