@@ -108,14 +108,14 @@ pub fn train(cfg: &Config, opts: &RunOptions, gpu: Arc<Gpu>) -> Result<Summary> 
 
     // The device side, every buffer allocated once, before the first step.
     let opts_r = ReducerOptions::from_config(&cfg.parallel);
-    let mb = |v: f64| (v * 1024.0 * 1024.0) as usize;
+    let (first_bucket_bytes, bucket_cap_bytes) = crate::dist::cuda::bucket_bytes(&opts_r);
     let max_batch = d.batch_size.max(d.eval_batch_size);
     let mut dev = GpuModel::new(
         gpu.clone(),
         &model,
         max_batch,
-        mb(opts_r.first_bucket_mb),
-        mb(opts_r.bucket_cap_mb),
+        first_bucket_bytes,
+        bucket_cap_bytes,
         cfg.amp.allow_tf32,
     )?;
     if resumed.is_some() {
@@ -461,6 +461,9 @@ pub fn train(cfg: &Config, opts: &RunOptions, gpu: Arc<Gpu>) -> Result<Summary> 
     }
     ddp.report_replica_state(&amp.state_dict(&model)?, snap_state.scale, snap_state.overflow_steps);
     ddp.barrier("end of training")?;
+    // NCCL is torn down with the reducer: nothing of ours may still be queued.
+    gpu.synchronize()?;
+    drop(reducer);
     Ok(summary)
 }
 
