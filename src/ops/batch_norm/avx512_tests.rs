@@ -60,7 +60,7 @@ fn fused_planes_equal_the_generic() {
         forward_plane_generic(&x, w, scale, shift, &mut y0, &mut codes0);
         same_bits(&format!("{h}x{w} y"), &y, &y0);
         assert_eq!(codes, codes0, "{h}x{w} codes");
-        assert!(codes.iter().any(|&c| c == super::fused_cpu::KILLED), "{h}x{w}: no killed window");
+        assert!(codes.contains(&super::fused_cpu::KILLED), "{h}x{w}: no killed window");
 
         // The backward on finite inputs with the codes just made.
         let x: Vec<f32> = x.iter().map(|v| if v.is_nan() { 0.5 } else { *v }).collect();
