@@ -44,6 +44,15 @@ fn lanes_to_f64<T: Elem>(lanes: &[T; LANES]) -> f64 {
 
 /// `(sum (x - shift), sum (x - shift)^2)` of one contiguous (n, c) plane.
 fn plane_sums<T: Elem>(p: &[T], shift: T) -> (f64, f64) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(pf) = super::avx512::f32s(p).filter(|_| super::avx512::usable()) {
+        return super::avx512::plane_sums(pf, shift.to_f64() as f32);
+    }
+    plane_sums_generic(p, shift)
+}
+
+/// [`plane_sums`] without the AVX-512 path (whose results equal these bit for bit).
+pub(super) fn plane_sums_generic<T: Elem>(p: &[T], shift: T) -> (f64, f64) {
     let (mut s_tot, mut q_tot) = (0.0f64, 0.0f64);
     for blk in p.chunks(BLOCK) {
         let mut s = [T::zero(); LANES];

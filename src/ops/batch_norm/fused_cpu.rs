@@ -36,6 +36,25 @@ fn max2<T: Elem>(a: T, b: T) -> T {
 
 /// One `h x w` plane (`h`, `w` even) into its `h/2 x w/2` pooled plane and codes.
 fn forward_plane<T: Elem>(x: &[T], w: usize, scale: T, shift: T, y: &mut [T], codes: &mut [u8]) {
+    #[cfg(target_arch = "x86_64")]
+    if super::avx512::usable() {
+        if let (Some(xf), Some(yf)) = (super::avx512::f32s(x), super::avx512::f32s_mut(y)) {
+            let (a, b) = (scale.to_f64() as f32, shift.to_f64() as f32);
+            return super::avx512::forward_plane(xf, w, a, b, yf, codes);
+        }
+    }
+    forward_plane_generic(x, w, scale, shift, y, codes);
+}
+
+/// [`forward_plane`] without the AVX-512 path (whose results equal these bit for bit).
+pub(super) fn forward_plane_generic<T: Elem>(
+    x: &[T],
+    w: usize,
+    scale: T,
+    shift: T,
+    y: &mut [T],
+    codes: &mut [u8],
+) {
     let ow = w / 2;
     for (oy, (yrow, crow)) in y.chunks_exact_mut(ow).zip(codes.chunks_exact_mut(ow)).enumerate() {
         let top = 2 * oy * w;
@@ -134,18 +153,9 @@ pub fn backward_sums<T: Elem>(
             let xp = &x[(i * c + ch) * ip..][..ip];
             let dp = &dy[(i * c + ch) * op..][..op];
             let cp = &codes[(i * c + ch) * op..][..op];
-            for (row, (drow, crow)) in dp.chunks_exact(ow).zip(cp.chunks_exact(ow)).enumerate() {
-                let (mut rs, mut rq) = (T::zero(), T::zero());
-                for (j, (&g, &code)) in drow.iter().zip(crow).enumerate() {
-                    if code < KILLED {
-                        let xv = xp[source(row, j, code, w)];
-                        rs = rs + g;
-                        rq = rq + g * (xv - mean[ch]);
-                    }
-                }
-                s += rs.to_f64();
-                q += rq.to_f64();
-            }
+            let (ps, pq) = plane_sums(xp, dp, cp, w, mean[ch]);
+            s += ps;
+            q += pq;
         }
         (s, q * invstd[ch].to_f64())
     };
@@ -156,6 +166,72 @@ pub fn backward_sums<T: Elem>(
     };
     let (sum_dy, sum_dy_xhat) = per.into_iter().unzip();
     BackwardSums { sum_dy, sum_dy_xhat }
+}
+
+/// One plane's `(sum dz, sum dz * (x - mean))`, see [`backward_sums`].
+fn plane_sums<T: Elem>(xp: &[T], dp: &[T], cp: &[u8], w: usize, mean: T) -> (f64, f64) {
+    #[cfg(target_arch = "x86_64")]
+    if super::avx512::usable() {
+        if let (Some(xf), Some(df)) = (super::avx512::f32s(xp), super::avx512::f32s(dp)) {
+            return super::avx512::pool_plane_sums(xf, df, cp, w, mean.to_f64() as f32);
+        }
+    }
+    plane_sums_generic(xp, dp, cp, w, mean)
+}
+
+/// [`plane_sums`] without the AVX-512 path (which sums in another order).
+pub(super) fn plane_sums_generic<T: Elem>(xp: &[T], dp: &[T], cp: &[u8], w: usize, mean: T) -> (f64, f64) {
+    let (mut s, mut q) = (0.0f64, 0.0f64);
+    for (row, (drow, crow)) in dp.chunks_exact(w / 2).zip(cp.chunks_exact(w / 2)).enumerate() {
+        let (mut rs, mut rq) = (T::zero(), T::zero());
+        for (j, (&g, &code)) in drow.iter().zip(crow).enumerate() {
+            if code < KILLED {
+                let xv = xp[source(row, j, code, w)];
+                rs = rs + g;
+                rq = rq + g * (xv - mean);
+            }
+        }
+        s += rs.to_f64();
+        q += rq.to_f64();
+    }
+    (s, q)
+}
+
+/// One plane of [`backward_dx`]: `dx = p * x + q`, plus `k * dy` at live sources.
+fn plane_dx<T: Elem>(xp: &[T], dp: &[T], cp: &[u8], w: usize, (k, p, q): (T, T, T), outp: &mut [T]) {
+    #[cfg(target_arch = "x86_64")]
+    if super::avx512::usable() {
+        if let (Some(xf), Some(df), Some(of)) =
+            (super::avx512::f32s(xp), super::avx512::f32s(dp), super::avx512::f32s_mut(outp))
+        {
+            let kpq = (k.to_f64() as f32, p.to_f64() as f32, q.to_f64() as f32);
+            return super::avx512::pool_plane_dx(xf, df, cp, w, kpq, of);
+        }
+    }
+    plane_dx_generic(xp, dp, cp, w, (k, p, q), outp);
+}
+
+/// [`plane_dx`] without the AVX-512 path (whose results equal these bit for bit).
+pub(super) fn plane_dx_generic<T: Elem>(
+    xp: &[T],
+    dp: &[T],
+    cp: &[u8],
+    w: usize,
+    (k, p, q): (T, T, T),
+    outp: &mut [T],
+) {
+    // Where dz = 0 the unfused `k * 0 + p * x + q` is `p * x + q`.
+    for (o, &xv) in outp.iter_mut().zip(xp) {
+        *o = p * xv + q;
+    }
+    for (oy, (drow, crow)) in dp.chunks_exact(w / 2).zip(cp.chunks_exact(w / 2)).enumerate() {
+        for (ox, (&g, &code)) in drow.iter().zip(crow).enumerate() {
+            if code < KILLED {
+                let at = source(oy, ox, code, w);
+                outp[at] = k * g + p * xp[at] + q;
+            }
+        }
+    }
 }
 
 /// One sample's `((x, dy), codes)` and its `dx`, as the zipped iterators yield them.
@@ -178,7 +254,7 @@ pub fn backward_dx<T: Elem>(
     count: usize,
     dx: &mut [T],
 ) {
-    let (ow, op, ip) = (w / 2, (h / 2) * (w / 2), h * w);
+    let (op, ip) = ((h / 2) * (w / 2), h * w);
     if ip == 0 || op == 0 || c == 0 {
         return;
     }
@@ -190,19 +266,7 @@ pub fn backward_dx<T: Elem>(
             .zip(ci.chunks_exact(op))
             .zip(oi.chunks_exact_mut(ip));
         for (ch, (((xp, dp), cp), outp)) in planes.enumerate() {
-            let (k, p, q) = coef[ch];
-            // Where dz = 0 the unfused `k * 0 + p * x + q` is `p * x + q`.
-            for (o, &xv) in outp.iter_mut().zip(xp) {
-                *o = p * xv + q;
-            }
-            for (oy, (drow, crow)) in dp.chunks_exact(ow).zip(cp.chunks_exact(ow)).enumerate() {
-                for (ox, (&g, &code)) in drow.iter().zip(crow).enumerate() {
-                    if code < KILLED {
-                        let at = source(oy, ox, code, w);
-                        outp[at] = k * g + p * xp[at] + q;
-                    }
-                }
-            }
+            plane_dx(xp, dp, cp, w, coef[ch], outp);
         }
     };
     let (xs, ys) = (c * ip, c * op);

@@ -2,6 +2,8 @@
 //! with the biased batch variance and moves the running variance towards the
 //! unbiased one; weight/bias gradients accumulate like `.grad`.
 
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 pub mod cpu;
 pub mod cuda;
 pub mod fused_cpu;
@@ -337,6 +339,8 @@ pub fn backward_relu_maxpool2(
     }
 }
 
+#[cfg(all(test, target_arch = "x86_64"))]
+mod avx512_tests;
 #[cfg(test)]
 mod fused_tests;
 #[cfg(test)]

@@ -232,6 +232,106 @@ fn dw_blocks<const KR: usize, const OV: usize>(
     }
 }
 
+/// Output channels and im2col rows per [`dw_pixel_tile`]: 20 accumulators,
+/// fed by 4 + 5 loads per 20 FMAs.
+const PO: usize = 4;
+const PR: usize = 5;
+
+/// `acc[o, r, :] += sum_v dyw[o * ld + 16 v + l] * x[offs[r] + 16 v + l]`
+/// lane-wise for `PO` outputs and `PR` rows, `v < nv`. `acc` holds
+/// `PO * PR` vectors, output-major.
+#[target_feature(enable = "avx512f")]
+unsafe fn dw_pixel_tile(
+    nv: usize,
+    offs: &[usize; PR],
+    x: *const f32,
+    dyw: *const f32,
+    ld: usize,
+    acc_mem: *mut f32,
+) {
+    let mut acc = [[_mm512_setzero_ps(); PR]; PO];
+    for v in 0..nv {
+        let mut d = [_mm512_setzero_ps(); PO];
+        for (o, s) in d.iter_mut().enumerate() {
+            *s = _mm512_loadu_ps(dyw.add(o * ld + v * LANES));
+        }
+        for (r, &off) in offs.iter().enumerate() {
+            let xv = _mm512_loadu_ps(x.add(off + v * LANES));
+            for (row, dv) in acc.iter_mut().zip(&d) {
+                row[r] = _mm512_fmadd_ps(*dv, xv, row[r]);
+            }
+        }
+    }
+    for (o, row) in acc.iter().enumerate() {
+        for (r, s) in row.iter().enumerate() {
+            let p = acc_mem.add((o * PR + r) * LANES);
+            _mm512_storeu_ps(p, _mm512_add_ps(_mm512_loadu_ps(p), *s));
+        }
+    }
+}
+
+/// The weight gradient with the output pixels along the vector lanes: for
+/// few input channels (MNIST's conv1 has one), `O` along the lanes wastes
+/// most of the row blocks and needs `dy` transposed, while here `dy` is read
+/// in its own (wide) layout and each lane keeps a partial sum until
+/// [`PixelDw::finish`] adds the 16 lanes.
+struct PixelDw {
+    /// im2col row offsets, padded to a multiple of `PR` (extras read offset 0).
+    offs: Vec<usize>,
+    /// Output channels rounded up to `PO` (the extra `dy` rows are zero).
+    om: usize,
+    /// `[om / PO][rows / PR][PO][PR]` lane vectors.
+    acc: Vec<f32>,
+}
+
+impl PixelDw {
+    fn new(g: &ConvGeom, xl: &XLayout) -> Self {
+        let mut offs = xl.offs.clone();
+        offs.resize(g.ckk().next_multiple_of(PR), 0);
+        let om = g.o.next_multiple_of(PO);
+        let acc = vec![0f32; om * offs.len() * LANES];
+        PixelDw { offs, om, acc }
+    }
+
+    /// Adds one image: `x` is the padded image, `dyw` its `dy` as `om` rows
+    /// of `ld` starting at `base`, in the wide column layout with zeros at
+    /// the junk columns and up to `16 * nv`.
+    fn add(&mut self, nv: usize, x: &[f32], dyw: &[f32], base: usize, ld: usize) {
+        assert!(ld >= nv * LANES && base + (self.om - 1) * ld + nv * LANES <= dyw.len());
+        assert!(self.offs.iter().all(|&o| o + nv * LANES <= x.len()));
+        let tile = PO * PR * LANES;
+        let rb = self.offs.len() / PR;
+        assert!(self.acc.len() >= (self.om / PO) * rb * tile);
+        for ob in 0..self.om / PO {
+            for (r, o) in self.offs.chunks_exact(PR).enumerate() {
+                let o: &[usize; PR] = o.try_into().expect("chunks_exact gives PR offsets");
+                // SAFETY: reads x[o[r] + 16 v + l] and dyw[base + (ob * PO + i)
+                // * ld + 16 v + l] for v < nv, i < PO, and read/writes one
+                // tile of acc: all inside the slices by the asserts.
+                // AVX-512F: see `usable`.
+                unsafe {
+                    let d = dyw.as_ptr().add(base + ob * PO * ld);
+                    let am = self.acc.as_mut_ptr().add((ob * rb + r) * tile);
+                    dw_pixel_tile(nv, o, x.as_ptr(), d, ld, am);
+                }
+            }
+        }
+    }
+
+    /// The lane sums as `dW[O, CKK]`.
+    fn finish(&self, g: &ConvGeom) -> Vec<f32> {
+        let (ckk, rb) = (g.ckk(), self.offs.len() / PR);
+        let mut out = vec![0f32; g.o * ckk];
+        for (o, row) in out.chunks_exact_mut(ckk).enumerate() {
+            for (r, v) in row.iter_mut().enumerate() {
+                let at = (((o / PO) * rb + r / PR) * PO * PR + (o % PO) * PR + r % PR) * LANES;
+                *v = lane_sum(&self.acc[at..at + LANES]);
+            }
+        }
+        out
+    }
+}
+
 /// Images per rayon task: a few tasks per thread so work stealing can even
 /// out a core that is busy with something else.
 fn per_task(n: usize) -> usize {
@@ -291,9 +391,19 @@ fn lane_sum(v: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + tail
 }
 
+/// Whether the weight gradient goes through [`PixelDw`] rather than
+/// [`dw_blocks`]: when padding `O` to whole vectors and `CKK` to the row
+/// block would make a third or more of `dw_blocks`' FMAs wasted work. MNIST's
+/// conv1 (25 rows padded to 48) takes 1.0 ms instead of 3.1 per 100 images;
+/// for conv2 (400 rows, O = 32) `dw_blocks` is faster (measured).
+fn pixel_dw(g: &ConvGeom) -> bool {
+    let ldo = g.o.next_multiple_of(LANES);
+    let kr = if ldo == LANES { 24 } else { 12 };
+    2 * g.ckk().next_multiple_of(kr) * ldo >= 3 * g.ckk() * g.o
+}
+
 /// Gradients of [`forward`], as [`super::cpu::backward`]: `dw`, `db` are
 /// accumulated into, `dx` (when asked for) is overwritten.
-#[allow(clippy::too_many_arguments)]
 pub fn backward(
     g: &ConvGeom,
     x: &[f32],
@@ -302,6 +412,22 @@ pub fn backward(
     dw: &mut [f32],
     db: Option<&mut [f32]>,
     dx: Option<&mut [f32]>,
+) {
+    backward_with(g, x, w, dy, dw, db, dx, pixel_dw(g));
+}
+
+/// [`backward`] with the weight-gradient kernel chosen by the caller
+/// (`pixel`: [`PixelDw`], else [`dw_blocks`]), so tests can run both.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn backward_with(
+    g: &ConvGeom,
+    x: &[f32],
+    w: &[f32],
+    dy: &[f32],
+    dw: &mut [f32],
+    db: Option<&mut [f32]>,
+    dx: Option<&mut [f32]>,
+    pixel: bool,
 ) {
     if g.n == 0 {
         return;
@@ -333,19 +459,24 @@ pub fn backward(
         None => (0..tasks).map(|_| None).collect(),
     };
     let need_db = db.is_some();
+    // Per task: dW[O, CKK] and db, summed in task order below.
     let partials: Vec<(Vec<f32>, Vec<f32>)> = dx_parts
         .into_par_iter()
         .enumerate()
         .map(|(t, mut dxt)| {
             let first = t * pt;
             let imgs = pt.min(g.n - first);
-            let mut dwt = vec![0f32; dw_offs.len() * ldo];
+            let mut pdw = if pixel { Some(PixelDw::new(g, &xl)) } else { None };
+            let mut dwt = vec![0f32; if pixel { 0 } else { dw_offs.len() * ldo }];
             let mut db_t = vec![0f32; if need_db { g.o } else { 0 }];
             let mut xp = vec![0f32; xl.len];
             // dy^T[cols, ldo]: junk columns and padded channels stay zero.
-            let mut dyt = vec![0f32; xl.ncol * ldo];
+            let mut dyt = vec![0f32; if pixel { 0 } else { xl.ncol * ldo }];
             let need_dx = dxt.is_some();
-            let mut dyz = vec![0f32; if need_dx { g.o * dl.plane } else { 0 }];
+            // dy in the wide layout, `dl.shift` into each of its planes (see
+            // DyLayout), with zero rows up to the PixelDw's channel padding.
+            let dyz_rows = if pixel { g.o.next_multiple_of(PO) } else { g.o };
+            let mut dyz = vec![0f32; if need_dx || pixel { dyz_rows * dl.plane } else { 0 }];
             let mut out = vec![0f32; if need_dx { cm * dl.ncolv } else { 0 }];
             for i in 0..imgs {
                 let img = first + i;
@@ -354,16 +485,20 @@ pub fn backward(
                 for (o, dyo) in dyi.chunks_exact(hw).enumerate() {
                     for (oh, src) in dyo.chunks_exact(g.wo).enumerate() {
                         let at = oh * xl.pitch;
-                        for (ow, v) in src.iter().enumerate() {
-                            dyt[(at + ow) * ldo + o] = *v;
+                        if !pixel {
+                            for (ow, v) in src.iter().enumerate() {
+                                dyt[(at + ow) * ldo + o] = *v;
+                            }
                         }
-                        if need_dx {
+                        if need_dx || pixel {
                             let z = o * dl.plane + dl.shift + at;
                             dyz[z..z + g.wo].copy_from_slice(src);
                         }
                     }
                 }
-                if ldo == LANES {
+                if let Some(p) = pdw.as_mut() {
+                    p.add(xl.ncolv / LANES, &xp, &dyz, dl.shift, dl.plane);
+                } else if ldo == LANES {
                     dw_blocks::<24, 1>(xl.ncol, &dw_offs, &xp, &dyt, ldo, 0, &mut dwt);
                 } else {
                     let mut v0 = 0;
@@ -389,14 +524,24 @@ pub fn backward(
                     }
                 }
             }
-            (dwt, db_t)
+            let part = match pdw {
+                Some(p) => p.finish(g),
+                None => {
+                    let mut part = vec![0f32; g.o * ckk];
+                    for (o, row) in part.chunks_exact_mut(ckk).enumerate() {
+                        for (a, b) in row.iter_mut().zip(dwt[o..].iter().step_by(ldo)) {
+                            *a = *b;
+                        }
+                    }
+                    part
+                }
+            };
+            (part, db_t)
         })
         .collect();
-    for (dwt, _) in &partials {
-        for (o, dwo) in dw.chunks_exact_mut(ckk).enumerate() {
-            for (a, b) in dwo.iter_mut().zip(dwt[o..].iter().step_by(ldo)) {
-                *a += *b;
-            }
+    for (part, _) in &partials {
+        for (a, b) in dw.iter_mut().zip(part) {
+            *a += *b;
         }
     }
     if let Some(db) = db {

@@ -16,6 +16,8 @@ const CFGS: &[(usize, usize, usize, usize, usize, usize, usize)] = &[
     (3, 9, 8, 6, 3, 1, 0),
     (2, 2, 3, 3, 48, 3, 2),
     (5, 1, 4, 4, 1, 2, 1),
+    (3, 1, 13, 11, 7, 3, 1),
+    (2, 1, 9, 17, 21, 5, 2),
 ];
 
 fn geom(cfg: (usize, usize, usize, usize, usize, usize, usize)) -> ConvGeom {
@@ -57,16 +59,23 @@ fn check(cfg: (usize, usize, usize, usize, usize, usize, usize), seed: u64) {
 
     let (mut dw64, mut db64, mut dx64) = (dw0.clone(), db0.clone(), vec![0.0; x.len()]);
     cpu::backward(&g, &x, &w, &dy, &mut dw64, Some(&mut db64), Some(&mut dx64));
-    let (mut dw, mut db, mut dx) = (f32s(&dw0), f32s(&db0), vec![f32::NAN; x.len()]);
-    avx512::backward(&g, &f32s(&x), &f32s(&w), &f32s(&dy), &mut dw, Some(&mut db), Some(&mut dx));
-    close(&format!("{cfg:?} dw"), &dw, &dw64);
-    close(&format!("{cfg:?} db"), &db, &db64);
-    close(&format!("{cfg:?} dx"), &dx, &dx64);
+    // Both weight-gradient kernels, whichever `backward` picks here.
+    for pixel in [false, true] {
+        let (mut dw, mut db, mut dx) = (f32s(&dw0), f32s(&db0), vec![f32::NAN; x.len()]);
+        let (xf, wf, dyf) = (f32s(&x), f32s(&w), f32s(&dy));
+        avx512::backward_with(&g, &xf, &wf, &dyf, &mut dw, Some(&mut db), Some(&mut dx), pixel);
+        close(&format!("{cfg:?} pixel {pixel} dw"), &dw, &dw64);
+        close(&format!("{cfg:?} pixel {pixel} db"), &db, &db64);
+        close(&format!("{cfg:?} pixel {pixel} dx"), &dx, &dx64);
 
-    // Without dx and bias: the same dw.
+        // Without dx and bias: the same dw.
+        let mut dw = f32s(&dw0);
+        avx512::backward_with(&g, &xf, &wf, &dyf, &mut dw, None, None, pixel);
+        close(&format!("{cfg:?} pixel {pixel} dw only"), &dw, &dw64);
+    }
     let mut dw = f32s(&dw0);
     avx512::backward(&g, &f32s(&x), &f32s(&w), &f32s(&dy), &mut dw, None, None);
-    close(&format!("{cfg:?} dw only"), &dw, &dw64);
+    close(&format!("{cfg:?} dw (backward's pick)"), &dw, &dw64);
 }
 
 #[test]

@@ -1,0 +1,286 @@
+//! f32 AVX-512 versions of the BatchNorm kernels that dominate a CPU step:
+//! the forward sums and the fused BN + ReLU + MaxPool2d(2, 2) forward and
+//! backward. The generic kernels vectorize poorly (the 2x2 windows interleave
+//! even and odd columns), so these split each pair of input rows into its four
+//! window positions with two permutes per 16 windows and work on whole vectors.
+//!
+//! Every value is the same expression as in the generic kernels, evaluated in
+//! the same order (multiply then add, never fused), so outputs, window codes
+//! and `dx` are bitwise equal to theirs, as are [`plane_sums`]' f64 results.
+//! Only [`pool_plane_sums`] adds in a different order (per lane over the plane
+//! instead of per pooled row), an f32 reassociation.
+
+use super::fused_cpu::KILLED;
+use crate::ops::Elem;
+use std::any::TypeId;
+use std::arch::x86_64::*;
+
+const LANES: usize = 16;
+
+/// Whether the CPU runs these kernels (BW and VL for the byte-masked loads
+/// of window codes).
+pub fn usable() -> bool {
+    std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512bw")
+        && std::arch::is_x86_feature_detected!("avx512vl")
+}
+
+/// `s` as f32 when `T` is f32 (the f64 test instantiations take the generic path).
+pub fn f32s<T: Elem>(s: &[T]) -> Option<&[f32]> {
+    // SAFETY: T is f32, so the slice is reinterpreted as itself.
+    (TypeId::of::<T>() == TypeId::of::<f32>())
+        .then(|| unsafe { std::slice::from_raw_parts(s.as_ptr().cast::<f32>(), s.len()) })
+}
+
+/// [`f32s`] for a mutable slice.
+pub fn f32s_mut<T: Elem>(s: &mut [T]) -> Option<&mut [f32]> {
+    // SAFETY: as in `f32s`; the borrow of `s` moves into the result.
+    (TypeId::of::<T>() == TypeId::of::<f32>())
+        .then(|| unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr().cast::<f32>(), s.len()) })
+}
+
+/// `(sum (x - shift), sum (x - shift)^2)` of one plane, as the generic
+/// `cpu::plane_sums` computes it: 16 lanes over blocks of 1,024, the tail in
+/// scalars, each block moved to f64 tail first, then lanes 0..16.
+pub fn plane_sums(p: &[f32], shift: f32) -> (f64, f64) {
+    const BLOCK: usize = 1024;
+    let (mut s_tot, mut q_tot) = (0.0f64, 0.0f64);
+    for blk in p.chunks(BLOCK) {
+        let chunks = blk.chunks_exact(LANES);
+        let (mut rs, mut rq) = (0.0f32, 0.0f32);
+        for &x in chunks.remainder() {
+            let v = x - shift;
+            rs += v;
+            rq += v * v;
+        }
+        let (mut s, mut q) = ([0f32; LANES], [0f32; LANES]);
+        // SAFETY: reads `chunks.len()` whole vectors of `blk`; AVX-512F is
+        // checked by the caller through `usable`.
+        unsafe { block_sums(blk.as_ptr(), blk.len() / LANES, shift, &mut s, &mut q) };
+        s_tot += f64::from(rs);
+        q_tot += f64::from(rq);
+        s_tot += s.iter().map(|&v| f64::from(v)).sum::<f64>();
+        q_tot += q.iter().map(|&v| f64::from(v)).sum::<f64>();
+    }
+    (s_tot, q_tot)
+}
+
+#[target_feature(enable = "avx512f")]
+unsafe fn block_sums(p: *const f32, nv: usize, shift: f32, s: &mut [f32; LANES], q: &mut [f32; LANES]) {
+    let k = _mm512_set1_ps(shift);
+    let (mut sv, mut qv) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+    for v in 0..nv {
+        let d = _mm512_sub_ps(_mm512_loadu_ps(p.add(v * LANES)), k);
+        sv = _mm512_add_ps(sv, d);
+        qv = _mm512_add_ps(qv, _mm512_mul_ps(d, d));
+    }
+    _mm512_storeu_ps(s.as_mut_ptr(), sv);
+    _mm512_storeu_ps(q.as_mut_ptr(), qv);
+}
+
+/// Lane masks for `n` (<= 16) windows: the pooled lanes, and the low and
+/// high halves of the `2n` input columns.
+#[inline(always)]
+fn masks(n: usize) -> (__mmask16, __mmask16, __mmask16) {
+    let bits = |m: usize| ((1u32 << m) - 1) as __mmask16;
+    let cols = 2 * n;
+    (bits(n), bits(cols.min(LANES)), bits(cols.saturating_sub(LANES)))
+}
+
+/// The even and odd columns of up to 32 floats at `p` (lanes past the masks
+/// read as 0): window positions (0, 1) of a top row, (2, 3) of a bottom one.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn split(p: *const f32, lo: __mmask16, hi: __mmask16) -> (__m512, __m512) {
+    let a = _mm512_maskz_loadu_ps(lo, p);
+    let b = _mm512_maskz_loadu_ps(hi, p.wrapping_add(LANES));
+    let ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    let od = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    (_mm512_permutex2var_ps(a, ev, b), _mm512_permutex2var_ps(a, od, b))
+}
+
+/// The inverse of [`split`]: stores even `e` and odd `o` columns interleaved.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn merge(p: *mut f32, lo: __mmask16, hi: __mmask16, e: __m512, o: __m512) {
+    let il = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    let ih = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+    _mm512_mask_storeu_ps(p, lo, _mm512_permutex2var_ps(e, il, o));
+    _mm512_mask_storeu_ps(p.wrapping_add(LANES), hi, _mm512_permutex2var_ps(e, ih, o));
+}
+
+/// The window codes of the `m` lanes at `c` as 32-bit lanes; lanes past
+/// `m` read [`KILLED`].
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn load_codes(c: *const u8, m: __mmask16) -> __m512i {
+    let v = _mm_mask_loadu_epi8(_mm_set1_epi8(KILLED as i8), m, c.cast());
+    _mm512_cvtepu8_epi32(v)
+}
+
+/// `fused_cpu::forward_plane` for f32: one `h x w` plane into its pooled
+/// plane `y` and window codes.
+pub fn forward_plane(x: &[f32], w: usize, scale: f32, shift: f32, y: &mut [f32], codes: &mut [u8]) {
+    let ow = w / 2;
+    assert!(w.is_multiple_of(2) && ow > 0 && y.len() == codes.len() && x.len() >= 4 * y.len());
+    // SAFETY: every access is to window (oy, ox < ow) of pooled row oy <
+    // y.len() / ow, at x[(2 oy + r) w + 2 ox + j] and y/codes[oy ow + ox],
+    // inside the slices by the assert; masked lanes are not accessed.
+    // AVX-512F/BW/VL are checked by the caller through `usable`.
+    unsafe {
+        forward_plane_avx512(x.as_ptr(), w, y.len() / ow, scale, shift, y.as_mut_ptr(), codes.as_mut_ptr())
+    }
+}
+
+#[target_feature(enable = "avx512f")]
+unsafe fn forward_plane_avx512(
+    x: *const f32,
+    w: usize,
+    oh: usize,
+    scale: f32,
+    shift: f32,
+    y: *mut f32,
+    codes: *mut u8,
+) {
+    let ow = w / 2;
+    let (sc, sh) = (_mm512_set1_ps(scale), _mm512_set1_ps(shift));
+    let (zero, nan) = (_mm512_setzero_ps(), _mm512_set1_ps(f32::NAN));
+    for oy in 0..oh {
+        let (r0, r1) = (x.add(2 * oy * w), x.add((2 * oy + 1) * w));
+        for ox in (0..ow).step_by(LANES) {
+            let n = (ow - ox).min(LANES);
+            let (m, lo, hi) = masks(n);
+            let (a0, a1) = split(r0.add(2 * ox), lo, hi);
+            let (a2, a3) = split(r1.add(2 * ox), lo, hi);
+            let (z0, z1) = (affine(a0, sc, sh), affine(a1, sc, sh));
+            let (z2, z3) = (affine(a2, sc, sh), affine(a3, sc, sh));
+            // max_ps(a, b) is `a > b ? a : b`, the generic max2.
+            let mx = _mm512_max_ps(_mm512_max_ps(z0, z1), _mm512_max_ps(z2, z3));
+            let mut c = _mm512_set1_epi32(3);
+            c = _mm512_mask_mov_epi32(c, _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(z2, mx), _mm512_set1_epi32(2));
+            c = _mm512_mask_mov_epi32(c, _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(z1, mx), _mm512_set1_epi32(1));
+            c = _mm512_mask_mov_epi32(c, _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(z0, mx), _mm512_setzero_si512());
+            let alive = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(mx, zero);
+            let has_nan =
+                _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(z0, z1) | _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(z2, z3);
+            let live = alive & !has_nan;
+            let code = _mm512_mask_mov_epi32(_mm512_set1_epi32(i32::from(KILLED)), live, c);
+            let out = _mm512_mask_mov_ps(_mm512_maskz_mov_ps(alive, mx), has_nan, nan);
+            let at = oy * ow + ox;
+            _mm512_mask_storeu_ps(y.add(at), m, out);
+            _mm512_mask_cvtepi32_storeu_epi8(codes.add(at).cast(), m, code);
+        }
+    }
+}
+
+/// `v * scale + shift`, rounded after each operation like the generic kernel.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn affine(v: __m512, scale: __m512, shift: __m512) -> __m512 {
+    _mm512_add_ps(_mm512_mul_ps(v, scale), shift)
+}
+
+/// The input value at each live window's source, selected by `code`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn pick(code: __m512i, a: [__m512; 4]) -> __m512 {
+    let mut v = a[3];
+    for d in [2, 1, 0] {
+        v = _mm512_mask_mov_ps(v, _mm512_cmpeq_epi32_mask(code, _mm512_set1_epi32(d)), a[d as usize]);
+    }
+    v
+}
+
+/// One plane's `(sum dz, sum dz * (x - mean))` for `fused_cpu::backward_sums`
+/// (before the `invstd` factor), `dz` being `dy` at live windows' sources.
+pub fn pool_plane_sums(x: &[f32], dy: &[f32], codes: &[u8], w: usize, mean: f32) -> (f64, f64) {
+    let ow = w / 2;
+    assert!(w.is_multiple_of(2) && ow > 0 && dy.len() == codes.len() && x.len() >= 4 * dy.len());
+    let (mut s, mut q) = ([0f32; LANES], [0f32; LANES]);
+    // SAFETY: as in `forward_plane`, reading x, dy and codes only.
+    unsafe { pool_sums_avx512(x.as_ptr(), dy.as_ptr(), codes, w, mean, &mut s, &mut q) };
+    (s.iter().map(|&v| f64::from(v)).sum(), q.iter().map(|&v| f64::from(v)).sum())
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn pool_sums_avx512(
+    x: *const f32,
+    dy: *const f32,
+    codes: &[u8],
+    w: usize,
+    mean: f32,
+    s: &mut [f32; LANES],
+    q: &mut [f32; LANES],
+) {
+    let ow = w / 2;
+    let mv = _mm512_set1_ps(mean);
+    let (mut sv, mut qv) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+    for oy in 0..codes.len() / ow {
+        let (r0, r1) = (x.add(2 * oy * w), x.add((2 * oy + 1) * w));
+        for ox in (0..ow).step_by(LANES) {
+            let n = (ow - ox).min(LANES);
+            let (m, lo, hi) = masks(n);
+            let at = oy * ow + ox;
+            let code = load_codes(codes.as_ptr().add(at), m);
+            let live = _mm512_cmplt_epi32_mask(code, _mm512_set1_epi32(i32::from(KILLED)));
+            let (a0, a1) = split(r0.add(2 * ox), lo, hi);
+            let (a2, a3) = split(r1.add(2 * ox), lo, hi);
+            let xv = pick(code, [a0, a1, a2, a3]);
+            let g = _mm512_maskz_loadu_ps(m, dy.add(at));
+            sv = _mm512_mask_add_ps(sv, live, sv, g);
+            qv = _mm512_mask_add_ps(qv, live, qv, _mm512_mul_ps(g, _mm512_sub_ps(xv, mv)));
+        }
+    }
+    _mm512_storeu_ps(s.as_mut_ptr(), sv);
+    _mm512_storeu_ps(q.as_mut_ptr(), qv);
+}
+
+/// One plane of `fused_cpu::backward_dx`: `dx = p * x + q`, and `k * dy +
+/// p * x + q` at each live window's source.
+pub fn pool_plane_dx(x: &[f32], dy: &[f32], codes: &[u8], w: usize, kpq: (f32, f32, f32), dx: &mut [f32]) {
+    let ow = w / 2;
+    assert!(w.is_multiple_of(2) && ow > 0 && dy.len() == codes.len());
+    assert!(x.len() >= 4 * dy.len() && dx.len() >= 4 * dy.len());
+    // SAFETY: as in `forward_plane`, writing dx where x is read.
+    unsafe { pool_dx_avx512(x.as_ptr(), dy.as_ptr(), codes, w, kpq, dx.as_mut_ptr()) }
+}
+
+/// `p * x + q`, or `k * dy + p * x + q` (`kg` = `k * dy`) where `code` is `pos`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn dx_at(x: __m512, code: __m512i, pos: i32, kg: __m512, p: __m512, q: __m512) -> __m512 {
+    let px = _mm512_mul_ps(p, x);
+    let dead = _mm512_add_ps(px, q);
+    let live = _mm512_add_ps(_mm512_add_ps(kg, px), q);
+    _mm512_mask_mov_ps(dead, _mm512_cmpeq_epi32_mask(code, _mm512_set1_epi32(pos)), live)
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn pool_dx_avx512(
+    x: *const f32,
+    dy: *const f32,
+    codes: &[u8],
+    w: usize,
+    (k, p, q): (f32, f32, f32),
+    dx: *mut f32,
+) {
+    let ow = w / 2;
+    let (kv, pv, qv) = (_mm512_set1_ps(k), _mm512_set1_ps(p), _mm512_set1_ps(q));
+    for oy in 0..codes.len() / ow {
+        let rows = [2 * oy * w, (2 * oy + 1) * w];
+        for ox in (0..ow).step_by(LANES) {
+            let n = (ow - ox).min(LANES);
+            let (m, lo, hi) = masks(n);
+            let at = oy * ow + ox;
+            let code = load_codes(codes.as_ptr().add(at), m);
+            let g = _mm512_maskz_loadu_ps(m, dy.add(at));
+            let kg = _mm512_mul_ps(kv, g);
+            for (r, &row) in rows.iter().enumerate() {
+                let (e, o) = split(x.add(row + 2 * ox), lo, hi);
+                let pos = 2 * r as i32;
+                let (de, dod) = (dx_at(e, code, pos, kg, pv, qv), dx_at(o, code, pos + 1, kg, pv, qv));
+                merge(dx.add(row + 2 * ox), lo, hi, de, dod);
+            }
+        }
+    }
+}
