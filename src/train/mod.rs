@@ -128,6 +128,46 @@ pub fn prepare(cfg: &Config) -> Result<Prepared> {
     Ok(Prepared { model, train_ds, test_ds })
 }
 
+/// A run set up and, when a checkpoint says so, resumed: what the CPU and
+/// the GPU loops share before their first step.
+pub(crate) struct Started {
+    pub model: Model,
+    pub train_ds: Arc<Dataset>,
+    pub test_ds: Arc<Dataset>,
+    pub ddp: Ddp,
+    pub plan: RunPlan,
+    pub optimizer: Optimizer,
+    pub ckpt: crate::checkpoint::Checkpointer,
+    pub amp: amp::Amp,
+    pub resumed: Option<crate::checkpoint::TrainProgress>,
+}
+
+/// Loads, joins the job, plans the steps, applies apex's amp.initialize and
+/// resumes from a checkpoint when there is one.
+pub(crate) fn start(cfg: &Config, opts: &RunOptions) -> Result<Started> {
+    let Prepared { mut model, train_ds, test_ds } = prepare(cfg)?;
+    let ddp = Ddp::init(cfg, &mut model)?;
+    let plan = RunPlan::new(cfg, train_ds.len(), ddp.world_size(), ddp.rank())?;
+    let sizes: Vec<usize> = model.params().iter().map(|p| p.value.numel()).collect();
+    let mut optimizer = Optimizer::new(optimizer_config(&cfg.optimizer), &sizes)?;
+    let shape = crate::checkpoint::RunShape {
+        world_size: ddp.world_size(),
+        rank: ddp.rank(),
+        steps_per_epoch: plan.steps_per_epoch,
+        total_steps: plan.total_steps,
+        train_samples: train_ds.len(),
+        schedule: plan.schedule.clone(),
+    };
+    let mut ckpt = crate::checkpoint::Checkpointer::new(cfg, shape)
+        .with_test_hooks(opts.save_pause, opts.halt_after_steps);
+    // apex's amp.initialize: cast the model, set up masters and the loss scaler.
+    let policy = amp::Policy::resolve(&cfg.amp)?;
+    let mut amp = amp::Amp::new(policy, amp::LossScaler::from_config(&cfg.amp)?, &mut model);
+    // After the cast, so the checkpoint's masters replace the ones the cast made.
+    let resumed = ckpt.resume(&mut model, &mut optimizer, &mut amp, ddp.communicator())?;
+    Ok(Started { model, train_ds, test_ds, ddp, plan, optimizer, ckpt, amp, resumed })
+}
+
 pub fn train(cfg: &Config) -> Result<Summary> {
     train_with(cfg, &RunOptions::default())
 }
@@ -138,29 +178,10 @@ pub fn train_with(cfg: &Config, opts: &RunOptions) -> Result<Summary> {
         crate::cuda::select::Device::Cuda(gpu) => return gpu::train(cfg, opts, gpu),
         crate::cuda::select::Device::Cpu => "cpu",
     };
-    let Prepared { mut model, train_ds, test_ds } = prepare(cfg)?;
-    let mut ddp = Ddp::init(cfg, &mut model)?;
-
+    let Started { mut model, train_ds, test_ds, mut ddp, plan, mut optimizer, mut ckpt, mut amp, resumed } =
+        start(cfg, opts)?;
+    let RunPlan { sampler, accum, steps_per_epoch, total_steps, schedule } = plan;
     let d = &cfg.data;
-    let RunPlan { sampler, accum, steps_per_epoch, total_steps, schedule } =
-        RunPlan::new(cfg, train_ds.len(), ddp.world_size(), ddp.rank())?;
-    let sizes: Vec<usize> = model.params().iter().map(|p| p.value.numel()).collect();
-    let mut optimizer = Optimizer::new(optimizer_config(&cfg.optimizer), &sizes)?;
-    let shape = crate::checkpoint::RunShape {
-        world_size: ddp.world_size(),
-        rank: ddp.rank(),
-        steps_per_epoch,
-        total_steps,
-        train_samples: train_ds.len(),
-        schedule: schedule.clone(),
-    };
-    let mut ckpt = crate::checkpoint::Checkpointer::new(cfg, shape)
-        .with_test_hooks(opts.save_pause, opts.halt_after_steps);
-    // apex's amp.initialize: cast the model, set up masters and the loss scaler.
-    let policy = amp::Policy::resolve(&cfg.amp)?;
-    let mut amp = amp::Amp::new(policy, amp::LossScaler::from_config(&cfg.amp)?, &mut model);
-    // After the cast, so the checkpoint's masters replace the ones the cast made.
-    let resumed = ckpt.resume(&mut model, &mut optimizer, &mut amp, ddp.communicator())?;
     let mut tracer = trace::Tracer::new(opts)?;
     let mut trace_divergence: Option<String> = None;
 

@@ -85,26 +85,10 @@ fn save_due(cfg: &Config, step: u64, total: u64) -> bool {
 /// Trains on `gpu` (this rank's device); the same contract as [`super::train_with`].
 pub fn train(cfg: &Config, opts: &RunOptions, gpu: Arc<Gpu>) -> Result<Summary> {
     let device = format!("cuda:{} {}", gpu.ctx().ordinal(), gpu.name());
-    let super::Prepared { mut model, train_ds, test_ds } = super::prepare(cfg)?;
-    let ddp = super::Ddp::init(cfg, &mut model)?;
+    let super::Started { mut model, train_ds, test_ds, ddp, plan, mut optimizer, mut ckpt, mut amp, resumed } =
+        super::start(cfg, opts)?;
+    let RunPlan { sampler, accum, steps_per_epoch, total_steps, schedule } = plan;
     let d = &cfg.data;
-    let RunPlan { sampler, accum, steps_per_epoch, total_steps, schedule } =
-        RunPlan::new(cfg, train_ds.len(), ddp.world_size(), ddp.rank())?;
-    let sizes: Vec<usize> = model.params().iter().map(|p| p.value.numel()).collect();
-    let mut optimizer = Optimizer::new(super::optimizer_config(&cfg.optimizer), &sizes)?;
-    let shape = crate::checkpoint::RunShape {
-        world_size: ddp.world_size(),
-        rank: ddp.rank(),
-        steps_per_epoch,
-        total_steps,
-        train_samples: train_ds.len(),
-        schedule: schedule.clone(),
-    };
-    let mut ckpt = crate::checkpoint::Checkpointer::new(cfg, shape)
-        .with_test_hooks(opts.save_pause, opts.halt_after_steps);
-    let policy = amp::Policy::resolve(&cfg.amp)?;
-    let mut amp = amp::Amp::new(policy, amp::LossScaler::from_config(&cfg.amp)?, &mut model);
-    let resumed = ckpt.resume(&mut model, &mut optimizer, &mut amp, ddp.communicator())?;
 
     // The device side, every buffer allocated once, before the first step.
     let opts_r = ReducerOptions::from_config(&cfg.parallel);
@@ -190,6 +174,25 @@ pub fn train(cfg: &Config, opts: &RunOptions, gpu: Arc<Gpu>) -> Result<Summary> 
         (train_images, train_time, resume_at) = (p.train_images, p.train_time_s, Some(p.batches_in_epoch));
         progress.set_step(step, "resumed");
     }
+    // The checkpoint's view of the loop (step_loss is 0 between steps).
+    macro_rules! train_progress {
+        ($batches_in_epoch:expr) => {
+            crate::checkpoint::TrainProgress {
+                step,
+                epoch,
+                batches_in_epoch: $batches_in_epoch,
+                step_loss: 0.0,
+                window_loss,
+                window_n,
+                window_images,
+                final_loss,
+                last_eval: last_eval.map(Into::into),
+                grad_norm,
+                train_images,
+                train_time_s: train_time,
+            }
+        };
+    }
     // Overflow steps the host has reported so far (from the scaler snapshots).
     let mut reported_overflows = amp.scaler.state().overflow_steps;
 
@@ -199,7 +202,6 @@ pub fn train(cfg: &Config, opts: &RunOptions, gpu: Arc<Gpu>) -> Result<Summary> 
         let order = DeviceIndices::upload(&gpu, &train_dev, &indices)?;
         let batches =
             if d.drop_last { indices.len() / d.batch_size } else { indices.len().div_ceil(d.batch_size) };
-        let mut micro = skip;
         let mut t0 = Instant::now();
         for k in 0..batches {
             let n = (indices.len() - k * d.batch_size).min(d.batch_size);
@@ -217,7 +219,9 @@ pub fn train(cfg: &Config, opts: &RunOptions, gpu: Arc<Gpu>) -> Result<Summary> 
                 &mut x.slice_mut(0..n * per),
                 &mut y.slice_mut(0..n),
             )?;
-            let last_micro = (micro + 1).is_multiple_of(accum);
+            // Micro-batches of this epoch done once this one is (the resumed ones included).
+            let done = skip + k + 1;
+            let last_micro = done.is_multiple_of(accum);
             if last_micro {
                 if let (Some(r), Some(at)) = (&mut reducer, ddp.inject_inf_at()) {
                     if at == step + 1 {
@@ -240,7 +244,6 @@ pub fn train(cfg: &Config, opts: &RunOptions, gpu: Arc<Gpu>) -> Result<Summary> 
             train_images += n;
             window_images += n;
             window_rows += n;
-            micro += 1;
             if !last_micro {
                 continue;
             }
@@ -331,19 +334,7 @@ pub fn train(cfg: &Config, opts: &RunOptions, gpu: Arc<Gpu>) -> Result<Summary> 
                 &model,
                 &optimizer,
                 &amp,
-                &progress_record(
-                    step,
-                    epoch,
-                    micro,
-                    window_loss,
-                    window_n,
-                    window_images,
-                    final_loss,
-                    last_eval,
-                    grad_norm,
-                    train_images,
-                    train_time,
-                ),
+                &train_progress!(done),
                 &mut metrics_out,
                 ddp.communicator(),
             )?;
@@ -383,19 +374,7 @@ pub fn train(cfg: &Config, opts: &RunOptions, gpu: Arc<Gpu>) -> Result<Summary> 
             &model,
             &optimizer,
             &amp,
-            &progress_record(
-                step,
-                epoch,
-                0,
-                window_loss,
-                window_n,
-                window_images,
-                final_loss,
-                last_eval,
-                grad_norm,
-                train_images,
-                train_time,
-            ),
+            &train_progress!(0),
             &mut metrics_out,
             ddp.communicator(),
         )?;
@@ -408,26 +387,7 @@ pub fn train(cfg: &Config, opts: &RunOptions, gpu: Arc<Gpu>) -> Result<Summary> 
         trace_divergence = t.finish(step);
     }
     if trace_divergence.is_none() {
-        ckpt.finish(
-            &model,
-            &optimizer,
-            &amp,
-            &progress_record(
-                step,
-                epoch,
-                0,
-                window_loss,
-                window_n,
-                window_images,
-                final_loss,
-                last_eval,
-                grad_norm,
-                train_images,
-                train_time,
-            ),
-            &mut metrics_out,
-            ddp.communicator(),
-        )?;
+        ckpt.finish(&model, &optimizer, &amp, &train_progress!(0), &mut metrics_out, ddp.communicator())?;
     }
     let weights = out_dir.join("model.safetensors");
     if primary {
@@ -502,36 +462,6 @@ fn sync_host(
     dev.download(model)?;
     dev.params.download_grads(gpu, model)?;
     step_dev.sync_to_host(gpu, &dev.params, optimizer, amp)
-}
-
-#[allow(clippy::too_many_arguments)]
-fn progress_record(
-    step: u64,
-    epoch: u64,
-    batches_in_epoch: usize,
-    window_loss: f64,
-    window_n: u64,
-    window_images: usize,
-    final_loss: f64,
-    last_eval: Option<super::EvalResult>,
-    grad_norm: Option<f32>,
-    train_images: usize,
-    train_time_s: f64,
-) -> crate::checkpoint::TrainProgress {
-    crate::checkpoint::TrainProgress {
-        step,
-        epoch,
-        batches_in_epoch,
-        step_loss: 0.0,
-        window_loss,
-        window_n,
-        window_images,
-        final_loss,
-        last_eval: last_eval.map(Into::into),
-        grad_norm,
-        train_images,
-        train_time_s,
-    }
 }
 
 #[cfg(test)]

@@ -36,7 +36,8 @@ pub struct DeviceStep {
     groups: Vec<GroupStep>,
     norm_sq: CudaSlice<f32>,
     workspace: CudaSlice<f32>,
-    /// loss scale / grad_accum_steps, refreshed after every scaler update.
+    /// loss scale / grad_accum_steps, refreshed after every scaler update
+    /// (unused without accumulation).
     grad_scale: CudaSlice<f32>,
     accum: f32,
     clip: Option<f32>,
@@ -122,7 +123,7 @@ impl DeviceStep {
             clip,
             snapshot: ScalerSnapshot::new(gpu)?,
         };
-        me.scaler.divided_scale(gpu, me.accum, &mut me.grad_scale)?;
+        me.refresh_grad_scale(gpu)?;
         me.scaler.snapshot(gpu, &mut me.snapshot)?;
         Ok(me)
     }
@@ -130,7 +131,19 @@ impl DeviceStep {
     /// What the loss gradient is multiplied by: the loss scale over the
     /// accumulation steps (one f32 on the device).
     pub fn grad_scale(&self) -> CudaView<'_, f32> {
-        self.grad_scale.as_view()
+        if self.accum == 1.0 {
+            self.scaler.scale().as_view()
+        } else {
+            self.grad_scale.as_view()
+        }
+    }
+
+    /// Without accumulation the loss scale itself is the factor: no launch.
+    fn refresh_grad_scale(&mut self, gpu: &Gpu) -> Result<()> {
+        if self.accum == 1.0 {
+            return Ok(());
+        }
+        self.scaler.divided_scale(gpu, self.accum, &mut self.grad_scale)
     }
 
     /// The squared total gradient norm of the last step (one f32 on the device).
@@ -216,7 +229,7 @@ impl DeviceStep {
                 }
             }
         }
-        self.scaler.divided_scale(gpu, self.accum, &mut self.grad_scale)?;
+        self.refresh_grad_scale(gpu)?;
         self.scaler.snapshot(gpu, self.snapshot.at_step(step))?;
         Ok(())
     }
