@@ -334,7 +334,7 @@ impl Layer {
             (Layer::BatchNorm2d(bn), Saved::BnReluPool { x, saved }) => {
                 let BatchNorm2d { weight, bias, .. } = &mut **bn;
                 let dx = ops::batch_norm::backward_relu_maxpool2(
-                    &x,
+                    x,
                     &weight.value,
                     &saved,
                     &dy,

@@ -235,14 +235,14 @@ unsafe fn pool_sums_avx512(
     _mm512_storeu_ps(q.as_mut_ptr(), qv);
 }
 
-/// One plane of `fused_cpu::backward_dx`: `dx = p * x + q`, and `k * dy +
-/// p * x + q` at each live window's source.
-pub fn pool_plane_dx(x: &[f32], dy: &[f32], codes: &[u8], w: usize, kpq: (f32, f32, f32), dx: &mut [f32]) {
+/// One plane of `fused_cpu::backward_dx`, in place: `x` becomes `dx = p * x
+/// + q`, and `k * dy + p * x + q` at each live window's source.
+pub fn pool_plane_dx(xdx: &mut [f32], dy: &[f32], codes: &[u8], w: usize, kpq: (f32, f32, f32)) {
     let ow = w / 2;
-    assert!(w.is_multiple_of(2) && ow > 0 && dy.len() == codes.len());
-    assert!(x.len() >= 4 * dy.len() && dx.len() >= 4 * dy.len());
-    // SAFETY: as in `forward_plane`, writing dx where x is read.
-    unsafe { pool_dx_avx512(x.as_ptr(), dy.as_ptr(), codes, w, kpq, dx.as_mut_ptr()) }
+    assert!(w.is_multiple_of(2) && ow > 0 && dy.len() == codes.len() && xdx.len() >= 4 * dy.len());
+    // SAFETY: as in `forward_plane`, reading then writing the same x/dx
+    // elements: each store follows the loads of the values it replaces.
+    unsafe { pool_dx_avx512(xdx.as_mut_ptr(), dy.as_ptr(), codes, w, kpq) }
 }
 
 /// `p * x + q`, or `k * dy + p * x + q` (`kg` = `k * dy`) where `code` is `pos`.
@@ -256,14 +256,7 @@ unsafe fn dx_at(x: __m512, code: __m512i, pos: i32, kg: __m512, p: __m512, q: __
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn pool_dx_avx512(
-    x: *const f32,
-    dy: *const f32,
-    codes: &[u8],
-    w: usize,
-    (k, p, q): (f32, f32, f32),
-    dx: *mut f32,
-) {
+unsafe fn pool_dx_avx512(xdx: *mut f32, dy: *const f32, codes: &[u8], w: usize, (k, p, q): (f32, f32, f32)) {
     let ow = w / 2;
     let (kv, pv, qv) = (_mm512_set1_ps(k), _mm512_set1_ps(p), _mm512_set1_ps(q));
     for oy in 0..codes.len() / ow {
@@ -276,10 +269,10 @@ unsafe fn pool_dx_avx512(
             let g = _mm512_maskz_loadu_ps(m, dy.add(at));
             let kg = _mm512_mul_ps(kv, g);
             for (r, &row) in rows.iter().enumerate() {
-                let (e, o) = split(x.add(row + 2 * ox), lo, hi);
+                let (e, o) = split(xdx.add(row + 2 * ox), lo, hi);
                 let pos = 2 * r as i32;
                 let (de, dod) = (dx_at(e, code, pos, kg, pv, qv), dx_at(o, code, pos + 1, kg, pv, qv));
-                merge(dx.add(row + 2 * ox), lo, hi, de, dod);
+                merge(xdx.add(row + 2 * ox), lo, hi, de, dod);
             }
         }
     }

@@ -197,51 +197,45 @@ pub(super) fn plane_sums_generic<T: Elem>(xp: &[T], dp: &[T], cp: &[u8], w: usiz
     (s, q)
 }
 
-/// One plane of [`backward_dx`]: `dx = p * x + q`, plus `k * dy` at live sources.
-fn plane_dx<T: Elem>(xp: &[T], dp: &[T], cp: &[u8], w: usize, (k, p, q): (T, T, T), outp: &mut [T]) {
+/// One plane of [`backward_dx`], in place: `x` becomes `dx = p * x + q`,
+/// plus `k * dy` at live sources.
+fn plane_dx<T: Elem>(xdx: &mut [T], dp: &[T], cp: &[u8], w: usize, (k, p, q): (T, T, T)) {
     #[cfg(target_arch = "x86_64")]
     if super::avx512::usable() {
-        if let (Some(xf), Some(df), Some(of)) =
-            (super::avx512::f32s(xp), super::avx512::f32s(dp), super::avx512::f32s_mut(outp))
-        {
+        if let (Some(xf), Some(df)) = (super::avx512::f32s_mut(xdx), super::avx512::f32s(dp)) {
             let kpq = (k.to_f64() as f32, p.to_f64() as f32, q.to_f64() as f32);
-            return super::avx512::pool_plane_dx(xf, df, cp, w, kpq, of);
+            return super::avx512::pool_plane_dx(xf, df, cp, w, kpq);
         }
     }
-    plane_dx_generic(xp, dp, cp, w, (k, p, q), outp);
+    plane_dx_generic(xdx, dp, cp, w, (k, p, q));
 }
 
-/// [`plane_dx`] without the AVX-512 path (whose results equal these bit for bit).
-pub(super) fn plane_dx_generic<T: Elem>(
-    xp: &[T],
-    dp: &[T],
-    cp: &[u8],
-    w: usize,
-    (k, p, q): (T, T, T),
-    outp: &mut [T],
-) {
-    // Where dz = 0 the unfused `k * 0 + p * x + q` is `p * x + q`.
-    for (o, &xv) in outp.iter_mut().zip(xp) {
-        *o = p * xv + q;
-    }
-    for (oy, (drow, crow)) in dp.chunks_exact(w / 2).zip(cp.chunks_exact(w / 2)).enumerate() {
+/// [`plane_dx`] without the AVX-512 path (whose results equal these bit for
+/// bit). Window by window, so each `x` is read before its `dx` replaces it.
+pub(super) fn plane_dx_generic<T: Elem>(xdx: &mut [T], dp: &[T], cp: &[u8], w: usize, (k, p, q): (T, T, T)) {
+    let ow = w / 2;
+    for (oy, (drow, crow)) in dp.chunks_exact(ow).zip(cp.chunks_exact(ow)).enumerate() {
         for (ox, (&g, &code)) in drow.iter().zip(crow).enumerate() {
-            if code < KILLED {
-                let at = source(oy, ox, code, w);
-                outp[at] = k * g + p * xp[at] + q;
+            for pos in 0..4u8 {
+                let at = source(oy, ox, pos, w);
+                let xv = xdx[at];
+                // Where dz = 0 the unfused `k * 0 + p * x + q` is `p * x + q`.
+                xdx[at] = if pos == code { k * g + p * xv + q } else { p * xv + q };
             }
         }
     }
 }
 
-/// One sample's `((x, dy), codes)` and its `dx`, as the zipped iterators yield them.
-type SampleSlices<'a, T> = (((&'a [T], &'a [T]), &'a [u8]), &'a mut [T]);
+/// One sample's `((x, dy), codes)`, as the zipped iterators yield them.
+type SampleSlices<'a, T> = ((&'a mut [T], &'a [T]), &'a [u8]);
 
-/// `dx[n, c, h, w]` (overwritten) of BN for the pooled gradient `dy`, given
-/// [`backward_sums`] (possibly all-reduced) and the per-channel `count`.
+/// BN's `dx[n, c, h, w]` for the pooled gradient `dy`, written over the
+/// input `x` it is computed from (its last use: no zero-filled 4x-sized
+/// buffer per step), given [`backward_sums`] (possibly all-reduced) and the
+/// per-channel `count`.
 #[allow(clippy::too_many_arguments)]
 pub fn backward_dx<T: Elem>(
-    x: &[T],
+    x: &mut [T],
     dy: &[T],
     codes: &[u8],
     c: usize,
@@ -252,31 +246,22 @@ pub fn backward_dx<T: Elem>(
     weight: &[T],
     sums: &BackwardSums,
     count: usize,
-    dx: &mut [T],
 ) {
     let (op, ip) = ((h / 2) * (w / 2), h * w);
     if ip == 0 || op == 0 || c == 0 {
         return;
     }
     let coef = dx_coefficients(c, mean, invstd, weight, sums, count);
-    let per_sample = |(((xi, di), ci), oi): SampleSlices<'_, T>| {
-        let planes = xi
-            .chunks_exact(ip)
-            .zip(di.chunks_exact(op))
-            .zip(ci.chunks_exact(op))
-            .zip(oi.chunks_exact_mut(ip));
-        for (ch, (((xp, dp), cp), outp)) in planes.enumerate() {
-            plane_dx(xp, dp, cp, w, coef[ch], outp);
+    let per_sample = |((xi, di), ci): SampleSlices<'_, T>| {
+        let planes = xi.chunks_exact_mut(ip).zip(di.chunks_exact(op)).zip(ci.chunks_exact(op));
+        for (ch, ((xp, dp), cp)) in planes.enumerate() {
+            plane_dx(xp, dp, cp, w, coef[ch]);
         }
     };
     let (xs, ys) = (c * ip, c * op);
     if x.len() >= PAR_MIN_ELEMS {
-        x.par_chunks(xs)
-            .zip(dy.par_chunks(ys))
-            .zip(codes.par_chunks(ys))
-            .zip(dx.par_chunks_mut(xs))
-            .for_each(per_sample);
+        x.par_chunks_mut(xs).zip(dy.par_chunks(ys)).zip(codes.par_chunks(ys)).for_each(per_sample);
     } else {
-        x.chunks(xs).zip(dy.chunks(ys)).zip(codes.chunks(ys)).zip(dx.chunks_mut(xs)).for_each(per_sample);
+        x.chunks_mut(xs).zip(dy.chunks(ys)).zip(codes.chunks(ys)).for_each(per_sample);
     }
 }

@@ -67,7 +67,7 @@ fn fused_matches_the_three_ops_forward_and_backward() {
     assert!(killed > 0 && killed < saved.codes.len(), "the case must mix live and killed windows ({killed})");
 
     let (mut dw_f, mut db_f) = (Tensor::full(&[c], 0.5), Tensor::full(&[c], -0.25));
-    let dx_f = backward_relu_maxpool2(&k.x, &k.weight, &saved, &dy, &mut dw_f, &mut db_f).unwrap();
+    let dx_f = backward_relu_maxpool2(k.x.clone(), &k.weight, &saved, &dy, &mut dw_f, &mut db_f).unwrap();
     close("dx", dx_f.as_f32().unwrap(), dx_u.as_f32().unwrap(), 1e-5);
     close("dweight", dw_f.as_f32().unwrap(), dw_u.as_f32().unwrap(), 1e-5);
     close("dbias", db_f.as_f32().unwrap(), db_u.as_f32().unwrap(), 1e-5);
@@ -100,7 +100,7 @@ fn large_batch_takes_the_parallel_paths_and_still_matches() {
     let (mut dw_u, mut db_u) = (Tensor::zeros(&[c]), Tensor::zeros(&[c]));
     let dx_u = backward(&k.x, &k.weight, &bn_saved, &dr, &mut dw_u, &mut db_u).unwrap();
     let (mut dw_f, mut db_f) = (Tensor::zeros(&[c]), Tensor::zeros(&[c]));
-    let dx_f = backward_relu_maxpool2(&k.x, &k.weight, &saved, &dy, &mut dw_f, &mut db_f).unwrap();
+    let dx_f = backward_relu_maxpool2(k.x.clone(), &k.weight, &saved, &dy, &mut dw_f, &mut db_f).unwrap();
     close("dx", dx_f.as_f32().unwrap(), dx_u.as_f32().unwrap(), 1e-5);
     close("dweight", dw_f.as_f32().unwrap(), dw_u.as_f32().unwrap(), 1e-4);
     close("dbias", db_f.as_f32().unwrap(), db_u.as_f32().unwrap(), 1e-4);
@@ -133,8 +133,8 @@ fn fused_backward_matches_finite_differences() {
     let mut codes = vec![0u8; r.len()];
     fused_cpu::forward(&x, c, h, w, &scale, &shift, &mut y, &mut codes);
     let sums = fused_cpu::backward_sums(&x, &r, &codes, n, c, h, w, &st.mean, &st.invstd);
-    let mut dx = vec![0.0; x.len()];
-    fused_cpu::backward_dx(&x, &r, &codes, c, h, w, &st.mean, &st.invstd, &wt, &sums, n * h * w, &mut dx);
+    let mut dx = x.clone();
+    fused_cpu::backward_dx(&mut dx, &r, &codes, c, h, w, &st.mean, &st.invstd, &wt, &sums, n * h * w);
 
     check_grad("bn_relu_pool dx", &x, &dx, |xp| objective(xp, &wt, &b, &r, dims), 1e-5);
     check_grad("bn_relu_pool dweight", &wt, &sums.sum_dy_xhat, |wp| objective(&x, wp, &b, &r, dims), 1e-5);
@@ -185,12 +185,12 @@ fn fused_errors_name_the_problem() {
         forward_train_relu_maxpool2(&k.x, &k.weight, &k.bias, &mut rm, &mut rv, 0.1, 1e-5).unwrap();
     let bad_dy = Tensor::zeros(&[2, 3, 4, 4]);
     let (mut dw, mut db) = (Tensor::zeros(&[3]), Tensor::zeros(&[3]));
-    let msg = err_msg(backward_relu_maxpool2(&k.x, &k.weight, &saved, &bad_dy, &mut dw, &mut db));
+    let msg = err_msg(backward_relu_maxpool2(k.x.clone(), &k.weight, &saved, &bad_dy, &mut dw, &mut db));
     assert!(msg.contains("dy (must be x pooled 2x2)"), "{msg}");
 
     let other = case(2, 3, 8, 4);
     let dy = Tensor::zeros(&[2, 3, 4, 2]);
-    let msg = err_msg(backward_relu_maxpool2(&other.x, &k.weight, &saved, &dy, &mut dw, &mut db));
+    let msg = err_msg(backward_relu_maxpool2(other.x.clone(), &k.weight, &saved, &dy, &mut dw, &mut db));
     assert!(msg.contains("saved state") && msg.contains("does not fit"), "{msg}");
 
     let one = Tensor::zeros(&[1, 3, 0, 2]);

@@ -281,9 +281,10 @@ pub fn forward_train_relu_maxpool2(
 }
 
 /// Backward of [`forward_train_relu_maxpool2`] for the pooled gradient `dy`:
-/// returns dx (shape of `x`) and adds into `dweight` and `dbias`.
+/// returns dx (shape of `x`) and adds into `dweight` and `dbias`. Takes the
+/// saved input by value: dx is written over it, its last use.
 pub fn backward_relu_maxpool2(
-    x: &Tensor,
+    x: Tensor,
     weight: &Tensor,
     saved: &BnReluPoolSaved,
     dy: &Tensor,
@@ -291,7 +292,7 @@ pub fn backward_relu_maxpool2(
     dbias: &mut Tensor,
 ) -> Result<Tensor> {
     const OP: &str = "backward_relu_maxpool2";
-    let (n, c, h, w) = fused_dims(OP, x)?;
+    let (n, c, h, w) = fused_dims(OP, &x)?;
     dy.check_shape(&format!("batch_norm {OP}: dy (must be x pooled 2x2)"), &[n, c, h / 2, w / 2])?;
     let stats = &saved.stats;
     if stats.mean.len() != c || stats.invstd.len() != c || saved.codes.len() != dy.numel() {
@@ -303,23 +304,24 @@ pub fn backward_relu_maxpool2(
             x.shape()
         )));
     }
+    let shape = x.shape().to_vec();
     match (x.storage(), dy.storage()) {
-        (Storage::Cpu(CpuStorage::F32(xs)), Storage::Cpu(CpuStorage::F32(dys))) => {
+        (Storage::Cpu(CpuStorage::F32(_)), Storage::Cpu(CpuStorage::F32(dys))) => {
             let wt = param(OP, "weight", weight, c)?;
             let dw = param_mut(OP, "dweight", dweight, c)?;
             let db = param_mut(OP, "dbias", dbias, c)?;
             let codes = &saved.codes;
-            let sums = fused_cpu::backward_sums(xs, dys, codes, n, c, h, w, &stats.mean, &stats.invstd);
+            let mut xs = x.into_f32_vec()?;
+            let sums = fused_cpu::backward_sums(&xs, dys, codes, n, c, h, w, &stats.mean, &stats.invstd);
             for (g, &s) in dw.iter_mut().zip(&sums.sum_dy_xhat) {
                 *g += s as f32;
             }
             for (g, &s) in db.iter_mut().zip(&sums.sum_dy) {
                 *g += s as f32;
             }
-            let mut dx = vec![0.0f32; xs.len()];
             let count = n * h * w;
             fused_cpu::backward_dx(
-                xs,
+                &mut xs,
                 dys,
                 codes,
                 c,
@@ -330,12 +332,11 @@ pub fn backward_relu_maxpool2(
                 wt,
                 &sums,
                 count,
-                &mut dx,
             );
-            Tensor::from_vec(x.shape(), dx)
+            Tensor::from_vec(&shape, xs)
         }
         (Storage::Cpu(CpuStorage::F32(_)), _) => Err(unsupported(OP, dy)),
-        _ => Err(unsupported(OP, x)),
+        _ => Err(unsupported(OP, &x)),
     }
 }
 

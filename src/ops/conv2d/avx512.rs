@@ -35,8 +35,7 @@ pub fn usable(g: &ConvGeom) -> bool {
 struct XLayout {
     pitch: usize,
     plane: usize,
-    /// Output columns (`(Ho - 1) * P + Wo`) and that rounded up to vectors.
-    ncol: usize,
+    /// Output columns (`(Ho - 1) * P + Wo`) rounded up to vectors.
     ncolv: usize,
     /// Buffer length: every channel plus slack for the last vector reads.
     len: usize,
@@ -60,17 +59,15 @@ impl XLayout {
             }
         }
         let last = (g.c - 1) * plane + (k - 1) * (pitch + 1) + ncolv;
-        XLayout { pitch, plane, ncol, ncolv, len: last.max(g.c * plane), offs }
+        XLayout { pitch, plane, ncolv, len: last.max(g.c * plane), offs }
     }
 
     /// Copies `x[C, H, W]` into `buf` (zeros outside the pixels stay).
     fn fill(&self, g: &ConvGeom, x: &[f32], buf: &mut [f32]) {
         let p = g.padding;
         for (c, xc) in x.chunks_exact(g.h * g.w).enumerate() {
-            for (ih, row) in xc.chunks_exact(g.w).enumerate() {
-                let at = c * self.plane + (ih + p) * self.pitch + p;
-                buf[at..at + g.w].copy_from_slice(row);
-            }
+            let at = c * self.plane + p * self.pitch + p;
+            copy_rows(xc, g.w, &mut buf[at..], self.pitch, g.h, g.w);
         }
     }
 }
@@ -104,6 +101,67 @@ impl DyLayout {
             }
         }
         DyLayout { plane, shift, ncolv, offs }
+    }
+}
+
+/// Copies `rows` rows of `w` floats from `src` (row pitch `sp`) to `dst`
+/// (row pitch `dp`). The rows of MNIST's images are 14 and 28 floats: as one
+/// `memcpy` call each they cost more than the copying (4% of a step).
+fn copy_rows(src: &[f32], sp: usize, dst: &mut [f32], dp: usize, rows: usize, w: usize) {
+    if rows == 0 || w == 0 {
+        return;
+    }
+    assert!((rows - 1) * sp + w <= src.len() && (rows - 1) * dp + w <= dst.len());
+    // SAFETY: row r reads src[r * sp + j] and writes dst[r * dp + j] for
+    // j < w (masked lanes are neither read nor written): inside the slices
+    // by the assert. AVX-512F: see `usable`.
+    unsafe { copy_rows_avx512(src.as_ptr(), sp, dst.as_mut_ptr(), dp, rows, w) }
+}
+
+#[target_feature(enable = "avx512f")]
+unsafe fn copy_rows_avx512(src: *const f32, sp: usize, dst: *mut f32, dp: usize, rows: usize, w: usize) {
+    let tail = (1u32 << (w % LANES)) as u16 - 1;
+    for r in 0..rows {
+        let (s, d) = (src.add(r * sp), dst.add(r * dp));
+        let mut j = 0;
+        while j + LANES <= w {
+            _mm512_storeu_ps(d.add(j), _mm512_loadu_ps(s.add(j)));
+            j += LANES;
+        }
+        if tail != 0 {
+            _mm512_mask_storeu_ps(d.add(j), tail, _mm512_maskz_loadu_ps(tail, s.add(j)));
+        }
+    }
+}
+
+/// `dst[p * ld + o] = src[o * cols + p]` for `o < rows`, `p < cols`: a
+/// per-image `[O, pixels]` gradient turned pixel-major for [`dw_tile`], 16
+/// channels per gather (an element-by-element scatter took 3% of a step).
+fn transpose_to(src: &[f32], rows: usize, cols: usize, dst: &mut [f32], ld: usize) {
+    assert!(src.len() >= rows * cols && rows <= ld && dst.len() >= cols * ld);
+    // SAFETY: the gather reads src[(o0 + l) * cols + p] for unmasked lanes
+    // o0 + l < rows, p < cols; the store writes dst[p * ld + o0 + l], o0 + l
+    // < rows <= ld: inside the slices by the assert. AVX-512F: see `usable`.
+    unsafe { transpose_avx512(src.as_ptr(), rows, cols, dst.as_mut_ptr(), ld) }
+}
+
+#[target_feature(enable = "avx512f")]
+unsafe fn transpose_avx512(src: *const f32, rows: usize, cols: usize, dst: *mut f32, ld: usize) {
+    let stride = cols as i32;
+    let step = _mm512_set1_epi32(LANES as i32 * stride);
+    for p in 0..cols {
+        let mut idx = _mm512_mullo_epi32(
+            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+            _mm512_set1_epi32(stride),
+        );
+        let mut o0 = 0;
+        while o0 < rows {
+            let m = if rows - o0 >= LANES { u16::MAX } else { (1u16 << (rows - o0)) - 1 };
+            let v = _mm512_mask_i32gather_ps::<4>(_mm512_setzero_ps(), m, idx, src.add(p));
+            _mm512_mask_storeu_ps(dst.add(p * ld + o0), m, v);
+            idx = _mm512_add_epi32(idx, step);
+            o0 += LANES;
+        }
     }
 }
 
@@ -171,11 +229,13 @@ unsafe fn tile<const NV: usize>(
     }
 }
 
-/// `acc[r, :] += sum_j x[offs[r] + j] * dyt[j, :]` for `KR` rows `r` and
-/// `16 * OV` columns, `j < ncol`. `acc` and `dyt` have row stride `ld`.
+/// `acc[r, :] += sum_pixels x[offs[r] + oh * pitch + ow] * dyt[oh * wo + ow, :]`
+/// for `KR` rows `r` and `16 * OV` columns, over the `ho x wo` output
+/// pixels (the wide layout's junk columns are skipped, 1/8 of conv2's work).
+/// `acc` and `dyt` have row stride `ld`.
 #[target_feature(enable = "avx512f")]
 unsafe fn dw_tile<const KR: usize, const OV: usize>(
-    ncol: usize,
+    (ho, wo, pitch): (usize, usize, usize),
     offs: &[usize; KR],
     x: *const f32,
     dyt: *const f32,
@@ -188,15 +248,18 @@ unsafe fn dw_tile<const KR: usize, const OV: usize>(
             *s = _mm512_loadu_ps(acc_mem.add(r * ld + v * LANES));
         }
     }
-    for j in 0..ncol {
-        let mut d = [_mm512_setzero_ps(); OV];
-        for (v, s) in d.iter_mut().enumerate() {
-            *s = _mm512_loadu_ps(dyt.add(j * ld + v * LANES));
-        }
-        for (r, row) in acc.iter_mut().enumerate() {
-            let xv = _mm512_set1_ps(*x.add(offs[r] + j));
-            for (s, dv) in row.iter_mut().zip(&d) {
-                *s = _mm512_fmadd_ps(xv, *dv, *s);
+    for oh in 0..ho {
+        for ow in 0..wo {
+            let (j, jd) = (oh * pitch + ow, oh * wo + ow);
+            let mut d = [_mm512_setzero_ps(); OV];
+            for (v, s) in d.iter_mut().enumerate() {
+                *s = _mm512_loadu_ps(dyt.add(jd * ld + v * LANES));
+            }
+            for (r, row) in acc.iter_mut().enumerate() {
+                let xv = _mm512_set1_ps(*x.add(offs[r] + j));
+                for (s, dv) in row.iter_mut().zip(&d) {
+                    *s = _mm512_fmadd_ps(xv, *dv, *s);
+                }
             }
         }
     }
@@ -210,7 +273,7 @@ unsafe fn dw_tile<const KR: usize, const OV: usize>(
 /// `dwt[CKKp, ld] += col * dyt` (see [`dw_tile`]): rows in blocks of `KR`,
 /// columns in blocks of `OV` vectors. `offs` is padded to a multiple of `KR`.
 fn dw_blocks<const KR: usize, const OV: usize>(
-    ncol: usize,
+    px @ (ho, wo, pitch): (usize, usize, usize),
     offs: &[usize],
     x: &[f32],
     dyt: &[f32],
@@ -218,16 +281,18 @@ fn dw_blocks<const KR: usize, const OV: usize>(
     v0: usize,
     dwt: &mut [f32],
 ) {
+    let ncol = (ho.max(1) - 1) * pitch + wo;
     assert!(offs.len().is_multiple_of(KR) && (v0 + OV) * LANES <= ld && dwt.len() >= offs.len() * ld);
-    assert!(dyt.len() >= ncol * ld && offs.iter().all(|&o| o + ncol <= x.len()));
+    assert!(wo <= pitch && dyt.len() >= ho * wo * ld && offs.iter().all(|&o| o + ncol <= x.len()));
     for (blk, o) in offs.chunks_exact(KR).enumerate() {
         let o: &[usize; KR] = o.try_into().expect("chunks_exact gives KR offsets");
-        // SAFETY: reads x[o[r] + j] and dyt[j * ld + (v0 + v) * 16 + l],
-        // j < ncol, and read/writes dwt[(blk * KR + r) * ld + (v0 + v) * 16
-        // + l]: all inside the slices by the asserts. AVX-512F: see `usable`.
+        // SAFETY: reads x[o[r] + oh * pitch + ow] (< o[r] + ncol) and
+        // dyt[(oh * wo + ow) * ld + (v0 + v) * 16 + l], and read/writes
+        // dwt[(blk * KR + r) * ld + (v0 + v) * 16 + l]: all inside the slices
+        // by the asserts. AVX-512F: see `usable`.
         unsafe {
             let am = dwt.as_mut_ptr().add(blk * KR * ld + v0 * LANES);
-            dw_tile::<KR, OV>(ncol, o, x.as_ptr(), dyt.as_ptr().add(v0 * LANES), ld, am);
+            dw_tile::<KR, OV>(px, o, x.as_ptr(), dyt.as_ptr().add(v0 * LANES), ld, am);
         }
     }
 }
@@ -435,6 +500,7 @@ pub(super) fn backward_with(
     let xl = XLayout::new(g);
     let dl = DyLayout::new(g, &xl);
     let (ckk, hw, kk) = (g.ckk(), g.out_hw(), g.k * g.k);
+    let px = (g.ho, g.wo, xl.pitch);
     // Weight-gradient accumulators dW^T[CKKp, ldo]: O padded to vectors,
     // CKK to the row block (extra rows read offset 0 and are dropped).
     let ldo = g.o.next_multiple_of(LANES);
@@ -470,8 +536,8 @@ pub(super) fn backward_with(
             let mut dwt = vec![0f32; if pixel { 0 } else { dw_offs.len() * ldo }];
             let mut db_t = vec![0f32; if need_db { g.o } else { 0 }];
             let mut xp = vec![0f32; xl.len];
-            // dy^T[cols, ldo]: junk columns and padded channels stay zero.
-            let mut dyt = vec![0f32; if pixel { 0 } else { xl.ncol * ldo }];
+            // dy^T[pixels, ldo]: padded channels stay zero.
+            let mut dyt = vec![0f32; if pixel { 0 } else { hw * ldo }];
             let need_dx = dxt.is_some();
             // dy in the wide layout, `dl.shift` into each of its planes (see
             // DyLayout), with zero rows up to the PixelDw's channel padding.
@@ -482,32 +548,26 @@ pub(super) fn backward_with(
                 let img = first + i;
                 xl.fill(g, &x[img * g.x_len()..(img + 1) * g.x_len()], &mut xp);
                 let dyi = &dy[img * g.y_len()..(img + 1) * g.y_len()];
-                for (o, dyo) in dyi.chunks_exact(hw).enumerate() {
-                    for (oh, src) in dyo.chunks_exact(g.wo).enumerate() {
-                        let at = oh * xl.pitch;
-                        if !pixel {
-                            for (ow, v) in src.iter().enumerate() {
-                                dyt[(at + ow) * ldo + o] = *v;
-                            }
-                        }
-                        if need_dx || pixel {
-                            let z = o * dl.plane + dl.shift + at;
-                            dyz[z..z + g.wo].copy_from_slice(src);
-                        }
+                if !pixel {
+                    transpose_to(dyi, g.o, hw, &mut dyt, ldo);
+                }
+                if need_dx || pixel {
+                    for (o, dyo) in dyi.chunks_exact(hw).enumerate() {
+                        copy_rows(dyo, g.wo, &mut dyz[o * dl.plane + dl.shift..], xl.pitch, g.ho, g.wo);
                     }
                 }
                 if let Some(p) = pdw.as_mut() {
                     p.add(xl.ncolv / LANES, &xp, &dyz, dl.shift, dl.plane);
                 } else if ldo == LANES {
-                    dw_blocks::<24, 1>(xl.ncol, &dw_offs, &xp, &dyt, ldo, 0, &mut dwt);
+                    dw_blocks::<24, 1>(px, &dw_offs, &xp, &dyt, ldo, 0, &mut dwt);
                 } else {
                     let mut v0 = 0;
                     while v0 + 2 <= ldo / LANES {
-                        dw_blocks::<12, 2>(xl.ncol, &dw_offs, &xp, &dyt, ldo, v0, &mut dwt);
+                        dw_blocks::<12, 2>(px, &dw_offs, &xp, &dyt, ldo, v0, &mut dwt);
                         v0 += 2;
                     }
                     if v0 < ldo / LANES {
-                        dw_blocks::<12, 1>(xl.ncol, &dw_offs, &xp, &dyt, ldo, v0, &mut dwt);
+                        dw_blocks::<12, 1>(px, &dw_offs, &xp, &dyt, ldo, v0, &mut dwt);
                     }
                 }
                 for (acc, dyo) in db_t.iter_mut().zip(dyi.chunks_exact(hw)) {
