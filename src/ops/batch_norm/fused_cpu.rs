@@ -15,7 +15,7 @@
 //! the order of the backward sums differs. A window holding a NaN outputs NaN
 //! and is killed (the loss is then NaN and the trainer stops).
 
-use super::cpu::{dx_coefficients, BackwardSums};
+use super::cpu::{dx_coefficients, sum_planes_per_channel, BackwardSums};
 use crate::ops::Elem;
 use rayon::prelude::*;
 
@@ -144,27 +144,16 @@ pub fn backward_sums<T: Elem>(
     invstd: &[T],
 ) -> BackwardSums {
     let (ow, op, ip) = (w / 2, (h / 2) * (w / 2), h * w);
-    let per_ch = |ch: usize| {
-        let (mut s, mut q) = (0.0f64, 0.0f64);
-        if ow == 0 {
-            return (s, q);
-        }
-        for i in 0..n {
-            let xp = &x[(i * c + ch) * ip..][..ip];
-            let dp = &dy[(i * c + ch) * op..][..op];
-            let cp = &codes[(i * c + ch) * op..][..op];
-            let (ps, pq) = plane_sums(xp, dp, cp, w, mean[ch]);
-            s += ps;
-            q += pq;
-        }
-        (s, q * invstd[ch].to_f64())
-    };
-    let per: Vec<(f64, f64)> = if x.len() >= PAR_MIN_ELEMS {
-        (0..c).into_par_iter().map(per_ch).collect()
-    } else {
-        (0..c).map(per_ch).collect()
-    };
-    let (sum_dy, sum_dy_xhat) = per.into_iter().unzip();
+    if ow == 0 {
+        let zeros = vec![0.0; c];
+        return BackwardSums { sum_dy: zeros.clone(), sum_dy_xhat: zeros };
+    }
+    let per = sum_planes_per_channel(n, c, x.len(), |i, ch| {
+        let k = i * c + ch;
+        plane_sums(&x[k * ip..][..ip], &dy[k * op..][..op], &codes[k * op..][..op], w, mean[ch])
+    });
+    let per = per.into_iter().enumerate().map(|(ch, (s, q))| (s, q * invstd[ch].to_f64()));
+    let (sum_dy, sum_dy_xhat) = per.unzip();
     BackwardSums { sum_dy, sum_dy_xhat }
 }
 
