@@ -43,3 +43,13 @@ pub fn check_grad(name: &str, x: &[f64], analytic: &[f64], objective: impl Fn(&[
 pub fn dot(r: &[f64], y: &[f64]) -> f64 {
     r.iter().zip(y).map(|(a, b)| a * b).sum()
 }
+
+/// Process CPU time in ms: unlike wall time it does not count the time other
+/// processes hold the cores, so it compares kernels on a busy machine (the
+/// figures are CPU-ms summed over all threads). For the ignored timing tests.
+pub fn cpu_ms() -> f64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec through a valid pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as f64 * 1e3 + ts.tv_nsec as f64 * 1e-6
+}

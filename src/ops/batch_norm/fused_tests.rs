@@ -2,7 +2,7 @@
 //! one (Tensor level, f32) and against f64 finite differences.
 
 use super::*;
-use crate::ops::testing::{check_grad, dot, rand_vec, rand_vec_f32};
+use crate::ops::testing::{check_grad, cpu_ms, dot, rand_vec, rand_vec_f32};
 use crate::ops::{max_pool2d, relu};
 
 struct Case {
@@ -196,4 +196,40 @@ fn fused_errors_name_the_problem() {
     let one = Tensor::zeros(&[1, 3, 0, 2]);
     let msg = err_msg(forward_train_relu_maxpool2(&one, &k.weight, &k.bias, &mut rm, &mut rv, 0.1, 1e-5));
     assert!(msg.contains("more than 1 value per channel"), "{msg}");
+}
+
+/// CPU time of the MNIST ConvNet's two fused BatchNorm blocks at batch 100
+/// (not an assertion: run with `--release -- --ignored --nocapture`).
+#[test]
+#[ignore]
+fn fused_timing_mnist_batch100() {
+    for (c, hw) in [(16, 28), (32, 14)] {
+        let n = 100;
+        let k = case(n, c, hw, hw);
+        let dy = Tensor::from_vec(&[n, c, hw / 2, hw / 2], rand_vec_f32(n * c * hw * hw / 4, 17)).unwrap();
+        let (iters, mut tf, mut tb, mut sf, mut sb) = (30, f64::MAX, f64::MAX, 0.0, 0.0);
+        for i in 0..iters + 3 {
+            let (mut rm, mut rv) = (k.rm.clone(), k.rv.clone());
+            let x = k.x.clone();
+            let (mut dw, mut db) = (Tensor::zeros(&[c]), Tensor::zeros(&[c]));
+            let t0 = cpu_ms();
+            let (y, saved) =
+                forward_train_relu_maxpool2(&x, &k.weight, &k.bias, &mut rm, &mut rv, 0.1, 1e-5).unwrap();
+            let t1 = cpu_ms();
+            let dx = backward_relu_maxpool2(x, &k.weight, &saved, &dy, &mut dw, &mut db).unwrap();
+            let t2 = cpu_ms();
+            std::hint::black_box((y, dx));
+            if i >= 3 {
+                let (f, b) = (t1 - t0, t2 - t1);
+                (tf, tb, sf, sb) = (tf.min(f), tb.min(b), sf + f, sb + b);
+            }
+        }
+        let it = iters as f64;
+        println!(
+            "bn+relu+pool {c}x{hw}x{hw} (threads {}): CPU time forward {:.2} ms (min {tf:.2}), backward {:.2} ms (min {tb:.2})",
+            rayon::current_num_threads(),
+            sf / it,
+            sb / it
+        );
+    }
 }

@@ -1,6 +1,6 @@
 use super::cpu::{self, ConvGeom};
 use super::*;
-use crate::ops::testing::{check_grad, dot, rand_vec, rand_vec_f32};
+use crate::ops::testing::{check_grad, cpu_ms, dot, rand_vec, rand_vec_f32};
 
 /// (n, c, h, w, o, k, stride, padding, bias)
 type Cfg = (usize, usize, usize, usize, usize, usize, usize, usize, bool);
@@ -304,16 +304,6 @@ fn backward_shape_errors_are_clear() {
     assert!(msg.contains("conv2d dbias: expected shape [4], got [3]"), "{msg}");
     // Nothing was accumulated by the failed calls.
     assert!(dw.as_f32().unwrap().iter().chain(db.as_f32().unwrap()).all(|v| *v == 0.0));
-}
-
-/// Process CPU time in ms: unlike wall time it does not count the time other
-/// processes hold the cores, so it compares kernels on a busy machine (the
-/// figures are CPU-ms summed over all threads).
-fn cpu_ms() -> f64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: clock_gettime writes one timespec through a valid pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as f64 * 1e3 + ts.tv_nsec as f64 * 1e-6
 }
 
 /// CPU time of the MNIST ConvNet's two convolutions at batch 100 (not an
