@@ -41,7 +41,8 @@ pub fn f32s_mut<T: Elem>(s: &mut [T]) -> Option<&mut [f32]> {
 
 /// `(sum (x - shift), sum (x - shift)^2)` of one plane, as the generic
 /// `cpu::plane_sums` computes it: 16 lanes over blocks of 1,024, the tail in
-/// scalars, each block moved to f64 tail first, then lanes 0..16.
+/// scalars, each block moved to f64 tail first, then the lanes as
+/// `cpu::lanes_to_f64`'s tree.
 pub fn plane_sums(p: &[f32], shift: f32) -> (f64, f64) {
     const BLOCK: usize = 1024;
     let (mut s_tot, mut q_tot) = (0.0f64, 0.0f64);
@@ -53,20 +54,21 @@ pub fn plane_sums(p: &[f32], shift: f32) -> (f64, f64) {
             rs += v;
             rq += v * v;
         }
-        let (mut s, mut q) = ([0f32; LANES], [0f32; LANES]);
         // SAFETY: reads `chunks.len()` whole vectors of `blk`; AVX-512F is
         // checked by the caller through `usable`.
-        unsafe { block_sums(blk.as_ptr(), blk.len() / LANES, shift, &mut s, &mut q) };
+        let (s, q) = unsafe { block_sums(blk.as_ptr(), blk.len() / LANES, shift) };
         s_tot += f64::from(rs);
         q_tot += f64::from(rq);
-        s_tot += s.iter().map(|&v| f64::from(v)).sum::<f64>();
-        q_tot += q.iter().map(|&v| f64::from(v)).sum::<f64>();
+        s_tot += s;
+        q_tot += q;
     }
     (s_tot, q_tot)
 }
 
+/// The lane sums of `nv` vectors at `p`, minus `shift`, and of their
+/// squares, each reduced by [`lanes_to_f64`].
 #[target_feature(enable = "avx512f")]
-unsafe fn block_sums(p: *const f32, nv: usize, shift: f32, s: &mut [f32; LANES], q: &mut [f32; LANES]) {
+unsafe fn block_sums(p: *const f32, nv: usize, shift: f32) -> (f64, f64) {
     let k = _mm512_set1_ps(shift);
     let (mut sv, mut qv) = (_mm512_setzero_ps(), _mm512_setzero_ps());
     for v in 0..nv {
@@ -74,8 +76,20 @@ unsafe fn block_sums(p: *const f32, nv: usize, shift: f32, s: &mut [f32; LANES],
         sv = _mm512_add_ps(sv, d);
         qv = _mm512_add_ps(qv, _mm512_mul_ps(d, d));
     }
-    _mm512_storeu_ps(s.as_mut_ptr(), sv);
-    _mm512_storeu_ps(q.as_mut_ptr(), qv);
+    (lanes_to_f64(sv), lanes_to_f64(qv))
+}
+
+/// `cpu::lanes_to_f64` on a vector: widened to f64 and added as the same
+/// tree (lane `i` with `i + 8`, `+ 4`, `+ 2`, `+ 1`), bit for bit.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn lanes_to_f64(v: __m512) -> f64 {
+    let lo = _mm512_cvtps_pd(_mm512_castps512_ps256(v));
+    let hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v))));
+    let t = _mm512_add_pd(lo, hi);
+    let u = _mm256_add_pd(_mm512_castpd512_pd256(t), _mm512_extractf64x4_pd::<1>(t));
+    let w = _mm_add_pd(_mm256_castpd256_pd128(u), _mm256_extractf128_pd::<1>(u));
+    _mm_cvtsd_f64(w) + _mm_cvtsd_f64(_mm_unpackhi_pd(w, w))
 }
 
 /// Lane masks for `n` (<= 16) windows: the pooled lanes, and the low and
@@ -196,22 +210,12 @@ unsafe fn pick(code: __m512i, a: [__m512; 4]) -> __m512 {
 pub fn pool_plane_sums(x: &[f32], dy: &[f32], codes: &[u8], w: usize, mean: f32) -> (f64, f64) {
     let ow = w / 2;
     assert!(w.is_multiple_of(2) && ow > 0 && dy.len() == codes.len() && x.len() >= 4 * dy.len());
-    let (mut s, mut q) = ([0f32; LANES], [0f32; LANES]);
     // SAFETY: as in `forward_plane`, reading x, dy and codes only.
-    unsafe { pool_sums_avx512(x.as_ptr(), dy.as_ptr(), codes, w, mean, &mut s, &mut q) };
-    (s.iter().map(|&v| f64::from(v)).sum(), q.iter().map(|&v| f64::from(v)).sum())
+    unsafe { pool_sums_avx512(x.as_ptr(), dy.as_ptr(), codes, w, mean) }
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn pool_sums_avx512(
-    x: *const f32,
-    dy: *const f32,
-    codes: &[u8],
-    w: usize,
-    mean: f32,
-    s: &mut [f32; LANES],
-    q: &mut [f32; LANES],
-) {
+unsafe fn pool_sums_avx512(x: *const f32, dy: *const f32, codes: &[u8], w: usize, mean: f32) -> (f64, f64) {
     let ow = w / 2;
     let mv = _mm512_set1_ps(mean);
     let (mut sv, mut qv) = (_mm512_setzero_ps(), _mm512_setzero_ps());
@@ -231,8 +235,7 @@ unsafe fn pool_sums_avx512(
             qv = _mm512_mask_add_ps(qv, live, qv, _mm512_mul_ps(g, _mm512_sub_ps(xv, mv)));
         }
     }
-    _mm512_storeu_ps(s.as_mut_ptr(), sv);
-    _mm512_storeu_ps(q.as_mut_ptr(), qv);
+    (lanes_to_f64(sv), lanes_to_f64(qv))
 }
 
 /// One plane of `fused_cpu::backward_dx`, in place: `x` becomes `dx = p * x

@@ -36,10 +36,14 @@ const LANES: usize = 16;
 /// Elements summed in `T` before the partial sum moves to f64.
 const BLOCK: usize = 1024;
 
-/// Lane partials to f64, summed.
+/// Lane partials to f64, summed as a tree (lane `i` with `i + 8`, then
+/// `+ 4`, `+ 2`, `+ 1`): the order the AVX-512 kernels reduce a vector in,
+/// a few adds deep instead of a 16-add chain per plane.
 #[inline(always)]
-fn lanes_to_f64<T: Elem>(lanes: &[T; LANES]) -> f64 {
-    lanes.iter().map(|&v| wide(v)).sum()
+fn lanes_to_f64<T: Elem>(l: &[T; LANES]) -> f64 {
+    let t: [f64; 8] = std::array::from_fn(|i| wide(l[i]) + wide(l[i + 8]));
+    let u: [f64; 4] = std::array::from_fn(|i| t[i] + t[i + 4]);
+    (u[0] + u[2]) + (u[1] + u[3])
 }
 
 /// `(sum (x - shift), sum (x - shift)^2)` of one contiguous (n, c) plane.
