@@ -429,7 +429,7 @@ enum DxKernel {
 }
 
 impl DxKernel {
-    fn new(g: &ConvGeom, w: &[f32], dl: &DyLayout, pitch: usize) -> Self {
+    fn new(g: &ConvGeom, w: &[f32], dl: &DyLayout) -> Self {
         let (k, kk, ckk) = (g.k, g.k * g.k, g.ckk());
         if direct::fits(k, g.w, g.o * kk) {
             let wt = LaneWeights::new(g.o * kk, g.c, |r, c| {
@@ -437,7 +437,6 @@ impl DxKernel {
                 w[o * ckk + c * kk + ki * k + kj]
             });
             let offs = dl.offs.chunks_exact(k).flat_map(|t| t.iter().rev().copied()).collect();
-            debug_assert!(pitch == g.w + g.padding);
             return DxKernel::Direct { wt, offs };
         }
         let cm = g.c.next_multiple_of(MR);
@@ -521,7 +520,7 @@ pub(super) fn backward_with(
     let kr = if ldo == LANES { 24 } else { 12 };
     let mut dw_offs = xl.offs.clone();
     dw_offs.resize(ckk.next_multiple_of(kr), 0);
-    let dxk = DxKernel::new(g, w, &dl, xl.pitch);
+    let dxk = DxKernel::new(g, w, &dl);
     let pt = per_task(g.n);
     let tasks = g.n.div_ceil(pt);
     let dx_parts: Vec<Option<&mut [f32]>> = match dx {
