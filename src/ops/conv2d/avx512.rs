@@ -18,6 +18,7 @@
 //!
 //! Sums run in a different order from the GEMM path (same f32 products).
 
+use super::avx512_direct::{self as direct, Grid, LaneWeights};
 use super::cpu::ConvGeom;
 use rayon::prelude::*;
 use std::arch::x86_64::*;
@@ -421,9 +422,24 @@ pub fn forward(g: &ConvGeom, x: &[f32], w: &[f32], bias: Option<&[f32]>, y: &mut
         return;
     }
     let xl = XLayout::new(g);
+    let (hw, pt) = (g.out_hw(), per_task(g.n));
+    if direct::fits(g.k, g.wo, g.ckk()) {
+        let ckk = g.ckk();
+        let wt = LaneWeights::new(ckk, g.o, |r, o| w[o * ckk + r]);
+        let grid = Grid { rows: g.ho, cols: g.wo, pitch: xl.pitch };
+        y.par_chunks_mut(pt * g.y_len()).zip(x.par_chunks(pt * g.x_len())).for_each(|(yc, xc)| {
+            let mut xp = vec![0f32; xl.len];
+            let mut out = vec![0f32; hw * wt.ld()];
+            for (yi, xi) in yc.chunks_exact_mut(g.y_len()).zip(xc.chunks_exact(g.x_len())) {
+                xl.fill(g, xi, &mut xp);
+                direct::conv_image(&xp, &xl.offs, g.k, grid, &wt, &mut out);
+                direct::to_planes(&out, hw, wt.ld(), bias, yi);
+            }
+        });
+        return;
+    }
     let om = g.o.next_multiple_of(MR);
     let wt = transpose_padded(w, g.o, g.ckk(), om);
-    let (hw, pt) = (g.out_hw(), per_task(g.n));
     y.par_chunks_mut(pt * g.y_len()).zip(x.par_chunks(pt * g.x_len())).for_each(|(yc, xc)| {
         let mut xp = vec![0f32; xl.len];
         let mut out = vec![0f32; om * xl.ncolv];
@@ -467,6 +483,68 @@ fn pixel_dw(g: &ConvGeom) -> bool {
     2 * g.ckk().next_multiple_of(kr) * ldo >= 3 * g.ckk() * g.o
 }
 
+/// The input gradient's weights, for whichever kernel the geometry takes.
+enum DxKernel {
+    /// [`direct::conv_image`]: reduction rows `(o, ki, kj')` with the taps
+    /// reversed (`kj' = K - 1 - kj`) so they read `dy` in increasing order.
+    Direct { wt: LaneWeights, offs: Vec<usize> },
+    /// [`gemm_offsets`] over [`DyLayout::offs`]: `w2[(o, ki, kj), c]`, `C`
+    /// padded to `cm`.
+    Gemm { w2: Vec<f32>, cm: usize },
+}
+
+impl DxKernel {
+    fn new(g: &ConvGeom, w: &[f32], dl: &DyLayout) -> Self {
+        let (k, kk, ckk) = (g.k, g.k * g.k, g.ckk());
+        if direct::fits(k, g.w, g.o * kk) {
+            let wt = LaneWeights::new(g.o * kk, g.c, |r, c| {
+                let (o, ki, kj) = (r / kk, r % kk / k, k - 1 - r % k);
+                w[o * ckk + c * kk + ki * k + kj]
+            });
+            let offs = dl.offs.chunks_exact(k).flat_map(|t| t.iter().rev().copied()).collect();
+            return DxKernel::Direct { wt, offs };
+        }
+        let cm = g.c.next_multiple_of(MR);
+        let mut w2 = vec![0f32; g.o * kk * cm];
+        for (o, wo) in w.chunks_exact(ckk).enumerate() {
+            for (c, wc) in wo.chunks_exact(kk).enumerate() {
+                for (r, v) in wc.iter().enumerate() {
+                    w2[(o * kk + r) * cm + c] = *v;
+                }
+            }
+        }
+        DxKernel::Gemm { w2, cm }
+    }
+
+    /// Scratch floats [`DxKernel::image`] needs.
+    fn out_len(&self, g: &ConvGeom, dl: &DyLayout) -> usize {
+        match self {
+            DxKernel::Direct { wt, .. } => g.h * g.w * wt.ld(),
+            DxKernel::Gemm { cm, .. } => cm * dl.ncolv,
+        }
+    }
+
+    /// `dx[C, H, W]` of one image from its `dyz` (see [`DyLayout`]).
+    fn image(&self, g: &ConvGeom, dl: &DyLayout, pitch: usize, dyz: &[f32], out: &mut [f32], dx: &mut [f32]) {
+        match self {
+            DxKernel::Direct { wt, offs } => {
+                let grid = Grid { rows: g.h, cols: g.w, pitch };
+                direct::conv_image(dyz, offs, g.k, grid, wt, out);
+                direct::to_planes(out, g.h * g.w, wt.ld(), None, dx);
+            }
+            DxKernel::Gemm { w2, cm } => {
+                gemm_offsets(*cm, dl.ncolv / LANES, w2, *cm, &dl.offs, dyz, out);
+                for (c, dxc) in dx.chunks_exact_mut(g.h * g.w).enumerate() {
+                    for (ih, row) in dxc.chunks_exact_mut(g.w).enumerate() {
+                        let at = c * dl.ncolv + ih * pitch;
+                        row.copy_from_slice(&out[at..at + g.w]);
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Gradients of [`forward`], as [`super::cpu::backward`]: `dw`, `db` are
 /// accumulated into, `dx` (when asked for) is overwritten.
 pub fn backward(
@@ -499,7 +577,7 @@ pub(super) fn backward_with(
     }
     let xl = XLayout::new(g);
     let dl = DyLayout::new(g, &xl);
-    let (ckk, hw, kk) = (g.ckk(), g.out_hw(), g.k * g.k);
+    let (ckk, hw) = (g.ckk(), g.out_hw());
     let px = (g.ho, g.wo, xl.pitch);
     // Weight-gradient accumulators dW^T[CKKp, ldo]: O padded to vectors,
     // CKK to the row block (extra rows read offset 0 and are dropped).
@@ -508,16 +586,7 @@ pub(super) fn backward_with(
     let kr = if ldo == LANES { 24 } else { 12 };
     let mut dw_offs = xl.offs.clone();
     dw_offs.resize(ckk.next_multiple_of(kr), 0);
-    // dx weights: row (o, ki, kj), column c.
-    let cm = g.c.next_multiple_of(MR);
-    let mut w2 = vec![0f32; g.o * kk * cm];
-    for (o, wo) in w.chunks_exact(ckk).enumerate() {
-        for (c, wc) in wo.chunks_exact(kk).enumerate() {
-            for (r, v) in wc.iter().enumerate() {
-                w2[(o * kk + r) * cm + c] = *v;
-            }
-        }
-    }
+    let dxk = DxKernel::new(g, w, &dl);
     let pt = per_task(g.n);
     let tasks = g.n.div_ceil(pt);
     let dx_parts: Vec<Option<&mut [f32]>> = match dx {
@@ -543,7 +612,7 @@ pub(super) fn backward_with(
             // DyLayout), with zero rows up to the PixelDw's channel padding.
             let dyz_rows = if pixel { g.o.next_multiple_of(PO) } else { g.o };
             let mut dyz = vec![0f32; if need_dx || pixel { dyz_rows * dl.plane } else { 0 }];
-            let mut out = vec![0f32; if need_dx { cm * dl.ncolv } else { 0 }];
+            let mut out = vec![0f32; if need_dx { dxk.out_len(g, &dl) } else { 0 }];
             for i in 0..imgs {
                 let img = first + i;
                 xl.fill(g, &x[img * g.x_len()..(img + 1) * g.x_len()], &mut xp);
@@ -574,14 +643,8 @@ pub(super) fn backward_with(
                     *acc += lane_sum(dyo);
                 }
                 if let Some(dxt) = dxt.as_deref_mut() {
-                    gemm_offsets(cm, dl.ncolv / LANES, &w2, cm, &dl.offs, &dyz, &mut out);
                     let dxi = &mut dxt[i * g.x_len()..(i + 1) * g.x_len()];
-                    for (c, dxc) in dxi.chunks_exact_mut(g.h * g.w).enumerate() {
-                        for (ih, row) in dxc.chunks_exact_mut(g.w).enumerate() {
-                            let at = c * dl.ncolv + ih * xl.pitch;
-                            row.copy_from_slice(&out[at..at + g.w]);
-                        }
-                    }
+                    dxk.image(g, &dl, xl.pitch, &dyz, &mut out, dxi);
                 }
             }
             let part = match pdw {

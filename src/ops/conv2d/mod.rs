@@ -3,6 +3,8 @@
 
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod avx512_direct;
 pub mod cpu;
 pub mod cuda;
 #[cfg(test)]

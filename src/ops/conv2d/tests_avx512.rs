@@ -18,6 +18,18 @@ const CFGS: &[(usize, usize, usize, usize, usize, usize, usize)] = &[
     (5, 1, 4, 4, 1, 2, 1),
     (3, 1, 13, 11, 7, 3, 1),
     (2, 1, 9, 17, 21, 5, 2),
+    // The direct kernels (K = 5, rows of at least 14 pixels): three channel
+    // vectors (a two-vector and a one-vector block) and rows of 16 (an
+    // overlapping last tile), forward and dx.
+    (2, 4, 16, 16, 48, 5, 2),
+    // No padding, 27 output columns, O = 20; dx with C = 4 over 31 columns.
+    (2, 4, 9, 31, 20, 5, 0),
+    // Forward too narrow (12 columns: GEMM tiles), dx direct (14 columns).
+    (1, 6, 18, 14, 33, 5, 1),
+    // Padding 4: 19 output columns, O = 17 (1 lane of the second vector).
+    (2, 4, 12, 15, 17, 5, 4),
+    // 31 output columns (two full tiles and an overlap), dx over 29.
+    (1, 20, 6, 29, 16, 5, 3),
 ];
 
 fn geom(cfg: (usize, usize, usize, usize, usize, usize, usize)) -> ConvGeom {
@@ -93,4 +105,13 @@ fn avx512_matches_generic_kernels_on_three_threads() {
         check((1, 2, 6, 6, 3, 3, 1), 4010);
         check((0, 2, 6, 6, 3, 3, 1), 4020);
     });
+}
+
+/// The checks above reach the direct kernels: MNIST's conv2 forward and its
+/// input gradient take them, conv1 (25 reduction rows) does not.
+#[test]
+fn direct_kernels_cover_mnist_conv2() {
+    use super::avx512_direct::fits;
+    assert!(fits(5, 14, 16 * 25) && fits(5, 14, 32 * 25));
+    assert!(!fits(5, 28, 25) && !fits(3, 14, 400) && !fits(5, 12, 400));
 }
