@@ -2,7 +2,9 @@
 # Benchmark, not a test: ddptrain O0 vs PyTorch fp32 training images/s on the
 # seed ConvNet (batch 100, synthetic data), alternating the two REPS times so
 # that load from other processes hits both alike. Prints each pair, the median
-# ratio and the load average. On a shared machine only the ratio means much.
+# ratio, the ratio of the two best runs, and the load average. On a shared
+# machine only ratios mean much; the best run of each is the one that other
+# processes (and other VMs on the host) disturbed least.
 #
 #   REPS=5 STEPS=150 PYTHON=/path/to/python scripts/bench_ab.sh
 set -euo pipefail
@@ -32,12 +34,17 @@ theirs() {
 }
 
 ratios=()
+best_a=0
+best_b=0
 for r in $(seq "$REPS"); do
   a=$(ours)
   b=$(theirs)
   ratio=$(python3 -c "import sys; print(f'{float(sys.argv[1]) / float(sys.argv[2]):.3f}')" "$a" "$b")
   ratios+=("$ratio")
+  best_a=$(python3 -c "import sys; print(max(float(sys.argv[1]), float(sys.argv[2])))" "$a" "$best_a")
+  best_b=$(python3 -c "import sys; print(max(float(sys.argv[1]), float(sys.argv[2])))" "$b" "$best_b")
   echo "rep $r: ddptrain $a  pytorch $b  ratio $ratio"
 done
 python3 -c "import statistics,sys; print(f'median ratio ddptrain/pytorch: {statistics.median(map(float, sys.argv[1:])):.2f}x')" "${ratios[@]}"
+python3 -c "import sys; a, b = map(float, sys.argv[1:]); print(f'best runs: ddptrain {a:.0f}  pytorch {b:.0f}  ratio {a / b:.2f}x')" "$best_a" "$best_b"
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -13,6 +13,7 @@
 //! taps in increasing source order).
 
 use std::arch::x86_64::*;
+use std::mem::MaybeUninit;
 
 const LANES: usize = 16;
 
@@ -67,16 +68,22 @@ fn starts(n: usize, t: usize) -> impl Iterator<Item = usize> {
 /// pixel-major tile output back to planes, in 16 x 16 blocks transposed in
 /// registers (a scalar loop took as long as the convolution for MNIST's
 /// conv1).
-pub(super) fn to_planes(out: &[f32], npix: usize, ld: usize, bias: Option<&[f32]>, y: &mut [f32]) {
+pub(super) fn to_planes(
+    out: &[f32],
+    npix: usize,
+    ld: usize,
+    bias: Option<&[f32]>,
+    y: &mut [MaybeUninit<f32>],
+) {
     if npix == 0 {
         return;
     }
     let lanes = y.len() / npix;
     assert!(ld.is_multiple_of(LANES) && lanes <= ld && out.len() >= npix * ld && y.len() == lanes * npix);
     assert!(bias.is_none_or(|b| b.len() >= lanes));
-    // SAFETY: the asserts bound `planes_avx512`'s reads and writes.
-    // AVX-512F: see `avx512::usable`.
-    unsafe { planes_avx512(out, npix, ld, lanes, bias, y) }
+    // SAFETY: the asserts bound `planes_avx512`'s reads and writes, which
+    // only store (never read) `y`. AVX-512F: see `avx512::usable`.
+    unsafe { planes_avx512(out, npix, ld, lanes, bias, y.as_mut_ptr().cast::<f32>()) }
 }
 
 /// [`to_planes`] once checked: reads `out[p * ld + l]` for `p < npix`, `l <
@@ -88,7 +95,7 @@ unsafe fn planes_avx512(
     ld: usize,
     lanes: usize,
     bias: Option<&[f32]>,
-    y: &mut [f32],
+    y: *mut f32,
 ) {
     for p0 in (0..npix).step_by(LANES) {
         let np = (npix - p0).min(LANES);
@@ -102,7 +109,7 @@ unsafe fn planes_avx512(
             transpose16(&mut m);
             for (l, v) in m.iter().take(nl).enumerate() {
                 let b = bias.map_or(0.0, |b| b[l0 + l]);
-                let dst = y.as_mut_ptr().add((l0 + l) * npix + p0);
+                let dst = y.add((l0 + l) * npix + p0);
                 _mm512_mask_storeu_ps(dst, mask, _mm512_add_ps(*v, _mm512_set1_ps(b)));
             }
         }

@@ -101,12 +101,16 @@ pub fn forward(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>, args: Conv2dA
     let xs = cpu_f32(OP, "input", x)?;
     let ws = cpu_f32(OP, "weight", weight)?;
     let bs = bias.map(|b| cpu_f32(OP, "bias", b)).transpose()?;
-    let mut y = vec![0f32; g.n * g.y_len()];
+    let len = g.n * g.y_len();
     #[cfg(target_arch = "x86_64")]
     if avx512::usable(&g) {
-        avx512::forward(&g, xs, ws, bs, &mut y);
+        let mut y = Vec::with_capacity(len);
+        avx512::forward(&g, xs, ws, bs, &mut y.spare_capacity_mut()[..len]);
+        // SAFETY: avx512::forward wrote every element of its output.
+        unsafe { y.set_len(len) };
         return Tensor::from_vec(&[g.n, g.o, g.ho, g.wo], y);
     }
+    let mut y = vec![0f32; len];
     cpu::forward(&g, xs, ws, bs, &mut y);
     Tensor::from_vec(&[g.n, g.o, g.ho, g.wo], y)
 }

@@ -66,7 +66,7 @@ fn check(cfg: (usize, usize, usize, usize, usize, usize, usize), seed: u64) {
     let mut y64 = vec![0.0; g.n * g.y_len()];
     cpu::forward(&g, &x, &w, Some(&b), &mut y64);
     let mut y = vec![f32::NAN; y64.len()];
-    avx512::forward(&g, &f32s(&x), &f32s(&w), Some(&f32s(&b)), &mut y);
+    avx512::forward(&g, &f32s(&x), &f32s(&w), Some(&f32s(&b)), avx512::as_uninit(&mut y));
     close(&format!("{cfg:?} y"), &y, &y64);
 
     let (mut dw64, mut db64, mut dx64) = (dw0.clone(), db0.clone(), vec![0.0; x.len()]);
