@@ -174,10 +174,25 @@ pub fn train(cfg: &Config) -> Result<Summary> {
 
 /// [`train`] with the options of one invocation (traces, test hooks).
 pub fn train_with(cfg: &Config, opts: &RunOptions) -> Result<Summary> {
-    let device = match select_device(cfg)? {
-        crate::cuda::select::Device::Cuda(gpu) => return gpu::train(cfg, opts, gpu),
-        crate::cuda::select::Device::Cpu => "cpu",
-    };
+    match select_device(cfg)? {
+        crate::cuda::select::Device::Cuda(gpu) => gpu::train(cfg, opts, gpu),
+        crate::cuda::select::Device::Cpu => {
+            // The CPU loop runs on a worker of the pool its ops fork into, so
+            // every op starts at once on this thread while the other workers
+            // wake up to steal. Forked from outside the pool, each op first
+            // waits for a sleeping worker, dozens of times a step (in a VM a
+            // wake-up can take longer than MNIST's conv1). A pool per run
+            // keeps in-process ranks from queueing behind each other's loops.
+            match rayon::ThreadPoolBuilder::new().num_threads(rayon::current_num_threads()).build() {
+                Ok(pool) => pool.install(|| train_cpu(cfg, opts)),
+                Err(_) => train_cpu(cfg, opts),
+            }
+        }
+    }
+}
+
+fn train_cpu(cfg: &Config, opts: &RunOptions) -> Result<Summary> {
+    let device = "cpu";
     let Started { mut model, train_ds, test_ds, mut ddp, plan, mut optimizer, mut ckpt, mut amp, resumed } =
         start(cfg, opts)?;
     let RunPlan { sampler, accum, steps_per_epoch, total_steps, schedule } = plan;
