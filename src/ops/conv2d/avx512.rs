@@ -236,39 +236,51 @@ pub fn forward(g: &ConvGeom, x: &[f32], w: &[f32], bias: Option<&[f32]>, y: &mut
         return;
     }
     let xl = XLayout::new(g);
-    let (hw, pt) = (g.out_hw(), per_task(g.n));
+    let hw = g.out_hw();
     if direct::fits(g.k, g.wo, g.ckk()) {
         let ckk = g.ckk();
         let wt = LaneWeights::new(ckk, g.o, |r, o| w[o * ckk + r]);
         let grid = Grid { rows: g.ho, cols: g.wo, pitch: xl.pitch };
-        y.par_chunks_mut(pt * g.y_len()).zip(x.par_chunks(pt * g.x_len())).for_each(|(yc, xc)| {
-            let mut xp = vec![0f32; xl.len];
-            let mut out = vec![0f32; hw * wt.ld()];
-            for (yi, xi) in yc.chunks_exact_mut(g.y_len()).zip(xc.chunks_exact(g.x_len())) {
-                xl.fill(g, xi, &mut xp);
-                direct::conv_image(&xp, &xl.offs, g.k, grid, &wt, &mut out);
-                direct::to_planes(&out, hw, wt.ld(), bias, yi);
-            }
+        per_image(g, &xl, x, y, hw * wt.ld(), |xp, out, yi| {
+            direct::conv_image(xp, &xl.offs, g.k, grid, &wt, out);
+            direct::to_planes(out, hw, wt.ld(), bias, yi);
         });
         return;
     }
     let om = g.o.next_multiple_of(MR);
     let wt = transpose_padded(w, g.o, g.ckk(), om);
-    y.par_chunks_mut(pt * g.y_len()).zip(x.par_chunks(pt * g.x_len())).for_each(|(yc, xc)| {
-        let mut xp = vec![0f32; xl.len];
-        let mut out = vec![0f32; om * xl.ncolv];
-        for (yi, xi) in yc.chunks_exact_mut(g.y_len()).zip(xc.chunks_exact(g.x_len())) {
-            xl.fill(g, xi, &mut xp);
-            gemm_offsets(om, xl.ncolv / LANES, &wt, om, &xl.offs, &xp, &mut out);
-            for (o, yo) in yi.chunks_exact_mut(hw).enumerate() {
-                let b = bias.map_or(0.0, |b| b[o]);
-                for (oh, yrow) in yo.chunks_exact_mut(g.wo).enumerate() {
-                    let at = o * xl.ncolv + oh * xl.pitch;
-                    for (v, t) in yrow.iter_mut().zip(&out[at..at + g.wo]) {
-                        v.write(*t + b);
-                    }
+    per_image(g, &xl, x, y, om * xl.ncolv, |xp, out, yi| {
+        gemm_offsets(om, xl.ncolv / LANES, &wt, om, &xl.offs, xp, out);
+        for (o, yo) in yi.chunks_exact_mut(hw).enumerate() {
+            let b = bias.map_or(0.0, |b| b[o]);
+            for (oh, yrow) in yo.chunks_exact_mut(g.wo).enumerate() {
+                let at = o * xl.ncolv + oh * xl.pitch;
+                for (v, t) in yrow.iter_mut().zip(&out[at..at + g.wo]) {
+                    v.write(*t + b);
                 }
             }
+        }
+    });
+}
+
+/// The forward's driver: runs of images per rayon task, each image padded
+/// into the task's scratch `xp` and handed to `image(xp, out, y_i)` with
+/// `out_len` floats of scratch `out`.
+fn per_image(
+    g: &ConvGeom,
+    xl: &XLayout,
+    x: &[f32],
+    y: &mut [MaybeUninit<f32>],
+    out_len: usize,
+    image: impl Fn(&[f32], &mut [f32], &mut [MaybeUninit<f32>]) + Sync,
+) {
+    let pt = per_task(g.n);
+    y.par_chunks_mut(pt * g.y_len()).zip(x.par_chunks(pt * g.x_len())).for_each(|(yc, xc)| {
+        let mut xp = vec![0f32; xl.len];
+        let mut out = vec![0f32; out_len];
+        for (yi, xi) in yc.chunks_exact_mut(g.y_len()).zip(xc.chunks_exact(g.x_len())) {
+            xl.fill(g, xi, &mut xp);
+            image(&xp, &mut out, yi);
         }
     });
 }
