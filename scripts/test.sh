@@ -2,7 +2,8 @@
 # Runs the whole test suite on a fresh machine: fetches the MNIST digits the
 # end-to-end tests train on (idempotent), installs the Python `tensorboard`
 # package that reads back our event files and the NVRTC + CUDA-header wheels
-# that compile the kernels (from PyPI, into a cached .venv/), then the Rust tests.
+# that compile the kernels (from PyPI, into a cached .venv/), then the Rust tests,
+# the GPU ones on the emulated CUDA device (scripts/emulated-gpu.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,4 +27,10 @@ if ! command -v mpirun >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; th
     { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openmpi-bin >/dev/null; } \
         || echo "warning: could not install openmpi-bin; the mpirun test will be skipped"
 fi
-cargo test --all-targets "$@"
+# The kernel compile test against the real NVRTC from the wheels (sm_80, sm_90).
+cargo test --test kernels_compile "$@"
+# The emulated CUDA device (tests/cuda_emu): its own tests, then every test of
+# the project with the emulator first on LD_LIBRARY_PATH, so the GPU tests run
+# on it (under CI=true a GPU test that finds no device fails instead of skipping).
+scripts/emulated-gpu.sh make -s -C tests/cuda_emu check
+scripts/emulated-gpu.sh cargo test --all-targets "$@"

@@ -167,6 +167,7 @@ fn a_save_killed_midway_leaves_latest_on_a_complete_checkpoint() {
         .args(&a)
         .current_dir(dir.path())
         .env_remove("WORLD_SIZE")
+        .env(common::HIDE_GPUS.0, common::HIDE_GPUS.1)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()

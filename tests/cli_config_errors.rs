@@ -68,6 +68,7 @@ fn env_override_with_wrong_type_names_the_variable() {
     let o = std::process::Command::new(env!("CARGO_BIN_EXE_ddptrain"))
         .args(["check", "--config", cfg.to_str().unwrap()])
         .env("DDPTRAIN_TRAIN__EPOCHS", "lots")
+        .env(common::HIDE_GPUS.0, common::HIDE_GPUS.1)
         .output()
         .unwrap();
     let t = text(&o);

@@ -137,10 +137,8 @@ fn seed_mnist_config_learns_in_one_epoch() {
 
 #[test]
 fn device_cuda_without_a_gpu_is_a_clear_error_and_auto_falls_back_with_one_warning() {
-    if ddptrain::cuda::device_count() > 0 {
-        println!("skipped: a CUDA device is visible (this checks the machines without one)");
-        return;
-    }
+    // common::ddptrain hides every GPU from the child (CUDA_VISIBLE_DEVICES=""),
+    // so this checks a machine without one wherever it runs.
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
     let out_set = format!("run.out_dir={}", out.display());

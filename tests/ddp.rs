@@ -253,6 +253,7 @@ fn o2_two_and_three_ranks_reducing_in_f16_or_fp32_match_one_rank() {
 /// checking it succeeded.
 fn run_env(dir: &Path, config: &Path, world: usize, sets: &[&str], env: (&str, &str)) -> String {
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_ddptrain"));
+    cmd.env(common::HIDE_GPUS.0, common::HIDE_GPUS.1);
     if world > 1 {
         let port = free_port().to_string();
         cmd.args(["launch", "--nproc-per-node", &world.to_string(), "--master-port", &port, "--"]);

@@ -37,6 +37,9 @@ fn ddptrain() -> Command {
     for v in LAUNCHER_VARS {
         c.env_remove(v);
     }
+    // These tests check the CPU trainer's processes, even where a (possibly
+    // emulated) GPU is visible.
+    c.env("CUDA_VISIBLE_DEVICES", "");
     c.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
     c
 }
@@ -367,6 +370,7 @@ fn mpirun_launches_ranks_that_rendezvous_and_all_reduce() {
     for v in LAUNCHER_VARS {
         c.env_remove(v);
     }
+    c.env("CUDA_VISIBLE_DEVICES", "");
     let o = c
         .args([
             "--allow-run-as-root",

@@ -14,7 +14,7 @@ use super::{LossScaler, Policy, ScalerConfig, ScalerState};
 use crate::config::{AmpConfig, LossScale};
 use crate::cuda::{as_i64, check_len, entry, launch_1d, DeviceFloat, Gpu, BLOCK};
 use crate::error::{Error, Result};
-use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, LaunchConfig};
 
 const FILE: &str = "amp.cu";
 
@@ -125,7 +125,7 @@ impl DeviceScaler {
         }
         let n = as_i64(OP, grads.len())?;
         let f = gpu.function(FILE, &entry::<T>("amp_unscale"))?;
-        let mut b = gpu.stream().launch_builder(&f);
+        let mut b = f.launch_on(gpu.stream());
         b.arg(grads).arg(out).arg(&n).arg(&self.scale).arg(&mut self.found_inf);
         // SAFETY: argument types and order match amp_unscale_impl; lengths checked above.
         unsafe { b.launch(launch_1d(grads.len())) }.map_err(|e| Error::cuda(OP, e))?;
@@ -142,7 +142,7 @@ impl DeviceScaler {
         let interval = i64::try_from(self.cfg.growth_interval).unwrap_or(i64::MAX);
         let dynamic = i32::from(self.dynamic);
         let c = &self.cfg;
-        let mut b = gpu.stream().launch_builder(&f);
+        let mut b = f.launch_on(gpu.stream());
         b.arg(&mut self.scale).arg(&mut self.counters).arg(&mut self.found_inf).arg(&step).arg(&dynamic);
         b.arg(&c.growth_factor)
             .arg(&c.backoff_factor)
@@ -168,7 +168,7 @@ impl DeviceScaler {
         const OP: &str = "amp divided_scale";
         check_len(OP, "out", out.len(), 1)?;
         let f = gpu.function(FILE, "amp_divided_scale")?;
-        let mut b = gpu.stream().launch_builder(&f);
+        let mut b = f.launch_on(gpu.stream());
         b.arg(&self.scale).arg(&divisor).arg(out);
         // SAFETY: argument types and order match amp_divided_scale.
         unsafe { b.launch(single_thread()) }.map_err(|e| Error::cuda(OP, e))?;
@@ -308,15 +308,15 @@ pub fn grad_norm_sq(
     let blocks = grads.len().div_ceil(BLOCK as usize).clamp(1, NORM_PARTIALS);
     let cfg = LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
     let f = gpu.function(FILE, "amp_sumsq_partials")?;
-    let mut b = gpu.stream().launch_builder(&f);
-    b.arg(grads).arg(&mut *workspace).arg(&n);
+    let mut b = f.launch_on(gpu.stream());
+    b.arg(grads).arg(&n).arg(&mut *workspace);
     // Stage 1 writes partials[0..blocks]; stage 2 reads exactly those.
     // SAFETY: argument types and order match amp_sumsq_partials.
     unsafe { b.launch(cfg) }.map_err(|e| Error::cuda(OP, e))?;
     let nparts = blocks as i64;
     let acc = i32::from(accumulate);
     let f = gpu.function(FILE, "amp_sumsq_finish")?;
-    let mut b = gpu.stream().launch_builder(&f);
+    let mut b = f.launch_on(gpu.stream());
     let partials = workspace.as_view();
     b.arg(&partials).arg(&nparts).arg(out).arg(&acc);
     let one = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
@@ -346,7 +346,7 @@ pub fn clip_grad_norm_(
     let n = as_i64(OP, grads.len())?;
     let cfg = launch_1d(grads.len());
     let f = gpu.function(FILE, "amp_clip_by_norm")?;
-    let mut b = gpu.stream().launch_builder(&f);
+    let mut b = f.launch_on(gpu.stream());
     b.arg(grads).arg(&n).arg(norm_sq).arg(&max_norm).arg(found_inf);
     // SAFETY: argument types and order match amp_clip_by_norm.
     unsafe { b.launch(cfg) }.map_err(|e| Error::cuda(OP, e))?;

@@ -5,7 +5,7 @@
 
 use super::{as_i64, check_len, entry, launch_1d, DeviceFloat, Gpu};
 use crate::error::{Error, Result};
-use cudarc::driver::{DevicePtr, DevicePtrMut, PushKernelArg};
+use cudarc::driver::{DevicePtr, DevicePtrMut};
 use half::f16;
 
 /// `dst = f16(src)`, rounding to nearest even; values beyond the f16 range
@@ -31,7 +31,7 @@ fn cast<A, B>(gpu: &Gpu, name: &str, src: &impl DevicePtr<A>, dst: &mut impl Dev
     let (d, _d) = dst.device_ptr_mut(stream);
     let n64 = n as i64;
     // SAFETY: both pointers hold n elements of the kernel's types (checked above).
-    unsafe { stream.launch_builder(&f).arg(&s).arg(&d).arg(&n64).launch(launch_1d(n)) }
+    unsafe { f.launch_on(stream).arg(&s).arg(&d).arg(&n64).launch(launch_1d(n)) }
         .map_err(|e| Error::cuda(name, e))?;
     Ok(())
 }
@@ -63,7 +63,7 @@ pub fn swap_outer<T: DeviceFloat>(
     let (s, _s) = src.device_ptr(stream);
     let (d, _d) = dst.device_ptr_mut(stream);
     // SAFETY: src and dst hold a*b*c elements of T (checked above).
-    unsafe { stream.launch_builder(&f).arg(&s).arg(&d).arg(&a).arg(&b).arg(&c).launch(launch_1d(n)) }
+    unsafe { f.launch_on(stream).arg(&s).arg(&d).arg(&a).arg(&b).arg(&c).launch(launch_1d(n)) }
         .map_err(|e| Error::cuda(OP, e))?;
     Ok(())
 }

@@ -10,6 +10,7 @@ pub mod blas;
 pub mod cast;
 mod elem;
 pub mod kernels;
+pub mod launch;
 pub mod nccl;
 pub mod nvrtc;
 pub mod select;
@@ -19,7 +20,8 @@ pub(crate) mod testing;
 pub use elem::{as_i64, check_len, entry, DeviceFloat};
 
 use crate::error::{Error, Result};
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, LaunchConfig};
+use cudarc::driver::{CudaContext, CudaModule, CudaStream, LaunchConfig};
+pub use launch::Kernel;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -51,6 +53,8 @@ pub struct Gpu {
     arch: String,
     name: String,
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
+    /// Loaded kernels by entry-point name (names are unique across files).
+    functions: Mutex<HashMap<String, Arc<Kernel>>>,
 }
 
 impl std::fmt::Debug for Gpu {
@@ -81,6 +85,7 @@ impl Gpu {
             arch: format!("compute_{major}{minor}"),
             name,
             modules: Mutex::new(HashMap::new()),
+            functions: Mutex::new(HashMap::new()),
         }))
     }
 
@@ -103,7 +108,12 @@ impl Gpu {
 
     /// Kernel `name` of `kernels/<file>`, compiling and loading the file on
     /// first use (once per process; later calls are a map lookup).
-    pub fn function(&self, file: &'static str, name: &str) -> Result<CudaFunction> {
+    pub fn function(&self, file: &'static str, name: &str) -> Result<Arc<Kernel>> {
+        let mut functions =
+            self.functions.lock().map_err(|_| Error::cuda("kernel cache", "poisoned by a panic"))?;
+        if let Some(k) = functions.get(name) {
+            return Ok(k.clone());
+        }
         let module = {
             let mut modules =
                 self.modules.lock().map_err(|_| Error::cuda("kernel cache", "poisoned by a panic"))?;
@@ -123,7 +133,12 @@ impl Gpu {
                 }
             }
         };
-        module.load_function(name).map_err(|e| Error::cuda(format!("kernel {name} in kernels/{file}"), e))
+        let f = module
+            .load_function(name)
+            .map_err(|e| Error::cuda(format!("kernel {name} in kernels/{file}"), e))?;
+        let k = Arc::new(Kernel::new(f, name));
+        functions.insert(name.to_string(), k.clone());
+        Ok(k)
     }
 
     /// Blocks the host until the compute stream is idle (tests, logging steps).
@@ -133,14 +148,28 @@ impl Gpu {
 }
 
 /// For GPU tests: the first device, or `None` after printing the skip line
-/// that `scripts/gpu-check.sh` and CI logs look for.
+/// that `scripts/gpu-check.sh` looks for. Under `CI=true` a missing device is
+/// a failure, not a skip: CI runs every GPU test on the emulated device
+/// (`scripts/emulated-gpu.sh`), so a skip there would hide untested code.
 pub fn test_gpu(test: &str) -> Option<Arc<Gpu>> {
     if device_count() == 0 {
-        println!("{test}: skipped: no CUDA device");
+        skip_or_fail(test, "no CUDA device");
         return None;
     }
     match Gpu::new(0) {
         Ok(g) => Some(g),
         Err(e) => panic!("{test}: a CUDA device is visible but cannot be opened: {e}"),
     }
+}
+
+/// Prints "<test>: skipped: <why>", or panics under `CI=true`, where every
+/// GPU test must run (on the emulated device when there is no GPU).
+pub fn skip_or_fail(test: &str, why: &str) {
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!(
+            "{test}: {why}, and CI=true forbids skipping a GPU test: run it through scripts/emulated-gpu.sh \
+             (scripts/test.sh does)"
+        );
+    }
+    println!("{test}: skipped: {why}");
 }

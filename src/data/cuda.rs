@@ -5,7 +5,7 @@
 use super::Dataset;
 use crate::cuda::{as_i64, check_len, launch_1d, Gpu};
 use crate::error::{Error, Result};
-use cudarc::driver::{CudaSlice, CudaViewMut, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaViewMut};
 
 const FILE: &str = "data.cu";
 
@@ -107,7 +107,7 @@ pub fn gather_batch(
     }
     let (off, rows, per) = (as_i64(OP, offset)?, as_i64(OP, n)?, as_i64(OP, ds.sample_len)?);
     let f = gpu.function(FILE, "gather_batch")?;
-    let mut b = gpu.stream().launch_builder(&f);
+    let mut b = f.launch_on(gpu.stream());
     b.arg(&ds.images).arg(&ds.labels).arg(&order.indices).arg(&off).arg(&rows).arg(&per);
     b.arg(x).arg(y);
     // SAFETY: argument types and order match gather_batch; x and y are sized

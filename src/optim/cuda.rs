@@ -13,7 +13,7 @@ use super::{widen, Optimizer, OptimizerConfig, OptimizerKind, ParamState};
 use crate::cuda::{as_i64, check_len, entry, DeviceFloat};
 use crate::cuda::{launch_1d, Gpu};
 use crate::error::{Error, Result};
-use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, LaunchConfig};
 use std::path::Path;
 
 const FILE: &str = "optim.cu";
@@ -98,7 +98,7 @@ impl DeviceOptimizer {
                     let weight_decay = widen(c.weight_decay) as f32;
                     let nesterov = i32::from(c.nesterov);
                     let f = gpu.function(FILE, &entry::<T>("sgd_step"))?;
-                    let mut b = gpu.stream().launch_builder(&f);
+                    let mut b = f.launch_on(gpu.stream());
                     b.arg(&mut *master).arg(grads);
                     match self.state.first_mut() {
                         Some(buf) => b.arg(buf),
@@ -123,7 +123,7 @@ impl DeviceOptimizer {
                     let [m1, m2] = self.state.as_mut_slice() else {
                         return Err(Error::Training(format!("{OP}: Adam state is not two buffers")));
                     };
-                    let mut b = gpu.stream().launch_builder(&f);
+                    let mut b = f.launch_on(gpu.stream());
                     b.arg(&mut *master).arg(grads).arg(m1).arg(m2);
                     match model {
                         Some(m) => b.arg(m),
@@ -138,7 +138,7 @@ impl DeviceOptimizer {
             }
         }
         let f = gpu.function(FILE, "optim_advance_step")?;
-        let mut b = gpu.stream().launch_builder(&f);
+        let mut b = f.launch_on(gpu.stream());
         b.arg(&mut self.step_count).arg(found_inf);
         let one = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1, 1, 1), shared_mem_bytes: 0 };
         // SAFETY: argument types and order match optim_advance_step.

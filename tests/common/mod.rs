@@ -8,9 +8,15 @@ pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// The variable that keeps a spawned run on the CPU when the emulated CUDA
+/// device (or a real GPU) is visible: these tests check the CPU trainer and
+/// the CLI, with `run.device = "auto"`; the GPU path has tests of its own.
+pub const HIDE_GPUS: (&str, &str) = ("CUDA_VISIBLE_DEVICES", "");
+
 pub fn ddptrain(args: &[&str], cwd: &Path) -> Output {
     Command::new(env!("CARGO_BIN_EXE_ddptrain"))
         .args(args)
+        .env(HIDE_GPUS.0, HIDE_GPUS.1)
         .current_dir(cwd)
         .env_remove("WORLD_SIZE")
         .output()

@@ -4,7 +4,7 @@
 
 use crate::cuda::{as_i64, check_len, entry, launch_1d, DeviceFloat, Gpu};
 use crate::error::{Error, Result};
-use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
+use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
 use half::f16;
 
 const FILE: &str = "ddp.cu";
@@ -25,8 +25,7 @@ pub fn scale<T: DeviceFloat>(
     let cfg = launch_1d(x.len());
     let (xp, _x) = x.device_ptr_mut(stream);
     // SAFETY: x holds n elements of T; each thread reads and writes only its own.
-    unsafe { stream.launch_builder(&f).arg(&xp).arg(&s).arg(&n).launch(cfg) }
-        .map_err(|e| Error::cuda(name, e))?;
+    unsafe { f.launch_on(stream).arg(&xp).arg(&s).arg(&n).launch(cfg) }.map_err(|e| Error::cuda(name, e))?;
     Ok(())
 }
 
@@ -46,8 +45,7 @@ pub fn fill<T: DeviceFloat>(
     let cfg = launch_1d(x.len());
     let (xp, _x) = x.device_ptr_mut(stream);
     // SAFETY: x holds n elements of T.
-    unsafe { stream.launch_builder(&f).arg(&xp).arg(&v).arg(&n).launch(cfg) }
-        .map_err(|e| Error::cuda(name, e))?;
+    unsafe { f.launch_on(stream).arg(&xp).arg(&v).arg(&n).launch(cfg) }.map_err(|e| Error::cuda(name, e))?;
     Ok(())
 }
 
@@ -90,7 +88,7 @@ fn convert<A, B>(
     let (sp, _s) = src.device_ptr(stream);
     let (dp, _d) = dst.device_ptr_mut(stream);
     // SAFETY: src and dst hold n elements of the kernel's types (checked above).
-    unsafe { stream.launch_builder(&f).arg(&sp).arg(&dp).arg(&s).arg(&n).launch(launch_1d(src.len())) }
+    unsafe { f.launch_on(stream).arg(&sp).arg(&dp).arg(&s).arg(&n).launch(launch_1d(src.len())) }
         .map_err(|e| Error::cuda(name, e))?;
     Ok(())
 }

@@ -334,7 +334,7 @@ fn tcp_collectives_for_the_trainer_sum_and_broadcast() {
 fn nccl_at_world_one_leaves_every_buffer_as_is() {
     let Some(gpu) = crate::cuda::test_gpu("nccl_at_world_one_leaves_every_buffer_as_is") else { return };
     if !crate::cuda::nccl::is_available() {
-        println!("nccl_at_world_one_leaves_every_buffer_as_is: skipped: libnccl not found");
+        crate::cuda::skip_or_fail("nccl_at_world_one_leaves_every_buffer_as_is", "libnccl not found");
         return;
     }
     for (level, _, fp32) in CASES {

@@ -12,7 +12,7 @@
 use crate::cuda::{as_i64, check_len, entry, DeviceFloat};
 use crate::cuda::{Gpu, BLOCK};
 use crate::error::{Error, Result};
-use cudarc::driver::{CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaView, CudaViewMut, LaunchConfig};
 
 const FILE: &str = "batch_norm.cu";
 
@@ -78,7 +78,7 @@ impl Nchw {
     }
 }
 
-fn launch(op: &str, b: &mut cudarc::driver::LaunchArgs<'_>, cfg: LaunchConfig) -> Result<()> {
+fn launch(op: &str, b: &mut crate::cuda::launch::Launch<'_>, cfg: LaunchConfig) -> Result<()> {
     // SAFETY: each caller pushes the arguments of its kernel in order with
     // the types of its signature, after checking every buffer's length.
     unsafe { b.launch(cfg) }.map_err(|e| Error::cuda(op, e))?;
@@ -123,7 +123,7 @@ pub fn forward_train<T: DeviceFloat>(
     }
     let (n, c, hw) = d.args(OP)?;
     let f = gpu.function(FILE, &entry::<T>("bn_forward_stats"))?;
-    let mut b = gpu.stream().launch_builder(&f);
+    let mut b = f.launch_on(gpu.stream());
     b.arg(x).arg(&n).arg(&c).arg(&hw).arg(&eps).arg(&momentum);
     b.arg(&mut *mean).arg(&mut *invstd).arg(running_mean).arg(running_var);
     launch(OP, &mut b, d.per_channel())?;
@@ -157,7 +157,7 @@ pub fn forward_apply<T: DeviceFloat>(
     }
     let (n, c, hw) = d.args(OP)?;
     let f = gpu.function(FILE, &entry::<T>("bn_forward_apply"))?;
-    let mut b = gpu.stream().launch_builder(&f);
+    let mut b = f.launch_on(gpu.stream());
     b.arg(x).arg(mean).arg(invstd).arg(weight).arg(bias).arg(&n).arg(&c).arg(&hw).arg(y);
     launch(OP, &mut b, d.planes())
 }
@@ -193,7 +193,7 @@ pub fn forward_eval<T: DeviceFloat>(
     }
     let (n, c, hw) = d.args(OP)?;
     let f = gpu.function(FILE, &entry::<T>("bn_forward_eval"))?;
-    let mut b = gpu.stream().launch_builder(&f);
+    let mut b = f.launch_on(gpu.stream());
     b.arg(x).arg(weight).arg(bias).arg(running_mean).arg(running_var).arg(&eps);
     b.arg(&n).arg(&c).arg(&hw).arg(y);
     launch(OP, &mut b, d.planes())
@@ -242,7 +242,7 @@ pub fn local_sums<T: DeviceFloat>(
     }
     let (n, c, hw) = d.args(OP)?;
     let f = gpu.function(FILE, &entry::<T>("bn_local_sums"))?;
-    let mut b = gpu.stream().launch_builder(&f);
+    let mut b = f.launch_on(gpu.stream());
     b.arg(x).arg(&n).arg(&c).arg(&hw).arg(out);
     launch(OP, &mut b, d.per_channel())
 }
@@ -278,7 +278,7 @@ pub fn sync_stats(
     }
     let c = as_i64(OP, channels)?;
     let f = gpu.function(FILE, "bn_sync_stats")?;
-    let mut b = gpu.stream().launch_builder(&f);
+    let mut b = f.launch_on(gpu.stream());
     b.arg(totals).arg(&c).arg(&eps).arg(&momentum).arg(mean).arg(invstd).arg(running_mean).arg(running_var);
     launch(OP, &mut b, crate::cuda::launch_1d(channels))
 }
@@ -312,7 +312,7 @@ pub fn backward_reduce<T: DeviceFloat>(
     }
     let (n, c, hw) = d.args(OP)?;
     let f = gpu.function(FILE, &entry::<T>("bn_backward_reduce"))?;
-    let mut b = gpu.stream().launch_builder(&f);
+    let mut b = f.launch_on(gpu.stream());
     b.arg(x).arg(dy).arg(mean).arg(invstd).arg(&n).arg(&c).arg(&hw).arg(sums).arg(dweight).arg(dbias);
     launch(OP, &mut b, d.per_channel())
 }
@@ -350,7 +350,7 @@ pub fn backward_dx<T: DeviceFloat>(
     let (n, c, hw) = d.args(OP)?;
     let count = as_i64(OP, count)?;
     let f = gpu.function(FILE, &entry::<T>("bn_backward_dx"))?;
-    let mut b = gpu.stream().launch_builder(&f);
+    let mut b = f.launch_on(gpu.stream());
     b.arg(x).arg(dy).arg(mean).arg(invstd).arg(weight).arg(sums).arg(&count);
     b.arg(&n).arg(&c).arg(&hw).arg(dx);
     launch(OP, &mut b, d.planes())

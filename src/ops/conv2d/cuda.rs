@@ -10,7 +10,7 @@ use crate::cuda::blas::{gemm, gemm_strided_batched, BatchStrides, Blas, BlasElem
 use crate::cuda::{check_len, entry, DeviceFloat};
 use crate::cuda::{launch_1d, Gpu};
 use crate::error::{Error, Result};
-use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, DevicePtrMut, LaunchConfig};
 
 const FILE: &str = "conv2d.cu";
 /// Threads per block of `conv2d_bias_grad` (its shared array is this size).
@@ -112,7 +112,7 @@ fn unfold<T: DeviceFloat>(
     let (dp, _d) = dst.device_ptr_mut(stream);
     let [n, c, h, w, k, s, p, ho, wo] = dims(g);
     let wide = layout.flag();
-    let mut b = stream.launch_builder(&f);
+    let mut b = f.launch_on(stream);
     b.arg(&sp).arg(&dp).arg(&n).arg(&c).arg(&h).arg(&w).arg(&k).arg(&s).arg(&p).arg(&ho).arg(&wo).arg(&wide);
     // SAFETY: the caller checked both buffers against the validated geometry.
     unsafe { b.launch(launch_1d(threads)) }.map_err(|e| Error::cuda(op, e))?;
@@ -138,7 +138,7 @@ pub fn bias_add<T: DeviceFloat>(
     let (yp, _y) = y.device_ptr_mut(stream);
     let (bp, _b) = bias.device_ptr(stream);
     let [n64, o64, hw64] = shape.map(|v| v as i64);
-    let mut b = stream.launch_builder(&f);
+    let mut b = f.launch_on(stream);
     b.arg(&yp).arg(&bp).arg(&n64).arg(&o64).arg(&hw64);
     // SAFETY: y holds n*o*hw and bias o elements (checked above).
     unsafe { b.launch(launch_1d(n * o * hw)) }.map_err(|e| Error::cuda(OP, e))?;
@@ -172,7 +172,7 @@ pub fn bias_grad<T: DeviceFloat>(
         block_dim: (BIAS_GRAD_THREADS, 1, 1),
         shared_mem_bytes: 0,
     };
-    let mut b = stream.launch_builder(&f);
+    let mut b = f.launch_on(stream);
     b.arg(&gp).arg(&dbp).arg(&n64).arg(&o64).arg(&hw64).arg(&acc);
     // SAFETY: dy holds n*o*hw and db o elements (checked above); the block
     // size matches the kernel's shared array.

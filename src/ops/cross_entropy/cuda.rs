@@ -7,7 +7,7 @@
 use crate::cuda::{check_len, entry, DeviceFloat};
 use crate::cuda::{Gpu, BLOCK};
 use crate::error::{Error, Result};
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
 
 const FILE: &str = "cross_entropy.cu";
 /// Threads of the single block `cross_entropy_accumulate` runs as (its
@@ -148,7 +148,7 @@ fn rows<T: DeviceFloat>(
             block_dim: (BLOCK, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut b = stream.launch_builder(&rows_f);
+        let mut b = rows_f.launch_on(stream);
         b.arg(&lp).arg(&yp).arg(&n64).arg(&c64).arg(&scale_ptr).arg(&dlogits_ptr).arg(&rl).arg(&rh);
         // SAFETY: logits, labels and dlogits were checked against [n, c]; the
         // row buffers hold at least n (checked against max_rows); null
@@ -160,7 +160,7 @@ fn rows<T: DeviceFloat>(
     let (ls, _ls) = totals.loss_sum.device_ptr_mut(stream);
     let (cs, _cs) = totals.correct.device_ptr_mut(stream);
     let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (ACC_THREADS, 1, 1), shared_mem_bytes: 0 };
-    let mut b = stream.launch_builder(&acc_f);
+    let mut b = acc_f.launch_on(stream);
     b.arg(&rl).arg(&rh).arg(&n64).arg(&ls).arg(&cs);
     // SAFETY: the row buffers hold n entries written above; the totals are
     // one element each; the kernel's shared arrays match ACC_THREADS.

@@ -9,7 +9,7 @@
 use crate::cuda::blas::{gemm, Blas, BlasElem};
 use crate::cuda::Gpu;
 use crate::error::{Error, Result};
-use cudarc::driver::{CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaView, CudaViewMut, LaunchConfig};
 
 #[cfg(test)]
 #[path = "tests_cuda.rs"]
@@ -64,7 +64,7 @@ pub fn forward<T: BlasElem>(
     if let Some(b) = bias {
         let f = gpu.function(FILE, &format!("linear_bias_fill_{}", T::SUFFIX))?;
         let (rows, cols) = (n as i64, out_f as i64);
-        let mut launch = blas.stream().launch_builder(&f);
+        let mut launch = f.launch_on(blas.stream());
         launch.arg(b).arg(&mut *y).arg(&rows).arg(&cols);
         // SAFETY: bias holds out_f and y n * out_f elements (checked above).
         unsafe { launch.launch(crate::cuda::launch_1d(n * out_f)) }
@@ -135,7 +135,7 @@ fn bias_backward<T: BlasElem>(
         shared_mem_bytes: 0,
     };
     let (rows, cols) = (n as i64, out_f as i64);
-    let mut launch = blas.stream().launch_builder(&f);
+    let mut launch = f.launch_on(blas.stream());
     launch.arg(dy).arg(db).arg(&rows).arg(&cols);
     // SAFETY: dy holds n * out_f and db out_f elements (checked by the caller).
     unsafe { launch.launch(cfg) }.map_err(|e| Error::cuda(format!("{op}: {name}"), e))?;

@@ -7,7 +7,7 @@ use super::cpu::Geometry;
 use crate::cuda::{check_len, entry, DeviceFloat};
 use crate::cuda::{launch_1d, Gpu};
 use crate::error::{Error, Result};
-use cudarc::driver::{DevicePtr, DevicePtrMut, PushKernelArg};
+use cudarc::driver::{DevicePtr, DevicePtrMut};
 
 const FILE: &str = "max_pool2d.cu";
 
@@ -65,7 +65,7 @@ pub fn forward<T: DeviceFloat>(
     let (yp, _y) = y.device_ptr_mut(stream);
     let (ip, _i) = indices.device_ptr_mut(stream);
     let [planes, h, w, oh, ow, k, s] = sizes(x_shape, out, kernel_size, stride);
-    let mut b = stream.launch_builder(&f);
+    let mut b = f.launch_on(stream);
     b.arg(&xp).arg(&yp).arg(&ip).arg(&planes).arg(&h).arg(&w).arg(&oh).arg(&ow).arg(&k).arg(&s);
     // SAFETY: every buffer's length was checked against the geometry above.
     unsafe { b.launch(launch_1d(len)) }.map_err(|e| Error::cuda("max_pool2d forward", e))?;
@@ -98,7 +98,7 @@ pub fn backward<T: DeviceFloat>(
     let (ip, _i) = indices.device_ptr(stream);
     let (dxp, _dx) = dx.device_ptr_mut(stream);
     let [planes, h, w, oh, ow, k, s] = sizes(x_shape, out, kernel_size, stride);
-    let mut b = stream.launch_builder(&f);
+    let mut b = f.launch_on(stream);
     b.arg(&gp).arg(&ip).arg(&dxp).arg(&planes).arg(&h).arg(&w).arg(&oh).arg(&ow).arg(&k).arg(&s);
     // SAFETY: every buffer's length was checked against the geometry above.
     unsafe { b.launch(launch_1d(x_len)) }.map_err(|e| Error::cuda("max_pool2d backward", e))?;

@@ -4,7 +4,7 @@
 use crate::cuda::{check_len, entry, DeviceFloat};
 use crate::cuda::{launch_1d, Gpu};
 use crate::error::{Error, Result};
-use cudarc::driver::{DevicePtr, DevicePtrMut, PushKernelArg};
+use cudarc::driver::{DevicePtr, DevicePtrMut};
 
 const FILE: &str = "relu.cu";
 
@@ -21,7 +21,7 @@ pub fn forward<T: DeviceFloat>(gpu: &Gpu, x: &impl DevicePtr<T>, y: &mut impl De
     let (yp, _y) = y.device_ptr_mut(stream);
     let n64 = n as i64;
     // SAFETY: x and y hold n elements of T (checked above).
-    unsafe { stream.launch_builder(&f).arg(&xp).arg(&yp).arg(&n64).launch(launch_1d(n)) }
+    unsafe { f.launch_on(stream).arg(&xp).arg(&yp).arg(&n64).launch(launch_1d(n)) }
         .map_err(|e| Error::cuda("relu forward", e))?;
     Ok(())
 }
@@ -38,7 +38,7 @@ pub fn forward_<T: DeviceFloat>(gpu: &Gpu, x: &mut impl DevicePtrMut<T>) -> Resu
     let n64 = n as i64;
     // SAFETY: x holds n elements; the kernel reads each element before the
     // same thread overwrites it, so input and output may alias.
-    unsafe { stream.launch_builder(&f).arg(&xp).arg(&xp).arg(&n64).launch(launch_1d(n)) }
+    unsafe { f.launch_on(stream).arg(&xp).arg(&xp).arg(&n64).launch(launch_1d(n)) }
         .map_err(|e| Error::cuda("relu forward_", e))?;
     Ok(())
 }
@@ -63,7 +63,7 @@ pub fn backward<T: DeviceFloat>(
     let (dxp, _dx) = dx.device_ptr_mut(stream);
     let n64 = n as i64;
     // SAFETY: all three hold n elements of T (checked above).
-    unsafe { stream.launch_builder(&f).arg(&yp).arg(&dyp).arg(&dxp).arg(&n64).launch(launch_1d(n)) }
+    unsafe { f.launch_on(stream).arg(&yp).arg(&dyp).arg(&dxp).arg(&n64).launch(launch_1d(n)) }
         .map_err(|e| Error::cuda("relu backward", e))?;
     Ok(())
 }
@@ -86,7 +86,7 @@ pub fn backward_<T: DeviceFloat>(
     let n64 = n as i64;
     // SAFETY: both hold n elements; dy is read before the same thread
     // overwrites it, so dy and dx may alias.
-    unsafe { stream.launch_builder(&f).arg(&yp).arg(&dyp).arg(&dyp).arg(&n64).launch(launch_1d(n)) }
+    unsafe { f.launch_on(stream).arg(&yp).arg(&dyp).arg(&dyp).arg(&n64).launch(launch_1d(n)) }
         .map_err(|e| Error::cuda("relu backward_", e))?;
     Ok(())
 }
