@@ -1,0 +1,136 @@
+// The arithmetic of a GEMM, run on the stream worker after gemm.cpp validated
+// and enqueued it. Products go through OpenBLAS (cblas_sgemm / cblas_dgemm,
+// single-threaded, so results are deterministic); this file only widens,
+// rounds and handles the cases BLAS leaves loose:
+//   - beta == 0 never reads C: the m x n block is zeroed first, so NaN or
+//     garbage in C cannot leak into the result (cuBLAS's contract);
+//   - k == 0 or alpha == 0 is C = beta * C, without touching A or B;
+//   - f16 / bf16 inputs are widened into dense f32 scratch, the product and
+//     the epilogue `alpha * AB + beta * C` are computed in f32 by one sgemm,
+//     and a 16-bit C is rounded from that f32 result ONCE, to nearest even,
+//     as cuBLAS does with COMPUTE_32F (accumulate and scale in f32, convert
+//     on store). Rounding each step would lose the low bits that rounding
+//     once keeps; tests/cublas_gemm.cpp shows a case where they differ.
+#include <stdio.h>
+#include <string.h>
+
+#include <cblas.h>
+
+#include <new>
+#include <vector>
+
+#include "gemm_op.h"
+
+namespace cuemu_blas {
+namespace {
+
+CBLAS_TRANSPOSE tr(int op) { return op == CUBLAS_OP_N ? CblasNoTrans : CblasTrans; }  // OP_C == OP_T on reals
+
+void blas(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, float alpha, const float* A, int lda,
+          const float* B, int ldb, float beta, float* C, int ldc) {
+  cblas_sgemm(CblasColMajor, ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+void blas(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, double alpha, const double* A, int lda,
+          const double* B, int ldb, double beta, double* C, int ldc) {
+  cblas_dgemm(CblasColMajor, ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+// C = alpha op(A) op(B) + beta C on one column-major m x n block of C.
+template <typename T>
+void gemm_block(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, T alpha, const T* A, int lda,
+                const T* B, int ldb, T beta, T* C, int ldc) {
+  if (beta == T(0)) {
+    for (int j = 0; j < n; j++) memset(C + (size_t)j * ldc, 0, sizeof(T) * m);
+  }
+  if (k == 0 || alpha == T(0)) {
+    if (beta != T(0) && beta != T(1))
+      for (int j = 0; j < n; j++)
+        for (int i = 0; i < m; i++) C[(size_t)j * ldc + i] *= beta;
+    return;
+  }
+  blas(ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+// A 16-bit rows x cols column-major matrix (leading dimension ld) into dense
+// f32 (leading dimension rows).
+void widen(const uint16_t* src, int rows, int cols, int ld, bool bf16, float* dst) {
+  for (int j = 0; j < cols; j++) {
+    const uint16_t* s = src + (size_t)j * ld;
+    float* d = dst + (size_t)j * rows;
+    if (bf16)
+      for (int i = 0; i < rows; i++) d[i] = bf16_to_f32(s[i]);
+    else
+      for (int i = 0; i < rows; i++) d[i] = f16_to_f32(s[i]);
+  }
+}
+
+// f16 / bf16 inputs. `out16`: C is 16-bit (round once on store), else f32.
+void run_half(const GemmCall& c, bool bf16, bool out16, float alpha, float beta) {
+  int a_rows = c.transa == CUBLAS_OP_N ? c.m : c.k, a_cols = c.transa == CUBLAS_OP_N ? c.k : c.m;
+  int b_rows = c.transb == CUBLAS_OP_N ? c.k : c.n, b_cols = c.transb == CUBLAS_OP_N ? c.n : c.k;
+  std::vector<float> a((size_t)a_rows * a_cols), b((size_t)b_rows * b_cols), cf;
+  if (out16) cf.resize((size_t)c.m * c.n);
+  for (int i = 0; i < c.batch; i++) {
+    const uint16_t* A = (const uint16_t*)c.A + i * c.stride_a;
+    const uint16_t* B = (const uint16_t*)c.B + i * c.stride_b;
+    // A stride-0 operand is the same matrix for the whole batch: widen once.
+    if (c.k > 0 && (i == 0 || c.stride_a != 0)) widen(A, a_rows, a_cols, c.lda, bf16, a.data());
+    if (c.k > 0 && (i == 0 || c.stride_b != 0)) widen(B, b_rows, b_cols, c.ldb, bf16, b.data());
+    int lda = a_rows > 1 ? a_rows : 1, ldb = b_rows > 1 ? b_rows : 1;
+    if (!out16) {
+      float* C = (float*)c.C + i * c.stride_c;
+      gemm_block(tr(c.transa), tr(c.transb), c.m, c.n, c.k, alpha, a.data(), lda, b.data(), ldb, beta, C, c.ldc);
+      continue;
+    }
+    uint16_t* C = (uint16_t*)c.C + i * c.stride_c;
+    if (beta != 0.0f) widen(C, c.m, c.n, c.ldc, bf16, cf.data());  // beta == 0: C is never read
+    gemm_block(tr(c.transa), tr(c.transb), c.m, c.n, c.k, alpha, a.data(), lda, b.data(), ldb, beta, cf.data(),
+               c.m);
+    for (int j = 0; j < c.n; j++) {
+      uint16_t* d = C + (size_t)j * c.ldc;
+      const float* s = cf.data() + (size_t)j * c.m;
+      if (bf16)
+        for (int r = 0; r < c.m; r++) d[r] = f32_to_bf16(s[r]);
+      else
+        for (int r = 0; r < c.m; r++) d[r] = f32_to_f16(s[r]);
+    }
+  }
+}
+
+template <typename T>
+void run_plain(const GemmCall& c, T alpha, T beta) {
+  for (int i = 0; i < c.batch; i++)
+    gemm_block(tr(c.transa), tr(c.transb), c.m, c.n, c.k, alpha, (const T*)c.A + i * c.stride_a, c.lda,
+               (const T*)c.B + i * c.stride_b, c.ldb, beta, (T*)c.C + i * c.stride_c, c.ldc);
+}
+
+}  // namespace
+
+int gemm_run(void* user, char* err, size_t err_len) {
+  GemmOp* op = static_cast<GemmOp*>(user);
+  const GemmCall& c = op->call;
+  double alpha = op->alpha, beta = op->beta;
+  if (op->device_scalars) {  // in stream order: the ranges were declared as reads
+    alpha = op->kind == Kind::F64 ? *(const double*)c.alpha : *(const float*)c.alpha;
+    beta = op->kind == Kind::F64 ? *(const double*)c.beta : *(const float*)c.beta;
+  }
+  try {
+    switch (op->kind) {
+      case Kind::F32: run_plain<float>(c, (float)alpha, (float)beta); break;
+      case Kind::F64: run_plain<double>(c, alpha, beta); break;
+      case Kind::F16_F16: run_half(c, false, true, (float)alpha, (float)beta); break;
+      case Kind::F16_F32: run_half(c, false, false, (float)alpha, (float)beta); break;
+      case Kind::BF16_BF16: run_half(c, true, true, (float)alpha, (float)beta); break;
+      case Kind::BF16_F32: run_half(c, true, false, (float)alpha, (float)beta); break;
+    }
+  } catch (const std::bad_alloc&) {
+    snprintf(err, err_len, "%s (m = %d, n = %d, k = %d): out of host memory for the f32 scratch", op->fn, c.m,
+             c.n, c.k);
+    return 2;  // CUDA_ERROR_OUT_OF_MEMORY
+  }
+  return 0;
+}
+
+void gemm_destroy(void* user) { delete static_cast<GemmOp*>(user); }
+
+}  // namespace cuemu_blas

@@ -1,0 +1,51 @@
+// The SIGSEGV/SIGBUS handler. Device memory is host memory with guard pages,
+// so a kernel that reads past an allocation, before it, or after its free
+// faults here. When the faulting thread is running kernel code (the executor
+// says so), the address is classified against the allocation map and the
+// launch ends with CUDA_ERROR_ILLEGAL_ADDRESS (sticky, like a real device
+// fault). Any other fault is not ours: the previous handler (Rust's) is put
+// back and the handler returns, so the instruction faults again and the
+// process dies exactly as it would have without the emulator.
+#include <signal.h>
+#include <stdio.h>
+
+#include "driver.h"
+
+namespace cuemu {
+
+static struct sigaction g_old_segv, g_old_bus;
+
+static void on_fault(int sig, siginfo_t* si, void* uctx) {
+  (void)uctx;
+  if (cuemu_exec_in_kernel()) {
+    char desc[512], where[256], msg[1024];
+    {
+      // The worker does not hold the lock while kernel code runs.
+      std::lock_guard<std::mutex> lk(g().mu);
+      describe_addr_locked((uintptr_t)si->si_addr, desc, sizeof desc);
+    }
+    where[0] = 0;
+    cuemu_exec_where(where, sizeof where);
+    snprintf(msg, sizeof msg, "illegal memory access (%s) in %s: %s", sig == SIGSEGV ? "SIGSEGV" : "SIGBUS",
+             where[0] ? where : "a kernel", desc);
+    cuemu_exec_fault(msg, 700);  // does not return
+  }
+  sigaction(sig, sig == SIGSEGV ? &g_old_segv : &g_old_bus, nullptr);
+}
+
+void install_fault_handler() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction sa = {};
+    sa.sa_sigaction = on_fault;
+    // ONSTACK: a fiber's stack overflow must still reach us (workers have an
+    // alternate stack). NODEFER: cuemu_exec_fault leaves by siglongjmp, and
+    // the signal must not stay blocked on that thread afterwards.
+    sa.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_NODEFER;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGSEGV, &sa, &g_old_segv);
+    sigaction(SIGBUS, &sa, &g_old_bus);
+  });
+}
+
+}  // namespace cuemu

@@ -1,0 +1,610 @@
+// The block executor: runs a grid's blocks in order on the calling (stream
+// worker) thread, each block's CUDA threads as fibers, and checks the rules
+// the GPU leaves undefined, stricter than the hardware:
+//
+//  * __syncthreads: every thread of the block must reach the SAME barrier
+//    (same file:line). A thread that exits while others wait, or threads
+//    waiting at barriers on different lines, end the launch with
+//    CUDA_ERROR_LAUNCH_FAILED (719).
+//  * __shfl*_sync / __syncwarp(mask): every lane of `mask` must reach the same
+//    intrinsic (kind, line, mask, width); the calling lane must be in mask; a
+//    source lane that is not in mask is an error; lanes of the mask that do
+//    not exist (partial last warp) are an error. Also 719.
+//  * Deadlock (no runnable thread, some not finished): 719.
+//  * assert / __trap: CUDA_ERROR_ASSERT (710).
+//  * Memory faults: the driver's SIGSEGV handler calls cuemu_exec_fault with
+//    its own code (700), which siglongjmps back here.
+//
+// Scheduling: a fiber runs CUDA threads one after another (thread t, then the
+// next not yet started one, ...) until the thread it runs blocks (barrier,
+// shuffle); then the scheduler starts a new fiber for the next thread, and
+// resumes blocked threads once whatever they wait for is complete. An
+// elementwise kernel thus runs all threads of a block on one fiber with no
+// context switch at all. Stacks (CUEMU_STACK_KB, default 64 KiB, each with a
+// guard page below) are allocated once per OS thread and reused.
+#include "cuemu/internal.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+
+#define CUEMU_EXPORT extern "C" __attribute__((visibility("default")))
+
+extern "C" void cuemu_fiber_switch(void** save_sp, void* new_sp);
+extern "C" void cuemu_fiber_start(void);
+
+namespace {
+
+constexpr int kMaxThreads = 1024;
+constexpr int kErrLaunch = 719;  // CUDA_ERROR_LAUNCH_FAILED: barrier/shuffle misuse, deadlock
+constexpr int kErrAssert = 710;  // CUDA_ERROR_ASSERT: assert, __trap
+constexpr int kErrInvalidValue = 1;
+
+enum State : uint8_t { T_UNSTARTED, T_RUNNING, T_RUNNABLE, T_BAR, T_WARP, T_DONE };
+
+// kind 0..3: shuffles (idx, up, down, xor); 4: __syncwarp.
+struct Thread {
+  void* sp;
+  uint8_t state;
+  uint8_t kind;
+  uint8_t bytes;
+  int line;
+  const char* file;
+  uint32_t mask;
+  int lane_arg;
+  int width;
+  uint64_t value;
+  uint64_t result;
+};
+
+const char* kind_name(int kind) {
+  switch (kind) {
+    case 0: return "__shfl_sync";
+    case 1: return "__shfl_up_sync";
+    case 2: return "__shfl_down_sync";
+    case 3: return "__shfl_xor_sync";
+    default: return "__syncwarp";
+  }
+}
+
+struct Worker {
+  // ---- hot state
+  cuemu_thread_ctx* cur_ctx = nullptr;
+  int cur = -1;
+  void* sched_sp = nullptr;
+  int in_kernel = 0;
+  // ---- launch
+  const cuemu_kernel_desc* k = nullptr;
+  const cuemu_module_info* mod = nullptr;
+  void* const* args = nullptr;
+  cuemu_dim3 grid{}, block{}, block_idx{};
+  int nthreads = 0;
+  int next_unstarted = 0;
+  int ndone = 0;
+  int nbar = 0;
+  int nwarp_wait = 0;
+  int runq[kMaxThreads];
+  int rq_head = 0, rq_tail = 0, rq_len = 0;
+  // ---- error
+  int error = 0;  // CUresult, 0 = none
+  char message[1024];
+  sigjmp_buf jb;
+  uint32_t saved_mxcsr = 0x1f80;
+  // ---- stacks
+  char* stack_region = nullptr;
+  size_t stack_bytes = 0, slot_bytes = 0;
+  bool stack_ready[kMaxThreads] = {};
+  int free_stacks[kMaxThreads];
+  int nfree = 0;
+  int stacks_used = 0;  // high-water mark of slots handed out this block
+  // ---- threads
+  cuemu_thread_ctx ctx[kMaxThreads];
+  Thread th[kMaxThreads];
+};
+
+// The executor state of this OS thread. initial-exec: one pointer of static
+// TLS, readable from the SIGSEGV handler without allocating, and the fast path
+// of cuemu_thread().
+__thread Worker* tls_w __attribute__((tls_model("initial-exec"))) = nullptr;
+thread_local std::unique_ptr<Worker> tls_owner;
+
+Worker* worker() {
+  if (!tls_w) {
+    tls_owner.reset(new Worker());
+    tls_w = tls_owner.get();
+    size_t kb = 64;
+    if (const char* e = getenv("CUEMU_STACK_KB")) {
+      long v = atol(e);
+      if (v >= 16 && v <= 65536) kb = (size_t)v;
+    }
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    tls_w->stack_bytes = (kb * 1024 + page - 1) / page * page;
+    tls_w->slot_bytes = tls_w->stack_bytes + page;  // guard page at the bottom of each slot
+    void* p = mmap(nullptr, tls_w->slot_bytes * kMaxThreads, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                   -1, 0);
+    tls_w->stack_region = p == MAP_FAILED ? nullptr : (char*)p;
+  }
+  return tls_w;
+}
+
+void fmt_where(const Worker* w, int t, char* buf, size_t len) {
+  const cuemu_thread_ctx& c = w->ctx[t];
+  snprintf(buf, len, "kernel %s, block (%u,%u,%u), thread (%u,%u,%u)", w->k ? w->k->name : "?", w->block_idx.x,
+           w->block_idx.y, w->block_idx.z, c.thread_idx.x, c.thread_idx.y, c.thread_idx.z);
+}
+
+void set_error(Worker* w, int code, const char* fmt, ...) __attribute__((format(printf, 3, 4)));
+void set_error(Worker* w, int code, const char* fmt, ...) {
+  if (w->error) return;  // keep the first
+  w->error = code;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(w->message, sizeof w->message, fmt, ap);
+  va_end(ap);
+}
+
+const char* thread_str(const Worker* w, int t, char* buf, size_t len) {
+  const cuemu_thread_ctx& c = w->ctx[t];
+  snprintf(buf, len, "(%u,%u,%u)", c.thread_idx.x, c.thread_idx.y, c.thread_idx.z);
+  return buf;
+}
+
+// Leaves the current fiber for good after an error: back to the scheduler.
+[[noreturn]] void abandon_fiber(Worker* w) {
+  void* dummy;
+  cuemu_fiber_switch(&dummy, w->sched_sp);
+  __builtin_unreachable();
+}
+
+// Blocks the running thread until the scheduler resumes it.
+inline void block_current(Worker* w) {
+  const int t = w->cur;
+  cuemu_fiber_switch(&w->th[t].sp, w->sched_sp);
+  // resumed: the scheduler has set w->cur and w->cur_ctx
+}
+
+void runq_push(Worker* w, int t) {
+  w->th[t].state = T_RUNNABLE;
+  w->runq[w->rq_tail] = t;
+  w->rq_tail = (w->rq_tail + 1) % kMaxThreads;
+  w->rq_len++;
+}
+
+void thread_finished(Worker* w, int t) {
+  w->th[t].state = T_DONE;
+  w->ndone++;
+}
+
+void fiber_main(Worker* w, long stack_slot) {
+  for (;;) {
+    const int t = w->next_unstarted;
+    if (t >= w->nthreads) break;
+    w->next_unstarted = t + 1;
+    w->cur = t;
+    cuemu_thread_ctx* c = &w->ctx[t];
+    c->block_idx = w->block_idx;
+    w->cur_ctx = c;
+    w->th[t].state = T_RUNNING;
+    w->k->entry(w->args);
+    thread_finished(w, t);
+  }
+  w->free_stacks[w->nfree++] = (int)stack_slot;
+  abandon_fiber(w);
+}
+
+// A fresh context on stack slot `s` that starts in fiber_main(w, s).
+void* new_fiber(Worker* w, int s) {
+  char* base = w->stack_region + (size_t)s * w->slot_bytes;
+  const size_t page = w->slot_bytes - w->stack_bytes;
+  if (!w->stack_ready[s]) {
+    if (mprotect(base + page, w->stack_bytes, PROT_READ | PROT_WRITE) != 0) return nullptr;
+    w->stack_ready[s] = true;
+  }
+  uint64_t* top = (uint64_t*)(base + w->slot_bytes);  // 16-aligned
+  uint64_t* sp = top - 8;
+  uint32_t mx;
+  __asm__ volatile("stmxcsr %0" : "=m"(mx));
+  uint16_t cw;
+  __asm__ volatile("fnstcw %0" : "=m"(cw));
+  sp[0] = (uint64_t)mx | ((uint64_t)cw << 32);
+  sp[1] = 0;                          // r15
+  sp[2] = 0;                          // r14
+  sp[3] = (uint64_t)s;                // r13 -> rsi
+  sp[4] = (uint64_t)w;                // r12 -> rdi
+  sp[5] = (uint64_t)&fiber_main;      // rbx -> called
+  sp[6] = 0;                          // rbp
+  sp[7] = (uint64_t)&cuemu_fiber_start;
+  return sp;
+}
+
+int take_stack(Worker* w) {
+  if (w->nfree > 0) return w->free_stacks[--w->nfree];
+  if (w->stacks_used < kMaxThreads) return w->stacks_used++;
+  return -1;
+}
+
+// Describes what thread t is doing, for messages.
+void describe_state(const Worker* w, int t, char* buf, size_t len) {
+  char tb[48];
+  thread_str(w, t, tb, sizeof tb);
+  const Thread& h = w->th[t];
+  switch (h.state) {
+    case T_DONE: snprintf(buf, len, "thread %s exited", tb); break;
+    case T_BAR: snprintf(buf, len, "thread %s waits at __syncthreads at %s:%d", tb, h.file, h.line); break;
+    case T_WARP:
+      snprintf(buf, len, "thread %s waits at %s(mask 0x%08x) at %s:%d", tb, kind_name(h.kind), h.mask, h.file, h.line);
+      break;
+    default: snprintf(buf, len, "thread %s has not reached it", tb); break;
+  }
+}
+
+// Called when no thread can run and not all are done: releases a complete
+// barrier, or reports why the block cannot go on. Returns false on error.
+bool resolve_stall(Worker* w) {
+  char where[160], other[200];
+  const int n = w->nthreads;
+  if (w->nwarp_wait > 0) {
+    // Some warp-level operation can never complete.
+    for (int t = 0; t < n; t++) {
+      const Thread& h = w->th[t];
+      if (h.state != T_WARP) continue;
+      const int warp = t / 32, lane = t % 32;
+      for (int j = 0; j < 32; j++) {
+        if (!(h.mask & (1u << j)) || j == lane) continue;
+        const int u = warp * 32 + j;
+        const Thread& o = w->th[u];
+        if (o.state == T_WARP && o.kind == h.kind && o.line == h.line && o.mask == h.mask) continue;
+        fmt_where(w, t, where, sizeof where);
+        describe_state(w, u, other, sizeof other);
+        set_error(w, kErrLaunch,
+                  "%s: %s(mask 0x%08x) at %s:%d in warp %d never completes: lane %d of the mask is not there: %s",
+                  where, kind_name(h.kind), h.mask, h.file, h.line, warp, j, other);
+        return false;
+      }
+    }
+    set_error(w, kErrLaunch, "kernel %s: warp-level deadlock in block (%u,%u,%u)", w->k->name, w->block_idx.x,
+              w->block_idx.y, w->block_idx.z);
+    return false;
+  }
+  if (w->nbar > 0) {
+    int first = -1;
+    for (int t = 0; t < n; t++)
+      if (w->th[t].state == T_BAR) { first = t; break; }
+    const Thread& f = w->th[first];
+    for (int t = 0; t < n; t++) {
+      const Thread& h = w->th[t];
+      if (h.state == T_BAR && h.line == f.line && strcmp(h.file, f.file) == 0) continue;
+      describe_state(w, t, other, sizeof other);
+      if (h.state == T_BAR) {
+        char tb[48];
+        thread_str(w, t, tb, sizeof tb);
+        snprintf(other, sizeof other, "thread %s waits at line %d", tb, h.line);
+      }
+      set_error(w, kErrLaunch,
+                "kernel %s: __syncthreads at %s:%d not reached by every thread of block (%u,%u,%u): %s",
+                w->k->name, f.file, f.line, w->block_idx.x, w->block_idx.y, w->block_idx.z, other);
+      return false;
+    }
+    w->nbar = 0;
+    for (int t = 0; t < n; t++) runq_push(w, t);
+    return true;
+  }
+  set_error(w, kErrLaunch, "kernel %s: block (%u,%u,%u) deadlocked", w->k->name, w->block_idx.x, w->block_idx.y,
+            w->block_idx.z);
+  return false;
+}
+
+// Runs one block to completion or error.
+void run_block(Worker* w) {
+  w->next_unstarted = 0;
+  w->ndone = 0;
+  w->nbar = 0;
+  w->nwarp_wait = 0;
+  w->rq_head = w->rq_tail = w->rq_len = 0;
+  w->nfree = 0;
+  w->stacks_used = 0;
+  if (w->mod && w->mod->shared_begin && w->mod->shared_end > w->mod->shared_begin)
+    memset(w->mod->shared_begin, 0xff, (size_t)(w->mod->shared_end - w->mod->shared_begin));
+  for (int t = 0; t < w->nthreads; t++) w->th[t].state = T_UNSTARTED;
+  for (;;) {
+    if (w->rq_len > 0) {
+      const int t = w->runq[w->rq_head];
+      w->rq_head = (w->rq_head + 1) % kMaxThreads;
+      w->rq_len--;
+      w->cur = t;
+      w->cur_ctx = &w->ctx[t];
+      w->th[t].state = T_RUNNING;
+      cuemu_fiber_switch(&w->sched_sp, w->th[t].sp);
+    } else if (w->next_unstarted < w->nthreads) {
+      const int s = take_stack(w);
+      void* sp = s < 0 ? nullptr : new_fiber(w, s);
+      if (!sp) {
+        set_error(w, kErrLaunch, "kernel %s: cannot allocate a fiber stack (%s)", w->k->name, strerror(errno));
+        return;
+      }
+      cuemu_fiber_switch(&w->sched_sp, sp);
+    } else if (w->ndone == w->nthreads) {
+      return;
+    } else {
+      if (!resolve_stall(w)) return;
+    }
+    if (w->error) return;
+  }
+}
+
+std::mutex g_mod_mu;
+std::unordered_map<const void*, std::mutex*>* g_mod_locks;
+
+std::mutex* module_lock(const void* key) {
+  std::lock_guard<std::mutex> g(g_mod_mu);
+  if (!g_mod_locks) g_mod_locks = new std::unordered_map<const void*, std::mutex*>();
+  auto& m = (*g_mod_locks)[key];
+  if (!m) m = new std::mutex();
+  return m;
+}
+
+// The part of a launch between sigsetjmp and the end; no objects with
+// destructors live here (a fault siglongjmps over it).
+__attribute__((noinline)) void run_grid(Worker* w) {
+  for (uint32_t z = 0; z < w->grid.z && !w->error; z++)
+    for (uint32_t y = 0; y < w->grid.y && !w->error; y++)
+      for (uint32_t x = 0; x < w->grid.x && !w->error; x++) {
+        w->block_idx = cuemu_dim3{x, y, z};
+        run_block(w);
+      }
+}
+
+}  // namespace
+
+// ------------------------------------------------------------ kernel ABI ---
+
+CUEMU_EXPORT const cuemu_thread_ctx* cuemu_thread(void) { return tls_w->cur_ctx; }
+
+CUEMU_EXPORT void cuemu_trap(const char* what, const char* file, int line) {
+  Worker* w = tls_w;
+  if (!w || !w->in_kernel || w->cur < 0) {
+    fprintf(stderr, "cuemu: %s at %s:%d outside a kernel\n", what, file, line);
+    abort();
+  }
+  char where[160];
+  fmt_where(w, w->cur, where, sizeof where);
+  set_error(w, kErrAssert, "%s: %s at %s:%d", where, what, file, line);
+  abandon_fiber(w);
+}
+
+CUEMU_EXPORT void cuemu_syncthreads(const char* file, int line) {
+  Worker* w = tls_w;
+  const int t = w->cur;
+  Thread& h = w->th[t];
+  h.state = T_BAR;
+  h.file = file;
+  h.line = line;
+  w->nbar++;
+  block_current(w);
+  if (w->error) abandon_fiber(w);
+}
+
+namespace {
+
+// Shared by shuffles (kind 0..3) and __syncwarp (4).
+uint64_t warp_op(Worker* w, int kind, uint32_t mask, uint64_t value, int lane_arg, int width, int bytes,
+                 const char* file, int line) {
+  const int t = w->cur;
+  const int lane = t % 32, warp = t / 32;
+  const int warp_lanes = w->nthreads - warp * 32 < 32 ? w->nthreads - warp * 32 : 32;
+  char where[160];
+  if (!(mask & (1u << lane))) {
+    fmt_where(w, t, where, sizeof where);
+    set_error(w, kErrLaunch, "%s: %s at %s:%d: mask 0x%08x does not include the calling lane %d", where,
+              kind_name(kind), file, line, mask, lane);
+    abandon_fiber(w);
+  }
+  if (warp_lanes < 32 && (mask >> warp_lanes) != 0) {
+    fmt_where(w, t, where, sizeof where);
+    set_error(w, kErrLaunch,
+              "%s: %s at %s:%d: mask 0x%08x names lanes %d..31 of warp %d, which do not exist (block of %d threads)",
+              where, kind_name(kind), file, line, mask, warp_lanes, warp, w->nthreads);
+    abandon_fiber(w);
+  }
+  if (kind < 4 && (width < 1 || width > 32 || (width & (width - 1)) != 0)) {
+    fmt_where(w, t, where, sizeof where);
+    set_error(w, kErrLaunch, "%s: %s at %s:%d: width %d is not a power of 2 in [1, 32]", where, kind_name(kind),
+              file, line, width);
+    abandon_fiber(w);
+  }
+  Thread& h = w->th[t];
+  h.kind = (uint8_t)kind;
+  h.mask = mask;
+  h.value = value;
+  h.lane_arg = lane_arg;
+  h.width = width;
+  h.bytes = (uint8_t)bytes;
+  h.file = file;
+  h.line = line;
+  // Who of the mask is here already, and at the same operation?
+  int missing = 0;
+  for (int j = 0; j < 32; j++) {
+    if (!(mask & (1u << j)) || j == lane) continue;
+    const Thread& o = w->th[warp * 32 + j];
+    if (o.state == T_WARP) {
+      if (o.kind != kind || o.line != line || o.mask != mask || strcmp(o.file, file) != 0 ||
+          (kind < 4 && o.width != width)) {
+        fmt_where(w, t, where, sizeof where);
+        set_error(w, kErrLaunch,
+                  "%s: %s(mask 0x%08x, width %d) at %s:%d in warp %d while lane %d waits at %s(mask 0x%08x, width "
+                  "%d) at %s:%d",
+                  where, kind_name(kind), mask, width, file, line, warp, j, kind_name(o.kind), o.mask, o.width,
+                  o.file, o.line);
+        abandon_fiber(w);
+      }
+    } else if (o.state == T_DONE) {
+      char other[200];
+      fmt_where(w, t, where, sizeof where);
+      describe_state(w, warp * 32 + j, other, sizeof other);
+      set_error(w, kErrLaunch, "%s: %s(mask 0x%08x) at %s:%d in warp %d: lane %d of the mask is not there: %s",
+                where, kind_name(kind), mask, file, line, warp, j, other);
+      abandon_fiber(w);
+    } else {
+      missing++;
+    }
+  }
+  if (missing > 0) {
+    h.state = T_WARP;
+    w->nwarp_wait++;
+    block_current(w);
+    if (w->error) abandon_fiber(w);
+    return h.result;
+  }
+  // Complete: compute every participant's result (PTX shfl.sync semantics).
+  for (int i = 0; i < 32; i++) {
+    if (!(mask & (1u << i))) continue;
+    Thread& p = w->th[warp * 32 + i];
+    if (kind < 4) {
+      const int seg = ~(width - 1) & 31;
+      const int min_lane = i & seg;
+      const int max_lane = min_lane | (~seg & 31);
+      const int b = p.lane_arg;
+      int j;
+      bool in;
+      switch (kind) {
+        case 0: j = min_lane | (b & ~seg & 31); in = j <= max_lane; break;
+        case 1: j = i - b; in = j >= min_lane; break;
+        case 2: j = i + b; in = j <= max_lane; break;
+        default: j = i ^ (b & 31); in = j <= max_lane; break;
+      }
+      if (!in) j = i;
+      if (!(mask & (1u << j))) {
+        char pw[160];
+        fmt_where(w, warp * 32 + i, pw, sizeof pw);
+        set_error(w, kErrLaunch,
+                  "%s: %s(mask 0x%08x, %d, width %d) at %s:%d reads lane %d, which is not in the mask", pw,
+                  kind_name(kind), mask, b, width, file, line, j);
+        abandon_fiber(w);
+      }
+      p.result = w->th[warp * 32 + j].value;
+    }
+  }
+  for (int i = 0; i < 32; i++) {
+    if (!(mask & (1u << i)) || i == lane) continue;
+    w->nwarp_wait--;
+    runq_push(w, warp * 32 + i);
+  }
+  return h.result;
+}
+
+}  // namespace
+
+CUEMU_EXPORT void cuemu_syncwarp(uint32_t mask, const char* file, int line) {
+  warp_op(tls_w, 4, mask, 0, 0, 32, 4, file, line);
+}
+
+CUEMU_EXPORT uint64_t cuemu_shfl(int kind, uint32_t mask, uint64_t value, int lane_arg, int width, int bytes,
+                                 const char* file, int line) {
+  if (bytes == 4) value &= 0xffffffffu;
+  return warp_op(tls_w, kind & 3, mask, value, lane_arg, width, bytes, file, line);
+}
+
+// ----------------------------------------------------------- driver side ---
+
+CUEMU_EXPORT void cuemu_exec_grid(const cuemu_module_info* module, const cuemu_kernel_desc* k, cuemu_dim3 grid,
+                                  cuemu_dim3 block, size_t dynamic_smem, void* const* args, cuemu_exec_result* out) {
+  (void)dynamic_smem;  // `extern __shared__` is not emulated (see cuemu_device.h)
+  out->ok = 1;
+  out->cuda_error = 0;
+  out->message[0] = 0;
+  const unsigned long long nthreads = (unsigned long long)block.x * block.y * block.z;
+  if (!k || !k->entry || nthreads == 0 || nthreads > (unsigned long long)kMaxThreads || grid.x == 0 || grid.y == 0 ||
+      grid.z == 0) {
+    out->ok = 0;
+    out->cuda_error = kErrInvalidValue;
+    snprintf(out->message, sizeof out->message, "kernel %s: invalid launch configuration grid (%u,%u,%u) block (%u,%u,%u)",
+             k && k->name ? k->name : "?", grid.x, grid.y, grid.z, block.x, block.y, block.z);
+    return;
+  }
+  Worker* w = worker();
+  if (!w->stack_region) {
+    out->ok = 0;
+    out->cuda_error = 2;  // CUDA_ERROR_OUT_OF_MEMORY
+    snprintf(out->message, sizeof out->message, "kernel %s: cannot reserve fiber stacks", k->name);
+    return;
+  }
+  std::mutex* lock = module_lock(module ? (const void*)module : (const void*)k);
+  lock->lock();
+  w->k = k;
+  w->mod = module;
+  w->args = args;
+  w->grid = grid;
+  w->block = block;
+  w->nthreads = (int)nthreads;
+  w->error = 0;
+  w->message[0] = 0;
+  w->cur = -1;
+  for (int t = 0; t < w->nthreads; t++) {
+    cuemu_thread_ctx& c = w->ctx[t];
+    c.thread_idx = cuemu_dim3{(uint32_t)(t % block.x), (uint32_t)((t / block.x) % block.y),
+                              (uint32_t)(t / (block.x * block.y))};
+    c.block_dim = block;
+    c.grid_dim = grid;
+    c.lane = (uint32_t)(t % 32);
+    c.linear_tid = (uint32_t)t;
+  }
+  __asm__ volatile("stmxcsr %0" : "=m"(w->saved_mxcsr));
+  w->in_kernel = 1;
+  if (sigsetjmp(w->jb, 1) == 0) {
+    run_grid(w);
+  }
+  // normal end, or back from cuemu_exec_fault
+  w->in_kernel = 0;
+  w->cur = -1;
+  w->cur_ctx = nullptr;
+  __asm__ volatile("ldmxcsr %0" : : "m"(w->saved_mxcsr));
+  lock->unlock();
+  if (w->error) {
+    out->ok = 0;
+    out->cuda_error = w->error;
+    snprintf(out->message, sizeof out->message, "%s", w->message);
+  }
+}
+
+CUEMU_EXPORT int cuemu_exec_in_kernel(void) {
+  Worker* w = tls_w;
+  return w && w->in_kernel;
+}
+
+CUEMU_EXPORT void cuemu_exec_fault(const char* message, int cuda_error) {
+  Worker* w = tls_w;
+  if (!w || !w->in_kernel) {
+    static const char m[] = "cuemu: cuemu_exec_fault outside a kernel\n";
+    ssize_t r = write(2, m, sizeof m - 1);
+    (void)r;
+    abort();
+  }
+  // async-signal-safe copy (no stdio)
+  const char* m = message ? message : "memory fault in kernel";
+  size_t i = 0;
+  for (; m[i] && i + 1 < sizeof w->message; i++) w->message[i] = m[i];
+  w->message[i] = 0;
+  w->error = cuda_error ? cuda_error : 700;
+  siglongjmp(w->jb, 1);
+}
+
+CUEMU_EXPORT void cuemu_exec_where(char* buf, size_t len) {
+  if (!len) return;
+  Worker* w = tls_w;
+  if (!w || !w->in_kernel || w->cur < 0) {
+    snprintf(buf, len, "outside a kernel");
+    return;
+  }
+  fmt_where(w, w->cur, buf, len);
+}
