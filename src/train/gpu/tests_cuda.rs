@@ -46,13 +46,15 @@ fn run(
     let cfg = load_text(&config_text(), &sets, &[]).0.unwrap();
     let summary = crate::train::train(&cfg).unwrap();
     let entries = crate::checkpoint::load_safetensors(&summary.weights).unwrap();
-    let weights = entries
+    let mut weights: Vec<(String, Vec<f32>)> = entries
         .into_iter()
         .filter_map(|e| match e.value {
             StateValue::F32(v) => Some((e.name, v)),
             _ => None,
         })
         .collect();
+    // The file's tensor order is not the comparison's: match them by name.
+    weights.sort_by(|a, b| a.0.cmp(&b.0));
     (weights, summary)
 }
 
