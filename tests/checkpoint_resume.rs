@@ -24,6 +24,9 @@ fn cfg(out: &Path, extra: &[&str]) -> Config {
         "logging.progress=never",
         "logging.tensorboard=false",
         "checkpoint.every_steps=5",
+        // The CPU trainer's resume contract; where a (possibly emulated) GPU
+        // is visible, "auto" would train on it instead.
+        "run.device=cpu",
     ]
     .iter()
     .map(|s| s.to_string())
