@@ -1,0 +1,81 @@
+// What the block executor's files share: the per-OS-thread Worker with its
+// CUDA threads, and the error path. exec.cpp runs the fibers, sync.cpp the
+// barriers and warp-level operations.
+#pragma once
+#include "cuemu/internal.h"
+
+#include <setjmp.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define CUEMU_EXPORT extern "C" __attribute__((visibility("default")))
+
+extern "C" void cuemu_fiber_switch(void** save_sp, void* new_sp);
+
+namespace cuemu_exec {
+
+constexpr int kMaxThreads = 1024;
+constexpr int kErrLaunch = 719;  // CUDA_ERROR_LAUNCH_FAILED: barrier/shuffle misuse, deadlock
+constexpr int kErrAssert = 710;  // CUDA_ERROR_ASSERT: assert, __trap
+constexpr int kErrInvalidValue = 1;
+
+enum State : uint8_t { T_UNSTARTED, T_RUNNING, T_RUNNABLE, T_BAR, T_WARP, T_DONE };
+
+// kind 0..3: shuffles (idx, up, down, xor); 4: __syncwarp.
+struct Thread {
+  void* sp;
+  uint8_t state;
+  uint8_t kind;
+  uint8_t bytes;
+  int line;
+  const char* file;
+  uint32_t mask;
+  int lane_arg;
+  int width;
+  uint64_t value;
+  uint64_t result;
+};
+
+struct Worker {
+  // ---- hot state
+  cuemu_thread_ctx* cur_ctx = nullptr;
+  int cur = -1;
+  void* sched_sp = nullptr;
+  int in_kernel = 0;
+  // ---- launch
+  const cuemu_kernel_desc* k = nullptr;
+  const cuemu_module_info* mod = nullptr;
+  void* const* args = nullptr;
+  cuemu_dim3 grid{}, block{}, block_idx{};
+  int nthreads = 0;
+  int next_unstarted = 0;
+  int ndone = 0;
+  int nbar = 0;
+  int nwarp_wait = 0;
+  int runq[kMaxThreads];
+  int rq_head = 0, rq_tail = 0, rq_len = 0;
+  // ---- error
+  int error = 0;  // CUresult, 0 = none
+  char message[1024];
+  sigjmp_buf jb;
+  uint32_t saved_mxcsr = 0x1f80;
+  // ---- stacks
+  char* stack_region = nullptr;
+  size_t stack_bytes = 0, slot_bytes = 0;
+  bool stack_ready[kMaxThreads] = {};
+  int free_stacks[kMaxThreads];
+  int nfree = 0;
+  int stacks_used = 0;  // high-water mark of slots handed out this block
+  // ---- threads
+  cuemu_thread_ctx ctx[kMaxThreads];
+  Thread th[kMaxThreads];
+};
+
+extern __thread Worker* tls_w __attribute__((tls_model("initial-exec")));
+
+void fmt_where(const Worker* w, int t, char* buf, size_t len);
+void set_error(Worker* w, int code, const char* fmt, ...) __attribute__((format(printf, 3, 4)));
+[[noreturn]] void abandon_fiber(Worker* w);
+bool resolve_stall(Worker* w);
+
+}  // namespace cuemu_exec
