@@ -261,7 +261,7 @@ impl NcclComm {
             g.push((op, s));
             return Ok(());
         }
-        self.watchdog.watch(op, s as _).map_err(|e| Error::cuda(&format!("watching {op}"), e))
+        self.watchdog.watch(op, s as _).map_err(|e| Error::cuda(format!("watching {op}"), e))
     }
 
     fn all_reduce<T: NcclElem>(
@@ -387,7 +387,7 @@ impl NcclComm {
         let out = out?;
         end?;
         for (op, s) in ops {
-            self.watchdog.watch(op, s as _).map_err(|e| Error::cuda(&format!("watching {op}"), e))?;
+            self.watchdog.watch(op, s as _).map_err(|e| Error::cuda(format!("watching {op}"), e))?;
         }
         Ok(out)
     }
