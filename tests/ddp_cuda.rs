@@ -445,3 +445,45 @@ fn launch_restarts_a_gpu_job_whose_rank_was_killed_and_it_completes() {
     assert!(err.contains("restart 1 of 1"), "{err}");
     assert_eq!(summary(&out)["world_size"], 2);
 }
+
+#[test]
+fn a_stalled_rank_under_nccl_times_the_others_out_after_timeout_s() {
+    let test = "a_stalled_rank_under_nccl_times_the_others_out_after_timeout_s";
+    if !have_gpu_and_nccl(test) || !nccl_ranks_fit(test, 3) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let timeout_s = 4;
+    let (ranks, outs, errs) = long_run(dir.path(), 3, timeout_s);
+    wait_for(&outs[0], "ddptrain: ", Duration::from_secs(120));
+    std::thread::sleep(Duration::from_secs(3));
+    // Stopped, not dead: no connection drops, so only the collective's age tells.
+    let pid = i32::try_from(ranks.0[1].id()).unwrap();
+    // SAFETY: kill(2) on our own child, still running; the guard kills and reaps it.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    let t = Instant::now();
+    let mut ranks = ranks;
+    let status = loop {
+        if let Some(s) = ranks.0[0].try_wait().unwrap() {
+            break s;
+        }
+        let limit = Duration::from_secs(timeout_s + 5);
+        assert!(
+            t.elapsed() < limit,
+            "rank 0 still running after {:?}:\n{}",
+            t.elapsed(),
+            errs[0].lock().unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    let err = errs[0].lock().unwrap().clone();
+    assert!(!status.success(), "{status:?}\n{err}");
+    let want = format!("did not complete within parallel.timeout_s = {timeout_s} s");
+    assert!(err.contains("error: NCCL watchdog, rank 0 of 3: nccl") && err.contains(&want), "{err}");
+    println!(
+        "rank 0 after {:?}: {}",
+        t.elapsed(),
+        err.lines().find(|l| l.contains("NCCL watchdog")).unwrap_or("")
+    );
+}
