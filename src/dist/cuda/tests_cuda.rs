@@ -341,7 +341,14 @@ fn nccl_at_world_one_leaves_every_buffer_as_is() {
         let o = opts(1.0, fp32);
         let (model, mut params) = model_and_params(&gpu, level, 40, &o);
         let local: Vec<Vec<f32>> = model.params().iter().map(|p| p.grad.to_f32_vec()).collect();
-        let comm = crate::cuda::nccl::NcclComm::new(&gpu, 0, 1, &LocalCommunicator).unwrap();
+        let comm = crate::cuda::nccl::NcclComm::new(
+            &gpu,
+            0,
+            1,
+            &LocalCommunicator,
+            std::time::Duration::from_secs(30),
+        )
+        .unwrap();
         let mut r = DeviceReducer::new(&gpu, DeviceComm::Nccl(comm), &params, &o).unwrap();
         device_step(&gpu, &mut r, &mut params);
         assert_bitwise(&format!("{level} fp32 {fp32}"), &device_grads(&gpu, &params), &local);

@@ -115,6 +115,7 @@ pub fn train(cfg: &Config, opts: &RunOptions, gpu: Arc<Gpu>) -> Result<Summary> 
                 ddp.rank(),
                 ddp.world_size(),
                 ddp.communicator(),
+                std::time::Duration::from_secs(cfg.parallel.timeout_s),
             )?),
         };
         let mut r = DeviceReducer::new(&gpu, comm, &dev.params, &opts_r)?;

@@ -8,14 +8,25 @@
 //! ordered after backward by an event) and panics in `Drop` on an error.
 //! Buffers go through cudarc's `DevicePtr`, so the caller's stream waits for
 //! the buffer's last write on another stream, as for a kernel launch.
+//!
+//! Every collective is watched by a [`watchdog`] thread, which aborts the
+//! communicator and ends the process when one does not complete within
+//! `parallel.timeout_s` or NCCL reports an asynchronous error (a dead peer).
+
+mod redop;
+mod watchdog;
 
 use super::Gpu;
 use crate::dist::{Buffer, Communicator};
 use crate::error::{Error, Result};
 use cudarc::driver::{CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr};
 use cudarc::nccl::{result, sys, NcclType};
+use redop::RawOps;
+use std::cell::RefCell;
 use std::ffi::{c_char, c_void, CStr};
 use std::sync::Arc;
+use std::time::Duration;
+use watchdog::{Op, Watchdog};
 
 /// An element type NCCL reduces here: f32 or f16.
 pub trait NcclElem: NcclType + DeviceRepr + Copy {
@@ -137,9 +148,14 @@ pub struct NcclComm {
     world: usize,
     /// Sum of inputs premultiplied by `1/world` (f32, f16): averaging without
     /// a separate scaling kernel, and before the sum, so f16 does not overflow
-    /// where the mean would fit.
-    avg_f32: sys::ncclRedOp_t,
-    avg_f16: sys::ncclRedOp_t,
+    /// where the mean would fit. Raw values: see [`redop`].
+    avg_f32: u32,
+    avg_f16: u32,
+    ops: RawOps,
+    watchdog: Watchdog,
+    /// Inside [`NcclComm::group`]: the collectives enqueued at its end, which
+    /// the watchdog starts watching then.
+    grouped: RefCell<Option<Vec<(Op, sys::cudaStream_t)>>>,
 }
 
 // SAFETY: an NCCL communicator may be used from any thread, one call at a
@@ -154,8 +170,15 @@ impl std::fmt::Debug for NcclComm {
 
 impl NcclComm {
     /// Joins the job's NCCL communicator. Every rank calls this at the same
-    /// point (it runs a broadcast on `tcp`).
-    pub fn new(gpu: &Arc<Gpu>, rank: usize, world: usize, tcp: &dyn Communicator) -> Result<NcclComm> {
+    /// point (it runs a broadcast on `tcp`). A collective not done within
+    /// `timeout` ends the process (see [`watchdog`]).
+    pub fn new(
+        gpu: &Arc<Gpu>,
+        rank: usize,
+        world: usize,
+        tcp: &dyn Communicator,
+        timeout: Duration,
+    ) -> Result<NcclComm> {
         check_membership(rank, world, tcp)?;
         require_nccl()?;
         let mut created = None;
@@ -177,34 +200,45 @@ impl NcclComm {
         // SAFETY: an out-pointer to a live handle; rank < world checked above.
         unsafe { result::comm_init_rank(&mut comm, world as i32, id, rank as i32) }
             .map_err(|e| nccl_err(&format!("ncclCommInitRank (rank {rank} of {world})"), e, None))?;
+        let ops = match RawOps::load() {
+            Ok(o) => o,
+            Err(e) => {
+                // SAFETY: the communicator just created, never used again.
+                let _ = unsafe { result::comm_abort(comm) };
+                return Err(Error::Cuda { op: "loading libnccl's entry points".into(), msg: e });
+            }
+        };
+        let watchdog = match Watchdog::start(gpu.ctx(), comm, rank, world, timeout) {
+            Ok(w) => w,
+            Err(e) => {
+                // SAFETY: the communicator just created, never used again.
+                let _ = unsafe { result::comm_abort(comm) };
+                return Err(Error::io("cannot start the NCCL watchdog thread", e));
+            }
+        };
         let mut me = NcclComm {
             comm,
             gpu: gpu.clone(),
             rank,
             world,
-            avg_f32: sys::ncclRedOp_t::ncclSum,
-            avg_f16: sys::ncclRedOp_t::ncclSum,
+            avg_f32: redop::SUM,
+            avg_f16: redop::SUM,
+            ops,
+            watchdog,
+            grouped: RefCell::new(None),
         };
         me.avg_f32 = me.premul_op::<f32>()?;
         me.avg_f16 = me.premul_op::<half::f16>()?;
         Ok(me)
     }
 
-    fn premul_op<T: NcclElem>(&self) -> Result<sys::ncclRedOp_t> {
+    fn premul_op<T: NcclElem>(&self) -> Result<u32> {
         let mut scalar = T::inverse(self.world);
-        let mut op = sys::ncclRedOp_t::ncclSum;
         // SAFETY: the scalar is read at creation (host-immediate residence).
         unsafe {
-            result::reduce_op_create_pre_mul_sum(
-                &mut op,
-                (&mut scalar) as *mut T as *mut c_void,
-                T::as_nccl_type(),
-                sys::ncclScalarResidence_t::ncclScalarHostImmediate,
-                self.comm,
-            )
+            RawOps::create_pre_mul_sum((&mut scalar) as *mut T as *mut c_void, T::as_nccl_type(), self.comm)
         }
-        .map_err(|e| nccl_err(&format!("ncclRedOpCreatePreMulSum {}", T::NAME), e, Some(self.comm)))?;
-        Ok(op)
+        .map_err(|e| nccl_err(&format!("ncclRedOpCreatePreMulSum {}", T::NAME), e, Some(self.comm)))
     }
 
     pub fn rank(&self) -> usize {
@@ -219,20 +253,31 @@ impl NcclComm {
         self.gpu.ctx().bind_to_thread().map_err(|e| Error::cuda("binding the CUDA context for NCCL", e))
     }
 
+    /// Hands `op`, just enqueued on `stream`, to the watchdog (at the group's
+    /// end inside [`NcclComm::group`], when NCCL actually enqueues it).
+    fn watch(&self, op: Op, stream: &CudaStream) -> Result<()> {
+        let s = stream.cu_stream() as sys::cudaStream_t;
+        if let Some(g) = self.grouped.borrow_mut().as_mut() {
+            g.push((op, s));
+            return Ok(());
+        }
+        self.watchdog.watch(op, s as _).map_err(|e| Error::cuda(format!("watching {op}"), e))
+    }
+
     fn all_reduce<T: NcclElem>(
         &self,
         buf: &mut CudaViewMut<T>,
-        op: sys::ncclRedOp_t,
+        op: u32,
         stream: &CudaStream,
-        what: &str,
+        what: &'static str,
     ) -> Result<()> {
         self.bind()?;
         let n = buf.len();
         let (p, _record) = buf.device_ptr_mut(stream);
-        // SAFETY: in place over the view's n elements; every rank passes the same n.
+        // SAFETY: in place over the view's n elements; every rank passes the
+        // same n; `op` is ncclSum or one of this communicator's.
         unsafe {
-            result::all_reduce(
-                p as *const c_void,
+            self.ops.all_reduce(
                 p as *mut c_void,
                 n,
                 T::as_nccl_type(),
@@ -242,12 +287,13 @@ impl NcclComm {
             )
         }
         .map_err(|e| nccl_err(&format!("ncclAllReduce {what} {} x{n}", T::NAME), e, Some(self.comm)))?;
-        Ok(())
+        let name = if what == "sum" { "ncclAllReduce sum" } else { "ncclAllReduce avg" };
+        self.watch(Op { name, dtype: T::NAME, n, root: None }, stream)
     }
 
     /// In-place sum over the ranks, enqueued on `stream`.
     pub fn all_reduce_sum<T: NcclElem>(&self, buf: &mut CudaViewMut<T>, stream: &CudaStream) -> Result<()> {
-        self.all_reduce(buf, sys::ncclRedOp_t::ncclSum, stream, "sum")
+        self.all_reduce(buf, redop::SUM, stream, "sum")
     }
 
     /// In-place mean over the ranks (each input premultiplied by `1/world`,
@@ -289,7 +335,7 @@ impl NcclComm {
         .map_err(|e| {
             nccl_err(&format!("ncclBroadcast {} x{n} from rank {root}", T::NAME), e, Some(self.comm))
         })?;
-        Ok(())
+        self.watch(Op { name: "ncclBroadcast", dtype: T::NAME, n, root: Some(root) }, stream)
     }
 
     /// `recv` (world x `send.len()`) gets every rank's `send` in rank order.
@@ -322,30 +368,45 @@ impl NcclComm {
             )
         }
         .map_err(|e| nccl_err(&format!("ncclAllGather {} x{n}", T::NAME), e, Some(self.comm)))?;
-        Ok(())
+        self.watch(Op { name: "ncclAllGather", dtype: T::NAME, n, root: None }, stream)
     }
 
     /// Runs `f`'s collectives as one NCCL group (fused launch, e.g. all the
     /// ready buckets at once). The group is closed even when `f` fails.
     pub fn group<R>(&self, f: impl FnOnce(&Self) -> Result<R>) -> Result<R> {
+        if self.grouped.borrow().is_some() {
+            return Err(Error::Training(
+                "internal error: NCCL groups of one communicator do not nest here".into(),
+            ));
+        }
         result::group_start().map_err(|e| nccl_err("ncclGroupStart", e, Some(self.comm)))?;
+        *self.grouped.borrow_mut() = Some(Vec::new());
         let out = f(self);
+        let ops = self.grouped.borrow_mut().take().unwrap_or_default();
         let end = result::group_end().map_err(|e| nccl_err("ncclGroupEnd", e, Some(self.comm)));
         let out = out?;
         end?;
+        for (op, s) in ops {
+            self.watchdog.watch(op, s as _).map_err(|e| Error::cuda(format!("watching {op}"), e))?;
+        }
         Ok(out)
     }
 }
 
 impl Drop for NcclComm {
     fn drop(&mut self) {
+        // The watchdog first: its thread must not look at an aborted communicator.
+        self.watchdog.stop();
+        if self.watchdog.aborted() {
+            return;
+        }
         // Abort rather than destroy: destroy waits for pending operations,
         // which never finish when a peer is gone. Errors here have no one to go to.
         // SAFETY: the ops and the communicator are live and dropped once.
         unsafe {
             for op in [self.avg_f32, self.avg_f16] {
-                if op != sys::ncclRedOp_t::ncclSum {
-                    let _ = result::reduce_op_destroy(op, self.comm);
+                if op != redop::SUM {
+                    let _ = self.ops.destroy(op, self.comm);
                 }
             }
             let _ = result::comm_abort(self.comm);
@@ -407,7 +468,7 @@ mod tests {
         let Some(gpu) = crate::cuda::test_gpu("nccl_at_world_size_one_reduces_broadcasts_and_gathers") else {
             return;
         };
-        let comm = NcclComm::new(&gpu, 0, 1, &LocalCommunicator).unwrap();
+        let comm = NcclComm::new(&gpu, 0, 1, &LocalCommunicator, Duration::from_secs(30)).unwrap();
         assert_eq!((comm.rank(), comm.world_size()), (0, 1));
         let s = gpu.stream();
         let host: Vec<f32> = (0..1001).map(|i| i as f32 * 0.25 - 7.0).collect();
