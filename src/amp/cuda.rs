@@ -12,11 +12,18 @@
 
 use super::{LossScaler, Policy, ScalerConfig, ScalerState};
 use crate::config::{AmpConfig, LossScale};
-use crate::cuda::{as_i64, check_len, entry, launch_1d, DeviceFloat, Gpu, BLOCK};
+use crate::cuda::{as_i64, check_len, launch_1d, DeviceFloat, Gpu, KernelFn, TypedKernelFn, BLOCK};
 use crate::error::{Error, Result};
+use crate::typed_kernel;
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, LaunchConfig};
 
 const FILE: &str = "amp.cu";
+static AMP_CLIP_BY_NORM: KernelFn = KernelFn::new(FILE, "amp_clip_by_norm");
+static AMP_DIVIDED_SCALE: KernelFn = KernelFn::new(FILE, "amp_divided_scale");
+static AMP_SCALER_UPDATE: KernelFn = KernelFn::new(FILE, "amp_scaler_update");
+static AMP_SUMSQ_FINISH: KernelFn = KernelFn::new(FILE, "amp_sumsq_finish");
+static AMP_SUMSQ_PARTIALS: KernelFn = KernelFn::new(FILE, "amp_sumsq_partials");
+static AMP_UNSCALE: TypedKernelFn = typed_kernel!(FILE, "amp_unscale");
 
 fn single_thread() -> LaunchConfig {
     LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1, 1, 1), shared_mem_bytes: 0 }
@@ -124,7 +131,7 @@ impl DeviceScaler {
             return Ok(());
         }
         let n = as_i64(OP, grads.len())?;
-        let f = gpu.function(FILE, &entry::<T>("amp_unscale"))?;
+        let f = gpu.kernel(T::pick(&AMP_UNSCALE))?;
         let mut b = f.launch_on(gpu.stream());
         b.arg(grads).arg(out).arg(&n).arg(&self.scale).arg(&mut self.found_inf);
         // SAFETY: argument types and order match amp_unscale_impl; lengths checked above.
@@ -137,7 +144,7 @@ impl DeviceScaler {
     /// and surface at the next [`DeviceScaler::check`].
     pub fn update(&mut self, gpu: &Gpu, step: u64) -> Result<()> {
         const OP: &str = "amp scaler update";
-        let f = gpu.function(FILE, "amp_scaler_update")?;
+        let f = gpu.kernel(&AMP_SCALER_UPDATE)?;
         let step = i64::try_from(step).unwrap_or(i64::MAX);
         let interval = i64::try_from(self.cfg.growth_interval).unwrap_or(i64::MAX);
         let dynamic = i32::from(self.dynamic);
@@ -167,7 +174,7 @@ impl DeviceScaler {
     pub fn divided_scale(&self, gpu: &Gpu, divisor: f32, out: &mut CudaSlice<f32>) -> Result<()> {
         const OP: &str = "amp divided_scale";
         check_len(OP, "out", out.len(), 1)?;
-        let f = gpu.function(FILE, "amp_divided_scale")?;
+        let f = gpu.kernel(&AMP_DIVIDED_SCALE)?;
         let mut b = f.launch_on(gpu.stream());
         b.arg(&self.scale).arg(&divisor).arg(out);
         // SAFETY: argument types and order match amp_divided_scale.
@@ -307,7 +314,7 @@ pub fn grad_norm_sq(
     let n = as_i64(OP, grads.len())?;
     let blocks = grads.len().div_ceil(BLOCK as usize).clamp(1, NORM_PARTIALS);
     let cfg = LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
-    let f = gpu.function(FILE, "amp_sumsq_partials")?;
+    let f = gpu.kernel(&AMP_SUMSQ_PARTIALS)?;
     let mut b = f.launch_on(gpu.stream());
     b.arg(grads).arg(&n).arg(&mut *workspace);
     // Stage 1 writes partials[0..blocks]; stage 2 reads exactly those.
@@ -315,7 +322,7 @@ pub fn grad_norm_sq(
     unsafe { b.launch(cfg) }.map_err(|e| Error::cuda(OP, e))?;
     let nparts = blocks as i64;
     let acc = i32::from(accumulate);
-    let f = gpu.function(FILE, "amp_sumsq_finish")?;
+    let f = gpu.kernel(&AMP_SUMSQ_FINISH)?;
     let mut b = f.launch_on(gpu.stream());
     let partials = workspace.as_view();
     b.arg(&partials).arg(&nparts).arg(out).arg(&acc);
@@ -345,7 +352,7 @@ pub fn clip_grad_norm_(
     }
     let n = as_i64(OP, grads.len())?;
     let cfg = launch_1d(grads.len());
-    let f = gpu.function(FILE, "amp_clip_by_norm")?;
+    let f = gpu.kernel(&AMP_CLIP_BY_NORM)?;
     let mut b = f.launch_on(gpu.stream());
     b.arg(grads).arg(&n).arg(norm_sq).arg(&max_norm).arg(found_inf);
     // SAFETY: argument types and order match amp_clip_by_norm.

@@ -129,6 +129,102 @@ fn check_membership(rank: usize, world: usize, tcp: &dyn Communicator) -> Result
     Ok(())
 }
 
+/// An NCCL reduction op as NCCL hands it out. `ncclRedOpCreatePreMulSum`
+/// returns values past the variants of cudarc's `ncclRedOp_t` enum, and an
+/// enum holding a value outside its variants is undefined behaviour in Rust
+/// (the optimizer may assume it never happens), so ops are kept as NCCL's raw
+/// integer and reach NCCL through [`raw`]'s bindings, which declare it so.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct RedOp(u32);
+
+impl RedOp {
+    const SUM: RedOp = RedOp(sys::ncclRedOp_t::ncclSum as u32);
+}
+
+/// The NCCL entry points that take or give a reduction op, looked up in the
+/// loaded libnccl with the op as a plain `u32` (the C ABI of an enum).
+mod raw {
+    use super::sys::{cudaStream_t, ncclComm_t, ncclDataType_t, ncclResult_t, ncclScalarResidence_t};
+    use cudarc::nccl::result::NcclError;
+    use std::ffi::c_void;
+    use std::sync::OnceLock;
+
+    type AllReduce = unsafe extern "C" fn(
+        *const c_void,
+        *mut c_void,
+        usize,
+        ncclDataType_t,
+        u32,
+        ncclComm_t,
+        cudaStream_t,
+    ) -> ncclResult_t;
+    type CreatePreMulSum = unsafe extern "C" fn(
+        *mut u32,
+        *mut c_void,
+        ncclDataType_t,
+        ncclScalarResidence_t,
+        ncclComm_t,
+    ) -> ncclResult_t;
+    type Destroy = unsafe extern "C" fn(u32, ncclComm_t) -> ncclResult_t;
+
+    /// `name` from libnccl, once per process; `None` when it lacks the symbol.
+    fn symbol<F: Copy>(cell: &'static OnceLock<Option<F>>, name: &[u8]) -> Option<F> {
+        // SAFETY: the caller names the symbol with its C signature (F).
+        *cell.get_or_init(|| unsafe { super::sys::culib().get::<F>(name).ok().map(|s| *s) })
+    }
+
+    fn status(r: ncclResult_t) -> Result<(), NcclError> {
+        if r == ncclResult_t::ncclSuccess {
+            Ok(())
+        } else {
+            Err(NcclError(r))
+        }
+    }
+
+    fn missing() -> NcclError {
+        NcclError(ncclResult_t::ncclInvalidUsage)
+    }
+
+    /// # Safety
+    /// As `ncclAllReduce`.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn all_reduce(
+        send: *const c_void,
+        recv: *mut c_void,
+        count: usize,
+        dtype: ncclDataType_t,
+        op: u32,
+        comm: ncclComm_t,
+        stream: cudaStream_t,
+    ) -> Result<(), NcclError> {
+        static F: OnceLock<Option<AllReduce>> = OnceLock::new();
+        let f = symbol(&F, b"ncclAllReduce\0").ok_or_else(missing)?;
+        status(unsafe { f(send, recv, count, dtype, op, comm, stream) })
+    }
+
+    /// # Safety
+    /// As `ncclRedOpCreatePreMulSum`.
+    pub unsafe fn create_pre_mul_sum(
+        op: &mut u32,
+        scalar: *mut c_void,
+        dtype: ncclDataType_t,
+        residence: ncclScalarResidence_t,
+        comm: ncclComm_t,
+    ) -> Result<(), NcclError> {
+        static F: OnceLock<Option<CreatePreMulSum>> = OnceLock::new();
+        let f = symbol(&F, b"ncclRedOpCreatePreMulSum\0").ok_or_else(missing)?;
+        status(unsafe { f(op, scalar, dtype, residence, comm) })
+    }
+
+    /// # Safety
+    /// As `ncclRedOpDestroy`.
+    pub unsafe fn destroy(op: u32, comm: ncclComm_t) -> Result<(), NcclError> {
+        static F: OnceLock<Option<Destroy>> = OnceLock::new();
+        let f = symbol(&F, b"ncclRedOpDestroy\0").ok_or_else(missing)?;
+        status(unsafe { f(op, comm) })
+    }
+}
+
 /// One rank's NCCL communicator on one GPU.
 pub struct NcclComm {
     comm: sys::ncclComm_t,
@@ -138,8 +234,8 @@ pub struct NcclComm {
     /// Sum of inputs premultiplied by `1/world` (f32, f16): averaging without
     /// a separate scaling kernel, and before the sum, so f16 does not overflow
     /// where the mean would fit.
-    avg_f32: sys::ncclRedOp_t,
-    avg_f16: sys::ncclRedOp_t,
+    avg_f32: RedOp,
+    avg_f16: RedOp,
 }
 
 // SAFETY: an NCCL communicator may be used from any thread, one call at a
@@ -177,25 +273,19 @@ impl NcclComm {
         // SAFETY: an out-pointer to a live handle; rank < world checked above.
         unsafe { result::comm_init_rank(&mut comm, world as i32, id, rank as i32) }
             .map_err(|e| nccl_err(&format!("ncclCommInitRank (rank {rank} of {world})"), e, None))?;
-        let mut me = NcclComm {
-            comm,
-            gpu: gpu.clone(),
-            rank,
-            world,
-            avg_f32: sys::ncclRedOp_t::ncclSum,
-            avg_f16: sys::ncclRedOp_t::ncclSum,
-        };
+        let mut me =
+            NcclComm { comm, gpu: gpu.clone(), rank, world, avg_f32: RedOp::SUM, avg_f16: RedOp::SUM };
         me.avg_f32 = me.premul_op::<f32>()?;
         me.avg_f16 = me.premul_op::<half::f16>()?;
         Ok(me)
     }
 
-    fn premul_op<T: NcclElem>(&self) -> Result<sys::ncclRedOp_t> {
+    fn premul_op<T: NcclElem>(&self) -> Result<RedOp> {
         let mut scalar = T::inverse(self.world);
-        let mut op = sys::ncclRedOp_t::ncclSum;
+        let mut op = RedOp::SUM.0;
         // SAFETY: the scalar is read at creation (host-immediate residence).
         unsafe {
-            result::reduce_op_create_pre_mul_sum(
+            raw::create_pre_mul_sum(
                 &mut op,
                 (&mut scalar) as *mut T as *mut c_void,
                 T::as_nccl_type(),
@@ -204,7 +294,7 @@ impl NcclComm {
             )
         }
         .map_err(|e| nccl_err(&format!("ncclRedOpCreatePreMulSum {}", T::NAME), e, Some(self.comm)))?;
-        Ok(op)
+        Ok(RedOp(op))
     }
 
     pub fn rank(&self) -> usize {
@@ -222,7 +312,7 @@ impl NcclComm {
     fn all_reduce<T: NcclElem>(
         &self,
         buf: &mut CudaViewMut<T>,
-        op: sys::ncclRedOp_t,
+        op: RedOp,
         stream: &CudaStream,
         what: &str,
     ) -> Result<()> {
@@ -231,12 +321,12 @@ impl NcclComm {
         let (p, _record) = buf.device_ptr_mut(stream);
         // SAFETY: in place over the view's n elements; every rank passes the same n.
         unsafe {
-            result::all_reduce(
+            raw::all_reduce(
                 p as *const c_void,
                 p as *mut c_void,
                 n,
                 T::as_nccl_type(),
-                op,
+                op.0,
                 self.comm,
                 stream.cu_stream() as _,
             )
@@ -247,7 +337,7 @@ impl NcclComm {
 
     /// In-place sum over the ranks, enqueued on `stream`.
     pub fn all_reduce_sum<T: NcclElem>(&self, buf: &mut CudaViewMut<T>, stream: &CudaStream) -> Result<()> {
-        self.all_reduce(buf, sys::ncclRedOp_t::ncclSum, stream, "sum")
+        self.all_reduce(buf, RedOp::SUM, stream, "sum")
     }
 
     /// In-place mean over the ranks (each input premultiplied by `1/world`,
@@ -344,8 +434,8 @@ impl Drop for NcclComm {
         // SAFETY: the ops and the communicator are live and dropped once.
         unsafe {
             for op in [self.avg_f32, self.avg_f16] {
-                if op != sys::ncclRedOp_t::ncclSum {
-                    let _ = result::reduce_op_destroy(op, self.comm);
+                if op != RedOp::SUM {
+                    let _ = raw::destroy(op.0, self.comm);
                 }
             }
             let _ = result::comm_abort(self.comm);
@@ -409,6 +499,12 @@ mod tests {
         };
         let comm = NcclComm::new(&gpu, 0, 1, &LocalCommunicator).unwrap();
         assert_eq!((comm.rank(), comm.world_size()), (0, 1));
+        // NCCL numbers a created op past its built-in ones: no variant of
+        // cudarc's ncclRedOp_t, hence RedOp's raw integer.
+        for op in [comm.avg_f32, comm.avg_f16] {
+            assert!(op.0 >= sys::ncclRedOp_t::ncclNumOps as u32, "{op:?}");
+        }
+        assert_ne!(comm.avg_f32, comm.avg_f16);
         let s = gpu.stream();
         let host: Vec<f32> = (0..1001).map(|i| i as f32 * 0.25 - 7.0).collect();
         let mut x = s.clone_htod(&host).unwrap();
