@@ -190,6 +190,7 @@ impl DeviceScaler {
         s.memcpy_dtoh(&self.scale, &mut snap.scale).map_err(|e| Error::cuda("loss scaler snapshot", e))?;
         s.memcpy_dtoh(&self.counters, &mut snap.counters)
             .map_err(|e| Error::cuda("loss scaler snapshot", e))?;
+        snap.copied.record(s).map_err(|e| Error::cuda("loss scaler snapshot", e))?;
         snap.step = snap.pending_step;
         Ok(())
     }
@@ -243,6 +244,10 @@ impl DeviceScaler {
 pub struct ScalerSnapshot {
     scale: cudarc::driver::PinnedHostSlice<f32>,
     counters: cudarc::driver::PinnedHostSlice<i64>,
+    /// Recorded after both copies: the one wait of [`ScalerSnapshot::read`].
+    /// (The pinned slices' own events are cudarc's tracking, which is off
+    /// (see `Gpu::new`): their `as_slice` does not wait for anything.)
+    copied: cudarc::driver::CudaEvent,
     /// The optimizer step the last snapshot was taken after (0: none yet).
     step: u64,
     pending_step: u64,
@@ -262,12 +267,16 @@ impl ScalerSnapshot {
         let ctx = gpu.ctx();
         let err = |e| Error::cuda("allocating pinned memory for the loss scaler", e);
         // SAFETY: plain (not write-combined: the host reads it) page-locked
-        // memory; only read through as_slice, which waits for the copy.
+        // memory; only read through ScalerSnapshot::read, after the copy's event.
         let (scale, counters) =
             unsafe { (ctx.alloc_pinned_with_flags(1, 0), ctx.alloc_pinned_with_flags(4, 0)) };
+        let copied = ctx
+            .new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
+            .map_err(|e| Error::cuda("creating the loss scaler snapshot event", e))?;
         Ok(ScalerSnapshot {
             scale: scale.map_err(err)?,
             counters: counters.map_err(err)?,
+            copied,
             step: 0,
             pending_step: 0,
         })
@@ -281,6 +290,7 @@ impl ScalerSnapshot {
 
     /// Waits for the last snapshot's copy (long done when taken a step ago).
     pub fn read(&self) -> Result<SnapshotValues> {
+        self.copied.synchronize().map_err(|e| Error::cuda("waiting for the loss scaler snapshot", e))?;
         let scale = self.scale.as_slice().map_err(|e| Error::cuda("reading the loss scaler snapshot", e))?;
         let c = self.counters.as_slice().map_err(|e| Error::cuda("reading the loss scaler snapshot", e))?;
         Ok(SnapshotValues {
@@ -363,3 +373,6 @@ pub fn clip_grad_norm_(
 #[cfg(test)]
 #[path = "tests_cuda.rs"]
 mod tests_cuda;
+#[cfg(test)]
+#[path = "tests_snapshot.rs"]
+mod tests_snapshot;
