@@ -25,12 +25,24 @@ fn child() {
         .then(|| super::nccl::NcclComm::new(&gpu, 0, 1, &crate::dist::LocalCommunicator).unwrap());
     let s = gpu.stream();
     let x = s.alloc_zeros::<f32>(1000).unwrap();
-    let mut y = s.alloc_zeros::<f32>(10).unwrap();
     let f = gpu.kernel(&RELU_F32).unwrap();
-    // The launcher's length check bypassed: y is 10 elements, the kernel writes 1000.
     let n = 1000i64;
-    // SAFETY: deliberately not: the fault is the point (the emulator catches it).
-    let launched = unsafe { f.launch_on(s).arg(&x).arg(&mut y).arg(&n).launch(launch_1d(1000)) };
+    // The launcher bypassed. The emulator faults inside the kernel on a write
+    // past a 10-element buffer (it refuses a bad address at launch, which is
+    // not a fault); a GPU may not notice that write within its page, but
+    // faults on an address no allocation holds (CUDA_ERROR_ILLEGAL_ADDRESS).
+    let mut short = s.alloc_zeros::<f32>(10).unwrap();
+    let mut launch = f.launch_on(s);
+    launch.arg(&x);
+    let bad = 0x10u64;
+    if super::emu::counter("errors").is_some() {
+        launch.arg(&mut short);
+    } else {
+        launch.arg(&bad);
+    }
+    launch.arg(&n);
+    // SAFETY: deliberately not: the fault is the point.
+    let launched = unsafe { launch.launch(launch_1d(1000)) };
     let first = match launched {
         Err(e) => format!("launch: {e:?}"),
         Ok(()) => match gpu.synchronize() {
@@ -39,8 +51,11 @@ fn child() {
         },
     };
     println!("first error: {first}");
+    // Sticky: the context is unusable from here on, every call says so.
+    let later = gpu.synchronize().err().map(|e| e.to_string());
+    println!("a later call: {later:?}");
     // Every handle goes on a faulted context.
-    drop((x, y, nccl, blas, gpu));
+    drop((x, short, nccl, blas, gpu));
     println!("unwound");
 }
 
@@ -61,5 +76,6 @@ fn a_device_fault_is_reported_once_and_unwinds_without_a_panic() {
     if super::emu::counter("errors").is_some() {
         // The emulator names the faulting kernel on stderr, as compute-sanitizer would.
         assert!(text.contains("cuemu: error") && text.contains("relu_forward_f32"), "{text}");
+        assert!(text.contains("a later call: Some("), "the fault must be sticky:\n{text}");
     }
 }
