@@ -271,3 +271,29 @@ pub fn skip_or_fail(test: &str, why: &str) {
     }
     println!("{test}: skipped: {why}");
 }
+
+#[cfg(test)]
+mod tests {
+    use super::KernelFn;
+
+    static RELU_F32: KernelFn = KernelFn::new("relu.cu", "relu_forward_f32");
+    static RELU_F16: KernelFn = KernelFn::new("relu.cu", "relu_forward_f16");
+
+    /// Kernels load from a cubin for the device's own sm_XY (the emulated
+    /// NVRTC returns the same bytes for it), and a second look-up of a
+    /// kernel is the handle loaded by the first, in its own slot.
+    #[test]
+    fn kernels_load_for_the_devices_sm_and_are_looked_up_once() {
+        let Some(gpu) = super::test_gpu("kernels_load_for_the_devices_sm_and_are_looked_up_once") else {
+            return;
+        };
+        let (major, minor) = gpu.ctx().compute_capability().unwrap();
+        assert_eq!(gpu.arch(), format!("sm_{major}{minor}"));
+        let a = gpu.kernel(&RELU_F32).unwrap();
+        assert_eq!(a.name(), "relu_forward_f32");
+        assert!(std::ptr::eq(a, gpu.kernel(&RELU_F32).unwrap()));
+        let b = gpu.kernel(&RELU_F16).unwrap();
+        assert_eq!(b.name(), "relu_forward_f16");
+        assert_ne!(RELU_F32.slot(), RELU_F16.slot());
+    }
+}
