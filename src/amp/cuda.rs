@@ -12,11 +12,18 @@
 
 use super::{LossScaler, Policy, ScalerConfig, ScalerState};
 use crate::config::{AmpConfig, LossScale};
-use crate::cuda::{as_i64, check_len, entry, launch_1d, DeviceFloat, Gpu, BLOCK};
+use crate::cuda::{as_i64, check_len, launch_1d, DeviceFloat, Gpu, KernelFn, TypedKernelFn, BLOCK};
 use crate::error::{Error, Result};
+use crate::typed_kernel;
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, LaunchConfig};
 
 const FILE: &str = "amp.cu";
+static AMP_CLIP_BY_NORM: KernelFn = KernelFn::new(FILE, "amp_clip_by_norm");
+static AMP_DIVIDED_SCALE: KernelFn = KernelFn::new(FILE, "amp_divided_scale");
+static AMP_SCALER_UPDATE: KernelFn = KernelFn::new(FILE, "amp_scaler_update");
+static AMP_SUMSQ_FINISH: KernelFn = KernelFn::new(FILE, "amp_sumsq_finish");
+static AMP_SUMSQ_PARTIALS: KernelFn = KernelFn::new(FILE, "amp_sumsq_partials");
+static AMP_UNSCALE: TypedKernelFn = typed_kernel!(FILE, "amp_unscale");
 
 fn single_thread() -> LaunchConfig {
     LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1, 1, 1), shared_mem_bytes: 0 }
@@ -124,7 +131,7 @@ impl DeviceScaler {
             return Ok(());
         }
         let n = as_i64(OP, grads.len())?;
-        let f = gpu.function(FILE, &entry::<T>("amp_unscale"))?;
+        let f = gpu.kernel(T::pick(&AMP_UNSCALE))?;
         let mut b = f.launch_on(gpu.stream());
         b.arg(grads).arg(out).arg(&n).arg(&self.scale).arg(&mut self.found_inf);
         // SAFETY: argument types and order match amp_unscale_impl; lengths checked above.
@@ -137,7 +144,7 @@ impl DeviceScaler {
     /// and surface at the next [`DeviceScaler::check`].
     pub fn update(&mut self, gpu: &Gpu, step: u64) -> Result<()> {
         const OP: &str = "amp scaler update";
-        let f = gpu.function(FILE, "amp_scaler_update")?;
+        let f = gpu.kernel(&AMP_SCALER_UPDATE)?;
         let step = i64::try_from(step).unwrap_or(i64::MAX);
         let interval = i64::try_from(self.cfg.growth_interval).unwrap_or(i64::MAX);
         let dynamic = i32::from(self.dynamic);
@@ -167,7 +174,7 @@ impl DeviceScaler {
     pub fn divided_scale(&self, gpu: &Gpu, divisor: f32, out: &mut CudaSlice<f32>) -> Result<()> {
         const OP: &str = "amp divided_scale";
         check_len(OP, "out", out.len(), 1)?;
-        let f = gpu.function(FILE, "amp_divided_scale")?;
+        let f = gpu.kernel(&AMP_DIVIDED_SCALE)?;
         let mut b = f.launch_on(gpu.stream());
         b.arg(&self.scale).arg(&divisor).arg(out);
         // SAFETY: argument types and order match amp_divided_scale.
@@ -183,6 +190,7 @@ impl DeviceScaler {
         s.memcpy_dtoh(&self.scale, &mut snap.scale).map_err(|e| Error::cuda("loss scaler snapshot", e))?;
         s.memcpy_dtoh(&self.counters, &mut snap.counters)
             .map_err(|e| Error::cuda("loss scaler snapshot", e))?;
+        snap.copied.record(s).map_err(|e| Error::cuda("loss scaler snapshot", e))?;
         snap.step = snap.pending_step;
         Ok(())
     }
@@ -236,6 +244,10 @@ impl DeviceScaler {
 pub struct ScalerSnapshot {
     scale: cudarc::driver::PinnedHostSlice<f32>,
     counters: cudarc::driver::PinnedHostSlice<i64>,
+    /// Recorded after both copies: the one wait of [`ScalerSnapshot::read`].
+    /// (The pinned slices' own events are cudarc's tracking, which is off
+    /// (see `Gpu::new`): their `as_slice` does not wait for anything.)
+    copied: cudarc::driver::CudaEvent,
     /// The optimizer step the last snapshot was taken after (0: none yet).
     step: u64,
     pending_step: u64,
@@ -255,12 +267,16 @@ impl ScalerSnapshot {
         let ctx = gpu.ctx();
         let err = |e| Error::cuda("allocating pinned memory for the loss scaler", e);
         // SAFETY: plain (not write-combined: the host reads it) page-locked
-        // memory; only read through as_slice, which waits for the copy.
+        // memory; only read through ScalerSnapshot::read, after the copy's event.
         let (scale, counters) =
             unsafe { (ctx.alloc_pinned_with_flags(1, 0), ctx.alloc_pinned_with_flags(4, 0)) };
+        let copied = ctx
+            .new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
+            .map_err(|e| Error::cuda("creating the loss scaler snapshot event", e))?;
         Ok(ScalerSnapshot {
             scale: scale.map_err(err)?,
             counters: counters.map_err(err)?,
+            copied,
             step: 0,
             pending_step: 0,
         })
@@ -274,6 +290,7 @@ impl ScalerSnapshot {
 
     /// Waits for the last snapshot's copy (long done when taken a step ago).
     pub fn read(&self) -> Result<SnapshotValues> {
+        self.copied.synchronize().map_err(|e| Error::cuda("waiting for the loss scaler snapshot", e))?;
         let scale = self.scale.as_slice().map_err(|e| Error::cuda("reading the loss scaler snapshot", e))?;
         let c = self.counters.as_slice().map_err(|e| Error::cuda("reading the loss scaler snapshot", e))?;
         Ok(SnapshotValues {
@@ -307,7 +324,7 @@ pub fn grad_norm_sq(
     let n = as_i64(OP, grads.len())?;
     let blocks = grads.len().div_ceil(BLOCK as usize).clamp(1, NORM_PARTIALS);
     let cfg = LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
-    let f = gpu.function(FILE, "amp_sumsq_partials")?;
+    let f = gpu.kernel(&AMP_SUMSQ_PARTIALS)?;
     let mut b = f.launch_on(gpu.stream());
     b.arg(grads).arg(&n).arg(&mut *workspace);
     // Stage 1 writes partials[0..blocks]; stage 2 reads exactly those.
@@ -315,7 +332,7 @@ pub fn grad_norm_sq(
     unsafe { b.launch(cfg) }.map_err(|e| Error::cuda(OP, e))?;
     let nparts = blocks as i64;
     let acc = i32::from(accumulate);
-    let f = gpu.function(FILE, "amp_sumsq_finish")?;
+    let f = gpu.kernel(&AMP_SUMSQ_FINISH)?;
     let mut b = f.launch_on(gpu.stream());
     let partials = workspace.as_view();
     b.arg(&partials).arg(&nparts).arg(out).arg(&acc);
@@ -345,7 +362,7 @@ pub fn clip_grad_norm_(
     }
     let n = as_i64(OP, grads.len())?;
     let cfg = launch_1d(grads.len());
-    let f = gpu.function(FILE, "amp_clip_by_norm")?;
+    let f = gpu.kernel(&AMP_CLIP_BY_NORM)?;
     let mut b = f.launch_on(gpu.stream());
     b.arg(grads).arg(&n).arg(norm_sq).arg(&max_norm).arg(found_inf);
     // SAFETY: argument types and order match amp_clip_by_norm.
@@ -356,3 +373,6 @@ pub fn clip_grad_norm_(
 #[cfg(test)]
 #[path = "tests_cuda.rs"]
 mod tests_cuda;
+#[cfg(test)]
+#[path = "tests_snapshot.rs"]
+mod tests_snapshot;

@@ -16,7 +16,7 @@
 
 use super::Gpu;
 use crate::error::{Error, Result};
-use cudarc::cublas::{result as cublas_result, sys, CudaBlas};
+use cudarc::cublas::{result as cublas_result, sys};
 use cudarc::driver::{CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr};
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -26,16 +26,24 @@ pub trait BlasElem: DeviceRepr + Copy + Send + Sync + 'static {
     const DATA_TYPE: sys::cudaDataType_t;
     /// The kernel entry-point suffix, `f32` / `f16` (see `DDP_INSTANTIATE`).
     const SUFFIX: &'static str;
+    /// This type's instantiation of `k`.
+    fn pick(k: &'static crate::cuda::TypedKernelFn) -> &'static crate::cuda::KernelFn;
 }
 
 impl BlasElem for f32 {
     const DATA_TYPE: sys::cudaDataType_t = sys::cudaDataType_t::CUDA_R_32F;
     const SUFFIX: &'static str = "f32";
+    fn pick(k: &'static crate::cuda::TypedKernelFn) -> &'static crate::cuda::KernelFn {
+        &k.f32
+    }
 }
 
 impl BlasElem for half::f16 {
     const DATA_TYPE: sys::cudaDataType_t = sys::cudaDataType_t::CUDA_R_16F;
     const SUFFIX: &'static str = "f16";
+    fn pick(k: &'static crate::cuda::TypedKernelFn) -> &'static crate::cuda::KernelFn {
+        &k.f16
+    }
 }
 
 /// Whether libcublas can be loaded (cudarc panics on first use otherwise).
@@ -44,10 +52,38 @@ pub fn is_available() -> bool {
     unsafe { sys::is_culib_present() }
 }
 
+/// A cuBLAS handle whose destruction never panics. cudarc's `CudaBlas`
+/// unwraps `cublasDestroy`'s status in `Drop`; after a sticky device fault
+/// that status can be an error, and unwinding from the real error (the first
+/// failing call, already on its way to the user) would end in a panic
+/// naming `cublasDestroy` instead.
+#[derive(Debug)]
+struct Handle(sys::cublasHandle_t);
+
+// SAFETY: a cuBLAS handle may be used from any thread, one call at a time
+// (as cudarc's CudaBlas asserts); Blas hands it out only through &self calls
+// that enqueue on its stream.
+unsafe impl Send for Handle {}
+unsafe impl Sync for Handle {}
+
+impl Handle {
+    fn handle(&self) -> &sys::cublasHandle_t {
+        &self.0
+    }
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        // SAFETY: created by cublasCreate and destroyed once; an error here
+        // has no one to go to (the fault that caused it was reported).
+        let _ = unsafe { cublas_result::destroy_handle(self.0) };
+    }
+}
+
 /// A cuBLAS handle bound to one stream.
 #[derive(Debug)]
 pub struct Blas {
-    handle: CudaBlas,
+    handle: Handle,
     stream: Arc<CudaStream>,
     allow_tf32: bool,
 }
@@ -67,7 +103,14 @@ impl Blas {
                  and put its lib folder (with libcublas.so.13 and libcublasLt.so.13) on LD_LIBRARY_PATH",
             ));
         }
-        let handle = CudaBlas::new(stream.clone()).map_err(|e| Error::cuda("cublasCreate", e))?;
+        stream
+            .context()
+            .bind_to_thread()
+            .map_err(|e| Error::cuda("binding the CUDA context for cuBLAS", e))?;
+        let handle = Handle(cublas_result::create_handle().map_err(|e| Error::cuda("cublasCreate", e))?);
+        // SAFETY: a live handle and this context's stream.
+        unsafe { cublas_result::set_stream(handle.0, stream.cu_stream() as _) }
+            .map_err(|e| Error::cuda("cublasSetStream", e))?;
         let mode = if allow_tf32 {
             sys::cublasMath_t::CUBLAS_TF32_TENSOR_OP_MATH
         } else {

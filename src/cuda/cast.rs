@@ -3,29 +3,42 @@
 //! payloads included; plus an f16 -> f32 accumulate (O1's gradients) and an
 //! outer-dimension swap (the device conv2d's weight gradient).
 
-use super::{as_i64, check_len, entry, launch_1d, DeviceFloat, Gpu};
+use super::{as_i64, check_len, launch_1d, DeviceFloat, Gpu, KernelFn, TypedKernelFn};
 use crate::error::{Error, Result};
+use crate::typed_kernel;
 use cudarc::driver::{DevicePtr, DevicePtrMut};
 use half::f16;
+
+const FILE: &str = "cast.cu";
+static CAST_F32_TO_F16: KernelFn = KernelFn::new(FILE, "cast_f32_to_f16");
+static CAST_F16_TO_F32: KernelFn = KernelFn::new(FILE, "cast_f16_to_f32");
+static CAST_F16_ADD_TO_F32: KernelFn = KernelFn::new(FILE, "cast_f16_add_to_f32");
+static SWAP_OUTER: TypedKernelFn = typed_kernel!(FILE, "swap_outer");
 
 /// `dst = f16(src)`, rounding to nearest even; values beyond the f16 range
 /// become infinities, as on the CPU.
 pub fn f32_to_f16(gpu: &Gpu, src: &impl DevicePtr<f32>, dst: &mut impl DevicePtrMut<f16>) -> Result<()> {
-    cast(gpu, "cast_f32_to_f16", src, dst)
+    cast(gpu, &CAST_F32_TO_F16, src, dst)
 }
 
 /// `dst = f32(src)` (exact).
 pub fn f16_to_f32(gpu: &Gpu, src: &impl DevicePtr<f16>, dst: &mut impl DevicePtrMut<f32>) -> Result<()> {
-    cast(gpu, "cast_f16_to_f32", src, dst)
+    cast(gpu, &CAST_F16_TO_F32, src, dst)
 }
 
-fn cast<A, B>(gpu: &Gpu, name: &str, src: &impl DevicePtr<A>, dst: &mut impl DevicePtrMut<B>) -> Result<()> {
+fn cast<A, B>(
+    gpu: &Gpu,
+    k: &'static KernelFn,
+    src: &impl DevicePtr<A>,
+    dst: &mut impl DevicePtrMut<B>,
+) -> Result<()> {
+    let name = k.name();
     let n = src.len();
     check_len(name, "dst", dst.len(), n)?;
     if n == 0 {
         return Ok(());
     }
-    let f = gpu.function("cast.cu", name)?;
+    let f = gpu.kernel(k)?;
     let stream = gpu.stream();
     let (s, _s) = src.device_ptr(stream);
     let (d, _d) = dst.device_ptr_mut(stream);
@@ -39,7 +52,7 @@ fn cast<A, B>(gpu: &Gpu, name: &str, src: &impl DevicePtr<A>, dst: &mut impl Dev
 /// `dst += f32(src)`, elementwise in f32: an f16 gradient accumulated into
 /// an f32 `.grad` (O1's conv and linear), as `accumulate_grad` on the CPU.
 pub fn f16_add_to_f32(gpu: &Gpu, src: &impl DevicePtr<f16>, dst: &mut impl DevicePtrMut<f32>) -> Result<()> {
-    cast(gpu, "cast_f16_add_to_f32", src, dst)
+    cast(gpu, &CAST_F16_ADD_TO_F32, src, dst)
 }
 
 /// `dst[B, A, C] = src[A, B, C]` for `shape = [A, B, C]`: the two outer
@@ -58,7 +71,7 @@ pub fn swap_outer<T: DeviceFloat>(
         return Ok(());
     }
     let [a, b, c] = [as_i64(OP, shape[0])?, as_i64(OP, shape[1])?, as_i64(OP, shape[2])?];
-    let f = gpu.function("cast.cu", &entry::<T>(OP))?;
+    let f = gpu.kernel(T::pick(&SWAP_OUTER))?;
     let stream = gpu.stream();
     let (s, _s) = src.device_ptr(stream);
     let (d, _d) = dst.device_ptr_mut(stream);

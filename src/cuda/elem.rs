@@ -1,5 +1,5 @@
 //! What every launcher shares: the element-type trait the kernels are
-//! instantiated for, their entry-point names, and the host-side size checks
+//! instantiated for and the host-side size checks
 //! that keep a wrong length from ever reaching a kernel.
 
 use crate::error::{Error, Result};
@@ -11,12 +11,17 @@ use half::f16;
 pub trait DeviceFloat: DeviceRepr + ValidAsZeroBits + Copy + Default + Unpin + Send + Sync + 'static {
     /// The entry-point suffix: `"f32"` or `"f16"`.
     const SUFFIX: &'static str;
+    /// This type's instantiation of `k`.
+    fn pick(k: &'static super::TypedKernelFn) -> &'static super::KernelFn;
     fn from_f32(v: f32) -> Self;
     fn to_f32(self) -> f32;
 }
 
 impl DeviceFloat for f32 {
     const SUFFIX: &'static str = "f32";
+    fn pick(k: &'static super::TypedKernelFn) -> &'static super::KernelFn {
+        &k.f32
+    }
     fn from_f32(v: f32) -> Self {
         v
     }
@@ -27,17 +32,15 @@ impl DeviceFloat for f32 {
 
 impl DeviceFloat for f16 {
     const SUFFIX: &'static str = "f16";
+    fn pick(k: &'static super::TypedKernelFn) -> &'static super::KernelFn {
+        &k.f16
+    }
     fn from_f32(v: f32) -> Self {
         f16::from_f32(v)
     }
     fn to_f32(self) -> f32 {
         f16::to_f32(self)
     }
-}
-
-/// `"<op>_f32"` or `"<op>_f16"`: the entry point of a `DDP_INSTANTIATE`d kernel.
-pub fn entry<T: DeviceFloat>(op: &str) -> String {
-    format!("{op}_{}", T::SUFFIX)
 }
 
 /// Checks that a device buffer holds exactly `want` elements, so a wrong size

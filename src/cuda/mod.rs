@@ -9,6 +9,7 @@
 pub mod blas;
 pub mod cast;
 mod elem;
+pub mod emu;
 pub mod kernels;
 pub mod launch;
 pub mod nccl;
@@ -16,14 +17,17 @@ pub mod nvrtc;
 pub mod select;
 #[cfg(test)]
 pub(crate) mod testing;
+#[cfg(test)]
+mod tests_fault;
 
-pub use elem::{as_i64, check_len, entry, DeviceFloat};
+pub use elem::{as_i64, check_len, DeviceFloat};
+pub use launch::Kernel;
 
 use crate::error::{Error, Result};
 use cudarc::driver::{CudaContext, CudaModule, CudaStream, LaunchConfig};
-pub use launch::Kernel;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// Threads per block for the elementwise kernels.
 pub const BLOCK: u32 = 256;
@@ -45,16 +49,69 @@ pub fn launch_1d(n: usize) -> LaunchConfig {
     LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 }
 }
 
+/// Kernel entry points one process can name: the length of every [`Gpu`]'s
+/// handle table (the kernels/*.cu files declare about 60).
+pub const MAX_KERNELS: usize = 256;
+
+/// Slots handed out so far, one per [`KernelFn`] on its first use.
+static NEXT_SLOT: AtomicUsize = AtomicUsize::new(0);
+
+/// One kernel entry point, declared once as a `static` beside its launcher.
+/// Its first use takes a slot in every [`Gpu`]'s handle table, so a launch
+/// finds its function with an atomic load and an index: no name is formatted
+/// and no lock is taken per launch.
+#[derive(Debug)]
+pub struct KernelFn {
+    file: &'static str,
+    name: &'static str,
+    slot: OnceLock<usize>,
+}
+
+impl KernelFn {
+    pub const fn new(file: &'static str, name: &'static str) -> KernelFn {
+        KernelFn { file, name, slot: OnceLock::new() }
+    }
+
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn slot(&self) -> usize {
+        *self.slot.get_or_init(|| NEXT_SLOT.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+/// The `_f32` and `_f16` instantiations of one `DDP_INSTANTIATE`d kernel
+/// (see [`typed_kernel!`]); [`DeviceFloat::pick`] chooses one.
+#[derive(Debug)]
+pub struct TypedKernelFn {
+    pub f32: KernelFn,
+    pub f16: KernelFn,
+}
+
+/// `typed_kernel!("relu.cu", "relu_forward")`: the pair of entry points
+/// `relu_forward_f32` and `relu_forward_f16`, for a `static`.
+#[macro_export]
+macro_rules! typed_kernel {
+    ($file:expr, $op:literal) => {
+        $crate::cuda::TypedKernelFn {
+            f32: $crate::cuda::KernelFn::new($file, concat!($op, "_f32")),
+            f16: $crate::cuda::KernelFn::new($file, concat!($op, "_f16")),
+        }
+    };
+}
+
 pub struct Gpu {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
-    /// `compute_XY` of this device: kernels are compiled to PTX for it and the
-    /// driver JITs them, so one NVRTC covers every architecture it knows.
+    /// `sm_XY` of this device: kernels compile to a cubin for it (no JIT, and
+    /// no PTX newer than the driver can read), or to `compute_XY` PTX when
+    /// this NVRTC cannot build that cubin or the driver refuses it.
     arch: String,
     name: String,
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
-    /// Loaded kernels by entry-point name (names are unique across files).
-    functions: Mutex<HashMap<String, Arc<Kernel>>>,
+    /// Loaded kernels by [`KernelFn`] slot, filled on first launch.
+    kernels: Box<[OnceLock<Kernel>]>,
 }
 
 impl std::fmt::Debug for Gpu {
@@ -76,16 +133,26 @@ impl Gpu {
             CudaContext::new(ordinal).map_err(|e| Error::cuda(format!("opening device {ordinal}"), e))?;
         let (major, minor) = ctx.compute_capability().map_err(|e| Error::cuda("compute capability", e))?;
         let name = ctx.name().map_err(|e| Error::cuda("device name", e))?;
+        // Cross-stream order is ours to state with events (the reducer's
+        // hand-off to the communication stream and back), as in PyTorch.
+        // cudarc's automatic tracking would record an event per buffer
+        // argument of every launch and make streams wait on them: driver
+        // calls per launch, and it would hide a missing hand-off event from
+        // the emulated device's race checker.
+        // SAFETY: before any allocation of this context; every buffer used
+        // on two streams is ordered by the reducer's events (see
+        // dist::cuda::reducer), which the emulated device checks.
+        unsafe { ctx.disable_event_tracking() };
         // Not the legacy default stream: that one waits for every other
         // stream, so the communication stream could never overlap backward.
         let stream = ctx.new_stream().map_err(|e| Error::cuda("creating the compute stream", e))?;
         Ok(Arc::new(Gpu {
             ctx,
             stream,
-            arch: format!("compute_{major}{minor}"),
+            arch: format!("sm_{major}{minor}"),
             name,
             modules: Mutex::new(HashMap::new()),
-            functions: Mutex::new(HashMap::new()),
+            kernels: (0..MAX_KERNELS).map(|_| OnceLock::new()).collect(),
         }))
     }
 
@@ -106,28 +173,61 @@ impl Gpu {
         &self.arch
     }
 
-    /// Kernel `name` of `kernels/<file>`, compiling and loading the file on
-    /// first use (once per process; later calls are a map lookup).
-    pub fn function(&self, file: &'static str, name: &str) -> Result<Arc<Kernel>> {
-        let mut functions =
-            self.functions.lock().map_err(|_| Error::cuda("kernel cache", "poisoned by a panic"))?;
-        if let Some(k) = functions.get(name) {
-            return Ok(k.clone());
+    /// Kernel `k`, compiling and loading its file on first use (once per
+    /// process); later calls are an atomic load.
+    pub fn kernel(&self, k: &'static KernelFn) -> Result<&Kernel> {
+        let cell = self.kernels.get(k.slot()).ok_or_else(|| Error::Cuda {
+            op: format!("kernel {}", k.name),
+            msg: format!("more than {MAX_KERNELS} kernel entry points: raise cuda::MAX_KERNELS"),
+        })?;
+        if let Some(f) = cell.get() {
+            return Ok(f);
         }
+        let loaded = self.load_kernel(k.file, k.name)?;
+        // Another thread may have loaded it meanwhile: either copy serves.
+        let _ = cell.set(loaded);
+        cell.get().ok_or_else(|| Error::Cuda {
+            op: format!("kernel {}", k.name),
+            msg: "handle table lost an entry".into(),
+        })
+    }
+
+    /// `kernels/<file>` as a cubin for this device, else as PTX for its
+    /// virtual architecture. A driver older than the NVRTC rejects the newer
+    /// PTX (CUDA_ERROR_UNSUPPORTED_PTX_VERSION) but still loads a cubin.
+    fn load_module(&self, file: &'static str) -> Result<Arc<CudaModule>> {
+        let cubin = nvrtc::compile(file, &self.arch).and_then(|out| {
+            let image = match out {
+                nvrtc::Output::Cubin(b) => cudarc::nvrtc::Ptx::from_binary(b),
+                nvrtc::Output::Ptx(p) => cudarc::nvrtc::Ptx::from_src(p),
+            };
+            self.ctx
+                .load_module(image)
+                .map_err(|e| Error::cuda(format!("loading the kernels/{file} cubin"), e))
+        });
+        let cubin_err = match cubin {
+            Ok(m) => return Ok(m),
+            Err(e) => e,
+        };
+        let virt = self.arch.replacen("sm_", "compute_", 1);
+        let ptx = match nvrtc::compile(file, &virt)? {
+            nvrtc::Output::Ptx(p) => cudarc::nvrtc::Ptx::from_src(p),
+            nvrtc::Output::Cubin(b) => cudarc::nvrtc::Ptx::from_binary(b),
+        };
+        self.ctx.load_module(ptx).map_err(|e| Error::Cuda {
+            op: format!("loading kernels/{file}"),
+            msg: format!("{e:?} as {virt} PTX; as an {} cubin: {cubin_err}", self.arch),
+        })
+    }
+
+    fn load_kernel(&self, file: &'static str, name: &str) -> Result<Kernel> {
         let module = {
             let mut modules =
                 self.modules.lock().map_err(|_| Error::cuda("kernel cache", "poisoned by a panic"))?;
             match modules.get(file) {
                 Some(m) => m.clone(),
                 None => {
-                    let ptx = match nvrtc::compile(file, &self.arch)? {
-                        nvrtc::Output::Ptx(p) => cudarc::nvrtc::Ptx::from_src(p),
-                        nvrtc::Output::Cubin(b) => cudarc::nvrtc::Ptx::from_binary(b),
-                    };
-                    let m = self
-                        .ctx
-                        .load_module(ptx)
-                        .map_err(|e| Error::cuda(format!("loading kernels/{file}"), e))?;
+                    let m = self.load_module(file)?;
                     modules.insert(file, m.clone());
                     m
                 }
@@ -136,9 +236,7 @@ impl Gpu {
         let f = module
             .load_function(name)
             .map_err(|e| Error::cuda(format!("kernel {name} in kernels/{file}"), e))?;
-        let k = Arc::new(Kernel::new(f, name));
-        functions.insert(name.to_string(), k.clone());
-        Ok(k)
+        Ok(Kernel::new(f, name))
     }
 
     /// Blocks the host until the compute stream is idle (tests, logging steps).
@@ -172,4 +270,30 @@ pub fn skip_or_fail(test: &str, why: &str) {
         );
     }
     println!("{test}: skipped: {why}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::KernelFn;
+
+    static RELU_F32: KernelFn = KernelFn::new("relu.cu", "relu_forward_f32");
+    static RELU_F16: KernelFn = KernelFn::new("relu.cu", "relu_forward_f16");
+
+    /// Kernels load from a cubin for the device's own sm_XY (the emulated
+    /// NVRTC returns the same bytes for it), and a second look-up of a
+    /// kernel is the handle loaded by the first, in its own slot.
+    #[test]
+    fn kernels_load_for_the_devices_sm_and_are_looked_up_once() {
+        let Some(gpu) = super::test_gpu("kernels_load_for_the_devices_sm_and_are_looked_up_once") else {
+            return;
+        };
+        let (major, minor) = gpu.ctx().compute_capability().unwrap();
+        assert_eq!(gpu.arch(), format!("sm_{major}{minor}"));
+        let a = gpu.kernel(&RELU_F32).unwrap();
+        assert_eq!(a.name(), "relu_forward_f32");
+        assert!(std::ptr::eq(a, gpu.kernel(&RELU_F32).unwrap()));
+        let b = gpu.kernel(&RELU_F16).unwrap();
+        assert_eq!(b.name(), "relu_forward_f16");
+        assert_ne!(RELU_F32.slot(), RELU_F16.slot());
+    }
 }

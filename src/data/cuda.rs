@@ -3,11 +3,12 @@
 //! CPU twin: the loader's `build` (row i of a batch is sample `indices[i]`).
 
 use super::Dataset;
-use crate::cuda::{as_i64, check_len, launch_1d, Gpu};
+use crate::cuda::{as_i64, check_len, launch_1d, Gpu, KernelFn};
 use crate::error::{Error, Result};
 use cudarc::driver::{CudaSlice, CudaViewMut};
 
 const FILE: &str = "data.cu";
+static GATHER_BATCH: KernelFn = KernelFn::new(FILE, "gather_batch");
 
 /// Normalized images (f32) and labels of a whole split, on the device.
 pub struct DeviceDataset {
@@ -106,7 +107,7 @@ pub fn gather_batch(
         return Ok(());
     }
     let (off, rows, per) = (as_i64(OP, offset)?, as_i64(OP, n)?, as_i64(OP, ds.sample_len)?);
-    let f = gpu.function(FILE, "gather_batch")?;
+    let f = gpu.kernel(&GATHER_BATCH)?;
     let mut b = f.launch_on(gpu.stream());
     b.arg(&ds.images).arg(&ds.labels).arg(&order.indices).arg(&off).arg(&rows).arg(&per);
     b.arg(x).arg(y);

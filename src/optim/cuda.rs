@@ -10,13 +10,17 @@
 //! [`DeviceOptimizer::from_host`] move the whole state for checkpoints.
 
 use super::{widen, Optimizer, OptimizerConfig, OptimizerKind, ParamState};
-use crate::cuda::{as_i64, check_len, entry, DeviceFloat};
+use crate::cuda::{as_i64, check_len, DeviceFloat, KernelFn, TypedKernelFn};
 use crate::cuda::{launch_1d, Gpu};
 use crate::error::{Error, Result};
+use crate::typed_kernel;
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, LaunchConfig};
 use std::path::Path;
 
 const FILE: &str = "optim.cu";
+static ADAM_STEP: TypedKernelFn = typed_kernel!(FILE, "adam_step");
+static OPTIM_ADVANCE_STEP: KernelFn = KernelFn::new(FILE, "optim_advance_step");
+static SGD_STEP: TypedKernelFn = typed_kernel!(FILE, "sgd_step");
 
 /// An [`Optimizer`] whose state lives on the device as flat f32 buffers.
 pub struct DeviceOptimizer {
@@ -97,7 +101,7 @@ impl DeviceOptimizer {
                     let one_minus_dampening = (1.0 - widen(c.dampening)) as f32;
                     let weight_decay = widen(c.weight_decay) as f32;
                     let nesterov = i32::from(c.nesterov);
-                    let f = gpu.function(FILE, &entry::<T>("sgd_step"))?;
+                    let f = gpu.kernel(T::pick(&SGD_STEP))?;
                     let mut b = f.launch_on(gpu.stream());
                     b.arg(&mut *master).arg(grads);
                     match self.state.first_mut() {
@@ -119,7 +123,7 @@ impl DeviceOptimizer {
                     let (lr64, beta1, beta2) = (widen(lr), widen(c.betas.0), widen(c.betas.1));
                     let (eps, weight_decay) = (widen(c.eps), widen(c.weight_decay));
                     let decoupled = i32::from(c.kind == OptimizerKind::AdamW);
-                    let f = gpu.function(FILE, &entry::<T>("adam_step"))?;
+                    let f = gpu.kernel(T::pick(&ADAM_STEP))?;
                     let [m1, m2] = self.state.as_mut_slice() else {
                         return Err(Error::Training(format!("{OP}: Adam state is not two buffers")));
                     };
@@ -137,7 +141,7 @@ impl DeviceOptimizer {
                 }
             }
         }
-        let f = gpu.function(FILE, "optim_advance_step")?;
+        let f = gpu.kernel(&OPTIM_ADVANCE_STEP)?;
         let mut b = f.launch_on(gpu.stream());
         b.arg(&mut self.step_count).arg(found_inf);
         let one = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1, 1, 1), shared_mem_bytes: 0 };

@@ -9,6 +9,8 @@ pub mod scale;
 
 #[cfg(test)]
 mod tests_cuda;
+#[cfg(test)]
+mod tests_race;
 
 pub use ready::ReadyTracker;
 pub use reducer::DeviceReducer;

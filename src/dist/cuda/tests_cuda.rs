@@ -55,6 +55,8 @@ fn ddp_scale_is_the_cpu_reducers_multiply_bit_for_bit() {
         for k in [0.5f32, 1.0 / 3.0, 2.0 / 3.0, 3.0] {
             let host = values(n, n as u64);
             let mut x = upload::<f32>(&gpu, &host);
+            // Uploaded on the compute stream: s must wait for it (an event, as the reducer's hand-off).
+            s.join(gpu.stream()).unwrap();
             scale::scale(&gpu, &s, &mut x, k).unwrap();
             let got: Vec<f32> = s.clone_dtoh(&x).unwrap();
             for (i, (&h, g)) in host.iter().zip(&got).enumerate() {
@@ -83,6 +85,7 @@ fn widen_and_narrow_scale_round_once_as_the_cpu_reducer() {
         let h16: Vec<f16> = host.iter().map(|&v| f16::from_f32(v)).collect();
         let src = s.clone_htod(&h16).unwrap();
         let mut wide = poisoned::<f32>(&gpu, n);
+        s.join(gpu.stream()).unwrap();
         scale::widen_scale(&gpu, &s, &src, &mut wide, 0.5).unwrap();
         let got: Vec<f32> = s.clone_dtoh(&wide).unwrap();
         for (i, (h, g)) in h16.iter().zip(&got).enumerate() {
@@ -91,6 +94,7 @@ fn widen_and_narrow_scale_round_once_as_the_cpu_reducer() {
         // Back with a factor that overflows the largest values: inf, as half gives.
         let src = upload::<f32>(&gpu, &host);
         let mut narrow = poisoned::<f16>(&gpu, n);
+        s.join(gpu.stream()).unwrap();
         scale::narrow_scale(&gpu, &s, &src, &mut narrow, 3.5).unwrap();
         let got: Vec<f16> = s.clone_dtoh(&narrow).unwrap();
         for (i, (&h, g)) in host.iter().zip(&got).enumerate() {
@@ -108,11 +112,13 @@ fn ddp_fill_writes_exactly_its_view() {
     let Some(gpu) = crate::cuda::test_gpu("ddp_fill_writes_exactly_its_view") else { return };
     let s = gpu.ctx().new_stream().unwrap();
     let mut x = upload::<f16>(&gpu, &[2.0; 13]);
+    s.join(gpu.stream()).unwrap();
     scale::fill(&gpu, &s, &mut x.slice_mut(0..1), f32::INFINITY).unwrap();
     let got: Vec<f16> = s.clone_dtoh(&x).unwrap();
     assert_eq!(got[0], f16::INFINITY);
     assert!(got[1..].iter().all(|&v| v == f16::from_f32(2.0)), "{got:?}");
     let mut y = poisoned::<f32>(&gpu, 1003);
+    s.join(gpu.stream()).unwrap();
     scale::fill(&gpu, &s, &mut y, -1.5).unwrap();
     assert!(s.clone_dtoh(&y).unwrap().iter().all(|&v| v == -1.5));
 }

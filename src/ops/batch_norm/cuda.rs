@@ -9,16 +9,26 @@
 //! floats -> [`sync_stats`] -> [`forward_apply`]; backward: [`backward_reduce`]
 //! -> all-reduce the `2c` sums -> [`backward_dx`] with the global count.
 
-use crate::cuda::{as_i64, check_len, entry, DeviceFloat};
+use crate::cuda::{as_i64, check_len, DeviceFloat, KernelFn, TypedKernelFn};
 use crate::cuda::{Gpu, BLOCK};
 use crate::error::{Error, Result};
+use crate::typed_kernel;
 use cudarc::driver::{CudaView, CudaViewMut, LaunchConfig};
 
 const FILE: &str = "batch_norm.cu";
+static BN_BACKWARD_DX: TypedKernelFn = typed_kernel!(FILE, "bn_backward_dx");
+static BN_BACKWARD_REDUCE: TypedKernelFn = typed_kernel!(FILE, "bn_backward_reduce");
+static BN_FORWARD_APPLY: TypedKernelFn = typed_kernel!(FILE, "bn_forward_apply");
+static BN_FORWARD_EVAL: TypedKernelFn = typed_kernel!(FILE, "bn_forward_eval");
+static BN_FORWARD_STATS: TypedKernelFn = typed_kernel!(FILE, "bn_forward_stats");
+static BN_LOCAL_SUMS: TypedKernelFn = typed_kernel!(FILE, "bn_local_sums");
+static BN_SYNC_STATS: KernelFn = KernelFn::new(FILE, "bn_sync_stats");
 
 /// Threads of the per-channel reduction blocks (a multiple of 32; the
 /// reduction order, hence the bits, depends on it).
 const BN_THREADS: u32 = 256;
+/// The most values per channel (N*H*W) the kernels' `unsigned` loops take.
+const MAX_CHANNEL_COUNT: usize = (u32::MAX - (BN_THREADS - 1)) as usize;
 
 /// `(n, c, h*w)` of a validated NCHW shape.
 #[derive(Debug, Clone, Copy)]
@@ -36,9 +46,14 @@ impl Nchw {
             )));
         };
         let d = Nchw { n, c, hw: h * w };
-        // The kernels index a channel's n*h*w values with 32-bit integers.
-        if d.count() > u32::MAX as usize {
-            return Err(Error::shape(format!("{op}: {} values per channel is too many", d.count())));
+        // The kernels walk a channel's n*h*w values with a 32-bit unsigned
+        // counter stepping by BN_THREADS: the last step past the end must not
+        // wrap around to the start (the block would loop forever).
+        if d.count() > MAX_CHANNEL_COUNT {
+            return Err(Error::shape(format!(
+                "{op}: {} values per channel is too many (at most {MAX_CHANNEL_COUNT})",
+                d.count()
+            )));
         }
         Ok(d)
     }
@@ -122,7 +137,7 @@ pub fn forward_train<T: DeviceFloat>(
         return Ok(());
     }
     let (n, c, hw) = d.args(OP)?;
-    let f = gpu.function(FILE, &entry::<T>("bn_forward_stats"))?;
+    let f = gpu.kernel(T::pick(&BN_FORWARD_STATS))?;
     let mut b = f.launch_on(gpu.stream());
     b.arg(x).arg(&n).arg(&c).arg(&hw).arg(&eps).arg(&momentum);
     b.arg(&mut *mean).arg(&mut *invstd).arg(running_mean).arg(running_var);
@@ -156,7 +171,7 @@ pub fn forward_apply<T: DeviceFloat>(
         return Ok(());
     }
     let (n, c, hw) = d.args(OP)?;
-    let f = gpu.function(FILE, &entry::<T>("bn_forward_apply"))?;
+    let f = gpu.kernel(T::pick(&BN_FORWARD_APPLY))?;
     let mut b = f.launch_on(gpu.stream());
     b.arg(x).arg(mean).arg(invstd).arg(weight).arg(bias).arg(&n).arg(&c).arg(&hw).arg(y);
     launch(OP, &mut b, d.planes())
@@ -192,7 +207,7 @@ pub fn forward_eval<T: DeviceFloat>(
         return Ok(());
     }
     let (n, c, hw) = d.args(OP)?;
-    let f = gpu.function(FILE, &entry::<T>("bn_forward_eval"))?;
+    let f = gpu.kernel(T::pick(&BN_FORWARD_EVAL))?;
     let mut b = f.launch_on(gpu.stream());
     b.arg(x).arg(weight).arg(bias).arg(running_mean).arg(running_var).arg(&eps);
     b.arg(&n).arg(&c).arg(&hw).arg(y);
@@ -241,7 +256,7 @@ pub fn local_sums<T: DeviceFloat>(
         return Err(Error::shape(format!("{OP}: input shape {shape:?} has no values per channel")));
     }
     let (n, c, hw) = d.args(OP)?;
-    let f = gpu.function(FILE, &entry::<T>("bn_local_sums"))?;
+    let f = gpu.kernel(T::pick(&BN_LOCAL_SUMS))?;
     let mut b = f.launch_on(gpu.stream());
     b.arg(x).arg(&n).arg(&c).arg(&hw).arg(out);
     launch(OP, &mut b, d.per_channel())
@@ -277,7 +292,7 @@ pub fn sync_stats(
         return Ok(());
     }
     let c = as_i64(OP, channels)?;
-    let f = gpu.function(FILE, "bn_sync_stats")?;
+    let f = gpu.kernel(&BN_SYNC_STATS)?;
     let mut b = f.launch_on(gpu.stream());
     b.arg(totals).arg(&c).arg(&eps).arg(&momentum).arg(mean).arg(invstd).arg(running_mean).arg(running_var);
     launch(OP, &mut b, crate::cuda::launch_1d(channels))
@@ -311,7 +326,7 @@ pub fn backward_reduce<T: DeviceFloat>(
         return Ok(());
     }
     let (n, c, hw) = d.args(OP)?;
-    let f = gpu.function(FILE, &entry::<T>("bn_backward_reduce"))?;
+    let f = gpu.kernel(T::pick(&BN_BACKWARD_REDUCE))?;
     let mut b = f.launch_on(gpu.stream());
     b.arg(x).arg(dy).arg(mean).arg(invstd).arg(&n).arg(&c).arg(&hw).arg(sums).arg(dweight).arg(dbias);
     launch(OP, &mut b, d.per_channel())
@@ -349,7 +364,7 @@ pub fn backward_dx<T: DeviceFloat>(
     }
     let (n, c, hw) = d.args(OP)?;
     let count = as_i64(OP, count)?;
-    let f = gpu.function(FILE, &entry::<T>("bn_backward_dx"))?;
+    let f = gpu.kernel(T::pick(&BN_BACKWARD_DX))?;
     let mut b = f.launch_on(gpu.stream());
     b.arg(x).arg(dy).arg(mean).arg(invstd).arg(weight).arg(sums).arg(&count);
     b.arg(&n).arg(&c).arg(&hw).arg(dx);
@@ -359,3 +374,21 @@ pub fn backward_dx<T: DeviceFloat>(
 #[cfg(test)]
 #[path = "tests_cuda.rs"]
 mod tests_cuda;
+
+#[cfg(test)]
+mod bounds {
+    use super::{Nchw, BN_THREADS};
+
+    /// The largest N*H*W whose last loop step (k += BN_THREADS from k =
+    /// count - 1) still fits in 32 bits is accepted; one more is refused
+    /// before a kernel could spin on a wrapped counter.
+    #[test]
+    fn a_channel_the_unsigned_loop_would_wrap_on_is_refused() {
+        let max = (u32::MAX - (BN_THREADS - 1)) as usize;
+        assert!(Nchw::new("bn", &[1, 2, 1, max]).is_ok());
+        let e = Nchw::new("bn", &[1, 2, 1, max + 1]).err().unwrap().to_string();
+        assert!(e.contains(&format!("{} values per channel is too many", max + 1)), "{e}");
+        let e = Nchw::new("bn", &[1 << 16, 1, 1 << 16, 1]).err().unwrap().to_string();
+        assert!(e.contains("4294967296 values per channel is too many"), "{e}");
+    }
+}

@@ -7,12 +7,17 @@
 use super::cpu::ConvGeom;
 use super::out_size;
 use crate::cuda::blas::{gemm, gemm_strided_batched, BatchStrides, Blas, BlasElem};
-use crate::cuda::{check_len, entry, DeviceFloat};
+use crate::cuda::{check_len, DeviceFloat, TypedKernelFn};
 use crate::cuda::{launch_1d, Gpu};
 use crate::error::{Error, Result};
+use crate::typed_kernel;
 use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, DevicePtrMut, LaunchConfig};
 
 const FILE: &str = "conv2d.cu";
+static CONV2D_IM2COL: TypedKernelFn = typed_kernel!(FILE, "conv2d_im2col");
+static CONV2D_COL2IM: TypedKernelFn = typed_kernel!(FILE, "conv2d_col2im");
+static CONV2D_BIAS_ADD: TypedKernelFn = typed_kernel!(FILE, "conv2d_bias_add");
+static CONV2D_BIAS_GRAD: TypedKernelFn = typed_kernel!(FILE, "conv2d_bias_grad");
 /// Threads per block of `conv2d_bias_grad` (its shared array is this size).
 const BIAS_GRAD_THREADS: u32 = 256;
 
@@ -71,7 +76,7 @@ pub fn im2col<T: DeviceFloat>(
     check_geom(OP, g)?;
     check_len(OP, "x", x.len(), g.n * g.x_len())?;
     check_len(OP, "col", col.len(), col_len(g))?;
-    unfold::<T>(gpu, OP, "conv2d_im2col", g, x, layout, col, col_len(g))
+    unfold::<T>(gpu, OP, &CONV2D_IM2COL, g, x, layout, col, col_len(g))
 }
 
 /// `dx` (`[N, C, H, W]`, overwritten) = the adjoint of [`im2col`] applied to
@@ -87,7 +92,7 @@ pub fn col2im<T: DeviceFloat>(
     check_geom(OP, g)?;
     check_len(OP, "col", col.len(), col_len(g))?;
     check_len(OP, "dx", dx.len(), g.n * g.x_len())?;
-    unfold::<T>(gpu, OP, "conv2d_col2im", g, col, layout, dx, g.n * g.x_len())
+    unfold::<T>(gpu, OP, &CONV2D_COL2IM, g, col, layout, dx, g.n * g.x_len())
 }
 
 /// Shared launch of im2col / col2im (same argument list), one thread per
@@ -96,7 +101,7 @@ pub fn col2im<T: DeviceFloat>(
 fn unfold<T: DeviceFloat>(
     gpu: &Gpu,
     op: &str,
-    kernel: &str,
+    kernel: &'static TypedKernelFn,
     g: &ConvGeom,
     src: &impl DevicePtr<T>,
     layout: ColLayout,
@@ -106,7 +111,7 @@ fn unfold<T: DeviceFloat>(
     if threads == 0 {
         return Ok(());
     }
-    let f = gpu.function(FILE, &entry::<T>(kernel))?;
+    let f = gpu.kernel(T::pick(kernel))?;
     let stream = gpu.stream();
     let (sp, _s) = src.device_ptr(stream);
     let (dp, _d) = dst.device_ptr_mut(stream);
@@ -133,7 +138,7 @@ pub fn bias_add<T: DeviceFloat>(
     if n * o * hw == 0 {
         return Ok(());
     }
-    let f = gpu.function(FILE, &entry::<T>("conv2d_bias_add"))?;
+    let f = gpu.kernel(T::pick(&CONV2D_BIAS_ADD))?;
     let stream = gpu.stream();
     let (yp, _y) = y.device_ptr_mut(stream);
     let (bp, _b) = bias.device_ptr(stream);
@@ -161,7 +166,7 @@ pub fn bias_grad<T: DeviceFloat>(
     if o == 0 {
         return Ok(());
     }
-    let f = gpu.function(FILE, &entry::<T>("conv2d_bias_grad"))?;
+    let f = gpu.kernel(T::pick(&CONV2D_BIAS_GRAD))?;
     let stream = gpu.stream();
     let (gp, _g) = dy.device_ptr(stream);
     let (dbp, _db) = db.device_ptr_mut(stream);

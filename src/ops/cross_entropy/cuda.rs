@@ -4,12 +4,15 @@
 //! ([`CrossEntropyTotals`]) that the trainer reads on logging steps and
 //! after evaluation.
 
-use crate::cuda::{check_len, entry, DeviceFloat};
+use crate::cuda::{check_len, DeviceFloat, KernelFn, TypedKernelFn};
 use crate::cuda::{Gpu, BLOCK};
 use crate::error::{Error, Result};
+use crate::typed_kernel;
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
 
 const FILE: &str = "cross_entropy.cu";
+static CROSS_ENTROPY_ACCUMULATE: KernelFn = KernelFn::new(FILE, "cross_entropy_accumulate");
+static CROSS_ENTROPY_ROWS: TypedKernelFn = typed_kernel!(FILE, "cross_entropy_rows");
 /// Threads of the single block `cross_entropy_accumulate` runs as (its
 /// shared arrays are sized for it).
 const ACC_THREADS: u32 = 256;
@@ -97,6 +100,20 @@ pub fn forward<T: DeviceFloat>(
     rows::<T>(gpu, OP, logits, labels, shape, (0, 0), totals)
 }
 
+/// The kernel's lanes walk the columns with an `int` stepping by 32, so the
+/// step past the last column must still fit an `int` (signed overflow is
+/// undefined behaviour in CUDA C++).
+const MAX_CLASSES: usize = (i32::MAX - 31) as usize;
+
+fn check_classes(op: &str, c: usize) -> Result<()> {
+    if c > MAX_CLASSES {
+        return Err(Error::shape(format!(
+            "{op}: {c} classes is more than the kernel's int column index allows ({MAX_CLASSES})"
+        )));
+    }
+    Ok(())
+}
+
 fn check<T>(
     op: &str,
     logits: &impl DevicePtr<T>,
@@ -109,9 +126,7 @@ fn check<T>(
             "{op}: empty logits [{n}, {c}] (need at least one row and one class)"
         )));
     }
-    if i32::try_from(c).is_err() {
-        return Err(Error::shape(format!("{op}: {c} classes do not fit the kernel's i32 column index")));
-    }
+    check_classes(op, c)?;
     if n > totals.max_rows() {
         return Err(Error::shape(format!(
             "{op}: {n} rows but the buffers were allocated for at most {}",
@@ -133,8 +148,8 @@ fn rows<T: DeviceFloat>(
     (scale_ptr, dlogits_ptr): (u64, u64),
     totals: &mut CrossEntropyTotals,
 ) -> Result<()> {
-    let rows_f = gpu.function(FILE, &entry::<T>("cross_entropy_rows"))?;
-    let acc_f = gpu.function(FILE, "cross_entropy_accumulate")?;
+    let rows_f = gpu.kernel(T::pick(&CROSS_ENTROPY_ROWS))?;
+    let acc_f = gpu.kernel(&CROSS_ENTROPY_ACCUMULATE)?;
     let stream = gpu.stream();
     let (n64, c64) = (n as i64, c as i64);
     let (lp, _l) = logits.device_ptr(stream);
@@ -171,3 +186,18 @@ fn rows<T: DeviceFloat>(
 #[cfg(test)]
 #[path = "tests_cuda.rs"]
 mod tests_cuda;
+
+#[cfg(test)]
+mod bounds {
+    use super::check_classes;
+
+    /// A class count whose last lane step (j += 32) would overflow the
+    /// kernel's `int` is refused; the largest safe one is accepted.
+    #[test]
+    fn a_class_count_the_int_loop_would_overflow_on_is_refused() {
+        let max = (i32::MAX - 31) as usize;
+        assert!(check_classes("ce", max).is_ok());
+        let e = check_classes("ce", max + 1).unwrap_err().to_string();
+        assert!(e.contains(&format!("{} classes is more than", max + 1)), "{e}");
+    }
+}

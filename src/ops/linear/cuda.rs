@@ -7,8 +7,9 @@
 //! element, as the CPU twin's "widen, f32 kernel, round" path.
 
 use crate::cuda::blas::{gemm, Blas, BlasElem};
-use crate::cuda::Gpu;
+use crate::cuda::{Gpu, TypedKernelFn};
 use crate::error::{Error, Result};
+use crate::typed_kernel;
 use cudarc::driver::{CudaView, CudaViewMut, LaunchConfig};
 
 #[cfg(test)]
@@ -16,6 +17,8 @@ use cudarc::driver::{CudaView, CudaViewMut, LaunchConfig};
 mod tests_cuda;
 
 const FILE: &str = "linear.cu";
+static LINEAR_BIAS_FILL: TypedKernelFn = typed_kernel!(FILE, "linear_bias_fill");
+static LINEAR_BIAS_BACKWARD: TypedKernelFn = typed_kernel!(FILE, "linear_bias_backward");
 
 /// Every buffer must hold exactly its matrix: `(name, have, want)`.
 fn check_lens(op: &str, lens: &[(&str, Option<usize>, usize)]) -> Result<()> {
@@ -62,13 +65,14 @@ pub fn forward<T: BlasElem>(
     // With a bias, y starts as the broadcast bias and the GEMM adds onto it
     // (beta = 1), so f16 rounds once, after the bias, like the CPU twin.
     if let Some(b) = bias {
-        let f = gpu.function(FILE, &format!("linear_bias_fill_{}", T::SUFFIX))?;
+        let k = T::pick(&LINEAR_BIAS_FILL);
+        let f = gpu.kernel(k)?;
         let (rows, cols) = (n as i64, out_f as i64);
         let mut launch = f.launch_on(blas.stream());
         launch.arg(b).arg(&mut *y).arg(&rows).arg(&cols);
         // SAFETY: bias holds out_f and y n * out_f elements (checked above).
         unsafe { launch.launch(crate::cuda::launch_1d(n * out_f)) }
-            .map_err(|e| Error::cuda(format!("{op}: linear_bias_fill_{}", T::SUFFIX), e))?;
+            .map_err(|e| Error::cuda(format!("{op}: {}", k.name()), e))?;
     }
     let beta = if bias.is_some() { 1.0 } else { 0.0 };
     gemm(blas, false, true, n, out_f, in_f, 1.0, x, in_f, w, in_f, beta, y, out_f)
@@ -126,8 +130,8 @@ fn bias_backward<T: BlasElem>(
     dy: &CudaView<T>,
     db: &mut CudaViewMut<T>,
 ) -> Result<()> {
-    let name = format!("linear_bias_backward_{}", T::SUFFIX);
-    let f = gpu.function(FILE, &name)?;
+    let k = T::pick(&LINEAR_BIAS_BACKWARD);
+    let f = gpu.kernel(k)?;
     // The kernel's DDP_DB_COLS x DDP_DB_ROWS block; columns loop past the grid cap.
     let cfg = LaunchConfig {
         grid_dim: (out_f.div_ceil(32).clamp(1, 65_535) as u32, 1, 1),
@@ -138,6 +142,6 @@ fn bias_backward<T: BlasElem>(
     let mut launch = f.launch_on(blas.stream());
     launch.arg(dy).arg(db).arg(&rows).arg(&cols);
     // SAFETY: dy holds n * out_f and db out_f elements (checked by the caller).
-    unsafe { launch.launch(cfg) }.map_err(|e| Error::cuda(format!("{op}: {name}"), e))?;
+    unsafe { launch.launch(cfg) }.map_err(|e| Error::cuda(format!("{op}: {}", k.name()), e))?;
     Ok(())
 }

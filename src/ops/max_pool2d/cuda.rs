@@ -4,12 +4,15 @@
 //! kernel), so it needs the pooling geometry as well as the indices.
 
 use super::cpu::Geometry;
-use crate::cuda::{check_len, entry, DeviceFloat};
+use crate::cuda::{check_len, DeviceFloat, TypedKernelFn};
 use crate::cuda::{launch_1d, Gpu};
 use crate::error::{Error, Result};
+use crate::typed_kernel;
 use cudarc::driver::{DevicePtr, DevicePtrMut};
 
 const FILE: &str = "max_pool2d.cu";
+static MAX_POOL2D_BACKWARD: TypedKernelFn = typed_kernel!(FILE, "max_pool2d_backward");
+static MAX_POOL2D_FORWARD: TypedKernelFn = typed_kernel!(FILE, "max_pool2d_forward");
 
 /// The output shape `[N, C, OH, OW]` for an input `[N, C, H, W]`, after the
 /// checks the CPU path makes (positive sizes, window inside the input,
@@ -59,7 +62,7 @@ pub fn forward<T: DeviceFloat>(
     if len == 0 {
         return Ok(out);
     }
-    let f = gpu.function(FILE, &entry::<T>("max_pool2d_forward"))?;
+    let f = gpu.kernel(T::pick(&MAX_POOL2D_FORWARD))?;
     let stream = gpu.stream();
     let (xp, _x) = x.device_ptr(stream);
     let (yp, _y) = y.device_ptr_mut(stream);
@@ -92,7 +95,7 @@ pub fn backward<T: DeviceFloat>(
     if x_len == 0 {
         return Ok(());
     }
-    let f = gpu.function(FILE, &entry::<T>("max_pool2d_backward"))?;
+    let f = gpu.kernel(T::pick(&MAX_POOL2D_BACKWARD))?;
     let stream = gpu.stream();
     let (gp, _g) = dy.device_ptr(stream);
     let (ip, _i) = indices.device_ptr(stream);

@@ -1,12 +1,15 @@
 //! ReLU launchers for kernels/relu.cu, the device twins of `cpu.rs` (same
 //! comparisons, so NaN and signed zeros come out as on the CPU).
 
-use crate::cuda::{check_len, entry, DeviceFloat};
+use crate::cuda::{check_len, DeviceFloat, TypedKernelFn};
 use crate::cuda::{launch_1d, Gpu};
 use crate::error::{Error, Result};
+use crate::typed_kernel;
 use cudarc::driver::{DevicePtr, DevicePtrMut};
 
 const FILE: &str = "relu.cu";
+static RELU_BACKWARD: TypedKernelFn = typed_kernel!(FILE, "relu_backward");
+static RELU_FORWARD: TypedKernelFn = typed_kernel!(FILE, "relu_forward");
 
 /// `y = relu(x)`.
 pub fn forward<T: DeviceFloat>(gpu: &Gpu, x: &impl DevicePtr<T>, y: &mut impl DevicePtrMut<T>) -> Result<()> {
@@ -15,7 +18,7 @@ pub fn forward<T: DeviceFloat>(gpu: &Gpu, x: &impl DevicePtr<T>, y: &mut impl De
     if n == 0 {
         return Ok(());
     }
-    let f = gpu.function(FILE, &entry::<T>("relu_forward"))?;
+    let f = gpu.kernel(T::pick(&RELU_FORWARD))?;
     let stream = gpu.stream();
     let (xp, _x) = x.device_ptr(stream);
     let (yp, _y) = y.device_ptr_mut(stream);
@@ -32,7 +35,7 @@ pub fn forward_<T: DeviceFloat>(gpu: &Gpu, x: &mut impl DevicePtrMut<T>) -> Resu
     if n == 0 {
         return Ok(());
     }
-    let f = gpu.function(FILE, &entry::<T>("relu_forward"))?;
+    let f = gpu.kernel(T::pick(&RELU_FORWARD))?;
     let stream = gpu.stream();
     let (xp, _x) = x.device_ptr_mut(stream);
     let n64 = n as i64;
@@ -56,7 +59,7 @@ pub fn backward<T: DeviceFloat>(
     if n == 0 {
         return Ok(());
     }
-    let f = gpu.function(FILE, &entry::<T>("relu_backward"))?;
+    let f = gpu.kernel(T::pick(&RELU_BACKWARD))?;
     let stream = gpu.stream();
     let (yp, _y) = y.device_ptr(stream);
     let (dyp, _dy) = dy.device_ptr(stream);
@@ -79,7 +82,7 @@ pub fn backward_<T: DeviceFloat>(
     if n == 0 {
         return Ok(());
     }
-    let f = gpu.function(FILE, &entry::<T>("relu_backward"))?;
+    let f = gpu.kernel(T::pick(&RELU_BACKWARD))?;
     let stream = gpu.stream();
     let (yp, _y) = y.device_ptr(stream);
     let (dyp, _dy) = dy.device_ptr_mut(stream);

@@ -124,9 +124,13 @@ int cuemu_enqueue(void* stream, const char* name, const cuemu_access* accesses, 
 int cuemu_check_range(const void* ptr, size_t bytes, char* err, size_t err_len);
 
 // Counters for tests. Names: "host_syncs", "launches", "bytes_htod",
-// "bytes_dtoh", "bytes_dtod", "allocations", "frees", "races", "errors".
+// "bytes_dtoh", "bytes_dtod", "allocations", "frees", "races", "errors",
+// "blas_calls" (GEMM calls), "allreduce_calls", "allreduce_bytes" (per rank).
 // Returns -1 for an unknown name.
 long long cuemuGetCounter(const char* name);
+// For libcublas and libnccl: adds n to "blas_calls", "allreduce_calls" or
+// "allreduce_bytes" (other names are ignored).
+void cuemuAddCounter(const char* name, long long n);
 void cuemuResetCounters(void);
 // The last error message the device reported (check failures), "" if none.
 const char* cuemuLastErrorMessage(void);

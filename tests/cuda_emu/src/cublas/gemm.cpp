@@ -158,6 +158,7 @@ bool outputs_overlap(int m, int n, int ldc, long long stride_c, int batch) {
 cublasStatus_t gemm_call(const GemmCall& c, const char* fn) {
   Handle* h = lookup(c.handle, fn);
   if (h == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
+  cuemuAddCounter("blas_calls", 1);
   Kind kind = Kind::F32;
   cublasStatus_t st = validate(c, fn, &kind);
   if (st != CUBLAS_STATUS_SUCCESS) return st;

@@ -153,7 +153,11 @@ struct Global {
 };
 Global& g();  // never destroyed: stream workers may outlive static destructors
 
-enum Counter { C_HOST_SYNCS, C_LAUNCHES, C_HTOD, C_DTOH, C_DTOD, C_ALLOCS, C_FREES, C_RACES, C_ERRORS, C_N };
+enum Counter {
+  C_HOST_SYNCS, C_LAUNCHES, C_HTOD, C_DTOH, C_DTOD, C_ALLOCS, C_FREES, C_RACES, C_ERRORS,
+  // Bumped by libcublas and libnccl through cuemuAddCounter.
+  C_BLAS_CALLS, C_ALLREDUCE_CALLS, C_ALLREDUCE_BYTES, C_N
+};
 extern std::atomic<long long> counters[C_N];
 inline void count(Counter c, long long n = 1) { counters[c].fetch_add(n, std::memory_order_relaxed); }
 

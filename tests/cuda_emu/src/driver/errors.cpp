@@ -248,8 +248,9 @@ CUEMU_API int cuGetErrorString(int error, const char** pStr) {
   return 0;
 }
 
-static const char* kCounterNames[C_N] = {"host_syncs", "launches", "bytes_htod", "bytes_dtoh", "bytes_dtod",
-                                         "allocations", "frees", "races", "errors"};
+static const char* kCounterNames[C_N] = {"host_syncs", "launches",   "bytes_htod",      "bytes_dtoh",
+                                         "bytes_dtod", "allocations", "frees",           "races",
+                                         "errors",     "blas_calls",  "allreduce_calls", "allreduce_bytes"};
 
 CUEMU_API long long cuemuGetCounter(const char* name) {
   if (!name) return -1;
@@ -257,6 +258,28 @@ CUEMU_API long long cuemuGetCounter(const char* name) {
     if (strcmp(name, kCounterNames[i]) == 0) return counters[i].load();
   return -1;
 }
+
+// The libraries beside libcuda count their own calls here; only their
+// counters may be bumped (a typo is a silent no-op, not a crash).
+CUEMU_API void cuemuAddCounter(const char* name, long long n) {
+  if (!name) return;
+  for (int i = C_BLAS_CALLS; i < C_N; i++)
+    if (strcmp(name, kCounterNames[i]) == 0) count((Counter)i, n);
+}
+
+// CUEMU_PRINT_COUNTERS=1: every counter on stderr at process exit, one
+// line, for measuring programs that cannot call cuemuGetCounter (a CLI run).
+namespace {
+struct PrintAtExit {
+  ~PrintAtExit() {
+    const char* e = getenv("CUEMU_PRINT_COUNTERS");
+    if (!e || strcmp(e, "1") != 0) return;
+    std::string line = "cuemu: counters:";
+    for (int i = 0; i < C_N; i++) line += " " + std::string(kCounterNames[i]) + "=" + std::to_string(counters[i].load());
+    fprintf(stderr, "%s\n", line.c_str());
+  }
+} print_at_exit;
+}  // namespace
 
 CUEMU_API void cuemuResetCounters(void) {
   for (auto& c : counters) c.store(0);

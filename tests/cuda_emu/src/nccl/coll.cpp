@@ -260,6 +260,8 @@ using namespace cuemu_nccl;
 
 NCCL_EXPORT ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
                                        ncclRedOp_t op, ncclComm* comm, void* stream) {
+  cuemuAddCounter("allreduce_calls", 1);
+  cuemuAddCounter("allreduce_bytes", (long long)(count * dtype_size(datatype)));
   return issue(kAllReduce, sendbuff, recvbuff, count, datatype, op, -1, comm, stream);
 }
 

@@ -1,0 +1,97 @@
+//! The GPU trainer on the emulated device (scripts/emulated-gpu.sh), through
+//! its counters: how often an ordinary training step blocks the host, and
+//! that the stream-order race checker finds nothing over whole runs (world
+//! 1 in this process; world 2 as two `launch`ed ranks sharing the device over
+//! the tcp backend), at O0 and O2 with gradient accumulation and SyncBN.
+//! One test function: the counters are per process, so nothing may run beside it.
+
+use ddptrain::cuda::emu;
+use std::path::Path;
+use std::process::Command;
+
+/// The seed ConvNet on synthetic digits: 20 micro-batches of 100 per epoch,
+/// so the step counts below stay inside the first epoch; logging and
+/// checkpoints only at the end of the run.
+fn sets(level: &str, steps: u64, out: &Path) -> Vec<String> {
+    [
+        "run.device=cuda".to_string(),
+        format!("run.out_dir={}", out.display()),
+        format!("amp.opt_level=\"{level}\""),
+        "data.dataset=\"synthetic\"".into(),
+        "data.synthetic_train_size=2000".into(),
+        "data.synthetic_test_size=100".into(),
+        "train.grad_accum_steps=2".into(),
+        format!("train.max_steps={steps}"),
+        "parallel.sync_batchnorm=true".into(),
+        "logging.every_steps=1000".into(),
+        "logging.progress=\"never\"".into(),
+        "logging.tensorboard=false".into(),
+    ]
+    .to_vec()
+}
+
+fn config() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/mnist_o2.toml")
+}
+
+/// Host synchronizations of a whole in-process run of `steps` steps.
+fn run(level: &str, steps: u64, out: &Path) -> i64 {
+    let cfg = ddptrain::config::load(&config(), &sets(level, steps, out)).unwrap();
+    let before = emu::counter("host_syncs").unwrap_or(0);
+    ddptrain::train::train(&cfg).unwrap();
+    emu::counter("host_syncs").unwrap_or(0) - before
+}
+
+/// An ordinary step (no logging, checkpoint or trace) makes this many
+/// host-blocking calls: the loss scaler read one step late (see
+/// `amp::cuda::ScalerSnapshot`), which the learning-rate schedule needs on
+/// the host to leave skipped steps out.
+const HOST_SYNCS_PER_STEP: i64 = 1;
+
+#[test]
+fn ordinary_steps_block_the_host_a_fixed_number_of_times_and_nothing_races() {
+    if ddptrain::cuda::device_count() == 0 {
+        ddptrain::cuda::skip_or_fail("gpu_sync", "no CUDA device");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    for level in ["O0", "O2"] {
+        let short = run(level, 2, &tmp.path().join(format!("{level}_2")));
+        let long = run(level, 7, &tmp.path().join(format!("{level}_7")));
+        if emu::counter("host_syncs").is_none() {
+            continue; // a real driver has no counters
+        }
+        let per_step = (long - short) as f64 / 5.0;
+        println!("{level}: {short} host syncs in 2 steps, {long} in 7: {per_step} per ordinary step");
+        assert_eq!(long - short, 5 * HOST_SYNCS_PER_STEP, "{level}: host syncs of 5 ordinary steps");
+    }
+    if let Some(c) = emu::counters() {
+        println!("world 1 counters: {c:?}");
+        assert_eq!(emu::counter("races"), Some(0), "{:?}", emu::last_error());
+        assert_eq!(emu::counter("errors"), Some(0), "{:?}", emu::last_error());
+    }
+
+    // World 2: two ranks through `launch`, one device, the tcp backend.
+    for level in ["O0", "O2"] {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let out = tmp.path().join(format!("{level}_w2"));
+        let mut args: Vec<String> =
+            ["launch", "--nproc-per-node", "2", "--master-port", &port.to_string(), "--"]
+                .map(String::from)
+                .to_vec();
+        args.extend(["--config".to_string(), config().display().to_string()]);
+        // Six steps of random-ish digits: the config's 97% accuracy gate is not the point here.
+        let extra = ["parallel.backend=\"tcp\"".to_string(), "expect.min_test_accuracy=0.0".to_string()];
+        for s in sets(level, 6, &out).into_iter().chain(extra) {
+            args.extend(["--set".to_string(), s]);
+        }
+        let o = Command::new(env!("CARGO_BIN_EXE_ddptrain"))
+            .args(&args)
+            .env_remove("WORLD_SIZE")
+            .output()
+            .unwrap();
+        let text = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+        assert!(o.status.success(), "{level} world 2:\n{text}");
+        assert!(!text.contains("cuemu: error"), "{level} world 2:\n{text}");
+    }
+}
