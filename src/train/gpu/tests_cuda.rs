@@ -19,10 +19,11 @@ fn cfg(device: &str, opt_level: &str, out: &Path) -> Config {
         "logging.tensorboard=false",
         // O1 and O2 start far too high, so the first steps overflow and back off.
         "amp.init_scale=16777216",
-        // At the seed's 42, a maxpool/ReLU near-tie flips between the CPU's
-        // and the GPU's rounding at step 2 or 3 (the weights agree to 1e-9
-        // after step 1, 5e-7 after step 3), a discrete change that then grows
-        // to 1e-3 by step 20: that compares the tie, not the numerics.
+        // At the seed's 42 the weights agree to 1e-9 after step 1 but jump to
+        // 5e-7 by step 3 at a warmup lr of 1e-3, then grow to 1e-3 by step
+        // 20: a discrete change, as when a maxpool argmax or a ReLU sits on
+        // a near-tie that the two summation orders round apart (not traced
+        // to the element). It would measure that tie, not the numerics.
         "run.seed=3",
     ]
     .iter()
