@@ -294,6 +294,13 @@ impl DeviceParams {
         Ok(())
     }
 
+    /// Sets every element of the last registered parameter's gradient to
+    /// `v` (the `DDPTRAIN_INJECT_GRAD_INF` testing hook at world size 1).
+    pub fn fill_last_grad(&mut self, gpu: &Gpu, v: f32) -> Result<()> {
+        let Some(s) = self.slots.last() else { return Ok(()) };
+        self.buckets[s.bucket].grads.write_f32(gpu, s.bucket_offset, &vec![v; s.numel])
+    }
+
     /// `optimizer.zero_grad()`: every bucket to zero.
     pub fn zero_grad(&mut self, gpu: &Gpu) -> Result<()> {
         self.buckets.iter_mut().try_for_each(|b| b.grads.zero(gpu))

@@ -163,9 +163,12 @@ pub fn train(cfg: &Config, opts: &RunOptions, gpu: Arc<Gpu>) -> Result<Summary> 
     let (mut final_loss, mut initial_loss) = (f64::NAN, f64::NAN);
     let mut last_eval: Option<super::EvalResult> = None;
     let log_every = cfg.logging.every_steps.max(1);
-    let (mut window_start, mut window_images, mut window_rows) = (Instant::now(), 0usize, 0usize);
-    // The window's loss sum and rows at the last look, so a trace gets each step's own loss.
-    let (mut seen_sum, mut seen_rows) = (0.0f64, 0usize);
+    let (mut window_start, mut window_images) = (Instant::now(), 0usize);
+    // The device sums the rows' losses; the host folds that sum into
+    // `window_loss` (a sum of per-step mean losses, the CPU's and the
+    // checkpoint's meaning) whenever it looks, so a resumed run folds at the
+    // same steps as the uninterrupted one and logs the same bits.
+    let mut fold = LossFold::default();
     let mut grad_norm: Option<f32> = None;
     let mut resume_at: Option<usize> = None;
     if let Some(p) = &resumed {
@@ -194,8 +197,13 @@ pub fn train(cfg: &Config, opts: &RunOptions, gpu: Arc<Gpu>) -> Result<Summary> 
             }
         };
     }
-    // Overflow steps the host has reported so far (from the scaler snapshots).
-    let mut reported_overflows = amp.scaler.state().overflow_steps;
+    // Skipped steps the host has reported so far, and the loss scale the
+    // step being taken runs with (what the CPU's overflow message names).
+    let mut skips = SkipReport {
+        reported: amp.scaler.state().overflow_steps,
+        scale_in_use: amp.scaler.state().scale,
+        primary,
+    };
 
     'train: while step < total_steps {
         let skip = resume_at.take().unwrap_or(0);
@@ -223,12 +231,9 @@ pub fn train(cfg: &Config, opts: &RunOptions, gpu: Arc<Gpu>) -> Result<Summary> 
             // Micro-batches of this epoch done once this one is (the resumed ones included).
             let done = skip + k + 1;
             let last_micro = done.is_multiple_of(accum);
-            if last_micro {
-                if let (Some(r), Some(at)) = (&mut reducer, ddp.inject_inf_at()) {
-                    if at == step + 1 {
-                        r.inject_inf_next();
-                    }
-                }
+            let inject = last_micro && ddp.inject_inf_at() == Some(step + 1);
+            if let (true, Some(r)) = (inject, &mut reducer) {
+                r.inject_inf_next();
             }
             {
                 let grad_scale = step_dev.grad_scale();
@@ -242,9 +247,14 @@ pub fn train(cfg: &Config, opts: &RunOptions, gpu: Arc<Gpu>) -> Result<Summary> 
                     &mut hooks,
                 )?;
             }
+            if inject && reducer.is_none() {
+                // As the CPU loop does at world size 1: the last parameter's
+                // whole gradient becomes inf, before the optimizer sees it.
+                dev.params.fill_last_grad(&gpu, f32::INFINITY)?;
+            }
             train_images += n;
             window_images += n;
-            window_rows += n;
+            fold.rows += n;
             if !last_micro {
                 continue;
             }
@@ -259,21 +269,21 @@ pub fn train(cfg: &Config, opts: &RunOptions, gpu: Arc<Gpu>) -> Result<Summary> 
                 return Err(amp::cuda::scaler_error(code, at, snap.state.scale)
                     .unwrap_or_else(|| Error::Training("loss scaler error".into())));
             }
-            report_overflows(&progress, primary, &mut reported_overflows, snap);
+            skips.report(&progress, snap.step, snap.state);
+            skips.scale_in_use = snap.state.scale;
             let lr = schedule.lr_at(step - snap.state.overflow_steps);
             step_dev.step(&gpu, &mut dev.params, lr, step + 1)?;
             dev.params.zero_grad(&gpu)?;
             step += 1;
             window_n += 1;
+            fold.steps += 1;
             train_time += t0.elapsed().as_secs_f64();
 
             let logging = step.is_multiple_of(log_every) || step == total_steps;
             let host_view = logging || tracer.is_some() || save_due(cfg, step, total_steps);
             if host_view {
-                let (loss_sum, _) = totals.read(&gpu)?;
-                let local = loss_sum / window_rows.max(1) as f64;
-                let step_loss = (loss_sum - seen_sum) / (window_rows - seen_rows).max(1) as f64;
-                (seen_sum, seen_rows) = (loss_sum, window_rows);
+                let step_loss = fold.fold(&gpu, &mut totals, &mut window_loss)?;
+                let local = window_loss / window_n.max(1) as f64;
                 let norm_sq = gpu
                     .stream()
                     .clone_dtoh(step_dev.norm_sq())
@@ -288,7 +298,6 @@ pub fn train(cfg: &Config, opts: &RunOptions, gpu: Arc<Gpu>) -> Result<Summary> 
                         step + 1 - window_n
                     )));
                 }
-                window_loss = local * window_n as f64;
                 if let Some(t) = &mut tracer {
                     dev.download(&mut model)?;
                     step_dev.sync_to_host(&gpu, &dev.params, &mut optimizer, &mut amp)?;
@@ -298,6 +307,8 @@ pub fn train(cfg: &Config, opts: &RunOptions, gpu: Arc<Gpu>) -> Result<Summary> 
             }
             if logging {
                 let state = step_dev.scaler.state(&gpu)?;
+                // Before the step's line, as the CPU prints it.
+                skips.report(&progress, step, state);
                 let loss = ddp.mean(window_loss / window_n as f64)?;
                 let ips = window_images as f64 / window_start.elapsed().as_secs_f64().max(1e-9);
                 final_loss = loss;
@@ -320,9 +331,7 @@ pub fn train(cfg: &Config, opts: &RunOptions, gpu: Arc<Gpu>) -> Result<Summary> 
                         "step {step:>6}/{total_steps} | epoch {epoch} | loss {loss:.4} | lr {lr:.5} | {ips:.0} images/s"
                     ));
                 }
-                totals.reset(&gpu)?;
-                (window_loss, window_n, window_images, window_rows) = (0.0, 0, 0, 0);
-                (seen_sum, seen_rows) = (0.0, 0);
+                (window_loss, window_n, window_images) = (0.0, 0, 0);
                 window_start = Instant::now();
             }
             if trace_divergence.is_some() {
@@ -345,6 +354,9 @@ pub fn train(cfg: &Config, opts: &RunOptions, gpu: Arc<Gpu>) -> Result<Summary> 
             t0 = Instant::now();
         }
         epoch += 1;
+        // A skip at the epoch's last step, before the evaluation's line.
+        let snap = step_dev.snapshot.read()?;
+        skips.report(&progress, snap.step, snap.state);
         if let Some(r) = &mut reducer {
             if !cfg.parallel.sync_batchnorm && cfg.parallel.broadcast_buffers {
                 broadcast_buffers(&gpu, &mut dev, r)?;
@@ -368,9 +380,7 @@ pub fn train(cfg: &Config, opts: &RunOptions, gpu: Arc<Gpu>) -> Result<Summary> 
         last_eval = Some(ev);
         window_start = Instant::now();
         sync_host(&gpu, &dev, &step_dev, &mut model, &mut optimizer, &mut amp)?;
-        if window_n > 0 {
-            window_loss = totals.read(&gpu)?.0 / window_rows.max(1) as f64 * window_n as f64;
-        }
+        fold.fold(&gpu, &mut totals, &mut window_loss)?;
         ckpt.after_epoch(
             &model,
             &optimizer,
@@ -380,8 +390,9 @@ pub fn train(cfg: &Config, opts: &RunOptions, gpu: Arc<Gpu>) -> Result<Summary> 
             ddp.communicator(),
         )?;
     }
-    progress.finish();
     let snap_state = step_dev.scaler.state(&gpu)?;
+    skips.report(&progress, step, snap_state);
+    progress.finish();
     step_dev.scaler.check(&gpu)?;
     sync_host(&gpu, &dev, &step_dev, &mut model, &mut optimizer, &mut amp)?;
     if let (None, Some(t)) = (&trace_divergence, &tracer) {
@@ -428,26 +439,61 @@ pub fn train(cfg: &Config, opts: &RunOptions, gpu: Arc<Gpu>) -> Result<Summary> 
     Ok(summary)
 }
 
-/// Prints each step the device skipped since the last report, as the CPU
-/// loop does (one step late: the host learns of it from the snapshot).
-fn report_overflows(
-    progress: &metrics::Progress,
+/// The training loss the device has summed since the host last looked.
+#[derive(Default)]
+struct LossFold {
+    /// Rows and optimizer steps in the device's sum.
+    rows: usize,
+    steps: u64,
+}
+
+impl LossFold {
+    /// Adds the device's sum to `window_loss` as `steps` steps of its mean
+    /// row loss, restarts the device's sum, and returns that mean (the step's
+    /// own loss when one step passed). Rows of micro-batches whose step is
+    /// still pending stay on the device for the step they belong to.
+    fn fold(&mut self, gpu: &Gpu, totals: &mut CrossEntropyTotals, window_loss: &mut f64) -> Result<f64> {
+        if self.steps == 0 || self.rows == 0 {
+            return Ok(0.0);
+        }
+        let mean = totals.read(gpu)?.0 / self.rows as f64;
+        *window_loss += mean * self.steps as f64;
+        totals.reset(gpu)?;
+        (self.rows, self.steps) = (0, 0);
+        Ok(mean)
+    }
+}
+
+/// Prints each step the device skipped, as the CPU loop does, as soon as
+/// the host sees the scaler's state: at the next step's snapshot (one step
+/// late, without stalling), or before a line that follows the step (a
+/// logged step, the evaluation, the end of the run).
+struct SkipReport {
+    reported: u64,
+    scale_in_use: f32,
     primary: bool,
-    reported: &mut u64,
-    snap: amp::cuda::SnapshotValues,
-) {
-    let now = snap.state.overflow_steps;
-    if now > *reported {
+}
+
+impl SkipReport {
+    /// `state` is the scaler's after optimizer step `step`; the host has
+    /// looked at every step before it, so a new skip is `step`'s own.
+    fn report(&mut self, progress: &metrics::Progress, step: u64, state: amp::ScalerState) {
+        if state.overflow_steps <= self.reported {
+            return;
+        }
+        // The CPU also names the first parameters with inf/NaN gradients;
+        // the device keeps one flag for the whole step.
         let msg = format!(
-            "step {}: gradient overflow (inf/NaN); {} step(s) skipped so far, loss scale -> {}",
-            snap.step, now, snap.state.scale
+            "step {step}: gradient overflow (inf/NaN) at loss scale {}; step skipped, loss scale -> {}",
+            self.scale_in_use, state.scale
         );
-        if primary {
+        // Like apex, every rank reports the skip it decided on.
+        if self.primary {
             progress.println(&msg);
         } else {
             eprintln!("{msg}");
         }
-        *reported = now;
+        self.reported = state.overflow_steps;
     }
 }
 

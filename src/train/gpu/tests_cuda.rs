@@ -1,111 +1,185 @@
 //! The GPU trainer against the CPU trainer (the reference), end to end
-//! through `train`. Skipped without a GPU; scripts/gpu-check.sh runs them.
+//! through `train`: the seed ConvNet of configs/mnist_o0.toml (its optimizer
+//! and warmup schedule) on synthetic digits, 20 steps from the same seed and
+//! data order, at every opt level. Skipped without a GPU (a failure under
+//! `CI=true`); scripts/gpu-check.sh runs them on one.
 
-use crate::config::tests_load::load_text;
+use crate::config::Config;
 use crate::nn::StateValue;
+use std::path::Path;
 
-/// The seed ConvNet of configs/mnist_o0.toml on synthetic digits.
-fn config_text() -> String {
-    let seed = include_str!("../../../configs/mnist_o0.toml");
-    let model = &seed[seed.find("[model]").unwrap_or(0)..seed.find("[data]").unwrap_or(seed.len())];
-    format!("[run]\nseed = 3\n{model}\n{RUN}")
+fn cfg(device: &str, opt_level: &str, out: &Path) -> Config {
+    let sets: Vec<String> = [
+        "data.dataset=synthetic",
+        "data.synthetic_train_size=2000",
+        "data.synthetic_test_size=300",
+        "train.max_steps=20",
+        "logging.every_steps=1",
+        "logging.progress=never",
+        "logging.tensorboard=false",
+        // O1 and O2 start far too high, so the first steps overflow and back off.
+        "amp.init_scale=16777216",
+        // At the seed's 42 the weights agree to 1e-9 after step 1 but jump to
+        // 5e-7 by step 3 at a warmup lr of 1e-3, then grow to 1e-3 by step
+        // 20: a discrete change, as when a maxpool argmax or a ReLU sits on
+        // a near-tie that the two summation orders round apart (not traced
+        // to the element). It would measure that tie, not the numerics.
+        "run.seed=3",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain([
+        format!("run.device={device}"),
+        format!("amp.opt_level={opt_level}"),
+        format!("run.out_dir={}", out.join(format!("{device}_{opt_level}")).display()),
+    ])
+    .filter(|s| matches!(opt_level, "O1" | "O2") || !s.starts_with("amp.init_scale"))
+    .collect();
+    let seed = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/mnist_o0.toml");
+    crate::config::load(&seed, &sets).unwrap()
 }
 
-const RUN: &str = r#"
-[data]
-dataset = "synthetic"
-synthetic_train_size = 2000
-synthetic_test_size = 300
-batch_size = 100
-[optimizer]
-name = "sgd"
-lr = 0.05
-momentum = 0.9
-[train]
-max_steps = 20
-[logging]
-progress = "never"
-every_steps = 5
-tensorboard = false
-"#;
+struct Run {
+    /// fp32 state_dict by name (the safetensors order is not the model's).
+    weights: Vec<(String, Vec<f32>)>,
+    summary: crate::train::Summary,
+    /// (step, overflow_steps, loss_scale) of every logged step.
+    scaler: Vec<(u64, u64, f64)>,
+}
 
-/// Trains the seed ConvNet for 20 steps on `device` and returns the final
-/// weights (fp32 state_dict) and the summary.
-fn run(
-    device: &str,
-    opt_level: &str,
-    out: &std::path::Path,
-) -> (Vec<(String, Vec<f32>)>, crate::train::Summary) {
-    let dir = out.join(format!("{device}_{opt_level}"));
-    let sets = [
-        format!("run.device={device}"),
-        format!("amp.opt_level=\"{opt_level}\""),
-        format!("run.out_dir={}", dir.display()),
-    ];
-    let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
-    let cfg = load_text(&config_text(), &sets, &[]).0.unwrap();
-    let summary = crate::train::train(&cfg).unwrap();
-    let entries = crate::checkpoint::load_safetensors(&summary.weights).unwrap();
-    let mut weights: Vec<(String, Vec<f32>)> = entries
+fn run(device: &str, opt_level: &str, out: &Path) -> Run {
+    let summary = crate::train::train(&cfg(device, opt_level, out)).unwrap();
+    let mut weights: Vec<(String, Vec<f32>)> = crate::checkpoint::load_safetensors(&summary.weights)
+        .unwrap()
         .into_iter()
         .filter_map(|e| match e.value {
             StateValue::F32(v) => Some((e.name, v)),
             _ => None,
         })
         .collect();
-    // The file's tensor order is not the comparison's: match them by name.
     weights.sort_by(|a, b| a.0.cmp(&b.0));
-    (weights, summary)
+    let metrics = std::fs::read_to_string(summary.weights.with_file_name("metrics.jsonl")).unwrap();
+    let scaler = metrics
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v["kind"] == "train")
+        .map(|v| {
+            (
+                v["step"].as_u64().unwrap(),
+                v["overflow_steps"].as_u64().unwrap(),
+                v["loss_scale"].as_f64().unwrap(),
+            )
+        })
+        .collect();
+    Run { weights, summary, scaler }
 }
 
-/// max |a - b| over every tensor, and the largest |b| (the scale of the weights).
-fn max_diff(a: &[(String, Vec<f32>)], b: &[(String, Vec<f32>)]) -> (f32, f32) {
-    assert_eq!(a.len(), b.len());
-    let (mut d, mut peak) = (0f32, 0f32);
-    for ((na, va), (nb, vb)) in a.iter().zip(b) {
+/// The largest difference over tensors of max|gpu - cpu| / max(max|cpu|,
+/// `floor`): each tensor against its own scale, so BatchNorm's biases are not
+/// judged against the conv weights, but no finer than `floor`.
+fn max_rel_diff(gpu: &[(String, Vec<f32>)], cpu: &[(String, Vec<f32>)], floor: f32) -> (f32, String) {
+    assert_eq!(gpu.len(), cpu.len());
+    let mut worst = (0f32, String::new());
+    for ((na, va), (nb, vb)) in gpu.iter().zip(cpu) {
         assert_eq!(na, nb);
-        for (x, y) in va.iter().zip(vb) {
+        let scale = vb.iter().fold(floor, |m, x| m.max(x.abs())).max(f32::MIN_POSITIVE);
+        let d = va.iter().zip(vb).fold(0f32, |m, (x, y)| {
             assert!(x.is_finite(), "{na}: {x}");
-            d = d.max((x - y).abs());
-            peak = peak.max(y.abs());
+            m.max((x - y).abs())
+        }) / scale;
+        if d > worst.0 {
+            worst = (d, na.clone());
         }
     }
-    (d, peak)
+    worst
 }
 
+type Named = Vec<(String, Vec<f32>)>;
+
+/// (parameters of both runs, BatchNorm running statistics of both runs).
+fn split_buffers(gpu: &[(String, Vec<f32>)], cpu: &[(String, Vec<f32>)]) -> ((Named, Named), (Named, Named)) {
+    let is_buffer = |n: &str| n.contains(".running_");
+    let pick = |v: &[(String, Vec<f32>)], want: bool| -> Named {
+        v.iter().filter(|(n, _)| is_buffer(n) == want).cloned().collect()
+    };
+    ((pick(gpu, false), pick(cpu, false)), (pick(gpu, true), pick(cpu, true)))
+}
+
+fn parity(opt_level: &str, weight_tol: f32, floor: f32) {
+    let tmp = tempfile::tempdir().unwrap();
+    let cpu = run("cpu", opt_level, tmp.path());
+    let gpu = run("cuda", opt_level, tmp.path());
+    assert!(gpu.summary.device.starts_with("cuda:"), "{}", gpu.summary.device);
+    assert_eq!(gpu.summary.steps, 20);
+    let (d, name) = max_rel_diff(&gpu.weights, &cpu.weights, floor);
+    let (params, buffers) = split_buffers(&gpu.weights, &cpu.weights);
+    let (dp, name_p) = max_rel_diff(&params.0, &params.1, floor);
+    println!(
+        "{opt_level} 20 steps: max relative weight difference {d:.3e} (in {name}); final loss cpu {} gpu {}; skipped {}",
+        cpu.summary.final_loss, gpu.summary.final_loss, cpu.summary.overflow_steps
+    );
+    assert_eq!(gpu.scaler, cpu.scaler, "{opt_level}: skipped steps and loss scale, step by step");
+    assert_eq!(gpu.summary.overflow_steps, cpu.summary.overflow_steps, "{opt_level}: skipped steps");
+    assert_eq!(gpu.summary.loss_scale, cpu.summary.loss_scale, "{opt_level}: final loss scale");
+    assert!(
+        dp < weight_tol,
+        "{opt_level}: GPU weights differ from the CPU's by {dp:e} (relative) in {name_p}"
+    );
+    if d >= weight_tol {
+        // Only O3 keeps BatchNorm's running statistics in f16: each of the 20
+        // momentum updates rounds to f16 on its own, and where the batch
+        // statistics differ in their last f32 bits the two devices can round
+        // one f16 ulp apart at every update.
+        assert_eq!(opt_level, "O3", "{opt_level}: GPU buffers differ from the CPU's by {d:e} in {name}");
+        let (db, name_b) = max_rel_diff(&buffers.0, &buffers.1, floor);
+        assert!(db < 20.0 / 1024.0, "{opt_level}: f16 running statistics differ by {db:e} in {name_b}");
+    }
+    let dl = (gpu.summary.final_loss - cpu.summary.final_loss).abs();
+    assert!(
+        dl < 10.0 * weight_tol as f64,
+        "{opt_level}: final loss {} vs {}",
+        gpu.summary.final_loss,
+        cpu.summary.final_loss
+    );
+}
+
+/// A 20-step GPU run differs from the CPU's by rounding only: after one step
+/// the weights agree to ~7e-7 of each tensor's scale (GEMM and reduction
+/// summation orders), and with the seed's warmup that stays ~2.5e-6 after 20
+/// steps. (A constant lr of 0.05 from step 1 makes this model's loss blow up
+/// to 13 by step 5, which amplifies the same rounding to 2e-4.)
 #[test]
 fn twenty_o0_steps_on_the_gpu_match_the_cpu() {
-    if crate::cuda::test_gpu("twenty_o0_steps_on_the_gpu_match_the_cpu").is_none() {
-        return;
+    if crate::cuda::test_gpu("twenty_o0_steps_on_the_gpu_match_the_cpu").is_some() {
+        parity("O0", 1e-5, 0.0);
     }
-    let tmp = tempfile::tempdir().unwrap();
-    let (cpu, cpu_sum) = run("cpu", "O0", tmp.path());
-    let (gpu, gpu_sum) = run("cuda", "O0", tmp.path());
-    assert!(gpu_sum.device.starts_with("cuda:"), "{}", gpu_sum.device);
-    let (d, peak) = max_diff(&gpu, &cpu);
-    println!("O0 20 steps: max |w_gpu - w_cpu| = {d:.3e} (largest weight {peak:.3})");
-    assert!(d < 1e-3 * peak.max(1.0), "GPU weights differ from the CPU's by {d:e}");
-    let dl = (gpu_sum.final_loss - cpu_sum.final_loss).abs();
-    assert!(
-        dl < 1e-3 * cpu_sum.final_loss.abs().max(1.0),
-        "final loss {} vs {}",
-        gpu_sum.final_loss,
-        cpu_sum.final_loss
-    );
+}
+
+/// f16 tolerance: activations and f16 weights round to 11 bits (2^-11
+/// relative), and where the GPU's and the CPU's sums differ in the last bit
+/// before rounding, one rounds the other way: 8 f16 ulps of the tensor's
+/// largest value, or of 1.0 for tensors smaller than that. (BatchNorm's
+/// biases, ~3e-3 after 20 steps, are sums of f16 terms that cancel, so
+/// their own scale would judge the cancellation: 2e-2 to 4e-2 of it.)
+const F16_TOL: f32 = 8.0 / 1024.0;
+
+#[test]
+fn twenty_o1_steps_on_the_gpu_track_the_cpu() {
+    if crate::cuda::test_gpu("twenty_o1_steps_on_the_gpu_track_the_cpu").is_some() {
+        parity("O1", F16_TOL, 1.0);
+    }
 }
 
 #[test]
 fn twenty_o2_steps_on_the_gpu_track_the_cpu() {
-    if crate::cuda::test_gpu("twenty_o2_steps_on_the_gpu_track_the_cpu").is_none() {
-        return;
+    if crate::cuda::test_gpu("twenty_o2_steps_on_the_gpu_track_the_cpu").is_some() {
+        parity("O2", F16_TOL, 1.0);
     }
-    let tmp = tempfile::tempdir().unwrap();
-    let (cpu, cpu_sum) = run("cpu", "O2", tmp.path());
-    let (gpu, gpu_sum) = run("cuda", "O2", tmp.path());
-    let (d, peak) = max_diff(&gpu, &cpu);
-    println!("O2 20 steps: max |w_gpu - w_cpu| = {d:.3e} (largest weight {peak:.3})");
-    // f16 activations round differently where cuBLAS sums in another order.
-    assert!(d < 2e-2 * peak.max(1.0), "GPU weights differ from the CPU's by {d:e}");
-    assert_eq!(gpu_sum.overflow_steps, cpu_sum.overflow_steps, "skipped steps");
-    assert_eq!(gpu_sum.loss_scale, cpu_sum.loss_scale, "final loss scale");
+}
+
+#[test]
+fn twenty_o3_steps_on_the_gpu_track_the_cpu() {
+    if crate::cuda::test_gpu("twenty_o3_steps_on_the_gpu_track_the_cpu").is_some() {
+        parity("O3", F16_TOL, 1.0);
+    }
 }
