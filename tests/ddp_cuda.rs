@@ -17,7 +17,6 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_ddptrain");
 const LAUNCHER_VARS: [&str; 9] = [
     "RANK",
     "WORLD_SIZE",
@@ -65,7 +64,7 @@ fn nccl_ranks_fit(test: &str, world: usize) -> bool {
 
 /// A `ddptrain` whose children see the (emulated) GPU: no HIDE_GPUS here.
 fn ddptrain_cmd() -> Command {
-    let mut c = Command::new(BIN);
+    let mut c = Command::new(ddptrain_bin());
     for v in LAUNCHER_VARS {
         c.env_remove(v);
     }
@@ -143,7 +142,7 @@ fn run(
                 c.env_remove(v);
             }
             c.args(["--allow-run-as-root", "--oversubscribe", "-np", &w.to_string()]);
-            c.args(["-x", "MASTER_ADDR", "-x", "MASTER_PORT", "-x", "LD_LIBRARY_PATH", BIN]);
+            c.args(["-x", "MASTER_ADDR", "-x", "MASTER_PORT", "-x", "LD_LIBRARY_PATH"]).arg(ddptrain_bin());
             c.env("MASTER_ADDR", "127.0.0.1").env("MASTER_PORT", free_port().to_string());
             c.stdin(Stdio::null());
             (w, c)

@@ -5,6 +5,8 @@
 //! the tcp backend), at O0 and O2 with gradient accumulation and SyncBN.
 //! One test function: the counters are per process, so nothing may run beside it.
 
+mod common;
+use common::*;
 use ddptrain::cuda::emu;
 use std::path::Path;
 use std::process::Command;
@@ -31,7 +33,7 @@ fn sets(level: &str, steps: u64, out: &Path) -> Vec<String> {
 }
 
 fn config() -> std::path::PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/mnist_o2.toml")
+    repo_root().join("configs/mnist_o2.toml")
 }
 
 /// Host synchronizations of a whole in-process run of `steps` steps.
@@ -85,11 +87,7 @@ fn ordinary_steps_block_the_host_a_fixed_number_of_times_and_nothing_races() {
         for s in sets(level, 6, &out).into_iter().chain(extra) {
             args.extend(["--set".to_string(), s]);
         }
-        let o = Command::new(env!("CARGO_BIN_EXE_ddptrain"))
-            .args(&args)
-            .env_remove("WORLD_SIZE")
-            .output()
-            .unwrap();
+        let o = Command::new(ddptrain_bin()).args(&args).env_remove("WORLD_SIZE").output().unwrap();
         let text = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
         assert!(o.status.success(), "{level} world 2:\n{text}");
         assert!(!text.contains("cuemu: error"), "{level} world 2:\n{text}");

@@ -195,7 +195,7 @@ fn two_gpu_runs_record_byte_identical_traces() {
 
 /// `ddptrain` with the GPUs visible (the common helper hides them).
 fn ddptrain_env(args: &[&str], cwd: &Path, env: &[(&str, &str)]) -> Output {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_ddptrain"));
+    let mut c = Command::new(ddptrain_bin());
     c.args(args).current_dir(cwd).env_remove("WORLD_SIZE");
     for (k, v) in env {
         c.env(k, v);

@@ -4,8 +4,25 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+/// The checkout the tests read `configs/`, `kernels/` and `data/` from:
+/// `DDPTRAIN_REPO`, else the one this test binary was built in. A bundled
+/// test binary run on another machine (scripts/gpu-check.sh) has no cargo
+/// and its build path does not exist there.
 pub fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    from_env("DDPTRAIN_REPO", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The `ddptrain` binary the tests spawn: `DDPTRAIN_BIN`, else the one cargo
+/// built beside this test binary (see `repo_root` for why).
+pub fn ddptrain_bin() -> PathBuf {
+    from_env("DDPTRAIN_BIN", env!("CARGO_BIN_EXE_ddptrain"))
+}
+
+/// `var` when set and not empty, else `default`; made absolute, because the
+/// tests pass these paths to children that run in other directories.
+fn from_env(var: &str, default: impl Into<PathBuf>) -> PathBuf {
+    let p = std::env::var_os(var).filter(|v| !v.is_empty()).map_or_else(|| default.into(), PathBuf::from);
+    std::path::absolute(&p).unwrap_or_else(|e| panic!("{var}: {}: {e}", p.display()))
 }
 
 /// The variable that keeps a spawned run on the CPU when the emulated CUDA
@@ -14,7 +31,7 @@ pub fn repo_root() -> PathBuf {
 pub const HIDE_GPUS: (&str, &str) = ("CUDA_VISIBLE_DEVICES", "");
 
 pub fn ddptrain(args: &[&str], cwd: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ddptrain"))
+    Command::new(ddptrain_bin())
         .args(args)
         .env(HIDE_GPUS.0, HIDE_GPUS.1)
         .current_dir(cwd)
@@ -41,9 +58,10 @@ pub const SYNTH: &[&str] = &[
     "logging.progress=never",
 ];
 
-/// The MNIST digits fetched by scripts/fetch-mnist.sh (scripts/test.sh fetches them first).
+/// The MNIST digits fetched by scripts/fetch-mnist.sh (scripts/test.sh fetches them first),
+/// or `DDPTRAIN_MNIST`: on the GPU machine they may be only in the bundle (gpu-bundle/data/mnist).
 pub fn mnist_dir() -> PathBuf {
-    let dir = repo_root().join("data/mnist");
+    let dir = from_env("DDPTRAIN_MNIST", repo_root().join("data/mnist"));
     assert!(
         dir.join("train-images-idx3-ubyte").exists(),
         "{} has no MNIST files: run scripts/fetch-mnist.sh (scripts/test.sh does)",
