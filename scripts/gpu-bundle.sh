@@ -2,9 +2,12 @@
 # Builds, on a machine with a Rust toolchain (x86-64 Linux), what
 # scripts/gpu-check.sh runs on a GPU machine that has none: the release
 # `ddptrain` binary, the library's unit-test binary (the CUDA parity, cuBLAS
-# and NCCL tests) and the kernel compile test, copied into gpu-bundle/
-# (gitignored) with a MANIFEST, plus the MNIST files when data/mnist has them. Debug info is stripped so the bundle stays
-# small enough to copy (limit: 60 MB).
+# and NCCL tests), the kernel compile test and the GPU integration tests
+# (tests/gpu_trainer.rs, gpu_sync.rs, ddp_cuda.rs: gpu-check runs them with
+# DDPTRAIN_BIN and DDPTRAIN_REPO, since their build paths do not exist there),
+# copied into gpu-bundle/ (gitignored) with a MANIFEST, plus the MNIST files
+# when data/mnist has them. Debug info is stripped so the bundle stays small
+# enough to copy (limit: 60 MB).
 #
 #   scripts/gpu-bundle.sh            # then copy the repo with gpu-bundle/ to the GPU machine
 #   scripts/gpu-check.sh             # there, from the repo root
@@ -19,15 +22,19 @@ command -v python3 >/dev/null || { echo "gpu-bundle: python3 not found (used to 
 echo "gpu-bundle: cargo build --release"
 cargo build --release --bin ddptrain
 
-echo "gpu-bundle: cargo test --release --no-run (lib unit tests, kernels_compile)"
+echo "gpu-bundle: cargo test --release --no-run (lib unit tests, kernels_compile, gpu_trainer, gpu_sync, ddp_cuda)"
 json=$(mktemp)
 trap 'rm -f "$json"' EXIT
-cargo test --release --no-run --lib --test kernels_compile --message-format=json >"$json"
+cargo test --release --no-run --lib --test kernels_compile --test gpu_trainer --test gpu_sync --test ddp_cuda \
+    --message-format=json >"$json"
 
-# The test executables, by kind: the lib's unit tests and the kernels_compile test.
-paths=$(python3 - "$json" <<'EOF'
+# The test executables, one a line in this order: the lib's unit tests, then
+# the integration tests by name.
+tests=(kernels_compile gpu_trainer gpu_sync ddp_cuda)
+paths=$(python3 - "$json" "${tests[@]}" <<'EOF'
 import json, sys
-lib = compile_test = None
+lib = None
+found = {}
 for line in open(sys.argv[1]):
     try:
         m = json.loads(line)
@@ -40,26 +47,30 @@ for line in open(sys.argv[1]):
     t = m["target"]
     if "lib" in t["kind"] or "rlib" in t["kind"]:
         lib = m["executable"]
-    elif t["name"] == "kernels_compile":
-        compile_test = m["executable"]
-if not lib or not compile_test:
-    sys.exit(f"gpu-bundle: test executables not found in cargo's output (lib={lib}, kernels_compile={compile_test})")
+    elif t["name"] in sys.argv[2:]:
+        found[t["name"]] = m["executable"]
+missing = ([] if lib else ["lib"]) + [n for n in sys.argv[2:] if n not in found]
+if missing:
+    sys.exit(f"gpu-bundle: test executables not found in cargo's output: {' '.join(missing)}")
 print(lib)
-print(compile_test)
+for n in sys.argv[2:]:
+    print(found[n])
 EOF
 )
-lib_tests=$(sed -n 1p <<<"$paths")
-compile_test=$(sed -n 2p <<<"$paths")
+mapfile -t exe <<<"$paths"
 bin="${CARGO_TARGET_DIR:-target}/release/ddptrain"
 [ -x "$bin" ] || { echo "gpu-bundle: $bin was not built" >&2; exit 1; }
 
 rm -rf "$out"
 mkdir -p "$out"
 cp "$bin" "$out/ddptrain"
-cp "$lib_tests" "$out/lib-tests"
-cp "$compile_test" "$out/kernels-compile-test"
+# Bundle names, in the order of exe: lib-tests, then <test>-test with dashes
+# (kernels-compile-test, gpu-trainer-test, gpu-sync-test, ddp-cuda-test).
+names=(lib-tests)
+for t in "${tests[@]}"; do names+=("${t//_/-}-test"); done
+for i in "${!names[@]}"; do cp "${exe[$i]}" "$out/${names[$i]}"; done
 if command -v strip >/dev/null; then
-    strip --strip-debug "$out/ddptrain" "$out/lib-tests" "$out/kernels-compile-test"
+    strip --strip-debug "$out/ddptrain" "${names[@]/#/$out/}"
 else
     echo "gpu-bundle: warning: strip not found; the bundle keeps its debug info"
 fi
@@ -77,7 +88,7 @@ fi
     echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -srm)"
     echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (with uncommitted changes)')"
     echo "rustc: $(rustc --version 2>/dev/null || echo unknown)"
-    for f in ddptrain lib-tests kernels-compile-test; do
+    for f in ddptrain "${names[@]}"; do
         echo "$f: $(du -k "$out/$f" | cut -f1) KiB"
     done
 } >"$out/MANIFEST"
