@@ -14,6 +14,11 @@
 #   5. configs/mnist_o2.toml with run.device=cuda reaches its accuracy gate
 #   6. two ranks sharing the GPU over the tcp backend reproduce one rank
 #   7. scripts/bench.sh on the GPU: ddptrain O0/O2 vs PyTorch fp32/autocast
+#   8. the GPU integration tests (tests/gpu_trainer.rs, gpu_sync.rs,
+#      ddp_cuda.rs), one row each, spawning the bundled ddptrain
+#      (DDPTRAIN_BIN) and reading configs/ here (DDPTRAIN_REPO). Under CI=true
+#      a missing GPU or NCCL fails them; NCCL runs that need a GPU per rank
+#      skip on fewer GPUs and are counted in the row's figure.
 # and prints a summary table. Exit 0 only when every check passed; a piece
 # that cannot run is reported "not run (reason)" and fails the check.
 set -uo pipefail
@@ -297,6 +302,45 @@ else
         tail -n 20 "$log" | sed 's/^/   | /'
     fi
 fi
+
+# --- 8. GPU integration tests ----------------------------------------------------
+# Their build paths (cargo's ddptrain, the checkout) do not exist here: point
+# them at the bundle's binary and this checkout, and at the MNIST files step 5
+# found (gpu_trainer's ci_smoke test trains on them).
+# Absolute: the tests hand these paths to ranks that run in other folders.
+test_env=(CI=true "DDPTRAIN_BIN=$(cd "$bundle" 2>/dev/null && pwd)/ddptrain" "DDPTRAIN_REPO=$(pwd)")
+[ -n "$data" ] && test_env+=("DDPTRAIN_MNIST=$(cd "$data" && pwd)")
+for t in gpu_trainer gpu_sync ddp_cuda; do
+    exe="${t//_/-}-test"
+    check="$t (integration)"
+    if ! have "$exe"; then
+        record "$check" "not run (no $exe binary in $bundle/)" ""
+        continue
+    fi
+    if ! have ddptrain; then
+        record "$check" "not run (no ddptrain binary)" ""
+        continue
+    fi
+    log="$work/$t.log"
+    # One test at a time: gpu_sync reads per-process counters, and the others
+    # start ranks that share the GPU.
+    env "${test_env[@]}" timeout 900 "$bundle/$exe" --test-threads=1 --show-output >"$log" 2>&1
+    rc=$?
+    read -r p f <<<"$(counts "$log")"
+    # Parts a test skipped by itself (it still counts as passed): NCCL ranks
+    # that need a GPU each, or no mpirun.
+    skips=$(grep -cE ": skipped: |mpirun not found" "$log")
+    fig="${p:-0} passed, ${f:-?} failed, $skips parts skipped"
+    [ "$skips" -gt 0 ] && fig="$fig ($(grep -oE ": skipped: .*|mpirun not found" "$log" | sed 's/^: skipped: //' | sort | uniq -c \
+        | awk '{ $1 = $1 "x"; print }' | paste -sd ';' -))"
+    if [ "$rc" -eq 0 ] && [ "${p:-0}" -gt 0 ]; then
+        record "$check" PASS "$fig"
+    else
+        record "$check" FAIL "exit $rc: $fig"
+        grep -E "^test .* FAILED|panicked|skipped: " "$log" | head -n 40 | sed 's/^/   | /'
+        tail -n 30 "$log" | sed 's/^/   | /'
+    fi
+done
 
 # --- summary ------------------------------------------------------------------
 echo
