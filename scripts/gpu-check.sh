@@ -332,7 +332,7 @@ for t in gpu_trainer gpu_sync ddp_cuda; do
     skips=$(grep -cE ": skipped: |mpirun not found" "$log")
     fig="${p:-0} passed, ${f:-?} failed, $skips parts skipped"
     [ "$skips" -gt 0 ] && fig="$fig ($(grep -oE ": skipped: .*|mpirun not found" "$log" | sed 's/^: skipped: //' | sort | uniq -c \
-        | awk '{ $1 = $1 "x"; print }' | paste -sd ';' -))"
+        | awk '{ $1 = $1 "x"; print }' | paste -sd ';' - | sed 's/;/; /g'))"
     if [ "$rc" -eq 0 ] && [ "${p:-0}" -gt 0 ]; then
         record "$check" PASS "$fig"
     else
