@@ -182,7 +182,7 @@ fi
 # --- 4. GPU unit tests --------------------------------------------------------
 if have lib-tests; then
     log="$work/unit.log"
-    timeout 900 "$bundle/lib-tests" tests_cuda cuda::blas cuda::nccl cuda::select tests_race tests_snapshot tests_fault \
+    DDPTRAIN_REPO="$(pwd)" timeout 900 "$bundle/lib-tests" tests_cuda cuda::blas cuda::nccl cuda::select tests_race tests_snapshot tests_fault \
         --test-threads=1 --show-output >"$log" 2>&1
     rc=$?
     read -r p f <<<"$(counts "$log")"

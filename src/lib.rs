@@ -18,6 +18,8 @@ pub mod ops;
 pub mod optim;
 pub mod rng;
 pub mod tensor;
+#[cfg(test)]
+pub(crate) mod testing;
 pub mod train;
 
 pub use error::{Error, Result};

@@ -180,7 +180,7 @@ fn scaler_keys_default_to_torch_and_are_range_checked() {
 
 #[test]
 fn config_validation_rejects_a_nonsense_override_naming_file_and_key() {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/mnist_o0.toml");
+    let path = crate::testing::repo_root().join("configs/mnist_o0.toml");
     let e = crate::config::load(&path, &["amp.master_weights=true".to_string()]).unwrap_err();
     let shown = e.to_string();
     assert!(shown.contains("amp.master_weights") && shown.contains("makes no sense with O0"), "{shown}");

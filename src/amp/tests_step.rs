@@ -133,7 +133,7 @@ fn master_weights_keep_updates_that_f16_weights_round_away() {
 }
 
 fn seed_layers() -> Vec<crate::config::ResolvedLayer> {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/mnist_o0.toml");
+    let path = crate::testing::repo_root().join("configs/mnist_o0.toml");
     crate::config::model::resolve(&crate::config::load(&path, &[]).unwrap().model).unwrap()
 }
 

@@ -30,7 +30,7 @@ fn config(out: &Path, extra: &[&str]) -> Config {
         .collect();
     sets.push(format!("run.out_dir={}", out.display()));
     sets.extend(extra.iter().map(|s| s.to_string()));
-    config::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/mnist_o0.toml"), &sets).unwrap()
+    config::load(&crate::testing::repo_root().join("configs/mnist_o0.toml"), &sets).unwrap()
 }
 
 fn run(out: &Path, rank: usize, extra: &[&str]) -> Run {

@@ -1,6 +1,6 @@
 //! Loading: layering, override parsing, defaults and error attribution.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use super::*;
 use crate::error::Error;
@@ -52,7 +52,7 @@ pub(crate) fn config_err(r: crate::Result<Config>) -> (String, String, String) {
 }
 
 pub(crate) fn mnist_path() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/mnist_o0.toml")
+    crate::testing::repo_root().join("configs/mnist_o0.toml")
 }
 
 #[test]

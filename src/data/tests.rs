@@ -434,7 +434,7 @@ fn loader_refuses_out_of_range_indices() {
 /// The real files from scripts/fetch-mnist.sh, when they have been fetched.
 #[test]
 fn real_mnist_if_fetched() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/mnist");
+    let dir = crate::testing::repo_root().join("data/mnist");
     if !dir.join("train-labels-idx1-ubyte").exists() && !dir.join("train-labels-idx1-ubyte.gz").exists() {
         println!("note: {} absent (run scripts/fetch-mnist.sh); skipping", dir.display());
         return;

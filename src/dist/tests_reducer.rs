@@ -49,11 +49,7 @@ fn pair() -> Vec<TcpCommunicator> {
 }
 
 fn seed_model() -> Model {
-    let cfg = crate::config::load(
-        &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/mnist_o0.toml"),
-        &[],
-    )
-    .unwrap();
+    let cfg = crate::config::load(&crate::testing::repo_root().join("configs/mnist_o0.toml"), &[]).unwrap();
     Model::new(&cfg.resolve_model().unwrap(), 3).unwrap()
 }
 

@@ -126,11 +126,7 @@ fn ddp_fill_writes_exactly_its_view() {
 /// The seed ConvNet at `level` (O2: f16 conv/linear, f32 BatchNorm), with
 /// rank-specific random gradients, and its device copy.
 fn model_and_params(gpu: &Gpu, level: OptLevel, seed: u64, o: &ReducerOptions) -> (Model, DeviceParams) {
-    let cfg = crate::config::load(
-        &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/mnist_o0.toml"),
-        &[],
-    )
-    .unwrap();
+    let cfg = crate::config::load(&crate::testing::repo_root().join("configs/mnist_o0.toml"), &[]).unwrap();
     let mut model = Model::new(&cfg.resolve_model().unwrap(), seed).unwrap();
     cast_model(&mut model, &Policy::for_level(level));
     for (k, p) in model.params_mut().into_iter().enumerate() {

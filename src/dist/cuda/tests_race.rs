@@ -22,11 +22,7 @@ const MODE: &str = "DDPTRAIN_TEST_HAND_OFF";
 fn child() {
     let Ok(mode) = std::env::var(MODE) else { return };
     let gpu = crate::cuda::test_gpu("tests_race::child").expect("a CUDA device");
-    let cfg = crate::config::load(
-        &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/mnist_o0.toml"),
-        &[],
-    )
-    .unwrap();
+    let cfg = crate::config::load(&crate::testing::repo_root().join("configs/mnist_o0.toml"), &[]).unwrap();
     let model = Model::new(&cfg.resolve_model().unwrap(), 1).unwrap();
     // A predivide factor makes the all-reduce start with a scaling kernel on
     // the communication stream; small caps give several buckets.

@@ -62,7 +62,7 @@ pub(crate) fn tiny_layers() -> Vec<ResolvedLayer> {
 }
 
 pub(crate) fn mnist_layers() -> Vec<ResolvedLayer> {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/mnist_o0.toml");
+    let path = crate::testing::repo_root().join("configs/mnist_o0.toml");
     crate::config::model::resolve(&crate::config::load(&path, &[]).unwrap().model).unwrap()
 }
 

@@ -35,7 +35,7 @@ fn cfg(device: &str, opt_level: &str, out: &Path) -> Config {
     ])
     .filter(|s| matches!(opt_level, "O1" | "O2") || !s.starts_with("amp.init_scale"))
     .collect();
-    let seed = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/mnist_o0.toml");
+    let seed = crate::testing::repo_root().join("configs/mnist_o0.toml");
     crate::config::load(&seed, &sets).unwrap()
 }
 
