@@ -6,83 +6,15 @@
 //! and under O3 with f16 gradients pending.
 
 mod common;
-use common::*;
-use ddptrain::config::{self, Config};
-use ddptrain::train::{self, RunOptions};
+use common::resume::{self, assert_same_run, final_state, halted, metrics, read};
+use ddptrain::config::Config;
+use ddptrain::train;
 use std::path::Path;
 
+/// The shared resume run, on the CPU: the CPU trainer's resume contract;
+/// where a (possibly emulated) GPU is visible, "auto" would train on it.
 fn cfg(out: &Path, extra: &[&str]) -> Config {
-    let mut sets: Vec<String> = [
-        "data.dataset=synthetic",
-        "data.synthetic_train_size=400",
-        "data.synthetic_test_size=100",
-        "data.batch_size=50",
-        "train.max_steps=20",
-        "train.grad_clip_norm=1.0",
-        "scheduler.warmup_steps=3",
-        "logging.every_steps=3",
-        "logging.progress=never",
-        "logging.tensorboard=false",
-        "checkpoint.every_steps=5",
-        // The CPU trainer's resume contract; where a (possibly emulated) GPU
-        // is visible, "auto" would train on it instead.
-        "run.device=cpu",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    sets.push(format!("run.out_dir={}", out.display()));
-    sets.extend(extra.iter().map(|s| s.to_string()));
-    config::load(&repo_root().join("configs/mnist_o0.toml"), &sets).unwrap()
-}
-
-/// metrics.jsonl without the timing fields, which no two runs share.
-fn metrics(out: &Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(out.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
-            v.as_object_mut().unwrap().remove("images_per_s");
-            v
-        })
-        .collect()
-}
-
-fn read(p: &Path) -> Vec<u8> {
-    std::fs::read(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
-}
-
-/// The final checkpoint's tensors and progress (less timings) of a run.
-fn final_state(out: &Path) -> (Vec<u8>, Vec<u8>, serde_json::Value) {
-    let dir = out.join("ckpt/latest");
-    let mut state: serde_json::Value = serde_json::from_slice(&read(&dir.join("state.json"))).unwrap();
-    state.as_object_mut().unwrap().remove("train_time_s");
-    (read(&dir.join("model.safetensors")), read(&dir.join("optim.safetensors")), state)
-}
-
-fn assert_same_run(a: &Path, b: &Path) {
-    assert_eq!(
-        read(&a.join("model.safetensors")),
-        read(&b.join("model.safetensors")),
-        "final weights differ"
-    );
-    let (ma, oa, sa) = final_state(a);
-    let (mb, ob, sb) = final_state(b);
-    assert_eq!(ma, mb, "checkpointed weights differ");
-    assert_eq!(oa, ob, "optimizer state differs");
-    assert_eq!(sa, sb, "state.json differs");
-    let (ra, rb) = (metrics(a), metrics(b));
-    let strip = |r: &[serde_json::Value]| -> Vec<serde_json::Value> {
-        r.iter().filter(|v| v["kind"] != "checkpoint").cloned().collect()
-    };
-    assert_eq!(strip(&ra), strip(&rb), "metrics differ");
-}
-
-fn halted(cfg: &Config, after: u64) {
-    let opts = RunOptions { halt_after_steps: Some(after), ..Default::default() };
-    let err = train::train_with(cfg, &opts).unwrap_err().to_string();
-    assert!(err.contains(&format!("halted after step {after}")), "{err}");
+    resume::cfg(out, "cpu", extra)
 }
 
 #[test]

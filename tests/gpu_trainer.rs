@@ -7,81 +7,14 @@
 //! `CI=true`).
 
 mod common;
+use common::resume::*;
 use common::*;
-use ddptrain::config::{self, Config};
 use ddptrain::train::{self, RunOptions};
 use std::path::Path;
 use std::process::{Command, Output};
 
 fn has_gpu(test: &str) -> bool {
     ddptrain::cuda::test_gpu(test).is_some()
-}
-
-/// The seed ConvNet of configs/mnist_o0.toml (its optimizer and schedule)
-/// on synthetic digits: 8 steps per epoch, 20 steps.
-fn cfg(out: &Path, device: &str, extra: &[&str]) -> Config {
-    let mut sets: Vec<String> = [
-        "data.dataset=synthetic",
-        "data.synthetic_train_size=400",
-        "data.synthetic_test_size=100",
-        "data.batch_size=50",
-        "train.max_steps=20",
-        "train.grad_clip_norm=1.0",
-        "scheduler.warmup_steps=3",
-        "logging.every_steps=3",
-        "logging.progress=never",
-        "logging.tensorboard=false",
-        "checkpoint.every_steps=5",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    sets.push(format!("run.device={device}"));
-    sets.push(format!("run.out_dir={}", out.display()));
-    sets.extend(extra.iter().map(|s| s.to_string()));
-    config::load(&repo_root().join("configs/mnist_o0.toml"), &sets).unwrap()
-}
-
-fn read(p: &Path) -> Vec<u8> {
-    std::fs::read(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
-}
-
-/// metrics.jsonl without the timing fields, which no two runs share.
-fn metrics(out: &Path) -> Vec<serde_json::Value> {
-    String::from_utf8(read(&out.join("metrics.jsonl")))
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
-            v.as_object_mut().unwrap().remove("images_per_s");
-            v
-        })
-        .filter(|v| v["kind"] != "checkpoint")
-        .collect()
-}
-
-/// Weights, optimizer state and progress (less timings) of the last checkpoint.
-fn final_state(out: &Path) -> (Vec<u8>, Vec<u8>, serde_json::Value) {
-    let dir = out.join("ckpt/latest");
-    let mut state: serde_json::Value = serde_json::from_slice(&read(&dir.join("state.json"))).unwrap();
-    state.as_object_mut().unwrap().remove("train_time_s");
-    (read(&dir.join("model.safetensors")), read(&dir.join("optim.safetensors")), state)
-}
-
-fn assert_same_run(a: &Path, b: &Path) {
-    assert!(read(&a.join("model.safetensors")) == read(&b.join("model.safetensors")), "final weights differ");
-    let (ma, oa, sa) = final_state(a);
-    let (mb, ob, sb) = final_state(b);
-    assert!(ma == mb, "checkpointed weights differ");
-    assert!(oa == ob, "optimizer state differs");
-    assert_eq!(sa, sb, "state.json differs");
-    assert_eq!(metrics(a), metrics(b), "metrics differ");
-}
-
-fn halted(cfg: &Config, after: u64) {
-    let opts = RunOptions { halt_after_steps: Some(after), ..Default::default() };
-    let err = train::train_with(cfg, &opts).unwrap_err().to_string();
-    assert!(err.contains(&format!("halted after step {after}")), "{err}");
 }
 
 /// Crashes at step 13 (the last checkpoint is step 10, batch 2 of epoch 1),
@@ -333,7 +266,7 @@ fn the_gpu_run_logs_and_writes_what_the_cpu_run_does() {
         "GPU log:\n{gpu_log}\nCPU log:\n{cpu_log}"
     );
 
-    let (mc, mg) = (metrics(&cpu), metrics(&gpu));
+    let (mc, mg) = (metrics_without_checkpoints(&cpu), metrics_without_checkpoints(&gpu));
     assert_eq!(mc.len(), mg.len(), "metrics records");
     for (k, (g, c)) in mg.iter().zip(&mc).enumerate() {
         assert_close_json(g, c, 2e-2, &format!("metrics.jsonl line {k}"));

@@ -1,6 +1,8 @@
 #![allow(dead_code)]
 //! Helpers for the tests that run the `ddptrain` binary.
 
+pub mod resume;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
