@@ -13,6 +13,30 @@ use ddptrain::train::{self, RunOptions};
 use std::path::Path;
 use std::process::{Command, Output};
 
+/// Trains `config` (a path under the repo) on the device and the fetched
+/// MNIST digits with the extra `--set`s; checks it exits 0 and returns its
+/// output and summary.json.
+fn run_on_the_real_digits(config: &str, extra: &[&str]) -> (String, serde_json::Value) {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let mut sets = vec![
+        format!("run.out_dir={}", out.display()),
+        format!("data.path={}", mnist_dir().display()),
+        "run.device=cuda".to_string(),
+    ];
+    sets.extend(extra.iter().map(|s| s.to_string()));
+    let cfg = repo_root().join(config);
+    let mut args = vec!["--config", cfg.to_str().unwrap()];
+    for s in &sets {
+        args.extend(["--set", s.as_str()]);
+    }
+    let o = ddptrain_env(&args, dir.path(), &[]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{t}");
+    let s = serde_json::from_slice(&read(&out.join("summary.json"))).unwrap();
+    (t, s)
+}
+
 fn has_gpu(test: &str) -> bool {
     ddptrain::cuda::test_gpu(test).is_some()
 }
@@ -308,24 +332,8 @@ fn ci_smoke_on_the_gpu_passes_its_gates() {
     if !has_gpu("ci_smoke_on_the_gpu_passes_its_gates") {
         return;
     }
-    let data = mnist_dir();
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("out");
-    let sets = [
-        format!("run.out_dir={}", out.display()),
-        format!("data.path={}", data.display()),
-        "run.device=cuda".to_string(),
-    ];
-    let cfg = repo_root().join("configs/ci_smoke.toml");
-    let mut args = vec!["--config", cfg.to_str().unwrap()];
-    for s in &sets {
-        args.extend(["--set", s.as_str()]);
-    }
-    let o = ddptrain_env(&args, dir.path(), &[]);
-    let t = text(&o);
-    assert_eq!(o.status.code(), Some(0), "{t}");
+    let (t, s) = run_on_the_real_digits("configs/ci_smoke.toml", &[]);
     assert!(t.contains("PASS expect.min_test_accuracy") && t.contains("PASS expect.max_final_loss"), "{t}");
-    let s: serde_json::Value = serde_json::from_slice(&read(&out.join("summary.json"))).unwrap();
     assert!(s["device"].as_str().unwrap().starts_with("cuda:"), "{s}");
     assert_eq!(s["steps"], 200);
     println!("ci_smoke on the GPU: test accuracy {}, {}s", s["test_accuracy"], s["wall_s"]);
@@ -339,25 +347,8 @@ fn mnist_o2_on_the_gpu_reaches_97_percent() {
     if !has_gpu("mnist_o2_on_the_gpu_reaches_97_percent") {
         return;
     }
-    let data = mnist_dir();
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("out");
-    let sets = [
-        format!("run.out_dir={}", out.display()),
-        format!("data.path={}", data.display()),
-        "run.device=cuda".to_string(),
-        "logging.progress=never".to_string(),
-    ];
-    let cfg = repo_root().join("configs/mnist_o2.toml");
-    let mut args = vec!["--config", cfg.to_str().unwrap()];
-    for s in &sets {
-        args.extend(["--set", s.as_str()]);
-    }
-    let o = ddptrain_env(&args, dir.path(), &[]);
-    let t = text(&o);
-    assert_eq!(o.status.code(), Some(0), "{t}");
+    let (t, s) = run_on_the_real_digits("configs/mnist_o2.toml", &["logging.progress=never"]);
     assert!(t.contains("PASS expect.min_test_accuracy"), "{t}");
-    let s: serde_json::Value = serde_json::from_slice(&read(&out.join("summary.json"))).unwrap();
     assert_eq!(s["epochs"], 5);
     println!("mnist_o2 on the GPU: test accuracy {}, {}s", s["test_accuracy"], s["wall_s"]);
 }
