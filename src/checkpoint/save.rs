@@ -154,6 +154,12 @@ impl Checkpointer {
         self.every_steps > 0 || self.every_epochs > 0
     }
 
+    /// Whether [`Checkpointer::after_step`] saves after optimizer step `step`
+    /// (a device keeping its state away from the host brings it back first).
+    pub fn saves_after_step(&self, step: u64) -> bool {
+        self.every_steps > 0 && step.is_multiple_of(self.every_steps) && step < self.shape.total_steps
+    }
+
     /// After each optimizer step (and its log line). The last step is saved by
     /// [`Checkpointer::finish`], after the final evaluation.
     pub fn after_step(
@@ -165,8 +171,7 @@ impl Checkpointer {
         metrics: &mut MetricsWriter,
         comm: &dyn Communicator,
     ) -> Result<()> {
-        if self.every_steps > 0 && p.step.is_multiple_of(self.every_steps) && p.step < self.shape.total_steps
-        {
+        if self.saves_after_step(p.step) {
             self.save_and_log(model, opt, amp, p, metrics, comm)?;
         }
         if self.halt_after == Some(p.step) {

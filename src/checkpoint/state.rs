@@ -62,6 +62,26 @@ pub struct TrainProgress {
     pub train_time_s: f64,
 }
 
+impl TrainProgress {
+    /// A run before its first step.
+    pub fn start() -> Self {
+        TrainProgress {
+            step: 0,
+            epoch: 0,
+            batches_in_epoch: 0,
+            step_loss: 0.0,
+            window_loss: 0.0,
+            window_n: 0,
+            window_images: 0,
+            final_loss: f64::NAN,
+            last_eval: None,
+            grad_norm: None,
+            train_images: 0,
+            train_time_s: 0.0,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct EvalState {
     #[serde(with = "exact_f64")]

@@ -1,11 +1,15 @@
-//! The training run: set up from a validated [`Config`], then the step loop
-//! (forward, loss, backward, optimizer step), evaluation after each epoch,
-//! metrics, and the summary the `[expect]` gates judge.
+//! The training run: set up from a validated [`Config`] (data, model, DDP,
+//! the step plan, apex's amp.initialize, resume), then one loop for every
+//! device ([`run`]) over the device's [`engine::Engine`]: [`cpu::CpuEngine`]
+//! or [`cuda::CudaEngine`].
 
+mod cpu;
+pub mod cuda;
 mod ddp;
+pub mod engine;
 mod eval;
 pub mod expect;
-pub mod gpu;
+mod run;
 pub mod trace;
 
 pub use ddp::Ddp;
@@ -14,16 +18,12 @@ pub use trace::RunOptions;
 
 use crate::amp;
 use crate::config::{self, Config};
-use crate::data::{self, Dataset, DistributedSampler, Loader, Normalize, Split};
+use crate::data::{self, Dataset, DistributedSampler, Normalize, Split};
 use crate::error::{Error, Result};
-use crate::metrics::{self, MetricsWriter, Progress, ProgressMode};
 use crate::nn::Model;
-use crate::ops;
 use crate::optim::{LrSchedule, Optimizer, OptimizerKind, ScheduleKind};
-use serde_json::json;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Instant;
 
 /// What `summary.json` holds.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -168,6 +168,31 @@ pub(crate) fn start(cfg: &Config, opts: &RunOptions) -> Result<Started> {
     Ok(Started { model, train_ds, test_ds, ddp, plan, optimizer, ckpt, amp, resumed })
 }
 
+/// What an engine takes over from a started run.
+struct EngineParts {
+    model: Model,
+    optimizer: Optimizer,
+    amp: amp::Amp,
+    train_ds: Arc<Dataset>,
+    test_ds: Arc<Dataset>,
+}
+
+impl Started {
+    /// The engine's share of the run and the loop's.
+    fn split(self) -> (EngineParts, run::Setup) {
+        let Started { model, train_ds, test_ds, ddp, plan, optimizer, ckpt, amp, resumed } = self;
+        let setup = run::Setup {
+            ddp,
+            plan,
+            ckpt,
+            resumed,
+            samples: (train_ds.len(), test_ds.len()),
+            num_params: model.num_params(),
+        };
+        (EngineParts { model, optimizer, amp, train_ds, test_ds }, setup)
+    }
+}
+
 pub fn train(cfg: &Config) -> Result<Summary> {
     train_with(cfg, &RunOptions::default())
 }
@@ -175,8 +200,35 @@ pub fn train(cfg: &Config) -> Result<Summary> {
 /// [`train`] with the options of one invocation (traces, test hooks).
 pub fn train_with(cfg: &Config, opts: &RunOptions) -> Result<Summary> {
     match select_device(cfg)? {
-        crate::cuda::select::Device::Cuda(gpu) => gpu::train(cfg, opts, gpu),
+        crate::cuda::select::Device::Cuda(gpu) => {
+            let (s, setup) = start(cfg, opts)?.split();
+            let mut engine = cuda::CudaEngine::new(
+                cfg,
+                gpu,
+                s.model,
+                s.optimizer,
+                s.amp,
+                (&s.train_ds, &s.test_ds),
+                &setup.ddp,
+                setup.plan.accum,
+                setup.resumed.is_some(),
+            )?;
+            run::run(cfg, opts, setup, &mut engine)
+        }
         crate::cuda::select::Device::Cpu => {
+            let train_cpu = || -> Result<Summary> {
+                let (s, setup) = start(cfg, opts)?.split();
+                let mut engine = cpu::CpuEngine::new(
+                    cfg,
+                    s.model,
+                    s.optimizer,
+                    s.amp,
+                    s.train_ds,
+                    s.test_ds,
+                    setup.plan.accum,
+                );
+                run::run(cfg, opts, setup, &mut engine)
+            };
             // The CPU loop runs on a worker of the pool its ops fork into, so
             // every op starts at once on this thread while the other workers
             // wake up to steal. Forked from outside the pool, each op first
@@ -184,246 +236,11 @@ pub fn train_with(cfg: &Config, opts: &RunOptions) -> Result<Summary> {
             // wake-up can take longer than MNIST's conv1). A pool per run
             // keeps in-process ranks from queueing behind each other's loops.
             match rayon::ThreadPoolBuilder::new().num_threads(rayon::current_num_threads()).build() {
-                Ok(pool) => pool.install(|| train_cpu(cfg, opts)),
-                Err(_) => train_cpu(cfg, opts),
+                Ok(pool) => pool.install(train_cpu),
+                Err(_) => train_cpu(),
             }
         }
     }
-}
-
-fn train_cpu(cfg: &Config, opts: &RunOptions) -> Result<Summary> {
-    let device = "cpu";
-    let Started { mut model, train_ds, test_ds, mut ddp, plan, mut optimizer, mut ckpt, mut amp, resumed } =
-        start(cfg, opts)?;
-    let RunPlan { sampler, accum, steps_per_epoch, total_steps, schedule } = plan;
-    let d = &cfg.data;
-    let mut tracer = trace::Tracer::new(opts)?;
-    let mut trace_divergence: Option<String> = None;
-
-    let out_dir = cfg.run.out_dir.clone();
-    let primary = ddp.is_primary();
-    let mut metrics_out = if primary {
-        std::fs::create_dir_all(&out_dir)
-            .map_err(|e| Error::io(format!("cannot create {}", out_dir.display()), e))?;
-        crate::checkpoint::open_metrics(cfg, &out_dir, resumed.as_ref())?
-    } else {
-        MetricsWriter::disabled()
-    };
-    let progress = progress_for(cfg, primary, total_steps);
-    progress.println(&header_line(
-        cfg,
-        model.num_params(),
-        (train_ds.len(), test_ds.len()),
-        ddp.world_size(),
-        (total_steps, steps_per_epoch),
-        device,
-    ));
-
-    let wall = Instant::now();
-    let mut train_time = 0.0f64;
-    let mut train_images = 0usize;
-    let mut step = 0u64;
-    let mut epoch = 0u64;
-    let (mut window_loss, mut window_n) = (0.0f64, 0u64);
-    let mut final_loss = f64::NAN;
-    let mut last_eval: Option<EvalResult> = None;
-    let log_every = cfg.logging.every_steps.max(1);
-    let mut window_start = Instant::now();
-    let mut window_images = 0usize;
-    let mut grad_norm: Option<f32> = None;
-    let mut initial_loss = f64::NAN;
-    let mut step_loss = 0.0f64;
-    // Batches of the current epoch a resumed checkpoint already consumed.
-    let mut resume_at: Option<usize> = None;
-    if let Some(p) = &resumed {
-        (step, epoch, step_loss, window_loss, window_n, window_images) =
-            (p.step, p.epoch, p.step_loss, p.window_loss, p.window_n, p.window_images);
-        (final_loss, last_eval, grad_norm) = (p.final_loss, p.last_eval.map(Into::into), p.grad_norm);
-        (train_images, train_time, resume_at) = (p.train_images, p.train_time_s, Some(p.batches_in_epoch));
-        progress.set_step(step, "resumed");
-    }
-    macro_rules! train_progress {
-        ($batches_in_epoch:expr) => {
-            crate::checkpoint::TrainProgress {
-                step,
-                epoch,
-                batches_in_epoch: $batches_in_epoch,
-                step_loss,
-                window_loss,
-                window_n,
-                window_images,
-                final_loss,
-                last_eval: last_eval.map(Into::into),
-                grad_norm,
-                train_images,
-                train_time_s: train_time,
-            }
-        };
-    }
-
-    'train: while step < total_steps {
-        let skip = resume_at.take().unwrap_or(0);
-        let indices = crate::checkpoint::skip_batches(sampler.indices(epoch), skip, d.batch_size);
-        let loader = Loader::new(train_ds.clone(), indices, d.batch_size, d.drop_last, d.prefetch);
-        let mut micro = skip;
-        let mut t0 = Instant::now();
-        for batch in loader {
-            let n = batch.labels.len();
-            ddp.sync_buffers(&mut model)?;
-            let (logits, saved) = model.forward_train(batch.images)?;
-            let out = ops::cross_entropy::forward_backward(
-                &logits,
-                &batch.labels,
-                amp.loss_scale() / accum as f32,
-            )?;
-            if !out.loss.is_finite() {
-                return Err(Error::Training(format!(
-                    "loss is {} at step {} (epoch {epoch}); lower optimizer.lr or set train.grad_clip_norm",
-                    out.loss,
-                    step + 1
-                )));
-            }
-            ddp.backward(&mut model, saved, out.dlogits, (micro + 1).is_multiple_of(accum))?;
-            window_loss += out.loss as f64 / accum as f64;
-            step_loss += out.loss as f64 / accum as f64;
-            train_images += n;
-            window_images += n;
-            micro += 1;
-            if !micro.is_multiple_of(accum) {
-                continue;
-            }
-            // A skipped step leaves the schedule where it was (only applied steps count).
-            let lr = schedule.lr_at(step - amp.scaler.state().overflow_steps);
-            let outcome = amp.step(&mut model, &mut optimizer, lr, cfg.train.grad_clip_norm, step + 1)?;
-            if !outcome.skipped {
-                grad_norm = Some(outcome.grad_norm);
-            }
-            if outcome.skipped {
-                let msg = format!(
-                    "step {}: gradient overflow (inf/NaN) at loss scale {}, first in {}; step skipped, loss scale -> {}",
-                    step + 1,
-                    outcome.loss_scale,
-                    outcome.overflow.describe(3),
-                    amp.loss_scale()
-                );
-                // Like apex, every rank reports the skip it decided on.
-                if primary {
-                    progress.println(&msg);
-                } else {
-                    eprintln!("{msg}");
-                }
-            }
-            model.zero_grad()?;
-            step += 1;
-            window_n += 1;
-            train_time += t0.elapsed().as_secs_f64();
-            if let Some(t) = &mut tracer {
-                trace_divergence =
-                    t.after_update(step, step_loss, outcome.grad_norm, outcome.loss_scale, &model)?;
-            }
-            step_loss = 0.0;
-
-            if step.is_multiple_of(log_every) || step == total_steps {
-                let loss = ddp.mean(window_loss / window_n as f64)?;
-                let ips = window_images as f64 / window_start.elapsed().as_secs_f64().max(1e-9);
-                final_loss = loss;
-                if initial_loss.is_nan() {
-                    initial_loss = loss;
-                }
-                let mut rec = json!({"kind": "train", "step": step, "epoch": epoch, "loss": loss, "lr": lr, "images_per_s": ips,
-                    "loss_scale": amp.loss_scale(), "overflow_steps": amp.scaler.state().overflow_steps});
-                if let Some(g) = grad_norm {
-                    rec["grad_norm"] = json!(g);
-                }
-                metrics_out.write(&rec)?;
-                let line = format!("step {step:>6}/{total_steps} | epoch {epoch} | loss {loss:.4} | lr {lr:.5} | {ips:.0} images/s");
-                progress.set_step(step, &format!("loss {loss:.4}"));
-                if progress_is_plain(cfg) || step.is_multiple_of(log_every * 10) || step == total_steps {
-                    progress.println(&line);
-                }
-                (window_loss, window_n, window_images) = (0.0, 0, 0);
-                window_start = Instant::now();
-            }
-            if trace_divergence.is_some() {
-                break 'train;
-            }
-            ckpt.after_step(
-                &model,
-                &optimizer,
-                &amp,
-                &train_progress!(micro),
-                &mut metrics_out,
-                ddp.communicator(),
-            )?;
-            if step >= total_steps {
-                break;
-            }
-            t0 = Instant::now();
-        }
-        epoch += 1;
-        ddp.sync_buffers(&mut model)?;
-        let local =
-            evaluate_shard(&model, &test_ds, ddp.rank(), ddp.world_size(), d.eval_batch_size, d.prefetch)?;
-        let ev = ddp.reduce_eval(local)?;
-        metrics_out.write(&json!({"kind": "eval", "step": step, "epoch": epoch, "test_accuracy": ev.accuracy, "test_loss": ev.loss, "correct": ev.correct, "total": ev.total}))?;
-        progress.println(&format!(
-            "epoch {epoch} | step {step} | test accuracy {:.4} ({}/{}) | test loss {:.4}",
-            ev.accuracy, ev.correct, ev.total, ev.loss
-        ));
-        last_eval = Some(ev);
-        window_start = Instant::now();
-        ckpt.after_epoch(
-            &model,
-            &optimizer,
-            &amp,
-            &train_progress!(0),
-            &mut metrics_out,
-            ddp.communicator(),
-        )?;
-    }
-    progress.finish();
-    if let (None, Some(t)) = (&trace_divergence, &tracer) {
-        trace_divergence = t.finish(step);
-    }
-    if trace_divergence.is_none() {
-        ckpt.finish(&model, &optimizer, &amp, &train_progress!(0), &mut metrics_out, ddp.communicator())?;
-    }
-
-    let weights = out_dir.join("model.safetensors");
-    if primary {
-        crate::checkpoint::save_safetensors(&weights, &amp.state_dict(&model)?)?;
-    }
-    let summary = Summary {
-        name: cfg.run.name.clone(),
-        final_loss,
-        test_accuracy: last_eval.map(|e| e.accuracy),
-        test_loss: last_eval.map(|e| e.loss),
-        // Every rank trains equal batches: the job's throughput is world x this rank's.
-        images_per_s: (train_images * ddp.world_size()) as f64 / train_time.max(1e-9),
-        allreduce_hidden_fraction: ddp.allreduce_hidden_fraction(),
-        steps: step,
-        epochs: epoch,
-        wall_s: wall.elapsed().as_secs_f64(),
-        opt_level: cfg.amp.opt_level.to_string(),
-        world_size: ddp.world_size(),
-        device: device.to_string(),
-        num_params: model.num_params(),
-        weights,
-        checkpoints: ckpt.written().to_vec(),
-        resumed_from: ckpt.resumed_from().map(PathBuf::from),
-        trace_divergence,
-        loss_scale: amp.loss_scale(),
-        overflow_steps: amp.scaler.state().overflow_steps,
-        initial_loss,
-        loss_decreased: final_loss < initial_loss,
-    };
-    if primary {
-        metrics::write_json(&out_dir.join("summary.json"), &summary)?;
-    }
-    ddp.report_replica_state(&amp.state_dict(&model)?, amp.loss_scale(), amp.scaler.state().overflow_steps);
-    // No rank leaves while another may still need it for a collective.
-    ddp.barrier("end of training")?;
-    Ok(summary)
 }
 
 /// What the data and the config make of a run: the sampler, the steps and
@@ -505,44 +322,5 @@ pub fn lr_schedule(cfg: &Config, total_steps: u64) -> LrSchedule {
         },
         warmup_steps: s.warmup_steps,
         total_steps,
-    }
-}
-
-/// The progress bar on rank 0 (as `logging.progress` says), silent elsewhere.
-fn progress_for(cfg: &Config, primary: bool, total_steps: u64) -> Progress {
-    if !primary {
-        return Progress::silent();
-    }
-    Progress::new(
-        match cfg.logging.progress {
-            config::ProgressSetting::Auto => ProgressMode::Auto,
-            config::ProgressSetting::Always => ProgressMode::Always,
-            config::ProgressSetting::Never => ProgressMode::Never,
-        },
-        total_steps,
-    )
-}
-
-/// The run's first line: what is trained, on what, for how long.
-fn header_line(
-    cfg: &Config,
-    num_params: usize,
-    (train_len, test_len): (usize, usize),
-    world: usize,
-    (total_steps, steps_per_epoch): (u64, u64),
-    device: &str,
-) -> String {
-    format!(
-        "ddptrain: {} | {num_params} params | {train_len} train / {test_len} test samples | world size {world} x batch {} | {total_steps} steps ({steps_per_epoch} per epoch) | device {device} | opt_level {}",
-        cfg.run.name, cfg.data.batch_size, cfg.amp.opt_level
-    )
-}
-
-/// Without a bar every log line is printed; with one, every tenth (the bar shows the rest).
-fn progress_is_plain(cfg: &Config) -> bool {
-    match cfg.logging.progress {
-        config::ProgressSetting::Never => true,
-        config::ProgressSetting::Always => false,
-        config::ProgressSetting::Auto => !std::io::IsTerminal::is_terminal(&std::io::stderr()),
     }
 }

@@ -1,0 +1,297 @@
+//! The training loop, one for every device: what a step is (micro-batches
+//! forward and backward, the optimizer step), and the bookkeeping around it
+//! (loss windows, log lines, metrics, progress, traces, checkpoints, the
+//! evaluation after each epoch, the summary and the final barrier). The
+//! arithmetic is the [`Engine`]'s.
+
+use super::engine::{Engine, HostSync, Skip};
+use super::{trace, Ddp, RunOptions, RunPlan, Summary};
+use crate::checkpoint::{Checkpointer, TrainProgress};
+use crate::config::{self, Config};
+use crate::error::{Error, Result};
+use crate::metrics::{self, MetricsWriter, Progress, ProgressMode};
+use serde_json::json;
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// A run set up on its device: what [`run`] needs besides the engine.
+pub(crate) struct Setup {
+    pub ddp: Ddp,
+    pub plan: RunPlan,
+    pub ckpt: Checkpointer,
+    pub resumed: Option<TrainProgress>,
+    /// Training and test samples (for the header line).
+    pub samples: (usize, usize),
+    pub num_params: usize,
+}
+
+/// Trains `engine` for the run `setup` planned: the contract of [`super::train_with`].
+pub(crate) fn run(cfg: &Config, opts: &RunOptions, setup: Setup, engine: &mut dyn Engine) -> Result<Summary> {
+    let Setup { mut ddp, plan, mut ckpt, resumed, samples, num_params } = setup;
+    let RunPlan { sampler, accum, steps_per_epoch, total_steps, schedule } = plan;
+    let d = &cfg.data;
+    let device = engine.device();
+    let mut tracer = trace::Tracer::new(opts)?;
+    let mut trace_divergence: Option<String> = None;
+
+    let out_dir = cfg.run.out_dir.clone();
+    let primary = ddp.is_primary();
+    let mut metrics_out = if primary {
+        std::fs::create_dir_all(&out_dir)
+            .map_err(|e| Error::io(format!("cannot create {}", out_dir.display()), e))?;
+        crate::checkpoint::open_metrics(cfg, &out_dir, resumed.as_ref())?
+    } else {
+        MetricsWriter::disabled()
+    };
+    let progress = progress_for(cfg, primary, total_steps);
+    progress.println(&header_line(
+        cfg,
+        num_params,
+        samples,
+        ddp.world_size(),
+        (total_steps, steps_per_epoch),
+        &device,
+    ));
+    // Like apex, every rank reports the skips it decided on.
+    let report = |skip: Option<Skip>| match skip {
+        Some(s) if primary => progress.println(&s.message()),
+        Some(s) => eprintln!("{}", s.message()),
+        None => {}
+    };
+
+    let wall = Instant::now();
+    // What the loop has counted: the checkpoint's view of it.
+    let mut c = resumed.clone().unwrap_or_else(TrainProgress::start);
+    let mut initial_loss = f64::NAN;
+    let log_every = cfg.logging.every_steps.max(1);
+    let mut window_start = Instant::now();
+    // Batches of the current epoch a resumed checkpoint already consumed.
+    let mut resume_at = resumed.as_ref().map(|p| p.batches_in_epoch);
+    if resumed.is_some() {
+        progress.set_step(c.step, "resumed");
+    }
+
+    'train: while c.step < total_steps {
+        let skip = resume_at.take().unwrap_or(0);
+        let indices = crate::checkpoint::skip_batches(sampler.indices(c.epoch), skip, d.batch_size);
+        let batches =
+            if d.drop_last { indices.len() / d.batch_size } else { indices.len().div_ceil(d.batch_size) };
+        let rows_left = indices.len();
+        engine.begin_epoch(indices)?;
+        let mut t0 = Instant::now();
+        for k in 0..batches {
+            let rows = (rows_left - k * d.batch_size).min(d.batch_size);
+            // Micro-batches of this epoch done once this one is (the resumed ones included).
+            let done = skip + k + 1;
+            let last_micro = done.is_multiple_of(accum);
+            if let Some(loss) = engine.forward_backward(&mut ddp, rows, last_micro, c.step + 1)? {
+                if !loss.is_finite() {
+                    return Err(Error::Training(format!(
+                        "loss is {loss} at step {} (epoch {}); lower optimizer.lr or set train.grad_clip_norm",
+                        c.step + 1,
+                        c.epoch
+                    )));
+                }
+                c.window_loss += loss as f64 / accum as f64;
+                c.step_loss += loss as f64 / accum as f64;
+            }
+            c.train_images += rows;
+            c.window_images += rows;
+            if !last_micro {
+                continue;
+            }
+            let stepped = engine.optimizer_step(c.step + 1, &schedule)?;
+            report(stepped.skip);
+            c.step += 1;
+            c.window_n += 1;
+            c.train_time_s += t0.elapsed().as_secs_f64();
+
+            let step = c.step;
+            let logging = step.is_multiple_of(log_every) || step == total_steps;
+            let saving = ckpt.saves_after_step(step);
+            if engine.look_is_free() || logging || tracer.is_some() || saving {
+                let look = engine.look(&mut c.window_loss)?;
+                let step_loss = look.step_loss.unwrap_or(c.step_loss);
+                if let Some(g) = look.applied_grad_norm {
+                    c.grad_norm = Some(g);
+                }
+                let local = c.window_loss / c.window_n.max(1) as f64;
+                if !local.is_finite() {
+                    return Err(Error::Training(format!(
+                        "loss is {local} in steps {}..={step} (epoch {}); lower optimizer.lr or set train.grad_clip_norm",
+                        (step + 1).saturating_sub(c.window_n),
+                        c.epoch
+                    )));
+                }
+                if let Some(t) = &mut tracer {
+                    let host = engine.host(HostSync::Weights)?;
+                    trace_divergence =
+                        t.after_update(step, step_loss, look.grad_norm, look.loss_scale, host.model)?;
+                }
+            }
+            c.step_loss = 0.0;
+
+            if logging {
+                let scaler = engine.scaler()?;
+                // Before the step's line, which it belongs to.
+                report(scaler.skip);
+                let loss = ddp.mean(c.window_loss / c.window_n as f64)?;
+                let ips = c.window_images as f64 / window_start.elapsed().as_secs_f64().max(1e-9);
+                c.final_loss = loss;
+                if initial_loss.is_nan() {
+                    initial_loss = loss;
+                }
+                let lr = stepped.lr;
+                let mut rec = json!({"kind": "train", "step": step, "epoch": c.epoch, "loss": loss, "lr": lr,
+                    "images_per_s": ips, "loss_scale": scaler.state.scale, "overflow_steps": scaler.state.overflow_steps});
+                if let Some(g) = c.grad_norm {
+                    rec["grad_norm"] = json!(g);
+                }
+                if let Some(f) = engine.allreduce_hidden_fraction(&ddp)? {
+                    rec["allreduce_hidden_fraction"] = json!(f);
+                }
+                metrics_out.write(&rec)?;
+                progress.set_step(step, &format!("loss {loss:.4}"));
+                if progress_is_plain(cfg) || step.is_multiple_of(log_every * 10) || step == total_steps {
+                    progress.println(&format!(
+                        "step {step:>6}/{total_steps} | epoch {} | loss {loss:.4} | lr {lr:.5} | {ips:.0} images/s",
+                        c.epoch
+                    ));
+                }
+                (c.window_loss, c.window_n, c.window_images) = (0.0, 0, 0);
+                window_start = Instant::now();
+            }
+            if trace_divergence.is_some() {
+                break 'train;
+            }
+            let host = engine.host(if saving { HostSync::WeightsAndGrads } else { HostSync::Stale })?;
+            ckpt.after_step(
+                host.model,
+                host.optimizer,
+                host.amp,
+                &TrainProgress { batches_in_epoch: done, ..c.clone() },
+                &mut metrics_out,
+                ddp.communicator(),
+            )?;
+            if step >= total_steps {
+                break;
+            }
+            t0 = Instant::now();
+        }
+        c.epoch += 1;
+        // A skip at the epoch's last step, before the evaluation's line.
+        report(engine.scaler()?.skip);
+        let ev = engine.evaluate(&mut ddp)?;
+        metrics_out.write(&json!({"kind": "eval", "step": c.step, "epoch": c.epoch, "test_accuracy": ev.accuracy, "test_loss": ev.loss, "correct": ev.correct, "total": ev.total}))?;
+        progress.println(&format!(
+            "epoch {} | step {} | test accuracy {:.4} ({}/{}) | test loss {:.4}",
+            c.epoch, c.step, ev.accuracy, ev.correct, ev.total, ev.loss
+        ));
+        c.last_eval = Some(ev.into());
+        window_start = Instant::now();
+        engine.fold_loss(&mut c.window_loss)?;
+        let host = engine.host(HostSync::WeightsAndGrads)?;
+        ckpt.after_epoch(
+            host.model,
+            host.optimizer,
+            host.amp,
+            &TrainProgress { batches_in_epoch: 0, ..c.clone() },
+            &mut metrics_out,
+            ddp.communicator(),
+        )?;
+    }
+    let scaler = engine.scaler()?;
+    report(scaler.skip);
+    progress.finish();
+    let host = engine.host(HostSync::WeightsAndGrads)?;
+    if let (None, Some(t)) = (&trace_divergence, &tracer) {
+        trace_divergence = t.finish(c.step);
+    }
+    if trace_divergence.is_none() {
+        ckpt.finish(
+            host.model,
+            host.optimizer,
+            host.amp,
+            &TrainProgress { batches_in_epoch: 0, ..c.clone() },
+            &mut metrics_out,
+            ddp.communicator(),
+        )?;
+    }
+
+    let weights = out_dir.join("model.safetensors");
+    let state_dict = host.amp.state_dict(host.model)?;
+    if primary {
+        crate::checkpoint::save_safetensors(&weights, &state_dict)?;
+    }
+    let summary = Summary {
+        name: cfg.run.name.clone(),
+        final_loss: c.final_loss,
+        test_accuracy: c.last_eval.map(|e| e.accuracy),
+        test_loss: c.last_eval.map(|e| e.loss),
+        // Every rank trains equal batches: the job's throughput is world x this rank's.
+        images_per_s: (c.train_images * ddp.world_size()) as f64 / c.train_time_s.max(1e-9),
+        allreduce_hidden_fraction: engine.allreduce_hidden_fraction(&ddp)?,
+        steps: c.step,
+        epochs: c.epoch,
+        wall_s: wall.elapsed().as_secs_f64(),
+        opt_level: cfg.amp.opt_level.to_string(),
+        world_size: ddp.world_size(),
+        device,
+        num_params,
+        weights,
+        checkpoints: ckpt.written().to_vec(),
+        resumed_from: ckpt.resumed_from().map(PathBuf::from),
+        trace_divergence,
+        loss_scale: scaler.state.scale,
+        overflow_steps: scaler.state.overflow_steps,
+        initial_loss,
+        loss_decreased: c.final_loss < initial_loss,
+    };
+    if primary {
+        metrics::write_json(&out_dir.join("summary.json"), &summary)?;
+    }
+    ddp.report_replica_state(&state_dict, scaler.state.scale, scaler.state.overflow_steps);
+    // No rank leaves while another may still need it for a collective.
+    ddp.barrier("end of training")?;
+    engine.finish()?;
+    Ok(summary)
+}
+
+/// The progress bar on rank 0 (as `logging.progress` says), silent elsewhere.
+fn progress_for(cfg: &Config, primary: bool, total_steps: u64) -> Progress {
+    if !primary {
+        return Progress::silent();
+    }
+    Progress::new(
+        match cfg.logging.progress {
+            config::ProgressSetting::Auto => ProgressMode::Auto,
+            config::ProgressSetting::Always => ProgressMode::Always,
+            config::ProgressSetting::Never => ProgressMode::Never,
+        },
+        total_steps,
+    )
+}
+
+/// The run's first line: what is trained, on what, for how long.
+fn header_line(
+    cfg: &Config,
+    num_params: usize,
+    (train_len, test_len): (usize, usize),
+    world: usize,
+    (total_steps, steps_per_epoch): (u64, u64),
+    device: &str,
+) -> String {
+    format!(
+        "ddptrain: {} | {num_params} params | {train_len} train / {test_len} test samples | world size {world} x batch {} | {total_steps} steps ({steps_per_epoch} per epoch) | device {device} | opt_level {}",
+        cfg.run.name, cfg.data.batch_size, cfg.amp.opt_level
+    )
+}
+
+/// Without a bar every log line is printed; with one, every tenth (the bar shows the rest).
+fn progress_is_plain(cfg: &Config) -> bool {
+    match cfg.logging.progress {
+        config::ProgressSetting::Never => true,
+        config::ProgressSetting::Always => false,
+        config::ProgressSetting::Auto => !std::io::IsTerminal::is_terminal(&std::io::stderr()),
+    }
+}
