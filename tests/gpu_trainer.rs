@@ -107,7 +107,7 @@ fn checkpoints_cross_between_the_gpu_and_the_cpu() {
     if !has_gpu("checkpoints_cross_between_the_gpu_and_the_cpu") {
         return;
     }
-    // The seed of the parity tests (src/train/gpu/tests_cuda.rs says why
+    // The seed of the parity tests (src/train/cuda/tests_cuda.rs says why
     // not 42): ten steps on each device agree to 1e-5.
     let seed = ["run.seed=3"];
     let dir = tempfile::tempdir().unwrap();
