@@ -146,6 +146,11 @@ impl Checkpointer {
         &self.written
     }
 
+    /// Those of [`Checkpointer::written`] that `keep_last` has not pruned since.
+    pub fn kept(&self) -> Vec<PathBuf> {
+        self.written.iter().filter(|p| p.is_dir()).cloned().collect()
+    }
+
     pub fn resumed_from(&self) -> Option<&Path> {
         self.resumed_from.as_deref()
     }

@@ -60,6 +60,18 @@ pub struct TrainProgress {
     pub train_images: usize,
     #[serde(with = "exact_f64")]
     pub train_time_s: f64,
+    /// Seconds of training steps in the logging window, for its images/s
+    /// (evaluations and checkpoints excluded).
+    #[serde(with = "exact_f64", default)]
+    pub window_time_s: f64,
+    /// The first optimizer step's loss (mean over ranks; NaN in checkpoints
+    /// written before it was kept).
+    #[serde(with = "exact_f64", default = "nan")]
+    pub initial_loss: f64,
+}
+
+fn nan() -> f64 {
+    f64::NAN
 }
 
 impl TrainProgress {
@@ -78,6 +90,8 @@ impl TrainProgress {
             grad_norm: None,
             train_images: 0,
             train_time_s: 0.0,
+            window_time_s: 0.0,
+            initial_loss: f64::NAN,
         }
     }
 }
@@ -255,14 +269,29 @@ mod tests {
             grad_norm: Some(1.0f32 / 7.0),
             train_images: 300,
             train_time_s: 1e-300,
+            window_time_s: 1.0 / 9.0,
+            initial_loss: 2.0f64.sqrt(),
         };
         let back: TrainProgress = serde_json::from_str(&serde_json::to_string(&p).unwrap()).unwrap();
+        assert_eq!(back.window_time_s.to_bits(), p.window_time_s.to_bits());
+        assert_eq!(back.initial_loss.to_bits(), p.initial_loss.to_bits());
         assert_eq!(back.step_loss.to_bits(), p.step_loss.to_bits());
         assert_eq!(back.window_loss.to_bits(), p.window_loss.to_bits());
         assert!(back.final_loss.is_nan());
         assert_eq!(back.last_eval, p.last_eval);
         assert_eq!(back.grad_norm.map(f32::to_bits), p.grad_norm.map(f32::to_bits));
         assert_eq!(back.train_time_s.to_bits(), p.train_time_s.to_bits());
+    }
+
+    #[test]
+    fn a_checkpoint_from_before_the_initial_loss_and_window_time_reads_with_defaults() {
+        let mut v = serde_json::to_value(TrainProgress::start()).unwrap();
+        let o = v.as_object_mut().unwrap();
+        o.remove("initial_loss");
+        o.remove("window_time_s");
+        let back: TrainProgress = serde_json::from_value(v).unwrap();
+        assert!(back.initial_loss.is_nan());
+        assert_eq!(back.window_time_s, 0.0);
     }
 
     #[test]

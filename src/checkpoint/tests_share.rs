@@ -65,6 +65,8 @@ fn progress(step: u64) -> TrainProgress {
         grad_norm: Some(0.5),
         train_images: 300,
         train_time_s: 0.75,
+        window_time_s: 0.25,
+        initial_loss: 2.75,
     }
 }
 

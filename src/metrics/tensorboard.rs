@@ -1,7 +1,7 @@
 //! TensorBoard event files (`<out_dir>/tb/`), fed from the same records as
 //! `metrics.jsonl`: every number of a `train` record becomes `train/<field>`
 //! at its step; every number of an `eval` record becomes `test/<field>` (the
-//! `test_` prefix dropped) at its epoch. New fields (AMP's loss scale and
+//! `test_` prefix dropped) at its global step too, as PyTorch users log it. New fields (AMP's loss scale and
 //! overflow count) appear without changes here.
 
 use crate::error::{Error, Result};
@@ -44,7 +44,7 @@ impl TensorBoard {
     pub fn record(&mut self, record: &serde_json::Value) {
         let (prefix, x) = match record["kind"].as_str() {
             Some("train") => ("train", record["step"].as_u64()),
-            Some("eval") => ("test", record["epoch"].as_u64()),
+            Some("eval") => ("test", record["step"].as_u64()),
             _ => return,
         };
         let (Some(x), Some(fields)) = (x, record.as_object()) else { return };

@@ -39,6 +39,8 @@ pub struct Summary {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub allreduce_hidden_fraction: Option<f64>,
     pub steps: u64,
+    /// Full passes over the training set (a run that stops inside an epoch
+    /// does not count it).
     pub epochs: u64,
     pub wall_s: f64,
     pub opt_level: String,
@@ -46,7 +48,7 @@ pub struct Summary {
     pub device: String,
     pub num_params: usize,
     pub weights: PathBuf,
-    /// Checkpoint directories this process wrote.
+    /// Checkpoint directories this process wrote and `keep_last` kept.
     pub checkpoints: Vec<PathBuf>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub resumed_from: Option<PathBuf>,
@@ -57,9 +59,9 @@ pub struct Summary {
     pub loss_scale: f32,
     /// Optimizer steps skipped because the gradients overflowed.
     pub overflow_steps: u64,
-    /// Mean training loss over the first logging interval, to set against
-    /// `final_loss`; `loss_decreased` says whether training made progress
-    /// (the bar O3 is held to).
+    /// The first optimizer step's training loss (mean over ranks), to set
+    /// against `final_loss`; `loss_decreased` says whether training made
+    /// progress (the bar O3 is held to).
     pub initial_loss: f64,
     pub loss_decreased: bool,
 }

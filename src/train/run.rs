@@ -31,11 +31,15 @@ pub(crate) fn run(cfg: &Config, opts: &RunOptions, setup: Setup, engine: &mut dy
     let RunPlan { sampler, accum, steps_per_epoch, total_steps, schedule } = plan;
     let d = &cfg.data;
     let device = engine.device();
-    let mut tracer = trace::Tracer::new(opts)?;
-    let mut trace_divergence: Option<String> = None;
-
     let out_dir = cfg.run.out_dir.clone();
     let primary = ddp.is_primary();
+    if let Some(p) = resumed.as_ref().filter(|p| p.step >= total_steps) {
+        let epochs = full_epochs(p.step, steps_per_epoch);
+        return already_complete(cfg, p, epochs, &ddp, &ckpt, engine, (device, num_params));
+    }
+    let mut tracer = trace::Tracer::new(opts, primary)?;
+    let mut trace_divergence: Option<String> = None;
+
     let mut metrics_out = if primary {
         std::fs::create_dir_all(&out_dir)
             .map_err(|e| Error::io(format!("cannot create {}", out_dir.display()), e))?;
@@ -62,9 +66,7 @@ pub(crate) fn run(cfg: &Config, opts: &RunOptions, setup: Setup, engine: &mut dy
     let wall = Instant::now();
     // What the loop has counted: the checkpoint's view of it.
     let mut c = resumed.clone().unwrap_or_else(TrainProgress::start);
-    let mut initial_loss = f64::NAN;
     let log_every = cfg.logging.every_steps.max(1);
-    let mut window_start = Instant::now();
     // Batches of the current epoch a resumed checkpoint already consumed.
     let mut resume_at = resumed.as_ref().map(|p| p.batches_in_epoch);
     if resumed.is_some() {
@@ -104,13 +106,20 @@ pub(crate) fn run(cfg: &Config, opts: &RunOptions, setup: Setup, engine: &mut dy
             report(stepped.skip);
             c.step += 1;
             c.window_n += 1;
-            c.train_time_s += t0.elapsed().as_secs_f64();
-
             let step = c.step;
             let logging = step.is_multiple_of(log_every) || step == total_steps;
             let saving = ckpt.saves_after_step(step);
-            if engine.look_is_free() || logging || tracer.is_some() || saving {
-                let look = engine.look(&mut c.window_loss)?;
+            let first = step == 1;
+            let look = if engine.look_is_free() || logging || tracer.is_some() || saving || first {
+                Some(engine.look(&mut c.window_loss)?)
+            } else {
+                None
+            };
+            // A look waits for the device: its step's time is training time.
+            let dt = t0.elapsed().as_secs_f64();
+            c.train_time_s += dt;
+            c.window_time_s += dt;
+            if let Some(look) = look {
                 let step_loss = look.step_loss.unwrap_or(c.step_loss);
                 if let Some(g) = look.applied_grad_norm {
                     c.grad_norm = Some(g);
@@ -122,6 +131,12 @@ pub(crate) fn run(cfg: &Config, opts: &RunOptions, setup: Setup, engine: &mut dy
                         (step + 1).saturating_sub(c.window_n),
                         c.epoch
                     )));
+                }
+                // Every rank records the same line (the loss is the ranks'
+                // mean), so `--check-trace` stops all of them at one step.
+                let step_loss = if tracer.is_some() || first { ddp.mean(step_loss)? } else { step_loss };
+                if first {
+                    c.initial_loss = step_loss;
                 }
                 if let Some(t) = &mut tracer {
                     let host = engine.host(HostSync::Weights)?;
@@ -136,11 +151,8 @@ pub(crate) fn run(cfg: &Config, opts: &RunOptions, setup: Setup, engine: &mut dy
                 // Before the step's line, which it belongs to.
                 report(scaler.skip);
                 let loss = ddp.mean(c.window_loss / c.window_n as f64)?;
-                let ips = c.window_images as f64 / window_start.elapsed().as_secs_f64().max(1e-9);
+                let ips = c.window_images as f64 / c.window_time_s.max(1e-9);
                 c.final_loss = loss;
-                if initial_loss.is_nan() {
-                    initial_loss = loss;
-                }
                 let lr = stepped.lr;
                 let mut rec = json!({"kind": "train", "step": step, "epoch": c.epoch, "loss": loss, "lr": lr,
                     "images_per_s": ips, "loss_scale": scaler.state.scale, "overflow_steps": scaler.state.overflow_steps});
@@ -158,8 +170,7 @@ pub(crate) fn run(cfg: &Config, opts: &RunOptions, setup: Setup, engine: &mut dy
                         c.epoch
                     ));
                 }
-                (c.window_loss, c.window_n, c.window_images) = (0.0, 0, 0);
-                window_start = Instant::now();
+                (c.window_loss, c.window_n, c.window_images, c.window_time_s) = (0.0, 0, 0, 0.0);
             }
             if trace_divergence.is_some() {
                 break 'train;
@@ -188,7 +199,6 @@ pub(crate) fn run(cfg: &Config, opts: &RunOptions, setup: Setup, engine: &mut dy
             c.epoch, c.step, ev.accuracy, ev.correct, ev.total, ev.loss
         ));
         c.last_eval = Some(ev.into());
-        window_start = Instant::now();
         engine.fold_loss(&mut c.window_loss)?;
         let host = engine.host(HostSync::WeightsAndGrads)?;
         ckpt.after_epoch(
@@ -232,26 +242,84 @@ pub(crate) fn run(cfg: &Config, opts: &RunOptions, setup: Setup, engine: &mut dy
         images_per_s: (c.train_images * ddp.world_size()) as f64 / c.train_time_s.max(1e-9),
         allreduce_hidden_fraction: engine.allreduce_hidden_fraction(&ddp)?,
         steps: c.step,
-        epochs: c.epoch,
+        epochs: full_epochs(c.step, steps_per_epoch),
         wall_s: wall.elapsed().as_secs_f64(),
         opt_level: cfg.amp.opt_level.to_string(),
         world_size: ddp.world_size(),
         device,
         num_params,
         weights,
-        checkpoints: ckpt.written().to_vec(),
+        checkpoints: ckpt.kept(),
         resumed_from: ckpt.resumed_from().map(PathBuf::from),
         trace_divergence,
         loss_scale: scaler.state.scale,
         overflow_steps: scaler.state.overflow_steps,
-        initial_loss,
-        loss_decreased: c.final_loss < initial_loss,
+        initial_loss: c.initial_loss,
+        loss_decreased: c.final_loss < c.initial_loss,
     };
     if primary {
         metrics::write_json(&out_dir.join("summary.json"), &summary)?;
     }
     ddp.report_replica_state(&state_dict, scaler.state.scale, scaler.state.overflow_steps);
     // No rank leaves while another may still need it for a collective.
+    ddp.barrier("end of training")?;
+    engine.finish()?;
+    Ok(summary)
+}
+
+/// Full passes over the training set in `steps` optimizer steps (the
+/// micro-batches an epoch leaves over for accumulation do not count).
+fn full_epochs(steps: u64, steps_per_epoch: u64) -> u64 {
+    steps.checked_div(steps_per_epoch).unwrap_or(0)
+}
+
+/// A run resumed from its final checkpoint has nothing left to train: it
+/// says so and reports the finished run's figures from the checkpoint,
+/// without writing a file (the summary, metrics and TensorBoard logs stay
+/// as the run left them). Every rank gets here from the same checkpoint.
+fn already_complete(
+    cfg: &Config,
+    p: &TrainProgress,
+    epochs: u64,
+    ddp: &Ddp,
+    ckpt: &Checkpointer,
+    engine: &mut dyn Engine,
+    (device, num_params): (String, usize),
+) -> Result<Summary> {
+    let resumed_from = ckpt.resumed_from().map(PathBuf::from);
+    if ddp.is_primary() {
+        eprintln!(
+            "ddptrain: {} is complete ({} of {} steps, checkpoint {}); nothing to train (set checkpoint.resume = \"never\" to train it again)",
+            cfg.run.name,
+            p.step,
+            p.step,
+            resumed_from.as_deref().map_or_else(|| "?".into(), |r| r.display().to_string())
+        );
+    }
+    let scaler = engine.scaler()?;
+    let summary = Summary {
+        name: cfg.run.name.clone(),
+        final_loss: p.final_loss,
+        test_accuracy: p.last_eval.map(|e| e.accuracy),
+        test_loss: p.last_eval.map(|e| e.loss),
+        images_per_s: (p.train_images * ddp.world_size()) as f64 / p.train_time_s.max(1e-9),
+        allreduce_hidden_fraction: None,
+        steps: p.step,
+        epochs,
+        wall_s: 0.0,
+        opt_level: cfg.amp.opt_level.to_string(),
+        world_size: ddp.world_size(),
+        device,
+        num_params,
+        weights: cfg.run.out_dir.join("model.safetensors"),
+        checkpoints: Vec::new(),
+        resumed_from,
+        trace_divergence: None,
+        loss_scale: scaler.state.scale,
+        overflow_steps: scaler.state.overflow_steps,
+        initial_loss: p.initial_loss,
+        loss_decreased: p.final_loss < p.initial_loss,
+    };
     ddp.barrier("end of training")?;
     engine.finish()?;
     Ok(summary)

@@ -80,8 +80,10 @@ fn num(s: &str) -> f64 {
 }
 
 impl Tracer {
-    /// `None` when neither recording nor checking was asked for.
-    pub fn new(opts: &RunOptions) -> Result<Option<Self>> {
+    /// `None` when neither recording nor checking was asked for. Only the
+    /// rank that writes files (`record_here`) records: DDP ranks trace the
+    /// same line, and each checks it.
+    pub fn new(opts: &RunOptions, record_here: bool) -> Result<Option<Self>> {
         if opts.record_trace.is_none() && opts.check_trace.is_none() {
             return Ok(None);
         }
@@ -110,7 +112,7 @@ impl Tracer {
                 Some((path.clone(), lines))
             }
         };
-        let record = match &opts.record_trace {
+        let record = match opts.record_trace.as_ref().filter(|_| record_here) {
             None => None,
             Some(path) => {
                 let f = std::fs::File::create(path)
@@ -134,6 +136,9 @@ impl Tracer {
         loss_scale: f32,
         model: &Model,
     ) -> Result<Option<String>> {
+        if self.record.is_none() && self.golden.is_none() {
+            return Ok(None);
+        }
         let line = trace_line(step, loss, grad_norm, loss_scale, model)?;
         if let Some((path, out)) = &mut self.record {
             let io = |e| Error::io(format!("cannot write the trace {}", path.display()), e);
