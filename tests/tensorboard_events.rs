@@ -79,6 +79,6 @@ fn tensorboard_reads_back_the_scalars_of_metrics_jsonl() {
     }
     // Steps 2 and 4 with loss, lr, images/s and grad norm, and one evaluation with accuracy and loss.
     assert_eq!(checked, 10, "{tb}");
-    let last_step = records.iter().filter(|r| r["kind"] == "train").map(|r| r["step"].clone()).last();
+    let last_step = records.iter().rev().find(|r| r["kind"] == "train").map(|r| r["step"].clone());
     assert_eq!(tb["test/accuracy"][0][0], last_step.unwrap(), "test scalars at the global step: {tb}");
 }
