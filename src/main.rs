@@ -1,6 +1,7 @@
 //! The binary's edge: parse arguments, load the config, run, map errors to exit
 //! codes (2: config or usage error, nothing written; 3: an `[expect]` gate missed;
-//! 1: anything else).
+//! 1: anything else, including an out_dir another run holds: its config is
+//! fine and the same command succeeds once that run ends).
 
 use clap::{Args, Parser, Subcommand};
 use ddptrain::{config, train, Error};
