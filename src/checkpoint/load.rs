@@ -161,34 +161,6 @@ fn check_model_shapes(c: &LoadedCheckpoint, model: &Model) -> Result<()> {
     Err(ckpt_err(&c.dir, format!("the model shapes differ: {}{more}", diffs.join("; "))))
 }
 
-/// Dotted keys whose values differ between two configs, as "key: checkpoint X, this run Y".
-fn config_diff(theirs: &serde_json::Value, ours: &serde_json::Value) -> Vec<String> {
-    fn flatten(prefix: &str, v: &serde_json::Value, out: &mut BTreeMap<String, String>) {
-        match v {
-            serde_json::Value::Object(m) => {
-                for (k, v) in m {
-                    let key = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
-                    flatten(&key, v, out);
-                }
-            }
-            _ => {
-                out.insert(prefix.to_string(), v.to_string());
-            }
-        }
-    }
-    let (mut a, mut b) = (BTreeMap::new(), BTreeMap::new());
-    flatten("", theirs, &mut a);
-    flatten("", ours, &mut b);
-    let keys: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
-    let none = "(unset)".to_string();
-    keys.into_iter()
-        .filter(|k| a.get(*k) != b.get(*k))
-        .map(|k| {
-            format!("{k}: checkpoint {}, this run {}", a.get(k).unwrap_or(&none), b.get(k).unwrap_or(&none))
-        })
-        .collect()
-}
-
 impl Checkpointer {
     /// Restores model, optimizer, master weights, loss scaler and progress per
     /// `checkpoint.resume`; `None` when the run starts fresh. With "auto", an
@@ -295,15 +267,10 @@ impl Checkpointer {
         }
         check_model_shapes(c, model)?;
         if st.config_fingerprint != self.fingerprint {
-            let mut diff = config_diff(&st.config, &self.config_json);
-            let more = if diff.len() > 5 { format!(" (and {} more)", diff.len() - 5) } else { String::new() };
-            diff.truncate(5);
-            let what = if diff.is_empty() {
-                "state.json's config record is damaged".into()
-            } else {
-                diff.join("; ")
-            };
-            return fail(format!("the config differs from the checkpoint's: {what}{more}"));
+            let what =
+                crate::config::describe_diff(&st.config, &self.config_json, ("checkpoint", "this run"))
+                    .unwrap_or_else(|| "state.json's config record is damaged".into());
+            return fail(format!("the config differs from the checkpoint's: {what}"));
         }
         let ours = schedule_state(&self.shape);
         if st.schedule != ours {
