@@ -133,6 +133,42 @@ pub fn load_for_eval(dir: &Path, model: &mut Model, policy: &Policy) -> Result<C
     Ok(c.state)
 }
 
+/// What `ddptrain eval` loaded its weights from.
+#[derive(Debug, Clone)]
+pub enum EvalSource {
+    /// A checkpoint directory, with its state (step, epoch, opt level).
+    Checkpoint(Box<CheckpointState>),
+    /// A weights file such as a run's `out_dir/model.safetensors`.
+    ModelFile,
+}
+
+/// Loads `path` into the fp32 `model` for evaluation and casts it for
+/// `policy`: a checkpoint directory as [`load_for_eval`] does, or a weights
+/// file (`out_dir/model.safetensors`, what `model.init_from` takes). A file
+/// has no optimizer state, so its own weights are used: a run's final
+/// `model.safetensors` holds the fp32 masters where the run kept them, and the
+/// model's weights otherwise.
+pub fn load_eval_weights(path: &Path, model: &mut Model, policy: &Policy) -> Result<EvalSource> {
+    if path.is_dir() {
+        return Ok(EvalSource::Checkpoint(Box::new(load_for_eval(path, model, policy)?)));
+    }
+    if !path.is_file() {
+        return Err(ckpt_err(path, "no such checkpoint directory or model file (.safetensors)"));
+    }
+    let bytes = std::fs::read(path)
+        .map_err(|e| crate::error::Error::io(format!("cannot read model file {}", path.display()), e))?;
+    let entries = parse_safetensors(&bytes, path).map_err(|e| match e {
+        crate::error::Error::Checkpoint { msg, .. } => ckpt_err(
+            path,
+            format!("is neither a checkpoint directory nor a model file (.safetensors): {msg}"),
+        ),
+        other => other,
+    })?;
+    model.load_state_dict(entries, path)?;
+    crate::amp::cast_model(model, policy);
+    Ok(EvalSource::ModelFile)
+}
+
 fn shape_map(entries: &[StateEntry]) -> BTreeMap<&str, &[usize]> {
     entries.iter().map(|e| (e.name.as_str(), e.shape.as_slice())).collect()
 }
