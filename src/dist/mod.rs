@@ -10,6 +10,7 @@
 
 pub mod cuda;
 pub mod env;
+mod junk;
 pub mod reducer;
 pub mod rendezvous;
 pub mod selftest;

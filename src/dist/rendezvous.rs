@@ -10,6 +10,7 @@
 //! job, on both sides, naming both values. A wrong or missing token and
 //! garbage are a stranger's: rank 0 turns them away and keeps waiting.
 
+use super::junk::JunkLog;
 use super::wire::{self, Dec, Enc, MAGIC, MAX_CONTROL_FRAME, PROTOCOL_VERSION};
 use super::{DistEnv, JOB_TOKEN_VAR};
 use crate::error::{Error, Result};
@@ -210,6 +211,8 @@ pub fn serve(listener: TcpListener, world: usize, opts: &RendezvousOpts) -> Resu
     let (tx, rx) = mpsc::channel::<(TcpStream, SocketAddr, io::Result<Hello>)>();
     let mut joined: Vec<Option<(TcpStream, SocketAddr, u16)>> = (0..world).map(|_| None).collect();
     let mut count = 1;
+    // Strangers are reported a few at a time; its summary line comes when this function returns.
+    let mut junk = JunkLog::stderr("rendezvous (rank 0)".into());
 
     // Ranks already in are told at once, rather than left to time out.
     let fail = |joined: &mut Vec<Option<(TcpStream, SocketAddr, u16)>>, key: &str, why: &str| {
@@ -231,33 +234,39 @@ pub fn serve(listener: TcpListener, world: usize, opts: &RendezvousOpts) -> Resu
             fail(&mut joined, "parallel.timeout_s", &err.to_string());
             return Err(err);
         }
-        match listener.accept() {
-            Ok((stream, peer)) => {
-                let tx = tx.clone();
-                std::thread::spawn(move || {
-                    let mut stream = stream;
-                    let res = stream
-                        .set_nonblocking(false)
-                        .and_then(|_| stream.set_read_timeout(Some(HELLO_TIMEOUT)))
-                        .and_then(|_| read_hello(&mut stream));
-                    let _ = tx.send((stream, peer, res));
-                });
+        // Every connection waiting is taken, so a flood cannot fill the backlog ahead of a real rank.
+        loop {
+            match listener.accept() {
+                Ok((stream, peer)) => {
+                    let tx = tx.clone();
+                    std::thread::spawn(move || {
+                        let mut stream = stream;
+                        let res = stream
+                            .set_nonblocking(false)
+                            .and_then(|_| stream.set_read_timeout(Some(HELLO_TIMEOUT)))
+                            .and_then(|_| read_hello(&mut stream));
+                        let _ = tx.send((stream, peer, res));
+                    });
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => {
+                    junk.note(&format!("accept failed: {e}"));
+                    break;
+                }
             }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            Err(e) => eprintln!("warning: rendezvous (rank 0): accept failed: {e}"),
         }
         let Ok((mut stream, peer, hello)) = rx.recv_timeout(Duration::from_millis(10)) else { continue };
         let h = match hello {
             Ok(h) => h,
             Err(e) => {
-                eprintln!("warning: rendezvous (rank 0): ignored a connection from {peer}: {e}");
+                junk.note(&format!("ignored a connection from {peer}: {e}"));
                 continue;
             }
         };
         if let Some(tok) = &opts.job_token {
             if h.token != *tok {
                 let why = if h.token.is_empty() { "no job token" } else { "a wrong job token" };
-                eprintln!("warning: rendezvous (rank 0): refused a connection from {peer} presenting {why} (DDPTRAIN_JOB_TOKEN)");
+                junk.note(&format!("refused a connection from {peer} presenting {why} (DDPTRAIN_JOB_TOKEN)"));
                 send_reject(
                     &mut stream,
                     JOB_TOKEN_VAR,
