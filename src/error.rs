@@ -42,6 +42,11 @@ pub enum Error {
     #[error("NVRTC could not compile kernels/{file} for {arch}:\n{log}")]
     Nvrtc { file: String, arch: String, log: String },
 
+    /// Another run holds `run.out_dir` (see `checkpoint::lock`); `holder` is
+    /// its PID and host as its lock file records them.
+    #[error("run.out_dir {} is in use by another ddptrain run ({holder}); wait for it to end, or set run.out_dir to another directory", dir.display())]
+    OutDirInUse { dir: PathBuf, holder: String },
+
     #[error("{context}: {source}")]
     Io {
         context: String,

@@ -1,6 +1,7 @@
 //! The binary's edge: parse arguments, load the config, run, map errors to exit
 //! codes (2: config or usage error, nothing written; 3: an `[expect]` gate missed;
-//! 1: anything else).
+//! 1: anything else, including an out_dir another run holds: its config is
+//! fine and the same command succeeds once that run ends).
 
 use clap::{Args, Parser, Subcommand};
 use ddptrain::{config, train, Error};
@@ -46,8 +47,9 @@ struct TrainArgs {
 struct EvalArgs {
     #[command(flatten)]
     config: ConfigArgs,
-    /// A checkpoint directory (`.../ckpt/step_XXXXXXXX`, `.../ckpt/latest` or `.../ckpt`).
-    #[arg(long, required = true)]
+    /// A checkpoint directory (`.../ckpt/step_XXXXXXXX`, `.../ckpt/latest` or `.../ckpt`),
+    /// or a model file (a run's `model.safetensors`).
+    #[arg(long, required = true, value_name = "PATH")]
     checkpoint: PathBuf,
     /// Print the result as one JSON object (exact values) instead of a line of text.
     #[arg(long)]
@@ -68,7 +70,7 @@ struct ConfigArgs {
 enum Command {
     /// Train (the default when no subcommand is given).
     Train(TrainArgs),
-    /// Score a checkpoint on the test split: print accuracy and loss.
+    /// Score a checkpoint or a model file on the test split: print accuracy and loss.
     Eval(EvalArgs),
     /// Validate the config; print the resolved config and the model summary.
     Check(ConfigArgs),
@@ -104,37 +106,47 @@ fn check(args: &ConfigArgs) -> anyhow::Result<u8> {
     Ok(0)
 }
 
-/// Scores a checkpoint at the config's opt level: the fp32 weights (the
-/// masters under O2) cast as apex's `amp.initialize` would, so an O2
-/// checkpoint scores as the run's own evaluation of it did.
+/// Scores a checkpoint, or a model file, at the config's opt level: the fp32
+/// weights (a checkpoint's masters under O2; a model file's own weights) cast
+/// as apex's `amp.initialize` would, so an O2 checkpoint scores as the run's
+/// own evaluation of it did.
 fn eval(args: &EvalArgs) -> anyhow::Result<u8> {
+    use ddptrain::checkpoint::EvalSource;
     let cfg = load(&args.config)?;
     let policy = ddptrain::amp::Policy::resolve(&cfg.amp)?;
     let train::Prepared { mut model, test_ds, .. } = train::prepare(&cfg)?;
-    let state = ddptrain::checkpoint::load_for_eval(&args.checkpoint, &mut model, &policy)?;
+    let source = ddptrain::checkpoint::load_eval_weights(&args.checkpoint, &mut model, &policy)?;
     let level = cfg.amp.opt_level.to_string();
-    if state.opt_level != level {
-        eprintln!(
-            "note: evaluating at {level} (amp.opt_level); the checkpoint was trained at {}",
-            state.opt_level
-        );
-    }
+    let (step, epoch) = match &source {
+        EvalSource::Checkpoint(state) => {
+            if state.opt_level != level {
+                eprintln!(
+                    "note: evaluating at {level} (amp.opt_level); the checkpoint was trained at {}",
+                    state.opt_level
+                );
+            }
+            (Some(state.progress.step), Some(state.progress.epoch))
+        }
+        EvalSource::ModelFile => (None, None),
+    };
     let ev = train::evaluate(&model, &test_ds, cfg.data.eval_batch_size, cfg.data.prefetch)?;
-    let (step, epoch) = (state.progress.step, state.progress.epoch);
     if args.json {
-        let rec = serde_json::json!({"checkpoint": args.checkpoint, "step": step, "epoch": epoch,
-            "opt_level": level, "test_accuracy": ev.accuracy, "test_loss": ev.loss, "correct": ev.correct,
-            "total": ev.total});
+        let kind = if step.is_some() { "checkpoint" } else { "model file" };
+        let rec = serde_json::json!({"checkpoint": args.checkpoint, "kind": kind, "step": step,
+            "epoch": epoch, "opt_level": level, "test_accuracy": ev.accuracy, "test_loss": ev.loss,
+            "correct": ev.correct, "total": ev.total});
         println!("{rec}");
         return Ok(0);
     }
+    let what = match (step, epoch) {
+        (Some(step), Some(epoch)) => {
+            format!("checkpoint {} (step {step}, epoch {epoch})", args.checkpoint.display())
+        }
+        _ => format!("model file {}", args.checkpoint.display()),
+    };
     println!(
-        "checkpoint {} (step {step}, epoch {epoch}) at {level}: test accuracy {:.4} ({}/{}), test loss {:.4}",
-        args.checkpoint.display(),
-        ev.accuracy,
-        ev.correct,
-        ev.total,
-        ev.loss
+        "{what} at {level}: test accuracy {:.4} ({}/{}), test loss {:.4}",
+        ev.accuracy, ev.correct, ev.total, ev.loss
     );
     Ok(0)
 }

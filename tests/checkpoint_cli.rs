@@ -209,7 +209,26 @@ fn eval_scores_a_checkpoint_like_the_run_did() {
     a[n - 1] = dir.path().join("nope").display().to_string();
     let (code, t) = run(&a, dir.path());
     assert_eq!(code, Some(1), "{t}");
-    assert!(t.contains("nope") && t.contains("no such checkpoint directory"), "{t}");
+    assert!(
+        t.contains("nope") && t.contains("no such checkpoint directory or model file (.safetensors)"),
+        "{t}"
+    );
+
+    // A file that is not a weights file: refused saying what it is not.
+    a[n - 1] = out.join("summary.json").display().to_string();
+    let (code, t) = run(&a, dir.path());
+    assert_eq!(code, Some(1), "{t}");
+    assert!(
+        t.contains("summary.json: is neither a checkpoint directory nor a model file (.safetensors): not a valid safetensors file"),
+        "{t}"
+    );
+
+    // The run's final model file scores as its last evaluation did (O0: the same weights).
+    a[n - 1] = out.join("model.safetensors").display().to_string();
+    let (code, t) = run(&a, dir.path());
+    assert_eq!(code, Some(0), "{t}");
+    let want = format!("model file {} at O0: {acc}", out.join("model.safetensors").display());
+    assert!(t.contains(&want) && t.contains(&loss), "{t}\n{s}");
 }
 
 /// `ddptrain launch` of two local ranks running `a`.
@@ -371,4 +390,12 @@ fn eval_of_an_o2_checkpoint_scores_the_runs_model_and_at_o0_its_fp32_masters() {
     let fp32 = ddptrain::train::evaluate(&model, &test_ds, cfg.data.eval_batch_size, 0).unwrap();
     assert_eq!(ev0["test_loss"].as_f64(), Some(fp32.loss), "{ev0}");
     assert_ne!(ev0["test_loss"], ev["test_loss"], "O0 and O2 evaluate in different precisions");
+
+    // The model file holds the fp32 masters: at O0 the fp32 model, at O2 the run's own evaluation.
+    let file0 = eval_json(&out, &weights, &[], dir.path());
+    assert_eq!((file0["kind"].as_str(), file0["step"].is_null()), (Some("model file"), true), "{file0}");
+    assert_eq!(file0["test_loss"], ev0["test_loss"], "{file0}\n{ev0}");
+    let file2 = eval_json(&out, &weights, &o2, dir.path());
+    assert_eq!(file2["test_loss"].as_f64(), s["test_loss"].as_f64(), "{file2}\n{s}");
+    assert_eq!(file2["test_accuracy"], s["test_accuracy"], "{file2}\n{s}");
 }

@@ -189,6 +189,66 @@ fn junk_on_the_master_port_neither_crashes_nor_hangs_rank_zero() {
     assert_eq!(checksum(&text(&oa).0), checksum(&text(&ob).0));
 }
 
+#[test]
+fn a_flood_of_junk_on_the_master_port_logs_a_few_lines_and_the_job_still_forms() {
+    let port = free_port();
+    let mut a = rank(0, 2, port, &["--timeout-s", "60"]).spawn().unwrap();
+    // Read as it comes, as `launch` does, so a long log cannot block rank 0 on a full pipe.
+    let mut err0 = a.stderr.take().unwrap();
+    let err0 = std::thread::spawn(move || {
+        let mut s = String::new();
+        err0.read_to_string(&mut s).unwrap();
+        s
+    });
+    let t = Instant::now();
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let mut first = loop {
+        match TcpStream::connect(addr) {
+            Ok(s) => break s,
+            Err(_) if t.elapsed() < Duration::from_secs(20) => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => panic!("rank 0 never listened: {e}"),
+        }
+    };
+    drop(first.write_all(b"junk"));
+    // 1,000 strangers of three kinds: random bytes, an immediate close, and half
+    // a handshake (a frame promising 100 bytes, then its first 4), 200 of them held open.
+    let mut held = Vec::new();
+    for i in 0..1000 {
+        let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))
+            .unwrap_or_else(|e| panic!("rank 0 stopped taking connections at junk connection {i}: {e}"));
+        match i % 3 {
+            0 => drop(s.write_all(&rand::random::<[u8; 64]>())),
+            1 => {}
+            _ => {
+                drop(s.write_all(b"\0\0\0\x64DDPT"));
+                if held.len() < 200 {
+                    held.push(s);
+                }
+            }
+        }
+    }
+    assert!(t.elapsed() < Duration::from_secs(40), "the flood took {:?}", t.elapsed());
+    let b = rank(1, 2, port, &[]).spawn().unwrap();
+    let (oa, ob) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
+    assert!(oa.status.success() && ob.status.success(), "{:?} {:?}", text(&oa), text(&ob));
+    assert_eq!(checksum(&text(&oa).0), checksum(&text(&ob).0));
+    let ea = err0.join().unwrap();
+    let lines: Vec<&str> = ea.lines().filter(|l| l.contains("rendezvous (rank 0)")).collect();
+    assert!(lines.len() <= 5, "{} lines about strangers:\n{ea}", lines.len());
+    assert!(lines[0].contains("ignored a connection from 127.0.0.1:"), "{ea}");
+    let summary = lines.last().unwrap();
+    let n: u64 = summary
+        .split("... ")
+        .nth(1)
+        .and_then(|r| r.strip_suffix(" more junk connections ignored"))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no summary line: {ea}"));
+    // Strangers are counted, not just dropped (the held ones are still pending,
+    // and a few may still be in flight when the real rank gets in).
+    assert!(n >= 500, "{summary}");
+    drop(held);
+}
+
 fn launch(args: &[&str]) -> Command {
     let mut c = ddptrain();
     c.arg("launch").args(args);

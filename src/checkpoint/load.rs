@@ -133,6 +133,42 @@ pub fn load_for_eval(dir: &Path, model: &mut Model, policy: &Policy) -> Result<C
     Ok(c.state)
 }
 
+/// What `ddptrain eval` loaded its weights from.
+#[derive(Debug, Clone)]
+pub enum EvalSource {
+    /// A checkpoint directory, with its state (step, epoch, opt level).
+    Checkpoint(Box<CheckpointState>),
+    /// A weights file such as a run's `out_dir/model.safetensors`.
+    ModelFile,
+}
+
+/// Loads `path` into the fp32 `model` for evaluation and casts it for
+/// `policy`: a checkpoint directory as [`load_for_eval`] does, or a weights
+/// file (`out_dir/model.safetensors`, what `model.init_from` takes). A file
+/// has no optimizer state, so its own weights are used: a run's final
+/// `model.safetensors` holds the fp32 masters where the run kept them, and the
+/// model's weights otherwise.
+pub fn load_eval_weights(path: &Path, model: &mut Model, policy: &Policy) -> Result<EvalSource> {
+    if path.is_dir() {
+        return Ok(EvalSource::Checkpoint(Box::new(load_for_eval(path, model, policy)?)));
+    }
+    if !path.is_file() {
+        return Err(ckpt_err(path, "no such checkpoint directory or model file (.safetensors)"));
+    }
+    let bytes = std::fs::read(path)
+        .map_err(|e| crate::error::Error::io(format!("cannot read model file {}", path.display()), e))?;
+    let entries = parse_safetensors(&bytes, path).map_err(|e| match e {
+        crate::error::Error::Checkpoint { msg, .. } => ckpt_err(
+            path,
+            format!("is neither a checkpoint directory nor a model file (.safetensors): {msg}"),
+        ),
+        other => other,
+    })?;
+    model.load_state_dict(entries, path)?;
+    crate::amp::cast_model(model, policy);
+    Ok(EvalSource::ModelFile)
+}
+
 fn shape_map(entries: &[StateEntry]) -> BTreeMap<&str, &[usize]> {
     entries.iter().map(|e| (e.name.as_str(), e.shape.as_slice())).collect()
 }
@@ -159,34 +195,6 @@ fn check_model_shapes(c: &LoadedCheckpoint, model: &Model) -> Result<()> {
     let more = if diffs.len() > 4 { format!(" (and {} more)", diffs.len() - 4) } else { String::new() };
     diffs.truncate(4);
     Err(ckpt_err(&c.dir, format!("the model shapes differ: {}{more}", diffs.join("; "))))
-}
-
-/// Dotted keys whose values differ between two configs, as "key: checkpoint X, this run Y".
-fn config_diff(theirs: &serde_json::Value, ours: &serde_json::Value) -> Vec<String> {
-    fn flatten(prefix: &str, v: &serde_json::Value, out: &mut BTreeMap<String, String>) {
-        match v {
-            serde_json::Value::Object(m) => {
-                for (k, v) in m {
-                    let key = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
-                    flatten(&key, v, out);
-                }
-            }
-            _ => {
-                out.insert(prefix.to_string(), v.to_string());
-            }
-        }
-    }
-    let (mut a, mut b) = (BTreeMap::new(), BTreeMap::new());
-    flatten("", theirs, &mut a);
-    flatten("", ours, &mut b);
-    let keys: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
-    let none = "(unset)".to_string();
-    keys.into_iter()
-        .filter(|k| a.get(*k) != b.get(*k))
-        .map(|k| {
-            format!("{k}: checkpoint {}, this run {}", a.get(k).unwrap_or(&none), b.get(k).unwrap_or(&none))
-        })
-        .collect()
 }
 
 impl Checkpointer {
@@ -295,15 +303,10 @@ impl Checkpointer {
         }
         check_model_shapes(c, model)?;
         if st.config_fingerprint != self.fingerprint {
-            let mut diff = config_diff(&st.config, &self.config_json);
-            let more = if diff.len() > 5 { format!(" (and {} more)", diff.len() - 5) } else { String::new() };
-            diff.truncate(5);
-            let what = if diff.is_empty() {
-                "state.json's config record is damaged".into()
-            } else {
-                diff.join("; ")
-            };
-            return fail(format!("the config differs from the checkpoint's: {what}{more}"));
+            let what =
+                crate::config::describe_diff(&st.config, &self.config_json, ("checkpoint", "this run"))
+                    .unwrap_or_else(|| "state.json's config record is damaged".into());
+            return fail(format!("the config differs from the checkpoint's: {what}"));
         }
         let ours = schedule_state(&self.shape);
         if st.schedule != ours {

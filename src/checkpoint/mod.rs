@@ -17,6 +17,7 @@
 
 mod io;
 mod load;
+mod lock;
 mod pending;
 mod save;
 mod share;
@@ -25,7 +26,11 @@ mod state;
 mod tests_share;
 
 pub use io::{entries_to_bytes, load_safetensors, save_safetensors};
-pub use load::{load_for_eval, parse_checkpoint, read_checkpoint, read_raw, LoadedCheckpoint, RawCheckpoint};
+pub use load::{
+    load_eval_weights, load_for_eval, parse_checkpoint, read_checkpoint, read_raw, EvalSource,
+    LoadedCheckpoint, RawCheckpoint,
+};
+pub use lock::{read_holder, LockHolder, RunLock, LOCK_FILE};
 pub use save::{open_metrics, Checkpointer, RankStates, RunShape};
 pub use share::{decode_message, encode_message, ResumeMessage};
 pub use state::{

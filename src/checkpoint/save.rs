@@ -60,6 +60,9 @@ pub struct Checkpointer {
     pub(super) resumed_from: Option<PathBuf>,
     save_pause: Option<Duration>,
     halt_after: Option<u64>,
+    /// Rank 0's hold on `run.out_dir`: kept here because the checkpointer
+    /// lives exactly as long as the run that writes into that directory.
+    lock: Option<super::RunLock>,
 }
 
 /// The settings a resumed run must share with the checkpoint: the config less
@@ -128,7 +131,13 @@ impl Checkpointer {
             resumed_from: None,
             save_pause: None,
             halt_after: None,
+            lock: None,
         }
+    }
+
+    /// Keeps `lock` (see [`super::RunLock`]) until this checkpointer, and so the run, ends.
+    pub fn hold_lock(&mut self, lock: super::RunLock) {
+        self.lock = Some(lock);
     }
 
     /// Test hooks: sleep `save_pause` between writing the model file and the

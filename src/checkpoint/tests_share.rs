@@ -186,7 +186,12 @@ fn resume_messages_round_trip_and_malformed_ones_are_refused() {
 }
 
 fn pair() -> Vec<TcpCommunicator> {
-    let o = RendezvousOpts { fingerprint: "fp".into(), job_token: None, timeout: Duration::from_secs(20) };
+    let o = RendezvousOpts {
+        fingerprint: "fp".into(),
+        config: serde_json::Value::Null,
+        job_token: None,
+        timeout: Duration::from_secs(20),
+    };
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let ep = l.local_addr().unwrap().to_string();
     let o2 = o.clone();

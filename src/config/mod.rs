@@ -4,6 +4,7 @@
 //! Names and defaults follow PyTorch (torch.optim, nn modules, DDP) and apex,
 //! so a PyTorch user can read a config without a manual.
 
+mod diff;
 mod layers;
 mod load;
 pub mod model;
@@ -19,6 +20,7 @@ mod tests_validate;
 
 use sha2::{Digest, Sha256};
 
+pub use diff::{describe_diff, diff_keys};
 pub use layers::LayerConfig;
 pub use load::{load, load_with_env};
 pub use model::{param_count, resolve, summary, LayerKind, ResolvedLayer};
@@ -40,6 +42,13 @@ impl Config {
     /// parallel.master_addr/master_port) are left out.
     pub fn fingerprint(&self) -> String {
         // serde_json's map is sorted by key, which makes this serialization canonical.
+        let digest = Sha256::digest(self.fingerprint_json().to_string().as_bytes());
+        digest.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// The settings [`Config::fingerprint`] hashes, as JSON: what ranks compare
+    /// key by key when their fingerprints differ.
+    pub fn fingerprint_json(&self) -> serde_json::Value {
         let mut v = serde_json::to_value(self).unwrap_or(serde_json::Value::Null);
         if let Some(root) = v.as_object_mut() {
             root.remove("logging");
@@ -53,8 +62,7 @@ impl Config {
                 par.remove("master_port");
             }
         }
-        let digest = Sha256::digest(v.to_string().as_bytes());
-        digest.iter().map(|b| format!("{b:02x}")).collect()
+        v
     }
 
     /// The model's layers in execution order with shapes (see [`model::resolve`]).

@@ -10,6 +10,7 @@
 
 pub mod cuda;
 pub mod env;
+mod junk;
 pub mod reducer;
 pub mod rendezvous;
 pub mod selftest;
@@ -254,11 +255,8 @@ pub fn init(cfg: &Config) -> Result<(DistEnv, Box<dyn Communicator>)> {
     if env.world_size == 1 {
         return Ok((env, Box::new(LocalCommunicator)));
     }
-    let opts = RendezvousOpts {
-        fingerprint: cfg.fingerprint(),
-        job_token: env.job_token.clone(),
-        timeout: Duration::from_secs(cfg.parallel.timeout_s.max(1)),
-    };
+    let timeout = Duration::from_secs(cfg.parallel.timeout_s.max(1));
+    let opts = RendezvousOpts::for_config(cfg, env.job_token.clone(), timeout);
     let comm = TcpCommunicator::connect(rendezvous(&env, &opts)?, opts.timeout)?;
     Ok((env, Box::new(comm)))
 }

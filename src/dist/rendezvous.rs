@@ -3,12 +3,14 @@
 //! data address of every rank once all have joined.
 //!
 //! Handshake (client -> rank 0): magic, protocol version, world size, rank,
-//! config fingerprint, job token, and the port of the client's data listener.
+//! config fingerprint, the fingerprinted config as JSON (so a refusal names the
+//! keys that differ), job token, and the port of the client's data listener.
 //! Rank 0 answers WELCOME (session id + address table) or REJECT (reason).
 //! A wrong world size, fingerprint, version or a duplicate rank fails the whole
 //! job, on both sides, naming both values. A wrong or missing token and
 //! garbage are a stranger's: rank 0 turns them away and keeps waiting.
 
+use super::junk::JunkLog;
 use super::wire::{self, Dec, Enc, MAGIC, MAX_CONTROL_FRAME, PROTOCOL_VERSION};
 use super::{DistEnv, JOB_TOKEN_VAR};
 use crate::error::{Error, Result};
@@ -22,15 +24,41 @@ const WELCOME: u32 = 2;
 const REJECT: u32 = 3;
 /// A connection that has not said who it is within this long is dropped.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// A config larger than this as JSON is not sent: the refusal then names only
+/// the fingerprints, and the handshake stays well under `MAX_CONTROL_FRAME`.
+const MAX_CONFIG_JSON: usize = 256 << 10;
 
 /// What every rank must agree on, and how long to wait for the others.
 #[derive(Debug, Clone)]
 pub struct RendezvousOpts {
     /// `Config::fingerprint()`: ranks with different configs are refused.
     pub fingerprint: String,
+    /// `Config::fingerprint_json()`, what the fingerprint hashes: a refusal
+    /// compares it key by key (`Null`: the refusal names the fingerprints only).
+    pub config: serde_json::Value,
     /// `DDPTRAIN_JOB_TOKEN`: when rank 0 has one, joiners must present the same.
     pub job_token: Option<String>,
     pub timeout: Duration,
+}
+
+impl RendezvousOpts {
+    /// What a rank running `cfg` presents at the rendezvous.
+    pub fn for_config(cfg: &crate::config::Config, job_token: Option<String>, timeout: Duration) -> Self {
+        RendezvousOpts { fingerprint: cfg.fingerprint(), config: cfg.fingerprint_json(), job_token, timeout }
+    }
+
+    /// The config as sent in the handshake: empty when there is none or it is too large.
+    fn config_text(&self) -> String {
+        if self.config.is_null() {
+            return String::new();
+        }
+        let text = self.config.to_string();
+        if text.len() > MAX_CONFIG_JSON {
+            String::new()
+        } else {
+            text
+        }
+    }
 }
 
 /// The job after rendezvous: every rank's data address and this rank's data listener.
@@ -77,6 +105,8 @@ pub(super) struct Hello {
     world: usize,
     rank: usize,
     fingerprint: String,
+    /// The joiner's config as JSON; empty when it sent none.
+    config: String,
     token: String,
     data_port: u16,
 }
@@ -89,6 +119,7 @@ fn encode_hello(world: usize, rank: usize, opts: &RendezvousOpts, data_port: u16
         .u32(world as u32)
         .u32(rank as u32)
         .str(&opts.fingerprint)
+        .str(&opts.config_text())
         .str(opts.job_token.as_deref().unwrap_or(""))
         .u32(u32::from(data_port))
         .0
@@ -109,6 +140,7 @@ pub(super) fn read_hello(stream: &mut TcpStream) -> io::Result<Hello> {
             world: 0,
             rank: 0,
             fingerprint: String::new(),
+            config: String::new(),
             token: String::new(),
             data_port: 0,
         });
@@ -119,10 +151,11 @@ pub(super) fn read_hello(stream: &mut TcpStream) -> io::Result<Hello> {
     let world = d.u32()? as usize;
     let rank = d.u32()? as usize;
     let fingerprint = d.str()?;
+    let config = d.str()?;
     let token = d.str()?;
     let data_port = u16::try_from(d.u32()?).map_err(|_| wire::invalid("data port out of range".into()))?;
     d.finish()?;
-    Ok(Hello { version, world, rank, fingerprint, token, data_port })
+    Ok(Hello { version, world, rank, fingerprint, config, token, data_port })
 }
 
 fn send_reject(stream: &mut TcpStream, key: &str, reason: &str) {
@@ -132,6 +165,25 @@ fn send_reject(stream: &mut TcpStream, key: &str, reason: &str) {
 
 fn refuse(key: &str, msg: String) -> Error {
     Error::config("the rendezvous", key, msg)
+}
+
+/// The keys whose values differ between rank 0's config and a joiner's, or,
+/// when either side has no config to compare, where to look.
+fn config_differences(opts: &RendezvousOpts, h: &Hello) -> String {
+    let theirs = serde_json::from_str::<serde_json::Value>(&h.config).ok();
+    let ours = Some(&opts.config).filter(|c| !c.is_null());
+    let joiner = format!("rank {}", h.rank);
+    match (ours, theirs) {
+        (Some(ours), Some(theirs)) => {
+            match crate::config::describe_diff(ours, &theirs, ("rank 0", &joiner)) {
+                Some(keys) => format!("the keys that differ: {keys}"),
+                None => {
+                    "their configs match key by key, so the fingerprints come from different builds".into()
+                }
+            }
+        }
+        _ => "compare `ddptrain check` on both".into(),
+    }
 }
 
 /// Rank 0's side: waits for ranks 1..world on `listener`, then hands out the address table.
@@ -159,6 +211,8 @@ pub fn serve(listener: TcpListener, world: usize, opts: &RendezvousOpts) -> Resu
     let (tx, rx) = mpsc::channel::<(TcpStream, SocketAddr, io::Result<Hello>)>();
     let mut joined: Vec<Option<(TcpStream, SocketAddr, u16)>> = (0..world).map(|_| None).collect();
     let mut count = 1;
+    // Strangers are reported a few at a time; its summary line comes when this function returns.
+    let mut junk = JunkLog::stderr("rendezvous (rank 0)".into());
 
     // Ranks already in are told at once, rather than left to time out.
     let fail = |joined: &mut Vec<Option<(TcpStream, SocketAddr, u16)>>, key: &str, why: &str| {
@@ -180,33 +234,39 @@ pub fn serve(listener: TcpListener, world: usize, opts: &RendezvousOpts) -> Resu
             fail(&mut joined, "parallel.timeout_s", &err.to_string());
             return Err(err);
         }
-        match listener.accept() {
-            Ok((stream, peer)) => {
-                let tx = tx.clone();
-                std::thread::spawn(move || {
-                    let mut stream = stream;
-                    let res = stream
-                        .set_nonblocking(false)
-                        .and_then(|_| stream.set_read_timeout(Some(HELLO_TIMEOUT)))
-                        .and_then(|_| read_hello(&mut stream));
-                    let _ = tx.send((stream, peer, res));
-                });
+        // Every connection waiting is taken, so a flood cannot fill the backlog ahead of a real rank.
+        loop {
+            match listener.accept() {
+                Ok((stream, peer)) => {
+                    let tx = tx.clone();
+                    std::thread::spawn(move || {
+                        let mut stream = stream;
+                        let res = stream
+                            .set_nonblocking(false)
+                            .and_then(|_| stream.set_read_timeout(Some(HELLO_TIMEOUT)))
+                            .and_then(|_| read_hello(&mut stream));
+                        let _ = tx.send((stream, peer, res));
+                    });
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => {
+                    junk.note(&format!("accept failed: {e}"));
+                    break;
+                }
             }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            Err(e) => eprintln!("warning: rendezvous (rank 0): accept failed: {e}"),
         }
         let Ok((mut stream, peer, hello)) = rx.recv_timeout(Duration::from_millis(10)) else { continue };
         let h = match hello {
             Ok(h) => h,
             Err(e) => {
-                eprintln!("warning: rendezvous (rank 0): ignored a connection from {peer}: {e}");
+                junk.note(&format!("ignored a connection from {peer}: {e}"));
                 continue;
             }
         };
         if let Some(tok) = &opts.job_token {
             if h.token != *tok {
                 let why = if h.token.is_empty() { "no job token" } else { "a wrong job token" };
-                eprintln!("warning: rendezvous (rank 0): refused a connection from {peer} presenting {why} (DDPTRAIN_JOB_TOKEN)");
+                junk.note(&format!("refused a connection from {peer} presenting {why} (DDPTRAIN_JOB_TOKEN)"));
                 send_reject(
                     &mut stream,
                     JOB_TOKEN_VAR,
@@ -224,10 +284,16 @@ pub fn serve(listener: TcpListener, world: usize, opts: &RendezvousOpts) -> Resu
         } else if let Some((_, first, _)) = &joined[h.rank] {
             Some(("RANK", format!("rank {} joined twice: from {first} and from {peer}", h.rank)))
         } else if h.fingerprint != opts.fingerprint {
-            Some(("config fingerprint", format!(
-                "config differs: rank 0 has fingerprint {}, rank {} (at {peer}) has {}; compare `ddptrain check` on both",
-                opts.fingerprint, h.rank, h.fingerprint
-            )))
+            Some((
+                "config fingerprint",
+                format!(
+                    "config differs: rank 0 has fingerprint {}, rank {} (at {peer}) has {}; {}",
+                    opts.fingerprint,
+                    h.rank,
+                    h.fingerprint,
+                    config_differences(opts, &h)
+                ),
+            ))
         } else {
             None
         };

@@ -9,6 +9,7 @@
 //! its sockets, so the failure, naming the lost rank, reaches every rank
 //! instead of leaving some of them waiting.
 
+use super::junk::JunkLog;
 use super::rendezvous::Membership;
 use super::wire::{self, Dec, Enc, MAGIC, MAX_CONTROL_FRAME, PROTOCOL_VERSION};
 use super::{Buffer, Communicator, ReduceOp, Work, WorkCompleter};
@@ -119,6 +120,7 @@ impl TcpCommunicator {
             *slot = Some(s);
         }
         m.listener.set_nonblocking(true).map_err(|e| Error::io("data listener", e))?;
+        let mut junk = JunkLog::stderr(format!("rank {rank}"));
         while peers.iter().skip(rank + 1).any(Option::is_none) {
             if Instant::now() >= deadline {
                 let missing: Vec<usize> = (rank + 1..world).filter(|&j| peers[j].is_none()).collect();
@@ -159,10 +161,10 @@ impl TcpCommunicator {
             };
             match check(&mut s) {
                 Ok(j) if peers[j].is_none() => peers[j] = Some(s),
-                Ok(j) => eprintln!(
-                    "warning: rank {rank}: ignored a second mesh connection claiming rank {j} from {from}"
-                ),
-                Err(e) => eprintln!("warning: rank {rank}: ignored a data-mesh connection from {from}: {e}"),
+                Ok(j) => {
+                    junk.note(&format!("ignored a second mesh connection claiming rank {j} from {from}"))
+                }
+                Err(e) => junk.note(&format!("ignored a data-mesh connection from {from}: {e}")),
             }
         }
         for s in peers.iter().flatten() {

@@ -39,7 +39,12 @@ fn on_pair<T: Send>(f: impl Fn(usize, Arc<dyn Communicator>) -> T + Sync) -> Vec
 }
 
 fn pair() -> Vec<TcpCommunicator> {
-    let o = RendezvousOpts { fingerprint: "fp".into(), job_token: None, timeout: Duration::from_secs(10) };
+    let o = RendezvousOpts {
+        fingerprint: "fp".into(),
+        config: serde_json::Value::Null,
+        job_token: None,
+        timeout: Duration::from_secs(10),
+    };
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let ep = l.local_addr().unwrap().to_string();
     let o2 = o.clone();

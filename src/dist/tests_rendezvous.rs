@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 fn opts(fp: &str, token: Option<&str>, timeout_ms: u64) -> RendezvousOpts {
     RendezvousOpts {
         fingerprint: fp.into(),
+        config: serde_json::Value::Null,
         job_token: token.map(Into::into),
         timeout: Duration::from_millis(timeout_ms),
     }
@@ -57,6 +58,37 @@ fn config_mismatch_is_refused_on_both_sides_naming_both() {
         assert!(m.contains("has bbbb"), "{m}");
     }
     assert!(r1.contains("rank 0 refused rank 1"), "{r1}");
+}
+
+/// Opts of a rank running the seed config with `sets` applied.
+fn config_opts(sets: &[&str]) -> RendezvousOpts {
+    let path = crate::testing::repo_root().join("configs/mnist_o0.toml");
+    let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+    let cfg = crate::config::load(&path, &sets).unwrap();
+    RendezvousOpts::for_config(&cfg, None, Duration::from_secs(5))
+}
+
+#[test]
+fn config_mismatch_names_the_keys_that_differ_with_both_values() {
+    // run.out_dir is per rank and left out of the fingerprint: not named.
+    let (m0, ep) = start_master(2, config_opts(&["run.out_dir=a"]));
+    let theirs = config_opts(&["optimizer.lr=0.1", "train.max_steps=7", "run.out_dir=b"]);
+    let r1 = start_rank(&ep, 1, 2, theirs).join().unwrap().unwrap_err().to_string();
+    let r0 = m0.join().unwrap().unwrap_err().to_string();
+    for m in [&r0, &r1] {
+        assert!(
+            m.contains(
+                "the keys that differ: optimizer.lr: rank 0 0.05, rank 1 0.1; train.max_steps: rank 0 (unset), rank 1 7"
+            ),
+            "{m}"
+        );
+        assert!(!m.contains("out_dir"), "{m}");
+    }
+    // Without configs to compare (the self-test has only a fingerprint), the refusal says where to look.
+    let (m0, ep) = start_master(2, opts("aaaa", None, 5000));
+    let r1 = start_rank(&ep, 1, 2, config_opts(&[])).join().unwrap().unwrap_err().to_string();
+    assert!(r1.contains("compare `ddptrain check` on both"), "{r1}");
+    assert!(m0.join().is_ok());
 }
 
 #[test]
@@ -129,7 +161,7 @@ fn bad_handshakes_say_what_is_wrong() {
     let cases: [(&[u8], &str); 3] = [
         (&[0xff, 0xff, 0xff, 0xff], "message claims 4294967295 bytes, more than the 1048576 allowed"),
         (b"\0\0\0\x08NOPE1234", "bad magic: not a ddptrain rank"),
-        (b"\0\0\0\x0aDDPT\0\0\0\x01\0\0", "message truncated"),
+        (b"\0\0\0\x0aDDPT\0\0\0\x02\0\0", "message truncated"),
     ];
     for (bytes, want) in cases {
         let mut c = TcpStream::connect(ep).unwrap();

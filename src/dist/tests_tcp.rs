@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 fn group(world: usize, timeout_ms: u64) -> Vec<TcpCommunicator> {
     let o = RendezvousOpts {
         fingerprint: "fp".into(),
+        config: serde_json::Value::Null,
         job_token: Some("tok".into()),
         timeout: Duration::from_millis(timeout_ms),
     };

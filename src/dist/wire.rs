@@ -7,7 +7,7 @@ use std::io::{self, Read, Write};
 /// Leads every handshake, so a stranger's bytes are recognised at once.
 pub const MAGIC: [u8; 4] = *b"DDPT";
 /// Bumped whenever any message changes shape.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 /// Control messages are small: addresses, fingerprints, tokens.
 pub const MAX_CONTROL_FRAME: usize = 1 << 20;
 

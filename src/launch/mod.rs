@@ -15,26 +15,36 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+/// `launch`'s flags take torchrun's names; torchrun's underscore spellings
+/// are accepted too and shown in `--help`, so a torchrun command line carries over.
 #[derive(clap::Args, Debug, Clone)]
+#[command(
+    after_help = "Each rank gets torchrun's environment: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, \
+GROUP_RANK, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT (and OMP_NUM_THREADS / RAYON_NUM_THREADS \
+when unset: the cores split evenly). Exit code: 0 when every rank succeeded, 1 when one failed (after \
+the restarts), 2 for a bad flag, 128+N after forwarding signal N."
+)]
 pub struct LaunchArgs {
-    /// Ranks to start on this node.
-    #[arg(long, alias = "nproc_per_node", default_value_t = 1)]
+    /// Ranks to start on this node (torchrun --nproc-per-node).
+    #[arg(long, visible_alias = "nproc_per_node", value_name = "N", default_value_t = 1)]
     pub nproc_per_node: usize,
-    #[arg(long, default_value_t = 1)]
+    /// Nodes in the job; WORLD_SIZE is nnodes x nproc-per-node (torchrun --nnodes).
+    #[arg(long, value_name = "N", default_value_t = 1)]
     pub nnodes: usize,
-    /// This node's index among the `--nnodes` (GROUP_RANK).
-    #[arg(long, alias = "node_rank", default_value_t = 0)]
+    /// This node's index among the `--nnodes`, GROUP_RANK (torchrun --node-rank).
+    #[arg(long, visible_alias = "node_rank", value_name = "I", default_value_t = 0)]
     pub node_rank: usize,
-    /// Where rank 0's rendezvous listens (MASTER_ADDR).
-    #[arg(long, alias = "master_addr", default_value = "127.0.0.1")]
+    /// Where rank 0's rendezvous listens, MASTER_ADDR (torchrun --master-addr).
+    #[arg(long, visible_alias = "master_addr", value_name = "HOST", default_value = "127.0.0.1")]
     pub master_addr: String,
-    #[arg(long, alias = "master_port", default_value_t = 29500)]
+    /// Port of rank 0's rendezvous, MASTER_PORT (torchrun --master-port).
+    #[arg(long, visible_alias = "master_port", value_name = "PORT", default_value_t = 29500)]
     pub master_port: u16,
-    /// Restart all local ranks up to this many times after a failure.
-    #[arg(long, alias = "max_restarts", default_value_t = 0)]
+    /// Restart all local ranks up to this many times after a failure (torchrun --max-restarts).
+    #[arg(long, visible_alias = "max_restarts", value_name = "K", default_value_t = 0)]
     pub max_restarts: u32,
-    /// Seconds a rank has to exit after SIGTERM before it is killed.
-    #[arg(long, default_value_t = 10.0)]
+    /// Seconds a rank has to exit after SIGTERM before it is killed (no torchrun equivalent).
+    #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]
     pub stop_grace_s: f64,
     /// Arguments for each rank's `ddptrain`, after `--`.
     #[arg(last = true, required = true, value_name = "DDPTRAIN_ARGS")]

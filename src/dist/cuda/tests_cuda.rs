@@ -227,7 +227,12 @@ fn tcp_world_one_is_the_cpu_reducer_and_keeps_gradients_without_predivision() {
 
 /// Runs `f(rank, comm)` on both ranks of a fresh TCP pair at once.
 fn on_pair<T: Send>(f: impl Fn(usize, Arc<dyn Communicator>) -> T + Sync) -> Vec<T> {
-    let o = RendezvousOpts { fingerprint: "fp".into(), job_token: None, timeout: Duration::from_secs(30) };
+    let o = RendezvousOpts {
+        fingerprint: "fp".into(),
+        config: serde_json::Value::Null,
+        job_token: None,
+        timeout: Duration::from_secs(30),
+    };
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let ep = l.local_addr().unwrap().to_string();
     let o2 = o.clone();
