@@ -11,6 +11,8 @@ mod schema;
 mod validate;
 
 #[cfg(test)]
+mod tests_limits;
+#[cfg(test)]
 pub(crate) mod tests_load;
 #[cfg(test)]
 mod tests_model;
