@@ -236,13 +236,19 @@ fn walk(
                 if !is_identifier(n) {
                     return Err(err(
                         format!("{key}.name"),
-                        format!("{n:?} is not a valid module name (letters, digits and _, not starting with a digit)"),
+                        format!(
+                            "{:?} is not a valid module name (letters, digits and _, not starting with a digit)",
+                            crate::error::cut(n, crate::error::VALUE_CHARS)
+                        ),
                     ));
                 }
                 if !names.insert(n) {
                     return Err(err(
                         format!("{key}.name"),
-                        format!("the name {n:?} is used twice in the same block"),
+                        format!(
+                            "the name {:?} is used twice in the same block",
+                            crate::error::cut(n, crate::error::VALUE_CHARS)
+                        ),
                     ));
                 }
                 n.to_owned()
