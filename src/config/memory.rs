@@ -33,6 +33,12 @@ const PROCESS_BYTES: u128 = 16 << 20;
 pub struct Part {
     pub what: &'static str,
     pub bytes: u128,
+    /// The config key that sets this part's size, when it is not the model's layers.
+    pub key: Option<&'static str>,
+}
+
+fn part(what: &'static str, bytes: u128) -> Part {
+    Part { what, bytes, key: None }
 }
 
 /// A layer's own share (its parameters and their state, its saved
@@ -52,8 +58,6 @@ pub struct Estimate {
     pub host: Vec<Part>,
     pub device: Option<Vec<Part>>,
     pub largest_layer: Option<LayerShare>,
-    /// The dataset's share, with the key that sets its size.
-    pub dataset: (String, u128),
 }
 
 impl Estimate {
@@ -228,37 +232,38 @@ pub fn estimate(cfg: &Config, layers: &[ResolvedLayer], m: &Machine) -> Result<E
     let dataset = mul(&[samples, sample + 4]).ok_or_else(|| size_err(&file, data_key))?;
     let prefetch = mul(&[cfg.data.prefetch as u128 + 2, batch, sample])
         .ok_or_else(|| size_err(&file, "data.prefetch"))?;
+    let data = Part { what: "dataset", bytes: dataset, key: Some(data_key) };
+    let prefetch_part = Part { what: "prefetch", bytes: prefetch, key: Some("data.prefetch") };
     let ckpt_on = cfg.checkpoint.every_steps > 0 || cfg.checkpoint.every_epochs > 0;
     // A save serializes the weights and the optimizer state once more; DDP's
     // buckets hold one more copy of the gradients.
     let checkpoint = if ckpt_on { weights / 2 + fp32_params } else { 0 };
     let buckets = if m.world_size > 1 { weights / 2 } else { 0 };
 
-    let mut host =
-        vec![Part { what: "process", bytes: PROCESS_BYTES }, Part { what: "dataset", bytes: dataset }];
+    let mut host = vec![part("process", PROCESS_BYTES), data.clone()];
     let model_parts = [
-        Part { what: "parameters+grads", bytes: weights },
-        Part { what: "masters+optimizer", bytes: fp32_params },
-        Part { what: "activations", bytes: activations },
-        Part { what: "conv scratch", bytes: scratch },
-        Part { what: "eval batch", bytes: eval },
-        Part { what: "ddp buckets", bytes: buckets },
+        part("parameters+grads", weights),
+        part("masters+optimizer", fp32_params),
+        part("activations", activations),
+        part("conv scratch", scratch),
+        Part { what: "eval batch", bytes: eval, key: Some("data.eval_batch_size") },
+        part("ddp buckets", buckets),
     ];
     let device = if on_gpu {
         // The device holds the model and a copy of the dataset; the host
         // keeps its dataset, a staging batch and a copy of the weights for logging and saves.
         let mut d = model_parts.to_vec();
-        d.push(Part { what: "dataset", bytes: dataset });
-        host.push(Part { what: "weights copy", bytes: weights / 2 + fp32_params });
-        host.push(Part { what: "prefetch", bytes: prefetch });
+        d.push(data);
+        host.push(part("weights copy", weights / 2 + fp32_params));
+        host.push(prefetch_part);
         Some(d)
     } else {
         host.extend(model_parts);
-        host.push(Part { what: "prefetch", bytes: prefetch });
-        host.push(Part { what: "checkpoint", bytes: checkpoint });
+        host.push(prefetch_part);
+        host.push(part("checkpoint", checkpoint));
         None
     };
-    Ok(Estimate { host, device, largest_layer: largest, dataset: (data_key.to_owned(), dataset) })
+    Ok(Estimate { host, device, largest_layer: largest })
 }
 
 /// The im2col scratch of a conv layer: on the CPU each of `threads` tasks
@@ -317,13 +322,17 @@ pub fn check_fits(
             continue;
         }
         let ranks = if procs > 1 { format!(" x {procs} processes") } else { String::new() };
-        let (key, why) = match &est.largest_layer {
-            Some(l) if l.bytes >= est.dataset.1 => {
-                (l.key.clone(), format!("the largest layer is {} ({}): {}", l.name, l.repr, bytes(l.bytes)))
-            }
-            _ => (est.dataset.0.clone(), format!("the dataset takes {}", bytes(est.dataset.1))),
-        };
         let parts = if side == "host" { &est.host } else { est.device.as_deref().unwrap_or(&[]) };
+        // The key to change: the one that sizes the largest part, else the largest layer.
+        let biggest = parts.iter().max_by_key(|p| p.bytes);
+        let layer = est.largest_layer.as_ref().map_or(String::new(), |l| {
+            format!("the largest layer is {} ({}): {}", l.name, l.repr, bytes(l.bytes))
+        });
+        let (key, why) = match (biggest.and_then(|p| p.key.map(|k| (k, p))), &est.largest_layer) {
+            (Some((k, p)), _) => (k.to_owned(), format!("{} takes {}; {layer}", p.what, bytes(p.bytes))),
+            (None, Some(l)) => (l.key.clone(), layer),
+            (None, None) => ("model.layers".to_owned(), layer),
+        };
         let list: Vec<String> =
             parts.iter().filter(|p| p.bytes > 0).map(|p| format!("{} {}", p.what, bytes(p.bytes))).collect();
         return Err(Error::config(

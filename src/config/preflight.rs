@@ -41,6 +41,17 @@ pub fn preflight(cfg: &Config) -> Result<Estimate> {
         (false, _) => Target::Cpu,
     };
     let (train_samples, test_samples, sample_numel) = sample_counts(cfg);
+    // The loop plans epochs x steps per epoch optimizer steps, and a step
+    // takes at least one sample: bounding epochs x samples bounds the plan.
+    if let Some(e) = cfg.train.epochs {
+        if e.checked_mul(train_samples.max(1)).is_none() {
+            return Err(Error::config(
+                file,
+                "train.epochs",
+                format!("{e} epochs of {train_samples} samples is more steps than fit in 64 bits; use train.max_steps"),
+            ));
+        }
+    }
     let machine = Machine {
         target,
         threads: rayon::current_num_threads() as u64,

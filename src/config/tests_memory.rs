@@ -104,7 +104,7 @@ fn max_memory_gb_and_the_dataset_are_limits_too() {
     let (key, msg) = refusal(&sets, &m, 24 * GIB);
     assert_eq!(key, "data.synthetic_train_size");
     // 2^40 samples of 1x4x4 f32 and a u32 label.
-    assert!(msg.contains("the dataset takes 68.0 TiB"), "{msg}");
+    assert!(msg.contains("dataset takes 68.0 TiB"), "{msg}");
     // Four local ranks share the host.
     let cfg = load_text(MINIMAL, &[], &[]).0.unwrap();
     let est = estimate(&cfg, &cfg.resolve_model().unwrap(), &cpu()).unwrap();
