@@ -323,8 +323,11 @@ pub fn check_fits(
         }
         let ranks = if procs > 1 { format!(" x {procs} processes") } else { String::new() };
         let parts = if side == "host" { &est.host } else { est.device.as_deref().unwrap_or(&[]) };
-        // The key to change: the one that sizes the largest part, else the largest layer.
-        let biggest = parts.iter().max_by_key(|p| p.bytes);
+        // The key to change: the largest layer's, unless a part sized by a
+        // key of its own (the dataset, the prefetch, the eval batch) is larger.
+        let keyed = parts.iter().filter(|p| p.key.is_some()).max_by_key(|p| p.bytes);
+        let layer_bytes = est.largest_layer.as_ref().map_or(0, |l| l.bytes);
+        let biggest = keyed.filter(|p| p.bytes > layer_bytes);
         let layer = est.largest_layer.as_ref().map_or(String::new(), |l| {
             format!("the largest layer is {} ({}): {}", l.name, l.repr, bytes(l.bytes))
         });

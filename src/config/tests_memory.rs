@@ -125,6 +125,9 @@ fn the_gpu_path_counts_device_memory() {
     assert!(est.to_string().contains("\nmemory estimate: "), "{est}");
     let e = check_fits(&cfg, &est, &limit(24 * GIB), 1, Some((&limit(1 << 20), 1))).unwrap_err().to_string();
     assert!(e.contains("of device memory but 1.0 MiB are available"), "{e}");
+    // The batch's im2col columns make layer2.0 (30.7 MiB) larger than the dataset (29.9 MiB).
+    assert!(e.contains("`model.layers[1].layers[0]`: "), "{e}");
+    assert!(e.contains("the largest layer is layer2.0 (Conv2d(16, 32"), "{e}");
 }
 
 #[test]
