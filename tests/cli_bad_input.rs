@@ -99,7 +99,7 @@ fn cuda_without_a_gpu_names_the_file_and_the_key() {
     assert_eq!(o.status.code(), Some(2), "{t}");
     assert!(
         t.contains("config error in ")
-            && t.contains("bad.toml: `run.device`: is \"cuda\" but no CUDA device"),
+            && t.contains("bad.toml: `run.device`: run.device = \"cuda\" but no CUDA device"),
         "{t}"
     );
     assert!(!written);

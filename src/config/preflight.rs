@@ -21,7 +21,7 @@ pub fn preflight(cfg: &Config) -> Result<Estimate> {
         return Err(Error::config(
             file,
             "run.device",
-            "is \"cuda\" but no CUDA device is visible: libcuda could not be loaded or reports no device \
+            "run.device = \"cuda\" but no CUDA device is visible: libcuda could not be loaded or reports no device \
              (check the NVIDIA driver, LD_LIBRARY_PATH and CUDA_VISIBLE_DEVICES); set run.device = \"cpu\" \
              or \"auto\" to train on the CPU",
         ));
