@@ -72,3 +72,27 @@ impl Error {
         Error::Shape(msg.into())
     }
 }
+
+/// Most bytes of a value an error message repeats: enough to recognise it,
+/// never the whole of a runaway value (a 10 MB string, a pasted file).
+pub const VALUE_CHARS: usize = 80;
+
+/// `s` itself when it is short, else its first `max` characters followed by
+/// `... (N bytes)`, so a message stays readable whatever the input held.
+pub fn cut(s: &str, max: usize) -> String {
+    match s.char_indices().nth(max) {
+        None => s.to_owned(),
+        Some((end, _)) => format!("{}... ({} bytes)", &s[..end], s.len()),
+    }
+}
+
+/// [`cut`] applied to every line of an error message, and at most `max_lines`
+/// lines kept: what the binary prints for any error.
+pub fn cut_message(msg: &str, line_chars: usize, max_lines: usize) -> String {
+    let lines: Vec<&str> = msg.lines().collect();
+    let mut out: Vec<String> = lines.iter().take(max_lines).map(|l| cut(l, line_chars)).collect();
+    if lines.len() > max_lines {
+        out.push(format!("... ({} more lines)", lines.len() - max_lines));
+    }
+    out.join("\n")
+}

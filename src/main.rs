@@ -100,8 +100,10 @@ fn load(args: &ConfigArgs) -> anyhow::Result<config::Config> {
 fn check(args: &ConfigArgs) -> anyhow::Result<u8> {
     let cfg = load(args)?;
     let layers = config::model::resolve(&cfg.model)?;
+    let estimate = config::preflight(&cfg)?;
     println!("# resolved config ({})\n{}", cfg.config_path.display(), cfg.to_toml_string());
     println!("# model\n{}", config::model::summary(&layers));
+    println!("{estimate}");
     println!("config OK");
     Ok(0)
 }
@@ -153,6 +155,9 @@ fn eval(args: &EvalArgs) -> anyhow::Result<u8> {
 
 fn run_train(args: &TrainArgs) -> anyhow::Result<u8> {
     let cfg = load(&args.config)?;
+    // Before the device is opened: a missing GPU or a run too large for the
+    // machine is a config error, not a failure halfway through setting up.
+    config::preflight(&cfg)?;
     let opts = train::RunOptions {
         record_trace: args.record_trace.clone(),
         check_trace: args.check_trace.clone(),
@@ -199,7 +204,9 @@ fn main() -> ExitCode {
         Ok(code) => ExitCode::from(code),
         Err(err) => {
             // Library errors carry their cause in their own text; `{err:#}` would repeat it.
-            eprintln!("error: {err}");
+            // A runaway value (a 10 MB string, a pasted file) that reached a
+            // message unshortened must not come back whole.
+            eprintln!("error: {}", ddptrain::error::cut_message(&err.to_string(), 1000, 200));
             ExitCode::from(exit_code_for(&err))
         }
     }

@@ -11,8 +11,8 @@ use figment::error::Kind;
 use figment::value::{Dict, Map, Value};
 use figment::{Figment, Metadata, Profile, Provider, Source};
 
-use super::schema::{Config, OptimizerName};
-use crate::error::{Error, Result};
+use super::schema::{Config, OptimizerName, SECTIONS};
+use crate::error::{cut, Error, Result, VALUE_CHARS};
 
 const ENV_PREFIX: &str = "DDPTRAIN_";
 /// Names the provider of the defaults computed from other keys; errors
@@ -54,18 +54,22 @@ pub fn load_with_env(path: &Path, sets: &[String], env: &[(String, String)]) -> 
         dict: table.into_iter().map(|(k, v)| (k, toml_to_value(v))).collect(),
     });
 
+    if let Some(e) = env.iter().find_map(|(k, _)| misspelled_config_var(k)) {
+        return Err(e);
+    }
     // Sorted so that a key given by two variables (different case) resolves the same way every run.
     let mut vars: Vec<&(String, String)> = env.iter().filter(|(k, _)| is_config_var(k)).collect();
     vars.sort();
     for (k, v) in vars {
-        let source = format!("environment variable {k}");
+        let source = format!("environment variable {}", cut(k, VALUE_CHARS));
         let segments = split_key(&env_key(k), "__", &source)?;
         fig = fig.merge(Layer::nested(Metadata::named(source), &segments, parse_value(v)));
     }
 
     for set in sets {
         let Some((key, value)) = set.split_once('=') else {
-            return Err(Error::config("--set", set.trim(), "expected key=value, e.g. --set train.epochs=1"));
+            let set = cut(set.trim(), VALUE_CHARS);
+            return Err(Error::config("--set", set, "expected key=value, e.g. --set train.epochs=1"));
         };
         let segments = split_key(key.trim(), ".", "--set")?;
         fig = fig.merge(Layer::nested(Metadata::named("--set"), &segments, parse_value(value)));
@@ -140,6 +144,33 @@ fn is_config_var(k: &str) -> bool {
     k.strip_prefix(ENV_PREFIX).is_some_and(|rest| rest.contains("__"))
 }
 
+/// `DDPTRAIN_TRAIN_EPOCHS`: a section and a key joined by one underscore
+/// instead of two. Left alone it would be silently ignored, as are the
+/// other `DDPTRAIN_*` variables (`DDPTRAIN_JOB_TOKEN`, ...), none of which
+/// starts with a section name.
+fn misspelled_config_var(k: &str) -> Option<Error> {
+    let rest = k.strip_prefix(ENV_PREFIX)?;
+    // Byte offsets below assume ASCII (lowercasing some letters changes their length).
+    if rest.contains("__") || !rest.is_ascii() {
+        return None;
+    }
+    let lower = rest.to_lowercase();
+    let section = SECTIONS
+        .iter()
+        .find(|s| lower.strip_prefix(**s).is_some_and(|r| r.len() > 1 && r.starts_with('_')))?;
+    let key = &rest[section.len() + 1..];
+    let var = cut(k, VALUE_CHARS);
+    Some(Error::config(
+        format!("environment variable {var}"),
+        cut(&format!("{section}.{}", key.to_lowercase()), VALUE_CHARS),
+        format!(
+            "names no config key: a config variable is DDPTRAIN_<SECTION>__<KEY>, with two underscores \
+             after the section (did you mean `{}`?)",
+            cut(&format!("{ENV_PREFIX}{}__{key}", &rest[..section.len()]), VALUE_CHARS)
+        ),
+    ))
+}
+
 /// `DDPTRAIN_TRAIN__MAX_STEPS` -> `train__max_steps`.
 fn env_key(k: &str) -> String {
     k.strip_prefix(ENV_PREFIX).unwrap_or(k).to_lowercase()
@@ -148,12 +179,16 @@ fn env_key(k: &str) -> String {
 fn split_key(key: &str, sep: &str, source: &str) -> Result<Vec<String>> {
     let segments: Vec<String> = key.split(sep).map(str::to_owned).collect();
     if segments.iter().any(|s| s.is_empty()) {
-        return Err(Error::config(source, key, "empty key segment; expected e.g. train.epochs"));
+        return Err(Error::config(
+            source,
+            cut(key, VALUE_CHARS),
+            "empty key segment; expected e.g. train.epochs",
+        ));
     }
     if key.contains('[') {
         return Err(Error::config(
             source,
-            key,
+            cut(key, VALUE_CHARS),
             "array elements cannot be set one by one; set the whole array, e.g. model.layers=[...]",
         ));
     }
@@ -194,13 +229,13 @@ fn syntax_error(file: &str, text: &str, e: &toml::de::Error) -> Error {
             let before = &text[..span.start.min(text.len())];
             let line = before.matches('\n').count() + 1;
             let col = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
-            let src = text.lines().nth(line - 1).unwrap_or("").trim_end();
+            let src = cut(text.lines().nth(line - 1).unwrap_or("").trim_end(), 2 * VALUE_CHARS);
             format!(
                 "TOML syntax error at line {line}, column {col}: {}\n  {line} | {src}",
-                one_line(e.message())
+                cut(&one_line(e.message()), 2 * VALUE_CHARS)
             )
         }
-        None => format!("TOML syntax error: {}", one_line(e.message())),
+        None => format!("TOML syntax error: {}", cut(&one_line(e.message()), 2 * VALUE_CHARS)),
     };
     Error::config(file, "<syntax>", msg)
 }
@@ -249,7 +284,7 @@ fn convert_error(e: figment::Error, file: &str) -> Error {
             let place = if parent.is_empty() {
                 "at the top level".to_owned()
             } else {
-                format!("in `{}`", format_key(parent))
+                format!("in `{}`", cut(&format_key(parent), VALUE_CHARS))
             };
             // figment already appends the key for struct fields; layer tables raise it themselves.
             if path.last() != Some(field) {
@@ -276,9 +311,10 @@ fn convert_error(e: figment::Error, file: &str) -> Error {
             }
         }
         Kind::UnknownVariant(v, expected) => {
-            format!("unknown value {v:?}; expected one of: {}", expected.join(", "))
+            format!("unknown value {:?}; expected one of: {}", cut(v, VALUE_CHARS), expected.join(", "))
         }
         Kind::InvalidType(actual, expected) => {
+            let actual = describe(actual);
             let mut msg = format!("expected {}, found {actual}", readable_type(expected));
             if source != file && expected.contains("string") {
                 msg.push_str(" (quote the value to pass it as a string)");
@@ -286,7 +322,7 @@ fn convert_error(e: figment::Error, file: &str) -> Error {
             msg
         }
         Kind::InvalidValue(actual, expected) => {
-            format!("invalid value {actual}: expected {}", readable_type(expected))
+            format!("invalid value {}: expected {}", describe(actual), readable_type(expected))
         }
         Kind::InvalidLength(n, _) if format_key(&path) == "model.input_shape" => {
             format!("expected [C, H, W] (3 numbers), found {n} element(s)")
@@ -296,9 +332,17 @@ fn convert_error(e: figment::Error, file: &str) -> Error {
             path.push(field.to_string());
             "given more than once (`kernel` is an alias of `kernel_size`)".to_owned()
         }
-        other => other.to_string(),
+        other => cut(&other.to_string(), 4 * VALUE_CHARS),
     };
-    Error::config(source, format_key(&path), msg)
+    Error::config(source, cut(&format_key(&path), VALUE_CHARS), msg)
+}
+
+/// figment's description of a value (`string "abc"`), a long string cut.
+fn describe(actual: &figment::error::Actual) -> String {
+    match actual {
+        figment::error::Actual::Str(v) => format!("string {:?}", cut(v, VALUE_CHARS)),
+        other => cut(&other.to_string(), VALUE_CHARS),
+    }
 }
 
 /// serde's Rust type names in words a config author knows.
@@ -313,12 +357,24 @@ fn readable_type(expected: &str) -> String {
     }
 }
 
-/// A likely typo: one edit apart, or one a prefix of the other.
+/// A likely typo: one edit or one swap of neighbours apart, or one a prefix of the other.
 fn similar(a: &str, b: &str) -> bool {
     if a.len() >= 3 && (b.starts_with(a) || a.starts_with(b)) {
         return true;
     }
     let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
+    // The edit distance is at least the difference in length (and a 10 MB key must not cost seconds).
+    if a.len().abs_diff(b.len()) > 1 {
+        return false;
+    }
+    if a.len() == b.len() {
+        let diff: Vec<usize> = (0..a.len()).filter(|&i| a[i] != b[i]).collect();
+        if let [i, j] = diff[..] {
+            if j == i + 1 && a[i] == b[j] && a[j] == b[i] {
+                return true;
+            }
+        }
+    }
     let mut prev: Vec<usize> = (0..=b.len()).collect();
     for (i, ca) in a.iter().enumerate() {
         let mut cur = vec![i + 1; b.len() + 1];

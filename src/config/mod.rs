@@ -7,12 +7,18 @@
 mod diff;
 mod layers;
 mod load;
+pub mod memory;
 pub mod model;
+mod preflight;
 mod schema;
 mod validate;
 
 #[cfg(test)]
+mod tests_limits;
+#[cfg(test)]
 pub(crate) mod tests_load;
+#[cfg(test)]
+mod tests_memory;
 #[cfg(test)]
 mod tests_model;
 #[cfg(test)]
@@ -24,6 +30,7 @@ pub use diff::{describe_diff, diff_keys};
 pub use layers::LayerConfig;
 pub use load::{load, load_with_env};
 pub use model::{param_count, resolve, summary, LayerKind, ResolvedLayer};
+pub use preflight::preflight;
 pub use schema::{
     AmpConfig, Backend, CheckpointConfig, Config, DataConfig, DatasetKind, Device, Expect, LoggingConfig,
     LossScale, ModelConfig, OptLevel, OptimizerConfig, OptimizerName, ParallelConfig, ProgressSetting,
@@ -38,7 +45,7 @@ impl Config {
     }
 
     /// Hex SHA-256 of the settings that must agree across ranks. Per-rank and
-    /// cosmetic fields (run.name, run.out_dir, run.device, logging.*,
+    /// cosmetic fields (run.name, run.out_dir, run.device, run.max_memory_gb, logging.*,
     /// parallel.master_addr/master_port) are left out.
     pub fn fingerprint(&self) -> String {
         // serde_json's map is sorted by key, which makes this serialization canonical.
@@ -53,7 +60,7 @@ impl Config {
         if let Some(root) = v.as_object_mut() {
             root.remove("logging");
             if let Some(run) = root.get_mut("run").and_then(|r| r.as_object_mut()) {
-                for k in ["name", "out_dir", "device"] {
+                for k in ["name", "out_dir", "device", "max_memory_gb"] {
                     run.remove(k);
                 }
             }

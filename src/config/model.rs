@@ -133,12 +133,24 @@ pub fn resolve(model: &ModelConfig) -> Result<Vec<ResolvedLayer>> {
     if input.contains(&0) {
         return Err(err("model.input_shape", format!("sizes must be at least 1, got {input:?}")));
     }
+    if numel(input).is_none() {
+        return Err(err("model.input_shape", format!("{input:?} has more elements than fit in 64 bits")));
+    }
     if model.layers.is_empty() {
         return Err(err("model.layers", "must not be empty"));
     }
     let mut out = Vec::new();
     let mut shape = input.to_vec();
     walk(&model.layers, "", "model.layers", &mut shape, &mut out)?;
+    // Every later size (parameter buffers, the model's total) is a sum or
+    // product of these, so checking them here keeps the rest unchecked-safe.
+    let mut total = 0usize;
+    for l in &out {
+        total =
+            l.kind.params().iter().try_fold(total, |t, (_, s)| t.checked_add(numel(s)?)).ok_or_else(
+                || err(&l.key, "the model's parameter count does not fit in 64 bits".to_owned()),
+            )?;
+    }
     if shape.len() != 1 {
         return Err(err(
             "model.layers",
@@ -224,13 +236,19 @@ fn walk(
                 if !is_identifier(n) {
                     return Err(err(
                         format!("{key}.name"),
-                        format!("{n:?} is not a valid module name (letters, digits and _, not starting with a digit)"),
+                        format!(
+                            "{:?} is not a valid module name (letters, digits and _, not starting with a digit)",
+                            crate::error::cut(n, crate::error::VALUE_CHARS)
+                        ),
                     ));
                 }
                 if !names.insert(n) {
                     return Err(err(
                         format!("{key}.name"),
-                        format!("the name {n:?} is used twice in the same block"),
+                        format!(
+                            "the name {:?} is used twice in the same block",
+                            crate::error::cut(n, crate::error::VALUE_CHARS)
+                        ),
                     ));
                 }
                 n.to_owned()
@@ -258,6 +276,11 @@ fn walk(
     Ok(())
 }
 
+/// The element count of `shape`, or `None` when it does not fit in a usize.
+pub fn numel(shape: &[usize]) -> Option<usize> {
+    shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d))
+}
+
 fn positive(v: usize, key: &str, field: &str) -> Result<()> {
     if v == 0 {
         return Err(err(format!("{key}.{field}"), "must be at least 1"));
@@ -280,10 +303,36 @@ fn infer(entry: &LayerConfig, shape: &[usize], key: &str) -> Result<(LayerKind, 
             positive(out_channels, key, "out_channels")?;
             positive(k, key, "kernel_size")?;
             positive(s, key, "stride")?;
-            if h + 2 * p < k || w + 2 * p < k {
+            let padded = |side: usize| p.checked_mul(2).and_then(|pp| side.checked_add(pp));
+            let (Some(hp), Some(wp)) = (padded(h), padded(w)) else {
+                return Err(err(
+                    format!("{key}.padding"),
+                    format!("padding {p} is too large: the padded input {h}x{w} (+2*padding) does not fit in 64 bits"),
+                ));
+            };
+            if hp < k || wp < k {
                 return Err(err(
                     format!("{key}.kernel_size"),
                     format!("kernel_size {k} is larger than the input {h}x{w} (+2*padding {p})"),
+                ));
+            }
+            let (ho, wo) = ((hp - k) / s + 1, (wp - k) / s + 1);
+            let out_shape = vec![out_channels, ho, wo];
+            if numel(&out_shape).is_none() {
+                // Name what made it large: the channels, or the padding that grew the image.
+                let field = if out_channels > ho.max(wo) || p == 0 { "out_channels" } else { "padding" };
+                return Err(err(
+                    format!("{key}.{field}"),
+                    format!("the output {out_shape:?} has more elements than fit in 64 bits"),
+                ));
+            }
+            if numel(&[out_channels, c, k, k]).is_none() {
+                let field = if out_channels >= k.saturating_mul(k) { "out_channels" } else { "kernel_size" };
+                return Err(err(
+                    format!("{key}.{field}"),
+                    format!(
+                        "the weight [{out_channels}, {c}, {k}, {k}] has more elements than fit in 64 bits"
+                    ),
                 ));
             }
             let kind = LayerKind::Conv2d {
@@ -294,7 +343,7 @@ fn infer(entry: &LayerConfig, shape: &[usize], key: &str) -> Result<(LayerKind, 
                 padding: p,
                 bias,
             };
-            (kind, vec![out_channels, (h + 2 * p - k) / s + 1, (w + 2 * p - k) / s + 1])
+            (kind, out_shape)
         }
         LayerConfig::BatchNorm2d { eps, momentum, .. } => {
             let (c, _, _) = chw(shape, "batchnorm2d", key)?;
@@ -319,7 +368,12 @@ fn infer(entry: &LayerConfig, shape: &[usize], key: &str) -> Result<(LayerKind, 
             }
             (LayerKind::MaxPool2d { kernel_size: k, stride: s }, vec![c, (h - k) / s + 1, (w - k) / s + 1])
         }
-        LayerConfig::Flatten { .. } => (LayerKind::Flatten, vec![shape.iter().product()]),
+        LayerConfig::Flatten { .. } => {
+            // Every shape reaching here was checked to fit by the layer that made it.
+            let n = numel(shape)
+                .ok_or_else(|| err(key, format!("its input {shape:?} does not fit in 64 bits")))?;
+            (LayerKind::Flatten, vec![n])
+        }
         LayerConfig::Linear { out_features, bias, .. } => {
             let [in_features] = *shape else {
                 return Err(err(
@@ -330,6 +384,14 @@ fn infer(entry: &LayerConfig, shape: &[usize], key: &str) -> Result<(LayerKind, 
                 ));
             };
             positive(out_features, key, "out_features")?;
+            if numel(&[out_features, in_features]).is_none() {
+                return Err(err(
+                    format!("{key}.out_features"),
+                    format!(
+                        "the weight [{out_features}, {in_features}] has more elements than fit in 64 bits"
+                    ),
+                ));
+            }
             (LayerKind::Linear { in_features, out_features, bias }, vec![out_features])
         }
         LayerConfig::Sequential { .. } => {

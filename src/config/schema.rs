@@ -38,6 +38,21 @@ pub struct Config {
     pub config_path: PathBuf,
 }
 
+/// The `[section]` names of [`Config`], as `DDPTRAIN_<SECTION>__<KEY>` variables spell them.
+pub const SECTIONS: [&str; 11] = [
+    "run",
+    "model",
+    "data",
+    "optimizer",
+    "scheduler",
+    "train",
+    "amp",
+    "parallel",
+    "checkpoint",
+    "logging",
+    "expect",
+];
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RunConfig {
@@ -49,6 +64,11 @@ pub struct RunConfig {
     pub device: Device,
     /// Defaults to `runs/<name>`.
     pub out_dir: PathBuf,
+    /// Refuse the run when its memory estimate (per process, on the host and
+    /// on the GPU) is above this many GiB; without it, the machine's total
+    /// memory (and the GPU's) is the limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_memory_gb: Option<f64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]

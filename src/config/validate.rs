@@ -6,7 +6,7 @@ use super::schema::{
     default_adam_eps, default_betas, Backend, Config, DatasetKind, Device, LossScale, OptimizerName, Resume,
     SchedulerName,
 };
-use crate::error::{Error, Result};
+use crate::error::{cut, Error, Result, VALUE_CHARS};
 
 impl Config {
     /// Checks every value and the model's shapes. Errors name the config file;
@@ -30,6 +30,12 @@ impl Config {
         if r.name.trim().is_empty() {
             return Err(bad("run.name", "must not be empty"));
         }
+        self.check_lengths()?;
+        if let Some(gb) = r.max_memory_gb {
+            if !(gb.is_finite() && gb > 0.0) {
+                return Err(bad("run.max_memory_gb", format!("must be a positive number of GiB, got {gb}")));
+            }
+        }
         if r.out_dir.as_os_str().is_empty() {
             return Err(bad("run.out_dir", "must not be empty"));
         }
@@ -39,6 +45,44 @@ impl Config {
         self.check_scheduler()?;
         self.check_train()?;
         self.check_rest()
+    }
+
+    /// Strings that become file names, paths or host names are held to the
+    /// system's limits here, so a runaway value is refused by its key rather
+    /// than repeated whole in an I/O error from deep inside the run.
+    fn check_lengths(&self) -> Result<()> {
+        // NAME_MAX, PATH_MAX (Linux) and a DNS name's 253 characters.
+        const NAME_MAX: usize = 255;
+        const PATH_MAX: usize = 4096;
+        const HOST_MAX: usize = 253;
+        let path_of = |p: &std::path::Path| p.as_os_str().to_string_lossy().into_owned();
+        let mut strings = vec![
+            ("run.name", self.run.name.clone(), NAME_MAX, "it names the run's directory"),
+            ("run.out_dir", path_of(&self.run.out_dir), PATH_MAX, "a path"),
+            ("data.path", path_of(&self.data.path), PATH_MAX, "a path"),
+        ];
+        if let Some(p) = &self.model.init_from {
+            strings.push(("model.init_from", path_of(p), PATH_MAX, "a path"));
+        }
+        if let Resume::Path(p) = &self.checkpoint.resume {
+            strings.push(("checkpoint.resume", path_of(p), PATH_MAX, "a path"));
+        }
+        if let Some(a) = &self.parallel.master_addr {
+            strings.push(("parallel.master_addr", a.clone(), HOST_MAX, "a host name or address"));
+        }
+        for (key, value, max, what) in strings {
+            if value.len() > max {
+                return Err(bad(
+                    key,
+                    format!(
+                        "is {} bytes long, more than {max} ({what}): {:?}",
+                        value.len(),
+                        cut(&value, VALUE_CHARS)
+                    ),
+                ));
+            }
+        }
+        Ok(())
     }
 
     fn check_model(&self) -> Result<()> {

@@ -42,6 +42,20 @@ pub fn device_count() -> usize {
     CudaContext::device_count().map(|n| n.max(0) as usize).unwrap_or(0)
 }
 
+/// Total memory of visible device `ordinal`, in bytes, without opening a
+/// context on it (the run's memory estimate is checked before that).
+pub fn total_memory(ordinal: usize) -> Result<u64> {
+    if ordinal >= device_count() {
+        return Err(Error::Unsupported(format!("CUDA device {ordinal} is not visible")));
+    }
+    let ordinal = i32::try_from(ordinal).map_err(|_| Error::Unsupported(format!("CUDA device {ordinal}")))?;
+    let dev = cudarc::driver::result::device::get(ordinal).map_err(|e| Error::cuda("cuDeviceGet", e))?;
+    // SAFETY: `dev` comes from cuDeviceGet after device_count() initialized the driver.
+    let bytes = unsafe { cudarc::driver::result::device::total_mem(dev) }
+        .map_err(|e| Error::cuda("cuDeviceTotalMem", e))?;
+    Ok(bytes as u64)
+}
+
 /// A grid-stride launch over `n` elements: enough blocks to fill the device,
 /// capped because the kernels loop (`DDP_FOR_EACH`).
 pub fn launch_1d(n: usize) -> LaunchConfig {

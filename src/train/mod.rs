@@ -120,6 +120,7 @@ pub fn load_datasets(cfg: &Config) -> Result<(Arc<Dataset>, Arc<Dataset>)> {
 
 /// Builds the model and loads the data; fails before writing anything.
 pub fn prepare(cfg: &Config) -> Result<Prepared> {
+    config::preflight(cfg)?;
     let resolved = config::model::resolve(&cfg.model)?;
     let mut model = Model::new(&resolved, cfg.run.seed)?;
     if let Some(path) = &cfg.model.init_from {
