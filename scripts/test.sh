@@ -21,10 +21,11 @@ if ! ls .venv/lib/python3*/site-packages/nvidia/cu13/lib/libnvrtc.so.13 >/dev/nu
 fi
 # PyTorch, for the oracle tests/torch_parity.rs runs on the CPU. PyPI's torch
 # links against CUDA libraries, so `import torch` needs them even on the CPU,
-# but none of the rest it depends on (triton, cuSOLVER, cuRAND, ...: 1.3 GB):
-# torch without its dependencies, the CUDA libraries its shared objects load
-# (NVRTC and the runtime are the wheels above) and the Python packages it
-# imports; about 3.8 GB, 2 minutes fresh.
+# but none of the rest it depends on (triton, cuSOLVER, cuRAND, ...: 1.4 GB),
+# and its pins would swap the NVRTC wheel above for an older one: torch
+# without its dependencies, the CUDA libraries its shared objects load (NVRTC
+# and the runtime are the wheels above) and the Python packages it imports;
+# about 3.8 GB, 2 minutes fresh.
 if ! .venv/bin/python -c "import torch, safetensors" 2>/dev/null; then
     .venv/bin/pip install --quiet --disable-pip-version-check \
         'sympy>=1.13.3' 'typing-extensions>=4.13' numpy safetensors
