@@ -48,6 +48,10 @@ by its own size and so moves the bias by about lr in a random direction, its
 value is left to check 3 (its effect survives only in running_mean, which is
 compared).
 
+--device cuda trains ddptrain on the GPU (the emulated one under
+scripts/emulated-gpu.sh) against the same PyTorch on the CPU, with the same
+tolerances: the device path keeps the CPU's numerics contract.
+
 --order names a JSON list of training-set indices in the order ddptrain visits
 them (tests/torch_parity.rs writes it from ddptrain's DistributedSampler);
 without it both sides read the digits in file order (data.shuffle = false).
@@ -62,12 +66,22 @@ import os
 import subprocess
 import sys
 import tempfile
+import warnings
 
-import numpy as np
-import torch
-import torch.nn as nn
-from safetensors.torch import load_file, save_file
-from torch_convnet import ConvNet
+# PyTorch runs on the CPU: keep it from opening a device (the emulated
+# libcuda when scripts/emulated-gpu.sh runs this), and hand ddptrain the
+# devices this process was given.
+DEVICES = os.environ.get("CUDA_VISIBLE_DEVICES")
+os.environ["CUDA_VISIBLE_DEVICES"] = ""
+# Autograd still asks the CUDA runtime for a device count; the emulated
+# libcuda does not implement what that query calls, and PyTorch warns.
+warnings.filterwarnings("ignore", message="CUDA initialization")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+from safetensors.torch import load_file, save_file  # noqa: E402
+from torch_convnet import ConvNet  # noqa: E402
 
 FORWARD_TOL = 1e-5
 GRAD_TOL = 1e-3
@@ -90,6 +104,7 @@ p.add_argument("--data", default="data/mnist")
 p.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="sgd")
 p.add_argument("--steps", type=int, default=1)
 p.add_argument("--order", help="JSON list of the training indices ddptrain visits, in order")
+p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where ddptrain trains (PyTorch: the CPU)")
 p.add_argument("--lr-scale", type=float, default=1.0, help="multiplies PyTorch's lr only (to see the checks fail)")
 a = p.parse_args()
 hp = OPTIMIZERS[a.optimizer]
@@ -127,14 +142,17 @@ def run_ddptrain(init, out, trace_path):
         f"model.init_from={init}", f"data.path={a.data}", f"data.shuffle={'true' if a.order else 'false'}",
         f"train.max_steps={a.steps}", 'scheduler.name="cosine"', f"scheduler.warmup_steps={WARMUP}",
         f'optimizer.name="{a.optimizer}"', f"optimizer.lr={hp['lr']}", f"optimizer.weight_decay={hp['weight_decay']}",
-        f"run.out_dir={out}", 'run.device="cpu"', "checkpoint.every_steps=1", f"checkpoint.keep_last={a.steps + 1}",
+        f"run.out_dir={out}", f'run.device="{a.device}"', "checkpoint.every_steps=1", f"checkpoint.keep_last={a.steps + 1}",
         "expect.min_test_accuracy=0.0", "logging.progress=never", "logging.tensorboard=false",
     ]
     if a.optimizer == "adamw":
         sets += [f"optimizer.betas=[{hp['betas'][0]}, {hp['betas'][1]}]", f"optimizer.eps={hp['eps']}",
                  "optimizer.momentum=0.0"]
     cmd = [a.bin, "--config", "configs/mnist_o0.toml", "--record-trace", trace_path]
-    r = subprocess.run(cmd + [x for s in sets for x in ("--set", s)], capture_output=True, text=True)
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    if DEVICES is not None:
+        env["CUDA_VISIBLE_DEVICES"] = DEVICES
+    r = subprocess.run(cmd + [x for s in sets for x in ("--set", s)], capture_output=True, text=True, env=env)
     if r.returncode != 0:
         sys.exit(f"ddptrain failed ({r.returncode}):\n{r.stdout}{r.stderr}")
 

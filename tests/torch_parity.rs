@@ -1,12 +1,13 @@
-//! ddptrain against PyTorch itself (scripts/torch_parity.py): the seed ConvNet
-//! from the same init, on the same digits in ddptrain's shuffled order, for 20
-//! SGD and 20 AdamW steps; every step checked from ddptrain's previous
-//! checkpoint, the free-running end state, and the final checkpoint scored in
-//! PyTorch after `load_state_dict(strict=True)` (the script says why each
-//! tolerance is what it is). Needs a python with torch, numpy and
-//! safetensors: `DDPTRAIN_TORCH_PYTHON` (scripts/test.sh installs them into
-//! .venv/ and sets it), else `python3`. Without one the tests print why they
-//! were skipped, except under CI=true, where they fail.
+//! ddptrain against PyTorch itself (scripts/torch_parity.py): the seed
+//! ConvNet from the same init, on the same digits in ddptrain's shuffled
+//! order, for 20 SGD and 20 AdamW steps on the CPU and 20 SGD steps on the
+//! GPU; every step checked from ddptrain's previous checkpoint, the
+//! free-running end state, and the final checkpoint scored in PyTorch after
+//! `load_state_dict(strict=True)` (the script says why each tolerance is what
+//! it is). Needs a python with torch, numpy and safetensors:
+//! `DDPTRAIN_TORCH_PYTHON` (scripts/test.sh installs them into .venv/ and
+//! sets it), else `python3`. Without one the tests print why they were
+//! skipped, except under CI=true, where they fail.
 
 mod common;
 use common::*;
@@ -54,12 +55,14 @@ fn first_epoch_order(dir: &Path) -> std::path::PathBuf {
     path
 }
 
-/// Runs scripts/torch_parity.py with `args` after the binary, data and order.
+/// Runs scripts/torch_parity.py with `args` after the binary, data and
+/// order. ddptrain trains on the CPU unless `args` say `--device cuda`; the
+/// script keeps PyTorch on the CPU either way.
 fn parity(python: &str, args: &[&str]) -> Output {
     let tmp = tempfile::tempdir().expect("temp dir");
     let order = first_epoch_order(tmp.path());
-    Command::new(python)
-        .arg("scripts/torch_parity.py")
+    let mut cmd = Command::new(python);
+    cmd.arg("scripts/torch_parity.py")
         .arg("--bin")
         .arg(ddptrain_bin())
         .arg("--data")
@@ -67,17 +70,16 @@ fn parity(python: &str, args: &[&str]) -> Output {
         .arg("--order")
         .arg(&order)
         .args(args)
-        // Keeps PyTorch off the emulated libcuda and ddptrain on the CPU (the
-        // script also sets run.device) when scripts/emulated-gpu.sh runs us.
-        .env(HIDE_GPUS.0, HIDE_GPUS.1)
-        .current_dir(repo_root())
-        .output()
-        .expect("run scripts/torch_parity.py")
+        .current_dir(repo_root());
+    if !args.contains(&"cuda") {
+        cmd.env(HIDE_GPUS.0, HIDE_GPUS.1);
+    }
+    cmd.output().expect("run scripts/torch_parity.py")
 }
 
-fn matches_pytorch(test: &str, optimizer: &str) {
+fn matches_pytorch(test: &str, optimizer: &str, device: &str) {
     let Some(python) = torch_python(test) else { return };
-    let o = parity(&python, &["--optimizer", optimizer, "--steps", "20"]);
+    let o = parity(&python, &["--optimizer", optimizer, "--steps", "20", "--device", device]);
     let t = text(&o);
     println!("{t}");
     assert!(o.status.success(), "ddptrain and PyTorch disagree:\n{t}");
@@ -86,12 +88,23 @@ fn matches_pytorch(test: &str, optimizer: &str) {
 
 #[test]
 fn twenty_sgd_steps_match_pytorch() {
-    matches_pytorch("twenty_sgd_steps_match_pytorch", "sgd");
+    matches_pytorch("twenty_sgd_steps_match_pytorch", "sgd", "cpu");
 }
 
 #[test]
 fn twenty_adamw_steps_match_pytorch() {
-    matches_pytorch("twenty_adamw_steps_match_pytorch", "adamw");
+    matches_pytorch("twenty_adamw_steps_match_pytorch", "adamw", "cpu");
+}
+
+/// The GPU path (on the emulated device in CI) against PyTorch on the CPU,
+/// held to the same tolerances as the CPU path.
+#[test]
+fn twenty_sgd_steps_on_the_gpu_match_pytorch() {
+    let test = "twenty_sgd_steps_on_the_gpu_match_pytorch";
+    if ddptrain::cuda::test_gpu(test).is_none() {
+        return;
+    }
+    matches_pytorch(test, "sgd", "cuda");
 }
 
 /// The oracle is sharp enough to see a 1% learning-rate difference in one
