@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs the whole test suite on a fresh machine: fetches the MNIST digits the
 # end-to-end tests train on (idempotent), installs the Python `tensorboard`
-# package that reads back our event files and the NVRTC + CUDA-header wheels
-# that compile the kernels (from PyPI, into a cached .venv/), then the Rust tests,
+# package that reads back our event files, the NVRTC + CUDA-header wheels
+# that compile the kernels and PyTorch, the oracle of tests/torch_parity.rs
+# (from PyPI, into a cached .venv/), then the Rust tests,
 # the GPU ones on the emulated CUDA device (scripts/emulated-gpu.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +19,23 @@ if ! ls .venv/lib/python3*/site-packages/nvidia/cu13/lib/libnvrtc.so.13 >/dev/nu
     .venv/bin/pip install --quiet --disable-pip-version-check \
         'nvidia-cuda-nvrtc==13.5.37' 'nvidia-cuda-runtime==13.5.37'
 fi
+# PyTorch, for the oracle tests/torch_parity.rs runs on the CPU. PyPI's torch
+# links against CUDA libraries, so `import torch` needs them even on the CPU,
+# but none of the rest it depends on (triton, cuSOLVER, cuRAND, ...: 1.4 GB),
+# and its pins would swap the NVRTC wheel above for an older one: torch
+# without its dependencies, the CUDA libraries its shared objects load (NVRTC
+# and the runtime are the wheels above) and the Python packages it imports;
+# about 3.8 GB, 2 minutes fresh.
+if ! .venv/bin/python -c "import torch, safetensors" 2>/dev/null; then
+    .venv/bin/pip install --quiet --disable-pip-version-check \
+        'sympy>=1.13.3' 'typing-extensions>=4.13' numpy safetensors
+    .venv/bin/pip install --quiet --disable-pip-version-check --no-deps 'torch==2.15.0' \
+        'nvidia-cuda-cupti==13.2.86' 'nvidia-cublas==13.4.1.3' 'nvidia-cusparse==12.7.10.12' \
+        'nvidia-cufft==12.2.0.57' 'nvidia-cufile==1.17.1.22' 'nvidia-cusparselt-cu13==0.8.1' \
+        'nvidia-nccl-cu13==2.30.7' 'nvidia-cudnn-cu13==9.26.0.51' 'nvidia-nvshmem-cu13==3.7.2'
+fi
+# tests/torch_parity.rs runs PyTorch with this interpreter (under CI=true it fails without one).
+export DDPTRAIN_TORCH_PYTHON="$PWD/.venv/bin/python"
 CUDA_WHEEL_LIB=$(ls -d "$PWD"/.venv/lib/python3*/site-packages/nvidia/cu13/lib | head -n1)
 export LD_LIBRARY_PATH="$CUDA_WHEEL_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 # tests/tensorboard_events.rs reads the events with this interpreter.
