@@ -10,6 +10,7 @@ pub mod engine;
 mod eval;
 pub mod expect;
 mod run;
+pub mod stop;
 pub mod trace;
 
 pub use ddp::Ddp;
@@ -62,6 +63,12 @@ pub struct Summary {
     /// (the bar O3 is held to).
     pub initial_loss: f64,
     pub loss_decreased: bool,
+    /// The signal that stopped the run after optimizer step `steps`, with a
+    /// checkpoint of that step to resume from; absent when the run completed.
+    /// No evaluation ran on the way out: `test_accuracy` and `test_loss` are
+    /// the last epoch's, if one ended.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub interrupted: Option<stop::StopSignal>,
 }
 
 /// Everything loaded and checked before anything is written to `out_dir`.
