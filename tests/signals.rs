@@ -1,6 +1,6 @@
 //! A run is never lost to a signal (src/train/stop.rs): a SIGTERM sent mid-run
-//! to one rank, or to `ddptrain launch` of two, on the CPU and on the
-//! (emulated) GPU, ends the run after an agreed step with a checkpoint of
+//! to one rank, to `ddptrain launch` of two, or to one of those two alone, on
+//! the CPU and on the (emulated) GPU, ends the run after an agreed step with a checkpoint of
 //! it, a summary marked interrupted and exit code 143; resumed with
 //! `checkpoint.resume = "auto"`, the run ends bit for bit as the
 //! uninterrupted one (one rank: the concatenated `--record-trace` equals
@@ -187,8 +187,18 @@ fn final_digests(t: &str) -> Vec<String> {
     d
 }
 
+/// Who gets the SIGTERM.
+#[derive(Clone, Copy, PartialEq)]
+enum Target {
+    /// The process started: the one rank, or `launch`, which forwards it.
+    Started,
+    /// Rank 1 of a launch alone: rank 0 stops after the same step only
+    /// because the step's all-reduce told it.
+    Rank1,
+}
+
 /// Straight, then SIGTERM after step 2 and resumed: see the file's doc.
-fn sigterm_then_resume_is_bitwise(device: &str, world: usize, limit: Duration) {
+fn sigterm_then_resume_is_bitwise(device: &str, world: usize, target: Target, limit: Duration) {
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(dir.path(), device);
     let (a, b) = (dir.path().join("straight"), dir.path().join("stopped"));
@@ -204,12 +214,25 @@ fn sigterm_then_resume_is_bitwise(device: &str, world: usize, limit: Duration) {
     };
 
     let straight = run_to_end(command(&cfg, &a, device, world, &with_trace("straight")), limit);
+    let on = json(&a.join("summary.json"))["device"].as_str().unwrap_or_default().to_string();
+    assert!(on.starts_with(if device == "cpu" { "cpu" } else { "cuda:" }), "{on}");
 
     let mut extra = with_trace("stopped");
     extra.extend(["--debug-step-pause-ms".to_string(), PAUSE_MS.to_string()]);
     let mut r = Running::start(command(&cfg, &b, device, world, &extra));
+    let rank1 = if target == Target::Rank1 {
+        let l = r.wait_line(limit, |l| l.starts_with("launch: started rank 1 "));
+        let pid = l.rsplit("pid ").next().and_then(|p| p.trim_end_matches(')').parse::<i32>().ok());
+        Some(pid.unwrap_or_else(|| panic!("no pid in {l:?}")))
+    } else {
+        None
+    };
     r.wait_line(limit, |l| step_of(l).is_some_and(|s| s >= 2));
-    r.signal(libc::SIGTERM);
+    match rank1 {
+        // SAFETY: kill(2) on launch's child, still running (launch reaps it).
+        Some(pid) => assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0),
+        None => r.signal(libc::SIGTERM),
+    }
     let (code, t) = r.finish(limit);
     assert_eq!(code, Some(143), "{t}");
     let s = json(&b.join("summary.json"));
@@ -223,7 +246,8 @@ fn sigterm_then_resume_is_bitwise(device: &str, world: usize, limit: Duration) {
     let at = t.find(&line).unwrap_or_else(|| panic!("no line {line:?}:\n{t}"));
     assert!(!t[at..].contains("test accuracy"), "an evaluation ran on the way out:\n{t}");
     if world > 1 {
-        assert!(t.contains("launch: got signal 15; forwarding it to the ranks"), "{t}");
+        let forwarded = t.contains("launch: got signal 15; forwarding it to the ranks");
+        assert_eq!(forwarded, target == Target::Started, "{t}");
         // Every rank stopped after the same step.
         for rank in 0..world {
             let done = format!("[rank {rank}] interrupted by SIGTERM after step {stopped}:");
@@ -266,25 +290,32 @@ fn have_gpu(test: &str) -> bool {
 
 #[test]
 fn sigterm_one_cpu_rank_checkpoints_and_resumes_bitwise() {
-    sigterm_then_resume_is_bitwise("cpu", 1, Duration::from_secs(120));
+    sigterm_then_resume_is_bitwise("cpu", 1, Target::Started, Duration::from_secs(120));
 }
 
 #[test]
 fn sigterm_to_launch_of_two_cpu_ranks_checkpoints_and_resumes_bitwise() {
-    sigterm_then_resume_is_bitwise("cpu", 2, Duration::from_secs(120));
+    sigterm_then_resume_is_bitwise("cpu", 2, Target::Started, Duration::from_secs(120));
+}
+
+#[test]
+fn sigterm_to_one_of_two_cpu_ranks_stops_both_after_the_same_step() {
+    sigterm_then_resume_is_bitwise("cpu", 2, Target::Rank1, Duration::from_secs(120));
 }
 
 #[test]
 fn sigterm_one_gpu_rank_checkpoints_and_resumes_bitwise() {
     if have_gpu("sigterm_one_gpu_rank_checkpoints_and_resumes_bitwise") {
-        sigterm_then_resume_is_bitwise("cuda", 1, Duration::from_secs(400));
+        sigterm_then_resume_is_bitwise("cuda", 1, Target::Started, Duration::from_secs(400));
     }
 }
 
+/// Rank 1 alone is signalled: rank 0 learns of it from the device's
+/// loss-scaler snapshot, one step late, as rank 1 does.
 #[test]
-fn sigterm_to_launch_of_two_gpu_ranks_checkpoints_and_resumes_bitwise() {
-    if have_gpu("sigterm_to_launch_of_two_gpu_ranks_checkpoints_and_resumes_bitwise") {
-        sigterm_then_resume_is_bitwise("cuda", 2, Duration::from_secs(400));
+fn sigterm_to_one_of_two_gpu_ranks_stops_both_after_the_same_step() {
+    if have_gpu("sigterm_to_one_of_two_gpu_ranks_stops_both_after_the_same_step") {
+        sigterm_then_resume_is_bitwise("cuda", 2, Target::Rank1, Duration::from_secs(400));
     }
 }
 
