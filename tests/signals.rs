@@ -1,10 +1,11 @@
 //! A run is never lost to a signal (src/train/stop.rs): a SIGTERM sent mid-run
 //! to one rank, to `ddptrain launch` of two, or to one of those two alone, on
-//! the CPU and on the (emulated) GPU, ends the run after an agreed step with a checkpoint of
-//! it, a summary marked interrupted and exit code 143; resumed with
+//! the CPU and on the (emulated) GPU, ends the run after an agreed step with a
+//! checkpoint of it, a summary marked interrupted and exit code 143 (a
+//! Ctrl-C on launch: 130); resumed with
 //! `checkpoint.resume = "auto"`, the run ends bit for bit as the
 //! uninterrupted one (one rank: the concatenated `--record-trace` equals
-//! the straight run's; two ranks: final weights, optimizer state and every
+//! the straight run's; two ranks: the final weights and every
 //! rank's final-state digest). A second SIGINT exits at once with 130.
 //!
 //! The GPU tests run under scripts/emulated-gpu.sh (or on a GPU): without a
@@ -195,10 +196,15 @@ enum Target {
     /// Rank 1 of a launch alone: rank 0 stops after the same step only
     /// because the step's all-reduce told it.
     Rank1,
+    /// SIGINT to launch's whole process group, as a terminal's Ctrl-C: the
+    /// ranks (in a group of their own) get it once, from launch.
+    CtrlC,
 }
 
 /// Straight, then SIGTERM after step 2 and resumed: see the file's doc.
-fn sigterm_then_resume_is_bitwise(device: &str, world: usize, target: Target, limit: Duration) {
+fn stop_then_resume_is_bitwise(device: &str, world: usize, target: Target, limit: Duration) {
+    let (sig, name, code) =
+        if target == Target::CtrlC { (libc::SIGINT, "SIGINT", 130) } else { (libc::SIGTERM, "SIGTERM", 143) };
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(dir.path(), device);
     let (a, b) = (dir.path().join("straight"), dir.path().join("stopped"));
@@ -219,7 +225,9 @@ fn sigterm_then_resume_is_bitwise(device: &str, world: usize, target: Target, li
 
     let mut extra = with_trace("stopped");
     extra.extend(["--debug-step-pause-ms".to_string(), PAUSE_MS.to_string()]);
-    let mut r = Running::start(command(&cfg, &b, device, world, &extra));
+    let mut cmd = command(&cfg, &b, device, world, &extra);
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    let mut r = Running::start(cmd);
     let rank1 = if target == Target::Rank1 {
         let l = r.wait_line(limit, |l| l.starts_with("launch: started rank 1 "));
         let pid = l.rsplit("pid ").next().and_then(|p| p.trim_end_matches(')').parse::<i32>().ok());
@@ -228,29 +236,33 @@ fn sigterm_then_resume_is_bitwise(device: &str, world: usize, target: Target, li
         None
     };
     r.wait_line(limit, |l| step_of(l).is_some_and(|s| s >= 2));
-    match rank1 {
-        // SAFETY: kill(2) on launch's child, still running (launch reaps it).
-        Some(pid) => assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0),
-        None => r.signal(libc::SIGTERM),
-    }
-    let (code, t) = r.finish(limit);
-    assert_eq!(code, Some(143), "{t}");
+    let to = match (rank1, target) {
+        (Some(pid), _) => pid,
+        // The whole group: launch's pid is its id.
+        (None, Target::CtrlC) => -(r.child.id() as i32),
+        (None, _) => r.child.id() as i32,
+    };
+    // SAFETY: kill(2) on our child (or its group), or on launch's child, still
+    // running (launch reaps it).
+    assert_eq!(unsafe { libc::kill(to, sig) }, 0);
+    let (got, t) = r.finish(limit);
+    assert_eq!(got, Some(code), "{t}");
     let s = json(&b.join("summary.json"));
-    assert_eq!(s["interrupted"], "SIGTERM", "{s}");
+    assert_eq!(s["interrupted"], name, "{s}");
     let stopped = s["steps"].as_u64().unwrap();
     assert!((2..TOTAL_STEPS).contains(&stopped), "{s}");
     let latest = std::fs::read_link(b.join("ckpt/latest")).unwrap();
     assert_eq!(latest, Path::new(&format!("step_{stopped:08}")), "{t}");
     assert_eq!(json(&b.join("ckpt/latest/state.json"))["step"], stopped);
-    let line = format!("SIGTERM: stopping after step {stopped} ");
+    let line = format!("{name}: stopping after step {stopped} ");
     let at = t.find(&line).unwrap_or_else(|| panic!("no line {line:?}:\n{t}"));
     assert!(!t[at..].contains("test accuracy"), "an evaluation ran on the way out:\n{t}");
     if world > 1 {
-        let forwarded = t.contains("launch: got signal 15; forwarding it to the ranks");
-        assert_eq!(forwarded, target == Target::Started, "{t}");
+        let forwarded = t.contains(&format!("launch: got signal {sig}; forwarding it to the ranks"));
+        assert_eq!(forwarded, target != Target::Rank1, "{t}");
         // Every rank stopped after the same step.
         for rank in 0..world {
-            let done = format!("[rank {rank}] interrupted by SIGTERM after step {stopped}:");
+            let done = format!("[rank {rank}] interrupted by {name} after step {stopped}:");
             assert!(t.contains(&done), "no line {done:?}:\n{t}");
         }
     }
@@ -290,23 +302,28 @@ fn have_gpu(test: &str) -> bool {
 
 #[test]
 fn sigterm_one_cpu_rank_checkpoints_and_resumes_bitwise() {
-    sigterm_then_resume_is_bitwise("cpu", 1, Target::Started, Duration::from_secs(120));
+    stop_then_resume_is_bitwise("cpu", 1, Target::Started, Duration::from_secs(120));
 }
 
 #[test]
 fn sigterm_to_launch_of_two_cpu_ranks_checkpoints_and_resumes_bitwise() {
-    sigterm_then_resume_is_bitwise("cpu", 2, Target::Started, Duration::from_secs(120));
+    stop_then_resume_is_bitwise("cpu", 2, Target::Started, Duration::from_secs(120));
 }
 
 #[test]
 fn sigterm_to_one_of_two_cpu_ranks_stops_both_after_the_same_step() {
-    sigterm_then_resume_is_bitwise("cpu", 2, Target::Rank1, Duration::from_secs(120));
+    stop_then_resume_is_bitwise("cpu", 2, Target::Rank1, Duration::from_secs(120));
+}
+
+#[test]
+fn ctrl_c_on_launch_of_two_cpu_ranks_checkpoints_and_exits_130() {
+    stop_then_resume_is_bitwise("cpu", 2, Target::CtrlC, Duration::from_secs(120));
 }
 
 #[test]
 fn sigterm_one_gpu_rank_checkpoints_and_resumes_bitwise() {
     if have_gpu("sigterm_one_gpu_rank_checkpoints_and_resumes_bitwise") {
-        sigterm_then_resume_is_bitwise("cuda", 1, Target::Started, Duration::from_secs(400));
+        stop_then_resume_is_bitwise("cuda", 1, Target::Started, Duration::from_secs(400));
     }
 }
 
@@ -315,7 +332,7 @@ fn sigterm_one_gpu_rank_checkpoints_and_resumes_bitwise() {
 #[test]
 fn sigterm_to_one_of_two_gpu_ranks_stops_both_after_the_same_step() {
     if have_gpu("sigterm_to_one_of_two_gpu_ranks_stops_both_after_the_same_step") {
-        sigterm_then_resume_is_bitwise("cuda", 2, Target::Rank1, Duration::from_secs(400));
+        stop_then_resume_is_bitwise("cuda", 2, Target::Rank1, Duration::from_secs(400));
     }
 }
 
