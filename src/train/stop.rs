@@ -9,7 +9,11 @@
 //! the same step on every rank. At world size 1 the flag is read directly.
 //! Then rank 0 writes a checkpoint and a summary marked interrupted, every
 //! rank passes the final barrier, and the process exits with
-//! [`StopSignal::exit_code`]. A second SIGINT exits at once.
+//! [`StopSignal::exit_code`]. A second SIGINT exits at once; a second
+//! SIGTERM changes nothing (a scheduler and `launch` may each send one).
+//! The handlers are installed when the loop starts: a signal before then
+//! ends the process as it always did (nothing is trained yet), and one
+//! after the last step lets the run complete (exit 0).
 
 use super::engine::{Engine, HostSync};
 use super::{Ddp, RunOptions};
