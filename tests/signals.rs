@@ -32,10 +32,10 @@ fn free_port() -> u16 {
 }
 
 /// A small conv net under O2 (f16 and f32 gradient buckets, fp32 masters,
-/// the dynamic loss scaler) on synthetic 8x8 images, 192 of them in batches
+/// the dynamic loss scaler) on `train_size` synthetic 8x8 images in batches
 /// of 16 per rank, with no periodic checkpoint: the one the stop writes is
 /// the only one.
-fn config(dir: &Path, device: &str) -> PathBuf {
+fn config(dir: &Path, device: &str, train_size: usize) -> PathBuf {
     let body = format!(
         r#"[run]
 seed = 3
@@ -51,7 +51,7 @@ layers = [
 ]
 [data]
 dataset = "synthetic"
-synthetic_train_size = 192
+synthetic_train_size = {train_size}
 synthetic_test_size = 32
 batch_size = 16
 [optimizer]
@@ -72,7 +72,7 @@ every_steps = 0
 timeout_s = 120
 "#
     );
-    write(dir, &format!("{device}.toml"), &body)
+    write(dir, &format!("{device}-{train_size}.toml"), &body)
 }
 
 /// `ddptrain` (through `launch` of `world` ranks when > 1) on `cfg` into `out`.
@@ -203,10 +203,23 @@ enum Target {
 
 /// Straight, then SIGTERM after step 2 and resumed: see the file's doc.
 fn stop_then_resume_is_bitwise(device: &str, world: usize, target: Target, limit: Duration) {
+    stop_at(device, world, target, limit, (192, 2), None);
+}
+
+/// [`stop_then_resume_is_bitwise`] on `train_size` images, signalled once
+/// step `after` is logged; the run must stop after step `want`, if given.
+fn stop_at(
+    device: &str,
+    world: usize,
+    target: Target,
+    limit: Duration,
+    (train_size, after): (usize, u64),
+    want: Option<u64>,
+) {
     let (sig, name, code) =
         if target == Target::CtrlC { (libc::SIGINT, "SIGINT", 130) } else { (libc::SIGTERM, "SIGTERM", 143) };
     let dir = tempfile::tempdir().unwrap();
-    let cfg = config(dir.path(), device);
+    let cfg = config(dir.path(), device, train_size);
     let (a, b) = (dir.path().join("straight"), dir.path().join("stopped"));
     let trace = |n: &str| dir.path().join(format!("{n}.trace"));
     // Every rank writes the trace it is given: one rank only.
@@ -235,7 +248,7 @@ fn stop_then_resume_is_bitwise(device: &str, world: usize, target: Target, limit
     } else {
         None
     };
-    r.wait_line(limit, |l| step_of(l).is_some_and(|s| s >= 2));
+    r.wait_line(limit, |l| step_of(l).is_some_and(|s| s >= after));
     let to = match (rank1, target) {
         (Some(pid), _) => pid,
         // The whole group: launch's pid is its id.
@@ -250,7 +263,10 @@ fn stop_then_resume_is_bitwise(device: &str, world: usize, target: Target, limit
     let s = json(&b.join("summary.json"));
     assert_eq!(s["interrupted"], name, "{s}");
     let stopped = s["steps"].as_u64().unwrap();
-    assert!((2..TOTAL_STEPS).contains(&stopped), "{s}");
+    assert!((after..TOTAL_STEPS).contains(&stopped), "{s}");
+    if let Some(want) = want {
+        assert_eq!(stopped, want, "{s}");
+    }
     let latest = std::fs::read_link(b.join("ckpt/latest")).unwrap();
     assert_eq!(latest, Path::new(&format!("step_{stopped:08}")), "{t}");
     assert_eq!(json(&b.join("ckpt/latest/state.json"))["step"], stopped);
@@ -348,7 +364,7 @@ fn pending(pid: u32, sig: i32) -> bool {
 #[test]
 fn a_second_sigint_exits_at_once_with_130() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = config(dir.path(), "cpu");
+    let cfg = config(dir.path(), "cpu", 192);
     let out = dir.path().join("out");
     // Each step pauses a minute: only an immediate exit ends the run in time.
     let pause = ["--debug-step-pause-ms".to_string(), "60000".to_string()];
@@ -367,4 +383,15 @@ fn a_second_sigint_exits_at_once_with_130() {
     assert_eq!(code, Some(130), "{t}");
     assert!(t0.elapsed() < Duration::from_secs(30), "{t}");
     assert!(!out.join("summary.json").exists() && !out.join("ckpt").exists(), "{t}");
+}
+
+/// Two steps per epoch: rank 1's vote rides step 4, the last of epoch 1,
+/// and the host hears of it only at the epoch's end (one step late would be
+/// after the evaluation): it settles the vote there, so both ranks stop
+/// after step 4 without evaluating epoch 1.
+#[test]
+fn sigterm_in_an_epochs_last_step_stops_two_gpu_ranks_before_its_evaluation() {
+    if have_gpu("sigterm_in_an_epochs_last_step_stops_two_gpu_ranks_before_its_evaluation") {
+        stop_at("cuda", 2, Target::Rank1, Duration::from_secs(400), (64, 3), Some(4));
+    }
 }
