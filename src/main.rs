@@ -1,5 +1,6 @@
 //! The binary's edge: parse arguments, load the config, run, map errors to exit
 //! codes (2: config or usage error, nothing written; 3: an `[expect]` gate missed;
+//! 130 / 143: stopped by SIGINT / SIGTERM after a checkpoint (src/train/stop.rs);
 //! 1: anything else, including an out_dir another run holds: its config is
 //! fine and the same command succeeds once that run ends).
 
@@ -41,6 +42,9 @@ struct TrainArgs {
     /// Test hook: pause this long inside every checkpoint save, between its files.
     #[arg(long, hide = true)]
     debug_save_pause_ms: Option<u64>,
+    /// Test hook: pause this long after every optimizer step.
+    #[arg(long, hide = true)]
+    debug_step_pause_ms: Option<u64>,
 }
 
 #[derive(Args, Clone)]
@@ -164,8 +168,20 @@ fn run_train(args: &TrainArgs) -> anyhow::Result<u8> {
         trace_tolerance: args.trace_tolerance,
         halt_after_steps: args.halt_after_steps,
         save_pause: args.debug_save_pause_ms.map(std::time::Duration::from_millis),
+        stop_on_signals: true,
+        step_pause: args.debug_step_pause_ms.map(std::time::Duration::from_millis),
     };
     let summary = train::train_with(&cfg, &opts)?;
+    if let Some(sig) = summary.interrupted {
+        // Before any gate: an interrupted run is not judged, it is resumed.
+        println!(
+            "interrupted by {} after step {}: checkpoint written, resume with checkpoint.resume = \"auto\"; exit code {}",
+            sig.name(),
+            summary.steps,
+            sig.exit_code()
+        );
+        return Ok(sig.exit_code());
+    }
     if let Some(why) = &summary.trace_divergence {
         println!("FAIL {why}");
         return Ok(EXIT_EXPECT);

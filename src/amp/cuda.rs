@@ -14,6 +14,7 @@ use super::{LossScaler, Policy, ScalerConfig, ScalerState};
 use crate::config::{AmpConfig, LossScale};
 use crate::cuda::{as_i64, check_len, launch_1d, DeviceFloat, Gpu, KernelFn, TypedKernelFn, BLOCK};
 use crate::error::{Error, Result};
+use crate::train::stop::VOTE_LEN;
 use crate::typed_kernel;
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, LaunchConfig};
 
@@ -244,6 +245,9 @@ impl DeviceScaler {
 pub struct ScalerSnapshot {
     scale: cudarc::driver::PinnedHostSlice<f32>,
     counters: cudarc::driver::PinnedHostSlice<i64>,
+    /// The ranks' stop vote of the step (src/train/stop.rs), zero until
+    /// [`ScalerSnapshot::copy_vote`] copies one.
+    vote: cudarc::driver::PinnedHostSlice<f32>,
     /// Recorded after both copies: the one wait of [`ScalerSnapshot::read`].
     /// (The pinned slices' own events are cudarc's tracking, which is off
     /// (see `Gpu::new`): their `as_slice` does not wait for anything.)
@@ -260,6 +264,8 @@ pub struct SnapshotValues {
     pub state: ScalerState,
     /// The error the scaler recorded, if any ([`scaler_error`]).
     pub error: Option<(i64, i64)>,
+    /// The step's stop vote, summed over the ranks.
+    pub vote: [f32; VOTE_LEN],
 }
 
 impl ScalerSnapshot {
@@ -268,14 +274,22 @@ impl ScalerSnapshot {
         let err = |e| Error::cuda("allocating pinned memory for the loss scaler", e);
         // SAFETY: plain (not write-combined: the host reads it) page-locked
         // memory; only read through ScalerSnapshot::read, after the copy's event.
-        let (scale, counters) =
-            unsafe { (ctx.alloc_pinned_with_flags(1, 0), ctx.alloc_pinned_with_flags(4, 0)) };
+        let (scale, counters, vote) = unsafe {
+            (
+                ctx.alloc_pinned_with_flags(1, 0),
+                ctx.alloc_pinned_with_flags(4, 0),
+                ctx.alloc_pinned_with_flags::<f32>(VOTE_LEN, 0),
+            )
+        };
+        let mut vote = vote.map_err(err)?;
+        vote.as_mut_slice().map_err(err)?.fill(0.0);
         let copied = ctx
             .new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
             .map_err(|e| Error::cuda("creating the loss scaler snapshot event", e))?;
         Ok(ScalerSnapshot {
             scale: scale.map_err(err)?,
             counters: counters.map_err(err)?,
+            vote,
             copied,
             step: 0,
             pending_step: 0,
@@ -288,11 +302,22 @@ impl ScalerSnapshot {
         self
     }
 
+    /// Queues the copy of the ranks' summed stop vote (`VOTE_LEN` f32 on
+    /// the device) into the next snapshot; call before [`DeviceScaler::snapshot`],
+    /// whose event then covers it.
+    pub fn copy_vote(&mut self, gpu: &Gpu, vote: &CudaSlice<f32>) -> Result<()> {
+        check_len("stop vote snapshot", "vote", vote.len(), VOTE_LEN)?;
+        gpu.stream().memcpy_dtoh(vote, &mut self.vote).map_err(|e| Error::cuda("stop vote snapshot", e))
+    }
+
     /// Waits for the last snapshot's copy (long done when taken a step ago).
     pub fn read(&self) -> Result<SnapshotValues> {
         self.copied.synchronize().map_err(|e| Error::cuda("waiting for the loss scaler snapshot", e))?;
         let scale = self.scale.as_slice().map_err(|e| Error::cuda("reading the loss scaler snapshot", e))?;
         let c = self.counters.as_slice().map_err(|e| Error::cuda("reading the loss scaler snapshot", e))?;
+        let v = self.vote.as_slice().map_err(|e| Error::cuda("reading the loss scaler snapshot", e))?;
+        let mut vote = [0.0; VOTE_LEN];
+        vote.copy_from_slice(v.get(..VOTE_LEN).unwrap_or(&[0.0; VOTE_LEN]));
         Ok(SnapshotValues {
             step: self.step,
             state: ScalerState {
@@ -301,6 +326,7 @@ impl ScalerSnapshot {
                 overflow_steps: c[OVERFLOW_STEPS].max(0) as u64,
             },
             error: (c[ERROR] != 0).then_some((c[ERROR], c[ERROR_STEP])),
+            vote,
         })
     }
 }

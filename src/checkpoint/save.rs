@@ -229,6 +229,24 @@ impl Checkpointer {
         Ok(())
     }
 
+    /// A run stopped by a signal after step `p.step`: saved whether or not
+    /// `[checkpoint]` saves periodically (unless this step is saved already),
+    /// so `resume = "auto"` continues from it.
+    pub fn on_stop(
+        &mut self,
+        model: &Model,
+        opt: &Optimizer,
+        amp: &Amp,
+        p: &TrainProgress,
+        metrics: &mut MetricsWriter,
+        comm: &dyn Communicator,
+    ) -> Result<()> {
+        if self.last_saved != Some((p.step, p.epoch)) {
+            self.save_and_log(model, opt, amp, p, metrics, comm)?;
+        }
+        Ok(())
+    }
+
     fn save_and_log(
         &mut self,
         model: &Model,

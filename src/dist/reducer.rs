@@ -16,6 +16,11 @@
 //! f16 unless `allreduce_fp32`, which widens them to f32 for the all-reduce and
 //! rounds once on the way back (apex's `allreduce_always_fp32`).
 //!
+//! The last bucket carries [`VOTE_LEN`] more elements after its gradients:
+//! each rank's stop request (src/train/stop.rs), summed unscaled with the
+//! gradients, so the ranks agree on the step to stop after without a
+//! collective of its own.
+//!
 //! Buffers are handed to the communicator by value, so each bucket is a flat
 //! buffer the gradients are copied into (a few hundred KB for the seed
 //! ConvNet) rather than memory the parameters' `.grad` points into.
@@ -23,6 +28,7 @@
 use super::{Buffer, Communicator, ReduceOp, Work, WorkTiming};
 use crate::error::{Error, Result};
 use crate::tensor::{DType, Tensor};
+use crate::train::stop::VOTE_LEN;
 use half::f16;
 use std::sync::Arc;
 use std::time::Instant;
@@ -161,6 +167,9 @@ pub struct Reducer {
     poison: bool,
     /// What it was built for: `(numel, dtype)` per parameter.
     params: Vec<(usize, DType)>,
+    /// This rank's stop request for the step, and the last step's sum over ranks.
+    vote: [f32; VOTE_LEN],
+    agreed: [f32; VOTE_LEN],
 }
 
 impl Reducer {
@@ -170,6 +179,7 @@ impl Reducer {
         let mb = |m: f64| (m * 1024.0 * 1024.0) as usize;
         let layouts = assign_buckets(params, mb(opts.first_bucket_mb), mb(opts.bucket_cap_mb));
         let mut locate = vec![(0, 0); params.len()];
+        let last = layouts.len().saturating_sub(1);
         let buckets = layouts
             .into_iter()
             .enumerate()
@@ -181,9 +191,10 @@ impl Reducer {
                     offsets.push(off);
                     off += params[p].0;
                 }
+                let len = layout.numel + if b == last { VOTE_LEN } else { 0 };
                 let data = match (layout.dtype, opts.allreduce_fp32) {
-                    (DType::F16, false) => Buffer::F16(vec![f16::ZERO; layout.numel]),
-                    _ => Buffer::F32(vec![0.0; layout.numel]),
+                    (DType::F16, false) => Buffer::F16(vec![f16::ZERO; len]),
+                    _ => Buffer::F32(vec![0.0; len]),
                 };
                 Bucket { data, layout, offsets, ready: 0, work: None }
             })
@@ -201,6 +212,8 @@ impl Reducer {
             last: StepOverlap::default(),
             poison: false,
             params: params.to_vec(),
+            vote: [0.0; VOTE_LEN],
+            agreed: [0.0; VOTE_LEN],
         }
     }
 
@@ -221,6 +234,16 @@ impl Reducer {
     /// The dtype each bucket is all-reduced in.
     pub fn reduce_dtypes(&self) -> Vec<super::DType> {
         self.buckets.iter().map(|b| b.data.dtype()).collect()
+    }
+
+    /// This rank's stop vote (`StopSignal::vote`), sent with the next step's last bucket.
+    pub fn set_vote(&mut self, vote: [f32; VOTE_LEN]) {
+        self.vote = vote;
+    }
+
+    /// The votes of the last finished step, summed over the ranks.
+    pub fn agreed_vote(&self) -> [f32; VOTE_LEN] {
+        self.agreed
     }
 
     /// Testing hook: the next gradient marked ready enters its bucket with an
@@ -275,6 +298,10 @@ impl Reducer {
         }
         bucket.ready += 1;
         if bucket.ready == bucket.layout.params.len() {
+            if b + 1 == self.buckets.len() {
+                write_vote(&mut self.buckets[b], self.vote);
+            }
+            let bucket = &mut self.buckets[b];
             let data = std::mem::replace(&mut bucket.data, Buffer::F32(Vec::new()));
             let label = format!("gradient bucket {b} of step {}", self.step + 1);
             bucket.work = Some(self.comm.all_reduce_async(data, ReduceOp::Sum, &label));
@@ -285,6 +312,7 @@ impl Reducer {
     /// Waits for every bucket (in launch order) and writes the averaged
     /// gradients into `grads` (indexed like the parameters, in their dtypes).
     pub fn finish(&mut self, grads: &mut [&mut Tensor]) -> Result<()> {
+        let last = self.buckets.len().saturating_sub(1);
         self.last = StepOverlap { backward_done: Some(Instant::now()), buckets: Vec::new() };
         if let Some(i) = self.marked.iter().position(|m| !m) {
             return Err(Error::Training(format!(
@@ -292,7 +320,7 @@ impl Reducer {
             )));
         }
         let post = self.post;
-        for bucket in &mut self.buckets {
+        for (b, bucket) in self.buckets.iter_mut().enumerate() {
             let work = bucket
                 .work
                 .take()
@@ -320,6 +348,9 @@ impl Reducer {
                     }
                 }
             }
+            if b == last {
+                self.agreed = read_vote(&data, bucket.layout.numel)?;
+            }
             bucket.data = data;
             bucket.ready = 0;
         }
@@ -327,6 +358,32 @@ impl Reducer {
         self.step += 1;
         Ok(())
     }
+}
+
+/// The vote's elements after the last bucket's gradients.
+fn write_vote(bucket: &mut Bucket, vote: [f32; VOTE_LEN]) {
+    let n = bucket.layout.numel;
+    match &mut bucket.data {
+        Buffer::F32(d) => d[n..n + VOTE_LEN].copy_from_slice(&vote),
+        Buffer::F16(d) => d[n..n + VOTE_LEN].iter_mut().zip(vote).for_each(|(d, v)| *d = f16::from_f32(v)),
+    }
+}
+
+fn read_vote(data: &Buffer, numel: usize) -> Result<[f32; VOTE_LEN]> {
+    let mut vote = [0.0; VOTE_LEN];
+    let got = match data {
+        Buffer::F32(d) => d.get(numel..numel + VOTE_LEN).map(|s| vote.copy_from_slice(s)),
+        Buffer::F16(d) => {
+            d.get(numel..numel + VOTE_LEN).map(|s| vote.iter_mut().zip(s).for_each(|(v, x)| *v = x.to_f32()))
+        }
+    };
+    got.ok_or_else(|| {
+        Error::Training(format!(
+            "DDP: the last gradient bucket came back with {} elements, not its {numel} and the stop vote",
+            data.len()
+        ))
+    })?;
+    Ok(vote)
 }
 
 /// `dst = to(src * scale)` with the product in f32; a plain copy when `scale` is 1.

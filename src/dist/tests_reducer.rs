@@ -235,3 +235,40 @@ fn two_ranks_average_gradients_and_overlap_backward() {
     // two conv blocks' backward (milliseconds of work) even begins.
     assert!(*early0 >= 2, "only {early0} of {buckets} all-reduces started before backward ended");
 }
+
+#[test]
+fn the_stop_vote_rides_the_last_bucket_unscaled_and_reaches_every_rank() {
+    use crate::train::stop::StopSignal;
+    // The last bucket is the f16 one (reduced in f16, or in f32 with
+    // allreduce_fp32), predivided by 2: the votes must come back as cast, not scaled.
+    for fp32 in [false, true] {
+        let out = on_pair(|rank, comm| {
+            let mut r = Reducer::new(comm, &[(2, F16), (1, F32)], &opts(25.0, 25.0, 2.0, fp32));
+            let mut agreed = Vec::new();
+            // Step 1: rank 1 caught SIGTERM; step 2: rank 0 caught SIGINT; step 3: nobody.
+            for (step, vote) in [(1, [0.0, 0.0]), (2, [1.0, 0.0]), (3, [0.0, 0.0])] {
+                let mine = match (step, rank) {
+                    (1, 1) => StopSignal::vote(Some(StopSignal::Term)),
+                    _ if rank == 0 => vote,
+                    _ => StopSignal::vote(None),
+                };
+                r.set_vote(mine);
+                let k = (rank + 1) as f32;
+                let mut g = vec![f16_tensor(&[0.5 * k, 0.25 * k]), Tensor::from_vec(&[1], vec![k]).unwrap()];
+                r.mark_ready(1, &g[1]).unwrap();
+                r.mark_ready(0, &g[0]).unwrap();
+                let mut refs: Vec<&mut Tensor> = g.iter_mut().collect();
+                r.finish(&mut refs).unwrap();
+                assert_eq!(
+                    grads_of(&g),
+                    vec![vec![0.75, 0.375], vec![1.5]],
+                    "the vote leaves the gradients alone"
+                );
+                agreed.push(StopSignal::from_vote(r.agreed_vote()));
+            }
+            agreed
+        });
+        assert_eq!(out[0], vec![Some(StopSignal::Term), Some(StopSignal::Int), None], "fp32 {fp32}");
+        assert_eq!(out[0], out[1]);
+    }
+}

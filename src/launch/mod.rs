@@ -4,10 +4,18 @@
 //! then SIGKILL after a grace period) and exits non-zero naming it — or, with
 //! `--max-restarts K`, starts all local ranks again, up to K times.
 //!
+//! A forwarded signal makes the ranks finish their step, checkpoint and exit
+//! 128 + the signal (src/train/stop.rs) within `--stop-grace-s`; launch then
+//! exits with their code, and a rank that stopped so is never restarted.
+//! Ranks run in their own process group, so a terminal's Ctrl-C reaches them
+//! once, through launch (twice would make them exit at once); a second signal
+//! to launch is forwarded too.
+//!
 //! Ranks are started from the launcher's main thread and die with it (Linux
 //! parent-death signal), so a killed launcher leaves no orphans.
 
 use crate::error::{Error, Result};
+use crate::train::stop::StopSignal;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -43,8 +51,10 @@ pub struct LaunchArgs {
     /// Restart all local ranks up to this many times after a failure (torchrun --max-restarts).
     #[arg(long, visible_alias = "max_restarts", value_name = "K", default_value_t = 0)]
     pub max_restarts: u32,
-    /// Seconds a rank has to exit after SIGTERM before it is killed (no torchrun equivalent).
-    #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]
+    /// Seconds a rank has to exit after a forwarded SIGINT/SIGTERM (time to
+    /// finish its step and write a checkpoint) or after a peer failed, before
+    /// it is killed (no torchrun equivalent).
+    #[arg(long, value_name = "SECONDS", default_value_t = 30.0)]
     pub stop_grace_s: f64,
     /// Arguments for each rank's `ddptrain`, after `--`.
     #[arg(last = true, required = true, value_name = "DDPTRAIN_ARGS")]
@@ -102,13 +112,24 @@ fn signal(child: &Child, sig: i32) {
     }
 }
 
-/// SIGTERM to every rank still running, SIGKILL to those still running after `grace`; reaps all.
-fn stop_all(ranks: &mut [Rank], sig: i32, grace: Duration) {
-    for r in ranks.iter().filter(|r| r.status.is_none()) {
-        signal(&r.child, sig);
+/// `sig` (none: 0) to every rank still running, SIGKILL to those still
+/// running after `grace`; reaps all. Signals launch catches meanwhile (in
+/// `caught`) are forwarded too: a second Ctrl-C stops the ranks at once.
+fn stop_all(ranks: &mut [Rank], sig: i32, grace: Duration, caught: Option<&AtomicUsize>) {
+    let forward = |ranks: &[Rank], sig: i32| {
+        for r in ranks.iter().filter(|r| r.status.is_none()) {
+            signal(&r.child, sig);
+        }
+    };
+    if sig != 0 {
+        forward(ranks, sig);
     }
     let until = Instant::now() + grace;
     loop {
+        if let Some(again) = caught.map(|c| c.swap(0, Ordering::SeqCst)).filter(|&s| s != 0) {
+            eprintln!("launch: got signal {again} again; forwarding it to the ranks");
+            forward(ranks, again as i32);
+        }
         for r in ranks.iter_mut().filter(|r| r.status.is_none()) {
             if let Ok(Some(s)) = r.child.try_wait() {
                 r.status = Some(s);
@@ -128,6 +149,29 @@ fn stop_all(ranks: &mut [Rank], sig: i32, grace: Duration) {
         let _ = r.child.kill();
         r.status = r.child.wait().ok();
     }
+}
+
+/// The exit codes of a rank stopped by a signal after its checkpoint.
+fn is_stop_code(code: i32) -> bool {
+    [StopSignal::Int, StopSignal::Term].iter().any(|s| i32::from(s.exit_code()) == code)
+}
+
+/// The code every rank exited with, when they agree (a stopped job's 130 or
+/// 143; 0 when they finished first); else each other ending is named.
+fn stopped_code(ranks: &[Rank]) -> Option<u8> {
+    let code = |r: &Rank| r.status.and_then(|s| s.code()).and_then(|c| u8::try_from(c).ok());
+    let first = ranks.first().and_then(code)?;
+    if ranks.iter().all(|r| code(r) == Some(first)) {
+        return Some(first);
+    }
+    for r in ranks.iter().filter(|r| code(r) != Some(first)) {
+        let how = r.status.as_ref().map_or_else(|| "no status".to_string(), describe);
+        eprintln!(
+            "launch: rank {} ended with {how}, rank {} with exit code {first}",
+            r.global, ranks[0].global
+        );
+    }
+    None
 }
 
 pub fn run(a: &LaunchArgs) -> Result<u8> {
@@ -186,10 +230,11 @@ pub fn run(a: &LaunchArgs) -> Result<u8> {
             #[cfg(target_os = "linux")]
             {
                 use std::os::unix::process::CommandExt;
-                // SAFETY: prctl is async-signal-safe and touches only the new process.
+                // SAFETY: prctl and setpgid are async-signal-safe and touch only the new process.
                 unsafe {
                     cmd.pre_exec(|| {
                         libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                        libc::setpgid(0, 0);
                         Ok(())
                     });
                 }
@@ -197,7 +242,7 @@ pub fn run(a: &LaunchArgs) -> Result<u8> {
             let mut child = match cmd.spawn() {
                 Ok(c) => c,
                 Err(e) => {
-                    stop_all(&mut ranks, libc::SIGTERM, grace);
+                    stop_all(&mut ranks, libc::SIGTERM, grace, None);
                     return Err(Error::io(format!("cannot start rank {global} ({})", exe.display()), e));
                 }
             };
@@ -215,18 +260,32 @@ pub fn run(a: &LaunchArgs) -> Result<u8> {
             let sig = caught.swap(0, Ordering::SeqCst);
             if sig != 0 {
                 eprintln!("launch: got signal {sig}; forwarding it to the ranks");
-                stop_all(&mut ranks, sig as i32, grace);
+                stop_all(&mut ranks, sig as i32, grace, Some(&caught));
                 pumps.into_iter().for_each(|p| drop(p.join()));
-                return Ok(128u8.saturating_add(sig as u8));
+                return Ok(stopped_code(&ranks).unwrap_or_else(|| 128u8.saturating_add(sig as u8)));
             }
             let mut failed = None;
+            let mut stopped = None;
             for r in ranks.iter_mut().filter(|r| r.status.is_none()) {
                 if let Ok(Some(s)) = r.child.try_wait() {
                     r.status = Some(s);
-                    if !s.success() && failed.is_none() {
+                    if s.code().is_some_and(is_stop_code) {
+                        stopped.get_or_insert((r.global, s));
+                    } else if !s.success() && failed.is_none() {
                         failed = Some((r.global, r.child.id(), s));
                     }
                 }
+            }
+            if let (None, Some((rank, s))) = (failed, stopped) {
+                // Signalled without launch: the ranks agreed on a step and
+                // checkpointed it; they are not restarted.
+                eprintln!(
+                    "launch: rank {rank} stopped after a signal ({}); waiting for the others",
+                    describe(&s)
+                );
+                stop_all(&mut ranks, 0, grace, Some(&caught));
+                pumps.into_iter().for_each(|p| drop(p.join()));
+                return Ok(stopped_code(&ranks).unwrap_or(1));
             }
             if failed.is_some() || ranks.iter().all(|r| r.status.is_some()) {
                 break failed;
@@ -241,7 +300,7 @@ pub fn run(a: &LaunchArgs) -> Result<u8> {
             "launch: rank {rank} (pid {pid}) failed with {}; stopping the other ranks",
             describe(&status)
         );
-        stop_all(&mut ranks, libc::SIGTERM, grace);
+        stop_all(&mut ranks, libc::SIGTERM, grace, None);
         pumps.into_iter().for_each(|p| drop(p.join()));
         if attempt < a.max_restarts {
             eprintln!(

@@ -3,6 +3,7 @@
 //! [`Loader`] that builds the next ones on its own thread.
 
 use super::engine::{Engine, Host, HostSync, Look, ScalerLook, Skip, Stepped};
+use super::stop::StopSignal;
 use super::{evaluate_shard, Ddp, EvalResult};
 use crate::amp::{Amp, StepOutcome};
 use crate::config::Config;
@@ -154,6 +155,10 @@ impl Engine for CpuEngine {
 
     fn allreduce_hidden_fraction(&self, ddp: &Ddp) -> Result<Option<f64>> {
         Ok(ddp.allreduce_hidden_fraction())
+    }
+
+    fn agreed_stop(&mut self, ddp: &Ddp, _settle: bool) -> Result<Option<StopSignal>> {
+        Ok(ddp.agreed_stop())
     }
 
     fn finish(&mut self) -> Result<()> {

@@ -8,6 +8,7 @@
 //! BatchNorm) after the replicas are made equal, and the buckets follow the
 //! gradients' dtypes.
 
+use super::stop::{self, StopSignal};
 use super::EvalResult;
 use crate::config::Config;
 use crate::dist::reducer::{Reducer, ReducerOptions};
@@ -51,6 +52,8 @@ pub struct Ddp {
     synced_steps: u64,
     /// The step at which this rank injects an inf ([`INJECT_GRAD_INF_VAR`]).
     inject_inf_at: Option<u64>,
+    /// The stop the ranks agreed on in the last synchronizing backward.
+    agreed_stop: Option<StopSignal>,
 }
 
 impl Ddp {
@@ -75,6 +78,7 @@ impl Ddp {
             hidden: (0.0, 0),
             synced_steps: 0,
             inject_inf_at,
+            agreed_stop: None,
         };
         if world > 1 {
             ddp.broadcast_state(model, true)?;
@@ -203,13 +207,26 @@ impl Ddp {
         if inject {
             reducer.inject_inf_next();
         }
+        reducer.set_vote(StopSignal::vote(stop::requested()));
         model.backward_hooked(saved, dlogits, &mut |i, grad| reducer.mark_ready(i, grad))?;
         let mut params = model.params_mut();
         let mut grads: Vec<&mut Tensor> = params.iter_mut().map(|p| &mut p.grad).collect();
         reducer.finish(&mut grads)?;
-        self.hidden.0 += reducer.last_overlap().hidden_fraction();
+        let agreed = StopSignal::from_vote(reducer.agreed_vote());
+        let hidden = reducer.last_overlap().hidden_fraction();
+        self.agreed_stop = agreed;
+        self.hidden.0 += hidden;
         self.hidden.1 += 1;
         Ok(())
+    }
+
+    /// The stop every rank agreed on through the last step's gradient
+    /// all-reduce; at world size 1, this process's own request.
+    pub fn agreed_stop(&self) -> Option<StopSignal> {
+        if self.world_size() == 1 {
+            return stop::requested();
+        }
+        self.agreed_stop
     }
 
     /// The reducer for `model`'s parameters as they are now, built on first

@@ -10,6 +10,7 @@ pub mod engine;
 mod eval;
 pub mod expect;
 mod run;
+pub mod stop;
 pub mod trace;
 
 pub use ddp::Ddp;
@@ -64,6 +65,12 @@ pub struct Summary {
     /// progress (the bar O3 is held to).
     pub initial_loss: f64,
     pub loss_decreased: bool,
+    /// The signal that stopped the run after optimizer step `steps`, with a
+    /// checkpoint of that step to resume from; absent when the run completed.
+    /// No evaluation ran on the way out: `test_accuracy` and `test_loss` are
+    /// the last epoch's, if one ended.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub interrupted: Option<stop::StopSignal>,
 }
 
 /// Everything loaded and checked before anything is written to `out_dir`.
@@ -207,6 +214,8 @@ pub fn train(cfg: &Config) -> Result<Summary> {
 
 /// [`train`] with the options of one invocation (traces, test hooks).
 pub fn train_with(cfg: &Config, opts: &RunOptions) -> Result<Summary> {
+    // Before the device is chosen: "cuda" without a GPU names the file and key.
+    config::preflight(cfg)?;
     match select_device(cfg)? {
         crate::cuda::select::Device::Cuda(gpu) => {
             let (s, setup) = start(cfg, opts)?.split();
@@ -286,7 +295,16 @@ impl RunPlan {
                 ),
             ));
         }
-        let by_epochs = cfg.train.epochs.map(|e| e * steps_per_epoch);
+        let by_epochs = match cfg.train.epochs {
+            Some(e) => Some(e.checked_mul(steps_per_epoch).ok_or_else(|| {
+                Error::config(
+                    cfg.config_path.display().to_string(),
+                    "train.epochs",
+                    format!("{e} epochs of {steps_per_epoch} steps overflow the step count"),
+                )
+            })?),
+            None => None,
+        };
         let total_steps = match (by_epochs, cfg.train.max_steps) {
             (Some(a), Some(b)) => a.min(b),
             (Some(a), None) => a,

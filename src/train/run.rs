@@ -5,7 +5,7 @@
 //! arithmetic is the [`Engine`]'s.
 
 use super::engine::{Engine, HostSync, Skip};
-use super::{trace, Ddp, RunOptions, RunPlan, Summary};
+use super::{stop, trace, Ddp, RunOptions, RunPlan, Summary};
 use crate::checkpoint::{Checkpointer, TrainProgress};
 use crate::config::{self, Config};
 use crate::error::{Error, Result};
@@ -72,6 +72,11 @@ pub(crate) fn run(cfg: &Config, opts: &RunOptions, setup: Setup, engine: &mut dy
     if resumed.is_some() {
         progress.set_step(c.step, "resumed");
     }
+    // SIGTERM/SIGINT: stop after an agreed step, with a checkpoint (stop.rs).
+    if opts.stop_on_signals {
+        stop::install()?;
+    }
+    let mut interrupted: Option<stop::StopSignal> = None;
 
     'train: while c.step < total_steps {
         let skip = resume_at.take().unwrap_or(0);
@@ -187,7 +192,37 @@ pub(crate) fn run(cfg: &Config, opts: &RunOptions, setup: Setup, engine: &mut dy
             if step >= total_steps {
                 break;
             }
+            if let Some(sig) = stop::after_step(opts, engine, &ddp)? {
+                progress.println(&stop::checkpoint(
+                    sig,
+                    engine,
+                    &mut ckpt,
+                    &mut c,
+                    done,
+                    &mut metrics_out,
+                    &ddp,
+                )?);
+                interrupted = Some(sig);
+                break 'train;
+            }
             t0 = Instant::now();
+        }
+        // A stop the device told of only now still comes before the evaluation.
+        if c.step < total_steps {
+            if let Some(sig) = stop::agreed(engine, &ddp, true)? {
+                let all = skip + batches;
+                progress.println(&stop::checkpoint(
+                    sig,
+                    engine,
+                    &mut ckpt,
+                    &mut c,
+                    all,
+                    &mut metrics_out,
+                    &ddp,
+                )?);
+                interrupted = Some(sig);
+                break 'train;
+            }
         }
         c.epoch += 1;
         // A skip at the epoch's last step, before the evaluation's line.
@@ -214,7 +249,7 @@ pub(crate) fn run(cfg: &Config, opts: &RunOptions, setup: Setup, engine: &mut dy
     report(scaler.skip);
     progress.finish();
     let host = engine.host(HostSync::WeightsAndGrads)?;
-    if let (None, Some(t)) = (&trace_divergence, &tracer) {
+    if let (None, Some(t), None) = (&trace_divergence, &tracer, interrupted) {
         trace_divergence = t.finish(c.step);
     }
     if trace_divergence.is_none() {
@@ -256,6 +291,7 @@ pub(crate) fn run(cfg: &Config, opts: &RunOptions, setup: Setup, engine: &mut dy
         overflow_steps: scaler.state.overflow_steps,
         initial_loss: c.initial_loss,
         loss_decreased: c.final_loss < c.initial_loss,
+        interrupted,
     };
     if primary {
         metrics::write_json(&out_dir.join("summary.json"), &summary)?;
@@ -319,6 +355,7 @@ fn already_complete(
         overflow_steps: scaler.state.overflow_steps,
         initial_loss: p.initial_loss,
         loss_decreased: p.final_loss < p.initial_loss,
+        interrupted: None,
     };
     ddp.barrier("end of training")?;
     engine.finish()?;

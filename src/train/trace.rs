@@ -31,6 +31,12 @@ pub struct RunOptions {
     pub halt_after_steps: Option<u64>,
     /// Test hook: pause inside every checkpoint save, between its files.
     pub save_pause: Option<Duration>,
+    /// Stop after the current step on SIGTERM/SIGINT, with a checkpoint
+    /// (src/train/stop.rs); off for library callers, whose process keeps
+    /// the default dispositions.
+    pub stop_on_signals: bool,
+    /// Test hook: pause after every step, so that a test's signal lands mid-run.
+    pub step_pause: Option<Duration>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -8,6 +8,11 @@
 //! and `predivide/world` after it, f16 buckets reduced in f16 unless
 //! `allreduce_fp32`, which reduces an f32 copy and rounds once on the way back.
 //!
+//! The last bucket's all-reduce also sums the ranks' stop votes, two
+//! elements after its gradients (never scaled), and copies the sum into
+//! [`DeviceReducer::vote`] for the step's loss-scaler snapshot: the host
+//! learns it one step late without a collective of its own (src/train/stop.rs).
+//!
 //! Every NCCL collective of the reducer, those the trainer asks for on the
 //! compute stream's behalf included, runs on the one communication stream:
 //! NCCL kernels of one communicator on two streams can run at once and
@@ -21,6 +26,7 @@ use crate::dist::{Buffer, Communicator, ReduceOp};
 use crate::error::{Error, Result};
 use crate::nn::cuda::params::{DevBuf, DeviceParams};
 use crate::tensor::DType;
+use crate::train::stop::VOTE_LEN;
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, CudaViewMut, PinnedHostSlice};
 use half::f16;
@@ -28,10 +34,12 @@ use std::sync::Arc;
 
 struct BucketState {
     numel: usize,
+    /// Elements after the gradients: the stop vote in the last bucket, else none.
+    tail: usize,
     dtype: DType,
     /// allreduce_fp32 of an f16 bucket: the f32 copy it is reduced in.
     scratch: Option<CudaSlice<f32>>,
-    /// The TCP path's host copy (exactly `numel` long, as the copies need).
+    /// The TCP path's host copy (exactly `numel + tail` long, as the copies need).
     staging: Option<Staging>,
 }
 
@@ -53,6 +61,9 @@ pub struct DeviceReducer {
     pre: f32,
     post: f32,
     inject_inf: bool,
+    /// This rank's stop vote for the next step, and the last step's sum over ranks.
+    vote_local: [f32; VOTE_LEN],
+    vote: CudaSlice<f32>,
     /// Orders the communication stream after the compute stream, and back.
     to_comm: CudaEvent,
     to_compute: CudaEvent,
@@ -96,16 +107,19 @@ impl DeviceReducer {
         let tracker = ReadyTracker::new(names, &members)?;
         let stream = gpu.ctx().new_stream().map_err(cuda("creating the DDP communication stream"))?;
         let tcp = matches!(comm, DeviceComm::Tcp(_));
+        let last = params.buckets.len().saturating_sub(1);
         let buckets = params
             .buckets
             .iter()
-            .map(|b| {
+            .enumerate()
+            .map(|(k, b)| {
                 let (numel, dtype) = (b.layout.numel, b.layout.dtype);
+                let tail = if k == last { VOTE_LEN } else { 0 };
                 let widen = dtype == DType::F16 && opts.allreduce_fp32;
                 let scratch = if widen {
                     Some(
                         stream
-                            .alloc_zeros::<f32>(numel.max(1))
+                            .alloc_zeros::<f32>((numel + tail).max(1))
                             .map_err(cuda("allocating DDP f32 scratch"))?,
                     )
                 } else {
@@ -113,13 +127,14 @@ impl DeviceReducer {
                 };
                 let staging = match (tcp, widen || dtype == DType::F32) {
                     (false, _) => None,
-                    (true, true) => Some(Staging::F32(pinned(gpu, numel)?)),
-                    (true, false) => Some(Staging::F16(pinned(gpu, numel)?)),
+                    (true, true) => Some(Staging::F32(pinned(gpu, numel + tail)?)),
+                    (true, false) => Some(Staging::F16(pinned(gpu, numel + tail)?)),
                 };
-                Ok(BucketState { numel, dtype, scratch, staging })
+                Ok(BucketState { numel, tail, dtype, scratch, staging })
             })
             .collect::<Result<Vec<_>>>()?;
         let n = buckets.len();
+        let vote = stream.alloc_zeros::<f32>(VOTE_LEN).map_err(cuda("allocating the DDP stop vote"))?;
         let events = [step_events(gpu, n)?, step_events(gpu, n)?];
         // Compile kernels/ddp.cu now rather than inside the first backward.
         gpu.kernel(&scale::DDP_SCALE.f32)?;
@@ -134,6 +149,8 @@ impl DeviceReducer {
             pre: (1.0 / f) as f32,
             post: (f / world as f64) as f32,
             inject_inf: false,
+            vote_local: [0.0; VOTE_LEN],
+            vote,
             to_comm: event(gpu, false)?,
             to_compute: event(gpu, false)?,
             events,
@@ -157,6 +174,18 @@ impl DeviceReducer {
     /// rank's backward had overflowed, so every rank sees the overflow.
     pub fn inject_inf_next(&mut self) {
         self.inject_inf = true;
+    }
+
+    /// This rank's stop vote (`StopSignal::vote`), sent with the next step's last bucket.
+    pub fn set_vote(&mut self, vote: [f32; VOTE_LEN]) {
+        self.vote_local = vote;
+    }
+
+    /// The last reduced step's votes summed over the ranks (`VOTE_LEN` f32),
+    /// written on the communication stream: read it on the compute stream
+    /// after [`DeviceReducer::finish`].
+    pub fn vote(&self) -> &CudaSlice<f32> {
+        &self.vote
     }
 
     /// Params whose gradients backward has just launched (registration
@@ -315,7 +344,7 @@ impl DeviceReducer {
                     DevBuf::F32(g) => g.len(),
                     DevBuf::F16(g) => g.len(),
                 };
-                p.layout.numel == s.numel && p.grads.dtype() == s.dtype && len >= s.numel
+                p.layout.numel == s.numel && p.grads.dtype() == s.dtype && len >= s.numel + s.tail
             });
         if ok {
             Ok(())
@@ -333,18 +362,41 @@ impl DeviceReducer {
         let poison = std::mem::take(&mut self.inject_inf);
         let label = format!("gradient bucket {b} of step {}", self.step + 1);
         let st = &mut self.buckets[b];
-        let n = st.numel;
-        let r =
-            Reduce { gpu, comm: &self.comm, stream, pre: self.pre, post: self.post, poison, label: &label };
+        let (n, tail) = (st.numel, st.tail);
+        let vote = (tail > 0).then_some(self.vote_local);
+        let r = Reduce {
+            gpu,
+            comm: &self.comm,
+            stream,
+            pre: self.pre,
+            post: self.post,
+            poison,
+            vote,
+            label: &label,
+        };
+        let out = &mut self.vote;
         match (&mut params.buckets[b].grads, st.scratch.as_mut()) {
-            (DevBuf::F32(g), _) => r.run(&mut g.slice_mut(0..n), st.staging.as_mut())?,
-            (DevBuf::F16(g), None) => r.run(&mut g.slice_mut(0..n), st.staging.as_mut())?,
+            (DevBuf::F32(g), _) => {
+                r.run(&mut g.slice_mut(0..n + tail), n, st.staging.as_mut())?;
+                if tail > 0 {
+                    stream.memcpy_dtod(&g.slice(n..n + tail), out).map_err(cuda("copying the stop vote"))?;
+                }
+            }
+            (DevBuf::F16(g), None) => {
+                r.run(&mut g.slice_mut(0..n + tail), n, st.staging.as_mut())?;
+                if tail > 0 {
+                    scale::widen_scale(gpu, stream, &g.slice(n..n + tail), out, 1.0)?;
+                }
+            }
             (DevBuf::F16(g), Some(scratch)) => {
                 let mut g = g.slice_mut(0..n);
-                let mut w = scratch.slice_mut(0..n);
-                scale::widen_scale(gpu, stream, &g, &mut w, r.pre)?;
-                Reduce { pre: 1.0, post: 1.0, ..r }.run(&mut w, st.staging.as_mut())?;
-                scale::narrow_scale(gpu, stream, &w, &mut g, r.post)?;
+                scale::widen_scale(gpu, stream, &g, &mut scratch.slice_mut(0..n), r.pre)?;
+                let mut w = scratch.slice_mut(0..n + tail);
+                Reduce { pre: 1.0, post: 1.0, ..r }.run(&mut w, n, st.staging.as_mut())?;
+                scale::narrow_scale(gpu, stream, &w.slice(0..n), &mut g, r.post)?;
+                if tail > 0 {
+                    stream.memcpy_dtod(&w.slice(n..n + tail), out).map_err(cuda("copying the stop vote"))?;
+                }
             }
         }
         self.events[set].end[b].record(stream).map_err(cuda("recording a DDP timing event"))?;
@@ -361,20 +413,35 @@ struct Reduce<'a> {
     pre: f32,
     post: f32,
     poison: bool,
+    /// This rank's stop vote, written after the `grads` gradients of the buffer.
+    vote: Option<[f32; VOTE_LEN]>,
     label: &'a str,
 }
 
 impl Reduce<'_> {
-    fn run<T: ReduceElem>(&self, x: &mut CudaViewMut<'_, T>, staging: Option<&mut Staging>) -> Result<()> {
+    /// Sums `x` over the ranks: its first `grads` elements are gradients
+    /// (scaled before and after), the rest the stop vote (summed as it is).
+    fn run<T: ReduceElem>(
+        &self,
+        x: &mut CudaViewMut<'_, T>,
+        grads: usize,
+        staging: Option<&mut Staging>,
+    ) -> Result<()> {
         if x.is_empty() {
             return Ok(());
         }
         // A scale of 1 is skipped, as the CPU reducer's plain copy.
         if self.pre != 1.0 {
-            scale::scale(self.gpu, self.stream, x, self.pre)?;
+            scale::scale(self.gpu, self.stream, &mut x.slice_mut(0..grads), self.pre)?;
         }
         if self.poison {
             scale::fill(self.gpu, self.stream, &mut x.slice_mut(0..1), f32::INFINITY)?;
+        }
+        if let Some(vote) = self.vote {
+            for (i, v) in vote.into_iter().enumerate() {
+                let at = grads + i;
+                scale::fill(self.gpu, self.stream, &mut x.slice_mut(at..at + 1), v)?;
+            }
         }
         match self.comm {
             DeviceComm::Nccl(c) => c.all_reduce_sum(x, self.stream)?,
@@ -386,7 +453,7 @@ impl Reduce<'_> {
             }
         }
         if self.post != 1.0 {
-            scale::scale(self.gpu, self.stream, x, self.post)?;
+            scale::scale(self.gpu, self.stream, &mut x.slice_mut(0..grads), self.post)?;
         }
         Ok(())
     }

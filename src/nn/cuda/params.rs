@@ -11,13 +11,16 @@
 //! stream's writes into another (cudarc tracks reads and writes per
 //! allocation). Buckets of one dtype, in order, tile that dtype's group:
 //! bucket `b` holds the gradients of the values at
-//! `group_offset..group_offset + numel` of its group.
+//! `group_offset..group_offset + numel` of its group. The last bucket has
+//! `VOTE_LEN` more elements after its gradients: the ranks' stop vote,
+//! all-reduced with them (src/train/stop.rs).
 
 use crate::cuda::{DeviceFloat, Gpu};
 use crate::dist::reducer::{assign_buckets, BucketLayout};
 use crate::error::{Error, Result};
 use crate::nn::Model;
 use crate::tensor::DType;
+use crate::train::stop::VOTE_LEN;
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
 use half::f16;
 
@@ -217,11 +220,15 @@ impl DeviceParams {
                 Ok(ParamGroup { dtype, values: DevBuf::zeros(gpu, dtype, numel)?, params, numel })
             })
             .collect::<Result<Vec<_>>>()?;
+        let last = layouts.len().saturating_sub(1);
         let buckets = layouts
             .into_iter()
             .zip(bucket_meta)
-            .map(|(layout, (group, group_offset))| {
-                let grads = DevBuf::zeros(gpu, layout.dtype, layout.numel)?;
+            .enumerate()
+            .map(|(b, (layout, (group, group_offset)))| {
+                // The last bucket's tail carries the ranks' stop vote with its all-reduce.
+                let tail = if b == last { VOTE_LEN } else { 0 };
+                let grads = DevBuf::zeros(gpu, layout.dtype, layout.numel + tail)?;
                 Ok(GradBucket { layout, grads, group, group_offset })
             })
             .collect::<Result<Vec<_>>>()?;

@@ -16,6 +16,7 @@ pub mod eval;
 pub mod step;
 
 use super::engine::{Engine, Host, HostSync, Look, ScalerLook, Skip, Stepped};
+use super::stop::{self, StopSignal};
 use super::{Ddp, EvalResult};
 use crate::amp::{self, Amp, ScalerState};
 use crate::config::Config;
@@ -86,6 +87,8 @@ pub struct CudaEngine {
     /// DDP's broadcast_buffers (without SyncBatchNorm, at world size > 1).
     broadcast_buffers: bool,
     inject_inf_at: Option<u64>,
+    /// The stop the ranks agreed on, as of the last snapshot the host read.
+    agreed_stop: Option<StopSignal>,
 }
 
 impl CudaEngine {
@@ -170,6 +173,7 @@ impl CudaEngine {
             eval_batch_size: d.eval_batch_size,
             last_step: 0,
             inject_inf_at: ddp.inject_inf_at(),
+            agreed_stop: None,
         })
     }
 
@@ -230,6 +234,9 @@ impl Engine for CudaEngine {
         if let (true, Some(r)) = (inject, &mut self.reducer) {
             r.inject_inf_next();
         }
+        if let (true, Some(r)) = (sync, &mut self.reducer) {
+            r.set_vote(StopSignal::vote(stop::requested()));
+        }
         {
             let grad_scale = self.step_dev.grad_scale();
             let mut hooks = Hooks { gpu, reducer: self.reducer.as_mut(), sync };
@@ -265,8 +272,10 @@ impl Engine for CudaEngine {
         }
         let skip = self.skips.seen(snap.step, snap.state);
         self.skips.scale_in_use = snap.state.scale;
+        self.agreed_stop = StopSignal::from_vote(snap.vote);
         let lr = schedule.lr_at(step.saturating_sub(1).saturating_sub(snap.state.overflow_steps));
-        self.step_dev.step(gpu, &mut self.dev.params, lr, step)?;
+        let vote = self.reducer.as_ref().map(|r| r.vote());
+        self.step_dev.step(gpu, &mut self.dev.params, lr, step, vote)?;
         self.dev.params.zero_grad(gpu)?;
         self.fold.steps += 1;
         self.last_step = step;
@@ -328,6 +337,14 @@ impl Engine for CudaEngine {
 
     fn allreduce_hidden_fraction(&self, _ddp: &Ddp) -> Result<Option<f64>> {
         Ok(self.reducer.as_ref().map(|r| r.last_hidden_fraction()).transpose()?.flatten())
+    }
+
+    fn agreed_stop(&mut self, _ddp: &Ddp, settle: bool) -> Result<Option<StopSignal>> {
+        if settle {
+            // The last step's own snapshot (the device is waited for).
+            self.agreed_stop = StopSignal::from_vote(self.step_dev.snapshot.read()?.vote);
+        }
+        Ok(self.agreed_stop)
     }
 
     fn finish(&mut self) -> Result<()> {

@@ -152,8 +152,16 @@ impl DeviceStep {
     }
 
     /// Optimizer step `step` (1-based) at learning rate `lr` from the
-    /// gradients in `params`' buckets (all-reduced already).
-    pub fn step(&mut self, gpu: &Gpu, params: &mut DeviceParams, lr: f32, step: u64) -> Result<()> {
+    /// gradients in `params`' buckets (all-reduced already, with the ranks'
+    /// stop `vote` when there are several: the snapshot carries it to the host).
+    pub fn step(
+        &mut self,
+        gpu: &Gpu,
+        params: &mut DeviceParams,
+        lr: f32,
+        step: u64,
+        vote: Option<&CudaSlice<f32>>,
+    ) -> Result<()> {
         self.scaler.begin_step(gpu)?;
         for b in &params.buckets {
             let g = &mut self.groups[b.group];
@@ -230,6 +238,9 @@ impl DeviceStep {
             }
         }
         self.refresh_grad_scale(gpu)?;
+        if let Some(v) = vote {
+            self.snapshot.copy_vote(gpu, v)?;
+        }
         self.scaler.snapshot(gpu, self.snapshot.at_step(step))?;
         Ok(())
     }

@@ -1,0 +1,201 @@
+//! A run is never lost to a signal. SIGTERM (SLURM preemption, Kubernetes,
+//! `ddptrain launch`) or SIGINT (a terminal's Ctrl-C) only sets a flag; the
+//! loop finishes the step it is in, and the ranks agree on the step to stop
+//! after through that step's own gradient all-reduce, which carries each
+//! rank's request as [`VOTE_LEN`] extra elements of its last bucket (the CPU
+//! reducer, src/dist/reducer.rs, and the device one, src/dist/cuda/reducer.rs).
+//! The CPU knows the sum when the step's backward returns; the GPU's host
+//! reads it from the loss scaler's per-step snapshot, one step late but at
+//! the same step on every rank. At world size 1 the flag is read directly.
+//! Then rank 0 writes a checkpoint and a summary marked interrupted, every
+//! rank passes the final barrier, and the process exits with
+//! [`StopSignal::exit_code`]. A second SIGINT exits at once; a second
+//! SIGTERM changes nothing (a scheduler and `launch` may each send one).
+//! The handlers are installed when the loop starts: a signal before then
+//! ends the process as it always did (nothing is trained yet), and one
+//! after the last step lets the run complete (exit 0).
+
+use super::engine::{Engine, HostSync};
+use super::{Ddp, RunOptions};
+use crate::checkpoint::{Checkpointer, TrainProgress};
+use crate::error::{Error, Result};
+use crate::metrics::MetricsWriter;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+
+/// Extra elements of a step's last gradient bucket: how many ranks were asked
+/// to stop by SIGINT, and by SIGTERM (0 or 1 each per rank, so the sum is
+/// exact even in an f16 bucket).
+pub const VOTE_LEN: usize = 2;
+
+/// The signal a run stopped for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum StopSignal {
+    #[serde(rename = "SIGINT")]
+    Int,
+    #[serde(rename = "SIGTERM")]
+    Term,
+}
+
+impl StopSignal {
+    pub fn name(self) -> &'static str {
+        match self {
+            StopSignal::Int => "SIGINT",
+            StopSignal::Term => "SIGTERM",
+        }
+    }
+
+    /// 128 + the signal's number (130, 143): what a shell reports for a
+    /// process the signal ended, so every wrapper (a shell's `$?`, SLURM,
+    /// Kubernetes, `ddptrain launch`) sees what it would have seen without
+    /// the handler, never a success; `summary.json`'s `interrupted` tells a
+    /// saved stop from a kill.
+    pub fn exit_code(self) -> u8 {
+        match self {
+            StopSignal::Int => 130,
+            StopSignal::Term => 143,
+        }
+    }
+
+    /// This rank's share of a step's vote.
+    pub fn vote(local: Option<StopSignal>) -> [f32; VOTE_LEN] {
+        match local {
+            None => [0.0, 0.0],
+            Some(StopSignal::Int) => [1.0, 0.0],
+            Some(StopSignal::Term) => [0.0, 1.0],
+        }
+    }
+
+    /// What the ranks agreed on from their summed votes: SIGTERM (a
+    /// scheduler's notice) wins over SIGINT, so every rank exits with the same code.
+    pub fn from_vote(sum: [f32; VOTE_LEN]) -> Option<StopSignal> {
+        if sum[1] > 0.0 {
+            Some(StopSignal::Term)
+        } else if sum[0] > 0.0 {
+            Some(StopSignal::Int)
+        } else {
+            None
+        }
+    }
+}
+
+/// The flags the handlers set.
+struct Flags {
+    /// Any stop asked for: arms the immediate exit of a second SIGINT.
+    any: Arc<AtomicBool>,
+    int: Arc<AtomicBool>,
+    term: Arc<AtomicBool>,
+}
+
+static FLAGS: OnceLock<Flags> = OnceLock::new();
+
+/// Installs the handlers, once per process (the binary's training run asks
+/// for them through `RunOptions::stop_on_signals`; a library caller keeps
+/// the default dispositions).
+pub fn install() -> Result<()> {
+    if FLAGS.get().is_some() {
+        return Ok(());
+    }
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let flags = Flags {
+        any: Arc::new(AtomicBool::new(false)),
+        int: Arc::new(AtomicBool::new(false)),
+        term: Arc::new(AtomicBool::new(false)),
+    };
+    let err = |e| Error::io("cannot install the SIGINT/SIGTERM handlers", e);
+    // Registered first, so it sees `any` as it was before this SIGINT: only a
+    // second one exits (signal-hook runs a signal's actions in registration order).
+    signal_hook::flag::register_conditional_shutdown(
+        SIGINT,
+        i32::from(StopSignal::Int.exit_code()),
+        flags.any.clone(),
+    )
+    .map_err(err)?;
+    for (sig, own) in [(SIGINT, &flags.int), (SIGTERM, &flags.term)] {
+        signal_hook::flag::register(sig, own.clone()).map_err(err)?;
+        signal_hook::flag::register(sig, flags.any.clone()).map_err(err)?;
+    }
+    // A concurrent install lost the race: its handlers set flags nobody reads,
+    // and this process's read the same signals, so nothing is missed.
+    let _ = FLAGS.set(flags);
+    Ok(())
+}
+
+/// This process's own request: the first signal's kind (SIGTERM when both came).
+pub fn requested() -> Option<StopSignal> {
+    let f = FLAGS.get()?;
+    if f.term.load(Ordering::SeqCst) {
+        Some(StopSignal::Term)
+    } else if f.int.load(Ordering::SeqCst) {
+        Some(StopSignal::Int)
+    } else {
+        None
+    }
+}
+
+/// After each step but the last: the stop every rank agrees on, if any.
+pub(crate) fn after_step(
+    opts: &RunOptions,
+    engine: &mut dyn Engine,
+    ddp: &Ddp,
+) -> Result<Option<StopSignal>> {
+    if let Some(d) = opts.step_pause {
+        std::thread::sleep(d);
+    }
+    agreed(engine, ddp, false)
+}
+
+/// The stop every rank agrees on after the step just taken (`settle`: at an
+/// epoch's end, before its evaluation), if any.
+pub(crate) fn agreed(engine: &mut dyn Engine, ddp: &Ddp, settle: bool) -> Result<Option<StopSignal>> {
+    if ddp.world_size() == 1 {
+        return Ok(requested());
+    }
+    engine.agreed_stop(ddp, settle)
+}
+
+/// The run stops after step `c.step`, `batches_in_epoch` into its epoch:
+/// rank 0 checkpoints it (every rank takes part). Returns the line to log.
+pub(crate) fn checkpoint(
+    sig: StopSignal,
+    engine: &mut dyn Engine,
+    ckpt: &mut Checkpointer,
+    c: &mut TrainProgress,
+    batches_in_epoch: usize,
+    metrics: &mut MetricsWriter,
+    ddp: &Ddp,
+) -> Result<String> {
+    // What the device summed since the last look belongs to the checkpoint's loss window.
+    engine.fold_loss(&mut c.window_loss)?;
+    let host = engine.host(HostSync::WeightsAndGrads)?;
+    let p = TrainProgress { batches_in_epoch, ..c.clone() };
+    ckpt.on_stop(host.model, host.optimizer, host.amp, &p, metrics, ddp.communicator())?;
+    Ok(format!(
+        "{}: stopping after step {} (epoch {}); checkpoint written, no evaluation; exit code {}",
+        sig.name(),
+        c.step,
+        c.epoch,
+        sig.exit_code()
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn votes_sum_to_one_agreed_signal_and_its_exit_code() {
+        let sum = |a: [f32; 2], b: [f32; 2]| [a[0] + b[0], a[1] + b[1]];
+        let (none, int, term) = (
+            StopSignal::vote(None),
+            StopSignal::vote(Some(StopSignal::Int)),
+            StopSignal::vote(Some(StopSignal::Term)),
+        );
+        assert_eq!(StopSignal::from_vote(sum(none, none)), None);
+        assert_eq!(StopSignal::from_vote(sum(none, int)), Some(StopSignal::Int));
+        assert_eq!(StopSignal::from_vote(sum(int, term)), Some(StopSignal::Term));
+        assert_eq!(StopSignal::from_vote([f32::NAN, 0.0]), None);
+        assert_eq!((StopSignal::Int.exit_code(), StopSignal::Term.exit_code()), (130, 143));
+        assert_eq!(serde_json::to_value(StopSignal::Term).unwrap(), "SIGTERM");
+    }
+}
