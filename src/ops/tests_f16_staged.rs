@@ -127,3 +127,25 @@ fn f16_kernels_keep_the_f32_errors() {
     let err = max_pool2d::backward(&dy, &idx, &[2, 3, 2, 2]).unwrap_err().to_string();
     assert!(err.contains("outside the 2x2 input plane"), "{err}");
 }
+
+#[test]
+fn batch_norm_relu_in_one_pass_matches_the_two_ops() {
+    let (n, c, hw) = (6, 16, 14);
+    let (w, b) = (Tensor::from_vec(&[c], rand_vec_f32(c, 11)).unwrap(), Tensor::full(&[c], -0.125));
+    // f16 activations (the one-pass kernel) and f32 ones (the two ops).
+    for x in [f16_tensor(&[n, c, hw, hw], 12, 3.0), f16_tensor(&[n, c, hw, hw], 12, 3.0).to_dtype(DType::F32)]
+    {
+        let (mut rm, mut rv) = (Tensor::zeros(&[c]), Tensor::full(&[c], 1.0));
+        let (mut rm2, mut rv2) = (rm.clone(), rv.clone());
+        let (y, saved) = batch_norm::forward_train_relu(&x, &w, &b, &mut rm, &mut rv, 0.1, 1e-5).unwrap();
+        let (mut y2, saved2) = batch_norm::forward_train(&x, &w, &b, &mut rm2, &mut rv2, 0.1, 1e-5).unwrap();
+        relu::forward_(&mut y2).unwrap();
+        assert_eq!(y.dtype(), x.dtype());
+        let bits = |t: &Tensor| t.to_f32_vec().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&y), bits(&y2), "{:?}", x.dtype());
+        let yv = y.to_f32_vec();
+        assert!(yv.contains(&0.0) && yv.iter().any(|v| *v > 0.0), "the case must mix killed and live values");
+        assert_eq!(saved, saved2);
+        assert_eq!((rm.to_f32_vec(), rv.to_f32_vec()), (rm2.to_f32_vec(), rv2.to_f32_vec()));
+    }
+}

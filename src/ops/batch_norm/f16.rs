@@ -114,3 +114,37 @@ pub fn backward_dx(
         }
     });
 }
+
+/// [`normalize_affine`] followed by ReLU, as the two ops in sequence store
+/// it: each value is rounded to f16 (BatchNorm's output) before ReLU sees it.
+#[allow(clippy::too_many_arguments)]
+pub fn normalize_affine_relu(
+    x: &[f16],
+    c: usize,
+    hw: usize,
+    mean: &[f32],
+    invstd: &[f32],
+    weight: &[f32],
+    bias: &[f32],
+    out: &mut [f16],
+) {
+    let (scale, shift) = cpu::affine_coefficients(c, mean, invstd, weight, bias);
+    per_plane([x], out, c, hw, |ch, [xp], op| {
+        let (a, b) = (scale[ch], shift[ch]);
+        for (o, &v) in op.iter_mut().zip(xp) {
+            *o = v * a + b;
+        }
+        round_trip(op);
+        crate::ops::relu::cpu::forward_inplace(op);
+    });
+}
+
+/// Rounds every value to f16 and widens it back, in place.
+fn round_trip(v: &mut [f32]) {
+    let mut tmp = [f16::ZERO; 256];
+    for chunk in v.chunks_mut(tmp.len()) {
+        let t = &mut tmp[..chunk.len()];
+        round_into(chunk, t);
+        widen_into(t, chunk);
+    }
+}

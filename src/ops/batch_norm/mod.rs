@@ -53,6 +53,70 @@ fn dims(op: &str, x: &Tensor) -> Result<(usize, usize, usize)> {
     }
 }
 
+/// [`forward_train`] of an f16 `x` with f32 parameters and running
+/// statistics (O2), followed by ReLU when `relu`; `None` for other dtypes.
+#[allow(clippy::too_many_arguments)]
+fn forward_train_f16(
+    op: &str,
+    x: &Tensor,
+    weight: &Tensor,
+    bias: &Tensor,
+    running_mean: &mut Tensor,
+    running_var: &mut Tensor,
+    momentum: f32,
+    eps: f32,
+    relu: bool,
+) -> Option<Result<(Tensor, BatchNormSaved)>> {
+    let Storage::Cpu(CpuStorage::F16(xs)) = x.storage() else {
+        return None;
+    };
+    if !all_f32([weight, bias, running_mean, running_var]) {
+        return None;
+    }
+    Some((|| {
+        let (n, c, hw) = dims(op, x)?;
+        if n * hw <= 1 {
+            return Err(too_few(op, x));
+        }
+        let w = param(op, "weight", weight, c)?;
+        let b = param(op, "bias", bias, c)?;
+        let sums = f16::local_sums(xs, n, c, hw);
+        let stats = cpu::batch_stats::<f32>(&sums.sum, &sums.sumsq, sums.count, f64::from(eps));
+        let mut out = vec![half::f16::ZERO; xs.len()];
+        if relu {
+            f16::normalize_affine_relu(xs, c, hw, &stats.mean, &stats.invstd, w, b, &mut out);
+        } else {
+            f16::normalize_affine(xs, c, hw, &stats.mean, &stats.invstd, w, b, &mut out);
+        }
+        let rm = param_mut(op, "running_mean", running_mean, c)?;
+        let rv = param_mut(op, "running_var", running_var, c)?;
+        cpu::update_running(rm, rv, &stats, momentum);
+        let saved = BatchNormSaved { mean: stats.mean, invstd: stats.invstd };
+        Ok((Tensor::from_f16_vec(x.shape(), out)?, saved))
+    })())
+}
+
+/// `relu(forward_train(x, ...))`: the BatchNorm output, rounded to x's dtype,
+/// then ReLU, in one pass for f16 `x` with f32 parameters; the two ops in
+/// sequence otherwise. The same values and running statistics either way.
+pub fn forward_train_relu(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: &Tensor,
+    running_mean: &mut Tensor,
+    running_var: &mut Tensor,
+    momentum: f32,
+    eps: f32,
+) -> Result<(Tensor, BatchNormSaved)> {
+    const OP: &str = "forward_train";
+    if let Some(r) = forward_train_f16(OP, x, weight, bias, running_mean, running_var, momentum, eps, true) {
+        return r;
+    }
+    let (mut y, saved) = forward_train(x, weight, bias, running_mean, running_var, momentum, eps)?;
+    super::relu::forward_(&mut y)?;
+    Ok((y, saved))
+}
+
 fn all_f32<const K: usize>(ts: [&Tensor; K]) -> bool {
     ts.iter().all(|t| matches!(t.storage(), Storage::Cpu(CpuStorage::F32(_))))
 }
@@ -123,24 +187,8 @@ pub fn forward_train(
     eps: f32,
 ) -> Result<(Tensor, BatchNormSaved)> {
     const OP: &str = "forward_train";
-    if let (Storage::Cpu(CpuStorage::F16(xs)), true) =
-        (x.storage(), all_f32([weight, bias, running_mean, running_var]))
-    {
-        let (n, c, hw) = dims(OP, x)?;
-        if n * hw <= 1 {
-            return Err(too_few(OP, x));
-        }
-        let w = param(OP, "weight", weight, c)?;
-        let b = param(OP, "bias", bias, c)?;
-        let sums = f16::local_sums(xs, n, c, hw);
-        let stats = cpu::batch_stats::<f32>(&sums.sum, &sums.sumsq, sums.count, f64::from(eps));
-        let mut out = vec![half::f16::ZERO; xs.len()];
-        f16::normalize_affine(xs, c, hw, &stats.mean, &stats.invstd, w, b, &mut out);
-        let rm = param_mut(OP, "running_mean", running_mean, c)?;
-        let rv = param_mut(OP, "running_var", running_var, c)?;
-        cpu::update_running(rm, rv, &stats, momentum);
-        let saved = BatchNormSaved { mean: stats.mean, invstd: stats.invstd };
-        return Ok((Tensor::from_f16_vec(x.shape(), out)?, saved));
+    if let Some(r) = forward_train_f16(OP, x, weight, bias, running_mean, running_var, momentum, eps, false) {
+        return r;
     }
     if let Some(r) = forward_widened(x, weight, bias, running_mean, running_var, |x, w, b, rm, rv| {
         forward_train(x, w, b, rm, rv, momentum, eps)
