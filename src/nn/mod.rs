@@ -4,9 +4,11 @@
 //! walks the layers in reverse and accumulates into each parameter's `.grad`.
 
 pub mod cuda;
+mod fuse;
 mod init;
 mod state;
 
+use fuse::{fusable_bn_relu_f16, fusable_bn_relu_pool};
 pub use state::{StateEntry, StateValue};
 
 use crate::config::model::{LayerKind, ResolvedLayer};
@@ -16,7 +18,7 @@ use crate::ops::{
     batch_norm::{BatchNormSaved, BnReluPoolSaved},
     conv2d::Conv2dArgs,
 };
-use crate::tensor::{CpuStorage, DType, Storage, Tensor};
+use crate::tensor::{DType, Tensor};
 
 /// A learnable tensor and its gradient (same shape, accumulated by backward).
 #[derive(Debug, Clone)]
@@ -395,27 +397,6 @@ fn keep_activation_memory() {
     }
 }
 
-fn is_cpu_f32(t: &Tensor) -> bool {
-    matches!(t.storage(), Storage::Cpu(CpuStorage::F32(_)))
-}
-
-/// The BatchNorm2d heading `layers` when it is followed by ReLU and
-/// MaxPool2d(2, 2) and the fused kernel takes `x` (host f32, even H and W,
-/// more than one value per channel); otherwise the layers run one by one.
-fn fusable_bn_relu_pool<'a>(layers: &'a mut [Layer], x: &Tensor) -> Option<&'a mut BatchNorm2d> {
-    let [Layer::BatchNorm2d(bn), Layer::Relu, Layer::MaxPool2d { kernel_size: 2, stride: 2 }, ..] = layers
-    else {
-        return None;
-    };
-    let &[n, _, h, w] = x.shape() else {
-        return None;
-    };
-    let fits = h % 2 == 0 && w % 2 == 0 && n * h * w > 1;
-    let f32s = is_cpu_f32(x) && is_cpu_f32(&bn.weight.value) && is_cpu_f32(&bn.bias.value);
-    // SyncBatchNorm reduces its statistics across ranks: the fused kernel does not.
-    (fits && f32s && bn.sync.is_none()).then_some(&mut **bn)
-}
-
 /// The model: layers in execution order, with their resolved descriptions.
 pub struct Model {
     pub layers: Vec<Layer>,
@@ -526,6 +507,25 @@ impl Model {
                 saved.extend([Saved::BnReluPool { x: cur, saved: s }, Saved::Fused, Saved::Fused]);
                 cur = y;
                 i += 3;
+                continue;
+            }
+            if let Some(bn) = fusable_bn_relu_f16(&mut self.layers[i..], &cur) {
+                let (y, stats) = ops::batch_norm::forward_train_relu(
+                    &cur,
+                    &bn.weight.value,
+                    &bn.bias.value,
+                    &mut bn.running_mean,
+                    &mut bn.running_var,
+                    bn.momentum,
+                    bn.eps,
+                )?;
+                bn.num_batches_tracked += 1;
+                saved.extend([
+                    Saved::BatchNorm { x: cur, stats, global_count: None },
+                    Saved::Output(y.clone()),
+                ]);
+                cur = y;
+                i += 2;
                 continue;
             }
             let (y, s) = self.layers[i].forward_train(cur, prec)?;

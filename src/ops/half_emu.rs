@@ -3,8 +3,18 @@
 //! (round-to-nearest-even), so overflow to inf, underflow and rounding happen
 //! where they will on the GPU. Gradients that accumulate into an f16 tensor
 //! are accumulated in f32 and rounded once.
+//!
+//! The hot kernels (conv2d on AVX-512, BatchNorm with f32 parameters, ReLU,
+//! max-pool) do not widen or round whole tensors: they widen an image, a
+//! plane or a block at a time into scratch that stays in cache, run the f32
+//! kernel on it and round what they store (F16C conversions), which gives
+//! the same bits as the whole-tensor passes the other ops still use.
 
 use std::borrow::Cow;
+use std::mem::MaybeUninit;
+
+use half::{f16, slice::HalfFloatSliceExt};
+use rayon::prelude::*;
 
 use crate::error::Result;
 use crate::tensor::{DType, Tensor};
@@ -30,4 +40,128 @@ pub(crate) fn f32_acc(t: &Tensor) -> Tensor {
 /// Stores the f32 working copy back into `target`, rounding once for f16.
 pub(crate) fn store(target: &mut Tensor, acc: &Tensor) -> Result<()> {
     target.copy_from_f32(acc.as_f32()?)
+}
+
+/// Exact f16 -> f32 of `src` into `dst` (same length), by the CPU's
+/// conversion instruction (F16C) where it has one: the same conversion as
+/// [`Tensor::to_dtype`], so a kernel that widens block by block sees the
+/// values a whole-tensor widening would give.
+pub(crate) fn widen_into(src: &[f16], dst: &mut [f32]) {
+    src.convert_to_f32_slice(dst);
+}
+
+/// f32 -> f16 of `src` into `dst`, rounded to nearest-even as
+/// [`Tensor::copy_from_f32`] rounds.
+pub(crate) fn round_into(src: &[f32], dst: &mut [f16]) {
+    dst.convert_from_f32_slice(src);
+}
+
+/// Elements per staging block of the f16 kernels: 16 KB of f32, which stays
+/// in L1 beside its f16 source while the f32 kernel runs over it.
+pub(crate) const BLOCK: usize = 4096;
+
+/// The first `len` floats of a task's scratch `buf` (grown as needed; the
+/// contents are whatever the last use left).
+pub(crate) fn scratch(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    if buf.len() < len {
+        buf.resize(len, 0.0);
+    }
+    &mut buf[..len]
+}
+
+std::thread_local! {
+    static STAGE: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` on f32 copies of `a` and `b` held in this thread's scratch, for
+/// kernels called once per plane from code that has no per-task state of its
+/// own. Widening plane by plane replaces a whole-tensor pass through memory.
+pub(crate) fn with_widened<R>(a: &[f16], b: &[f16], f: impl FnOnce(&[f32], &[f32]) -> R) -> R {
+    let run = |buf: &mut Vec<f32>| {
+        let s = scratch(buf, a.len() + b.len());
+        let (sa, sb) = s.split_at_mut(a.len());
+        widen_into(a, sa);
+        widen_into(b, sb);
+        f(sa, sb)
+    };
+    STAGE.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut buf) => run(&mut buf),
+        // Only a nested use lands here; it gets a buffer of its own.
+        Err(_) => run(&mut Vec::new()),
+    })
+}
+
+/// `f` over f32 copies of `v`, block by block in parallel, each block rounded
+/// back in place: exact for ops that only select or compare (ReLU), which
+/// then store what a widen / f32 op / round sequence would.
+pub(crate) fn map_inplace(v: &mut [f16], f: impl Fn(&mut [f32]) + Sync + Send) {
+    v.par_chunks_mut(BLOCK).for_each_init(Vec::new, |buf, c| {
+        let s = scratch(buf, c.len());
+        widen_into(c, s);
+        f(s);
+        round_into(s, c);
+    });
+}
+
+/// [`map_inplace`] over `v` with a read-only f16 operand `a` of the same length.
+pub(crate) fn zip_map_inplace(a: &[f16], v: &mut [f16], f: impl Fn(&[f32], &mut [f32]) + Sync + Send) {
+    a.par_chunks(BLOCK).zip(v.par_chunks_mut(BLOCK)).for_each_init(Vec::new, |buf, (ca, cv)| {
+        let s = scratch(buf, ca.len() + cv.len());
+        let (sa, sv) = s.split_at_mut(ca.len());
+        widen_into(ca, sa);
+        widen_into(cv, sv);
+        f(sa, sv);
+        round_into(sv, cv);
+    });
+}
+
+/// An activation element a kernel can take directly: f32 as it is, f16
+/// widened (exactly) into scratch as the kernel loads it and rounded as it
+/// stores, so the f32 kernel between sees the values a widened copy of the
+/// whole tensor would give and its results are rounded once, as before.
+pub(crate) trait Act: Copy + Send + Sync + 'static {
+    /// What an output the kernel writes in full is made of (f32 outputs may
+    /// start uninitialized).
+    type Out: Send;
+    /// `v` as f32: itself, or widened into `buf`.
+    fn widened<'a>(v: &'a [Self], buf: &'a mut Vec<f32>) -> &'a [f32];
+    /// Lets `f` write every element of `dst` in f32: into `dst` itself, or
+    /// into `buf`, then rounded into `dst`.
+    fn store(dst: &mut [Self::Out], buf: &mut Vec<f32>, f: impl FnOnce(&mut [MaybeUninit<f32>]));
+    /// [`Act::store`] for an initialized `dst`.
+    fn store_init(dst: &mut [Self], buf: &mut Vec<f32>, f: impl FnOnce(&mut [f32]));
+}
+
+impl Act for f32 {
+    type Out = MaybeUninit<f32>;
+    fn widened<'a>(v: &'a [f32], _: &'a mut Vec<f32>) -> &'a [f32] {
+        v
+    }
+    fn store(dst: &mut [MaybeUninit<f32>], _: &mut Vec<f32>, f: impl FnOnce(&mut [MaybeUninit<f32>])) {
+        f(dst)
+    }
+    fn store_init(dst: &mut [f32], _: &mut Vec<f32>, f: impl FnOnce(&mut [f32])) {
+        f(dst)
+    }
+}
+
+impl Act for f16 {
+    type Out = f16;
+    fn widened<'a>(v: &'a [f16], buf: &'a mut Vec<f32>) -> &'a [f32] {
+        let s = scratch(buf, v.len());
+        widen_into(v, s);
+        s
+    }
+    fn store(dst: &mut [f16], buf: &mut Vec<f32>, f: impl FnOnce(&mut [MaybeUninit<f32>])) {
+        let s = scratch(buf, dst.len());
+        // SAFETY: MaybeUninit<f32> has f32's layout, and `f` writes only
+        // initialized values through it.
+        f(unsafe { &mut *(s as *mut [f32] as *mut [MaybeUninit<f32>]) });
+        round_into(s, dst);
+    }
+    fn store_init(dst: &mut [f16], buf: &mut Vec<f32>, f: impl FnOnce(&mut [f32])) {
+        let s = scratch(buf, dst.len());
+        f(s);
+        round_into(s, dst);
+    }
 }

@@ -33,3 +33,5 @@ pub(crate) fn cpu_f32_mut<'a>(op: &str, what: &str, t: &'a mut Tensor) -> Result
 
 #[cfg(test)]
 pub mod testing;
+#[cfg(test)]
+mod tests_f16_staged;

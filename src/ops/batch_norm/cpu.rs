@@ -17,7 +17,7 @@ use rayon::prelude::*;
 
 /// Below this many elements per call, rayon's fork/join costs more than the
 /// second core saves.
-const PAR_MIN_ELEMS: usize = 1 << 15;
+pub(super) const PAR_MIN_ELEMS: usize = 1 << 15;
 
 #[inline(always)]
 fn wide<T: Elem>(v: T) -> f64 {
@@ -47,7 +47,7 @@ fn lanes_to_f64<T: Elem>(l: &[T; LANES]) -> f64 {
 }
 
 /// `(sum (x - shift), sum (x - shift)^2)` of one contiguous (n, c) plane.
-fn plane_sums<T: Elem>(p: &[T], shift: T) -> (f64, f64) {
+pub(super) fn plane_sums<T: Elem>(p: &[T], shift: T) -> (f64, f64) {
     #[cfg(target_arch = "x86_64")]
     if let Some(pf) = super::avx512::f32s(p).filter(|_| super::avx512::usable()) {
         return super::avx512::plane_sums(pf, shift.to_f64() as f32);
@@ -87,7 +87,7 @@ pub(super) fn plane_sums_generic<T: Elem>(p: &[T], shift: T) -> (f64, f64) {
 }
 
 /// `(sum dy, sum dy * (x - mean))` of one plane.
-fn plane_backward_sums<T: Elem>(x: &[T], dy: &[T], mean: T) -> (f64, f64) {
+pub(super) fn plane_backward_sums<T: Elem>(x: &[T], dy: &[T], mean: T) -> (f64, f64) {
     debug_assert_eq!(x.len(), dy.len());
     let (mut s_tot, mut q_tot) = (0.0f64, 0.0f64);
     for (xb, db) in x.chunks(BLOCK).zip(dy.chunks(BLOCK)) {
@@ -153,10 +153,21 @@ pub struct LocalSums {
 
 pub fn local_sums<T: Elem>(x: &[T], n: usize, c: usize, hw: usize) -> LocalSums {
     debug_assert_eq!(x.len(), n * c * hw);
+    let shift = |ch: usize| if n * hw > 0 { x[ch * hw] } else { T::zero() };
+    local_sums_with(n, c, hw, shift, |i, ch, k| plane_sums(&x[(i * c + ch) * hw..][..hw], k))
+}
+
+/// [`local_sums`] with plane `(i, ch)`'s shifted sums taken by `plane(i, ch,
+/// shift(ch))`, for callers whose planes are not `T` slices (f16 activations).
+pub(super) fn local_sums_with<T: Elem>(
+    n: usize,
+    c: usize,
+    hw: usize,
+    shift: impl Fn(usize) -> T + Sync + Send,
+    plane: impl Fn(usize, usize, T) -> (f64, f64) + Sync + Send,
+) -> LocalSums {
     let count = n * hw;
-    let shift = |ch: usize| if count > 0 { x[ch * hw] } else { T::zero() };
-    let per =
-        sum_planes_per_channel(n, c, x.len(), |i, ch| plane_sums(&x[(i * c + ch) * hw..][..hw], shift(ch)));
+    let per = sum_planes_per_channel(n, c, n * c * hw, |i, ch| plane(i, ch, shift(ch)));
     let (sum, sumsq) = per
         .into_iter()
         .enumerate()
@@ -299,10 +310,21 @@ pub fn backward_sums<T: Elem>(
     invstd: &[T],
 ) -> BackwardSums {
     debug_assert_eq!(x.len(), dy.len());
-    let per = sum_planes_per_channel(n, c, x.len(), |i, ch| {
+    backward_sums_with(n, c, hw, invstd, |i, ch| {
         let off = (i * c + ch) * hw;
         plane_backward_sums(&x[off..][..hw], &dy[off..][..hw], mean[ch])
-    });
+    })
+}
+
+/// [`backward_sums`] with plane `(i, ch)`'s sums taken by `plane(i, ch)`.
+pub(super) fn backward_sums_with<T: Elem>(
+    n: usize,
+    c: usize,
+    hw: usize,
+    invstd: &[T],
+    plane: impl Fn(usize, usize) -> (f64, f64) + Sync + Send,
+) -> BackwardSums {
+    let per = sum_planes_per_channel(n, c, n * c * hw, plane);
     let (sum_dy, sum_dy_xhat) =
         per.into_iter().enumerate().map(|(ch, (s, q))| (s, q * wide(invstd[ch]))).unzip();
     BackwardSums { sum_dy, sum_dy_xhat }

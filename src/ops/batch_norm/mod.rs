@@ -6,6 +6,7 @@
 mod avx512;
 pub mod cpu;
 pub mod cuda;
+pub mod f16;
 pub mod fused_cpu;
 pub mod sync;
 
@@ -50,6 +51,81 @@ fn dims(op: &str, x: &Tensor) -> Result<(usize, usize, usize)> {
             x.shape()
         ))),
     }
+}
+
+/// [`forward_train`] of an f16 `x` with f32 parameters and running
+/// statistics (O2), followed by ReLU when `relu`; `None` for other dtypes.
+#[allow(clippy::too_many_arguments)]
+fn forward_train_f16(
+    op: &str,
+    x: &Tensor,
+    weight: &Tensor,
+    bias: &Tensor,
+    running_mean: &mut Tensor,
+    running_var: &mut Tensor,
+    momentum: f32,
+    eps: f32,
+    relu: bool,
+) -> Option<Result<(Tensor, BatchNormSaved)>> {
+    let Storage::Cpu(CpuStorage::F16(xs)) = x.storage() else {
+        return None;
+    };
+    if !all_f32([weight, bias, running_mean, running_var]) {
+        return None;
+    }
+    Some((|| {
+        let (n, c, hw) = dims(op, x)?;
+        if n * hw <= 1 {
+            return Err(too_few(op, x));
+        }
+        let w = param(op, "weight", weight, c)?;
+        let b = param(op, "bias", bias, c)?;
+        let sums = f16::local_sums(xs, n, c, hw);
+        let stats = cpu::batch_stats::<f32>(&sums.sum, &sums.sumsq, sums.count, f64::from(eps));
+        let mut out = vec![half::f16::ZERO; xs.len()];
+        if relu {
+            f16::normalize_affine_relu(xs, c, hw, &stats.mean, &stats.invstd, w, b, &mut out);
+        } else {
+            f16::normalize_affine(xs, c, hw, &stats.mean, &stats.invstd, w, b, &mut out);
+        }
+        let rm = param_mut(op, "running_mean", running_mean, c)?;
+        let rv = param_mut(op, "running_var", running_var, c)?;
+        cpu::update_running(rm, rv, &stats, momentum);
+        let saved = BatchNormSaved { mean: stats.mean, invstd: stats.invstd };
+        Ok((Tensor::from_f16_vec(x.shape(), out)?, saved))
+    })())
+}
+
+/// `relu(forward_train(x, ...))`: the BatchNorm output, rounded to x's dtype,
+/// then ReLU, in one pass for f16 `x` with f32 parameters; the two ops in
+/// sequence otherwise. The same values and running statistics either way.
+pub fn forward_train_relu(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: &Tensor,
+    running_mean: &mut Tensor,
+    running_var: &mut Tensor,
+    momentum: f32,
+    eps: f32,
+) -> Result<(Tensor, BatchNormSaved)> {
+    const OP: &str = "forward_train";
+    if let Some(r) = forward_train_f16(OP, x, weight, bias, running_mean, running_var, momentum, eps, true) {
+        return r;
+    }
+    let (mut y, saved) = forward_train(x, weight, bias, running_mean, running_var, momentum, eps)?;
+    super::relu::forward_(&mut y)?;
+    Ok((y, saved))
+}
+
+fn all_f32<const K: usize>(ts: [&Tensor; K]) -> bool {
+    ts.iter().all(|t| matches!(t.storage(), Storage::Cpu(CpuStorage::F32(_))))
+}
+
+fn too_few(op: &str, x: &Tensor) -> Error {
+    Error::shape(format!(
+        "batch_norm {op}: expected more than 1 value per channel when training, got input shape {:?}",
+        x.shape()
+    ))
 }
 
 /// The f16 arm of a training forward (O3, or O2's f16 activations): `op`
@@ -111,6 +187,9 @@ pub fn forward_train(
     eps: f32,
 ) -> Result<(Tensor, BatchNormSaved)> {
     const OP: &str = "forward_train";
+    if let Some(r) = forward_train_f16(OP, x, weight, bias, running_mean, running_var, momentum, eps, false) {
+        return r;
+    }
     if let Some(r) = forward_widened(x, weight, bias, running_mean, running_var, |x, w, b, rm, rv| {
         forward_train(x, w, b, rm, rv, momentum, eps)
     }) {
@@ -118,10 +197,7 @@ pub fn forward_train(
     }
     let (n, c, hw) = dims(OP, x)?;
     if n * hw <= 1 {
-        return Err(Error::shape(format!(
-            "batch_norm {OP}: expected more than 1 value per channel when training, got input shape {:?}",
-            x.shape()
-        )));
+        return Err(too_few(OP, x));
     }
     match x.storage() {
         Storage::Cpu(CpuStorage::F32(xs)) => {
@@ -182,20 +258,25 @@ pub fn backward(
     dbias: &mut Tensor,
 ) -> Result<Tensor> {
     const OP: &str = "backward";
+    if let (Storage::Cpu(CpuStorage::F16(xs)), Storage::Cpu(CpuStorage::F16(dys)), true) =
+        (x.storage(), dy.storage(), all_f32([weight, &*dweight, &*dbias]))
+    {
+        let (n, c, hw) = backward_dims(OP, x, saved, dy)?;
+        let w = param(OP, "weight", weight, c)?;
+        let dw = param_mut(OP, "dweight", dweight, c)?;
+        let db = param_mut(OP, "dbias", dbias, c)?;
+        let sums = f16::backward_sums(xs, dys, n, c, hw, &saved.mean, &saved.invstd);
+        add_param_grads(dw, db, &sums);
+        let mut dx = vec![half::f16::ZERO; xs.len()];
+        f16::backward_dx(xs, dys, c, hw, &saved.mean, &saved.invstd, w, &sums, n * hw, &mut dx);
+        return Tensor::from_f16_vec(x.shape(), dx);
+    }
     if let Some(r) =
         backward_widened(x, weight, dy, dweight, dbias, |x, w, dy, dw, db| backward(x, w, saved, dy, dw, db))
     {
         return r;
     }
-    let (n, c, hw) = dims(OP, x)?;
-    dy.check_shape(&format!("batch_norm {OP}: dy (must match x)"), x.shape())?;
-    if saved.mean.len() != c || saved.invstd.len() != c {
-        return Err(Error::shape(format!(
-            "batch_norm {OP}: saved statistics have {} means and {} invstds for {c} channels",
-            saved.mean.len(),
-            saved.invstd.len()
-        )));
-    }
+    let (n, c, hw) = backward_dims(OP, x, saved, dy)?;
     match (x.storage(), dy.storage()) {
         (Storage::Cpu(CpuStorage::F32(xs)), Storage::Cpu(CpuStorage::F32(dys))) => {
             let w = param(OP, "weight", weight, c)?;
@@ -203,18 +284,38 @@ pub fn backward(
             let dw = param_mut(OP, "dweight", dweight, c)?;
             let db = param_mut(OP, "dbias", dbias, c)?;
             let sums = cpu::backward_sums(xs, dys, n, c, hw, &saved.mean, &saved.invstd);
-            for (g, &s) in dw.iter_mut().zip(&sums.sum_dy_xhat) {
-                *g += s as f32;
-            }
-            for (g, &s) in db.iter_mut().zip(&sums.sum_dy) {
-                *g += s as f32;
-            }
+            add_param_grads(dw, db, &sums);
             let mut dx = vec![0.0f32; xs.len()];
             cpu::backward_dx(xs, dys, c, hw, &saved.mean, &saved.invstd, w, &sums, n * hw, &mut dx);
             Tensor::from_vec(x.shape(), dx)
         }
         (Storage::Cpu(CpuStorage::F32(_)), _) => Err(unsupported(OP, dy)),
         _ => Err(unsupported(OP, x)),
+    }
+}
+
+/// `(n, c, h*w)` of a backward's `x`, after checking `dy` and the saved
+/// statistics fit it.
+fn backward_dims(op: &str, x: &Tensor, saved: &BatchNormSaved, dy: &Tensor) -> Result<(usize, usize, usize)> {
+    let (n, c, hw) = dims(op, x)?;
+    dy.check_shape(&format!("batch_norm {op}: dy (must match x)"), x.shape())?;
+    if saved.mean.len() != c || saved.invstd.len() != c {
+        return Err(Error::shape(format!(
+            "batch_norm {op}: saved statistics have {} means and {} invstds for {c} channels",
+            saved.mean.len(),
+            saved.invstd.len()
+        )));
+    }
+    Ok((n, c, hw))
+}
+
+/// `.grad += ` the backward sums (rounded from f64 once).
+fn add_param_grads(dw: &mut [f32], db: &mut [f32], sums: &cpu::BackwardSums) {
+    for (g, &s) in dw.iter_mut().zip(&sums.sum_dy_xhat) {
+        *g += s as f32;
+    }
+    for (g, &s) in db.iter_mut().zip(&sums.sum_dy) {
+        *g += s as f32;
     }
 }
 

@@ -22,6 +22,7 @@ mod dw;
 
 use super::avx512_direct::{self as direct, Grid, LaneWeights};
 use super::cpu::ConvGeom;
+use crate::ops::half_emu::Act;
 use dw::{dw_blocks, lane_sum, pixel_dw, transpose_to, PixelDw, PO};
 use rayon::prelude::*;
 use std::arch::x86_64::*;
@@ -231,7 +232,9 @@ pub(super) fn as_uninit(s: &mut [f32]) -> &mut [MaybeUninit<f32>] {
 /// `y[N, O, Ho, Wo] = conv(x, w) + bias`, as [`super::cpu::forward`]. Every
 /// element of `y` is written (it may come uninitialized: zero-filling the
 /// 5 MB of MNIST's conv1 output was 3% of a step, on one thread).
-pub fn forward(g: &ConvGeom, x: &[f32], w: &[f32], bias: Option<&[f32]>, y: &mut [MaybeUninit<f32>]) {
+/// f16 activations (`X = f16`) are widened image by image as they are
+/// loaded and the output rounded image by image as it is stored.
+pub fn forward<X: Act>(g: &ConvGeom, x: &[X], w: &[f32], bias: Option<&[f32]>, y: &mut [X::Out]) {
     if g.n == 0 {
         return;
     }
@@ -266,11 +269,11 @@ pub fn forward(g: &ConvGeom, x: &[f32], w: &[f32], bias: Option<&[f32]>, y: &mut
 /// The forward's driver: runs of images per rayon task, each image padded
 /// into the task's scratch `xp` and handed to `image(xp, out, y_i)` with
 /// `out_len` floats of scratch `out`.
-fn per_image(
+fn per_image<X: Act>(
     g: &ConvGeom,
     xl: &XLayout,
-    x: &[f32],
-    y: &mut [MaybeUninit<f32>],
+    x: &[X],
+    y: &mut [X::Out],
     out_len: usize,
     image: impl Fn(&[f32], &mut [f32], &mut [MaybeUninit<f32>]) + Sync,
 ) {
@@ -278,9 +281,10 @@ fn per_image(
     y.par_chunks_mut(pt * g.y_len()).zip(x.par_chunks(pt * g.x_len())).for_each(|(yc, xc)| {
         let mut xp = vec![0f32; xl.len];
         let mut out = vec![0f32; out_len];
+        let (mut xb, mut yb) = (Vec::new(), Vec::new());
         for (yi, xi) in yc.chunks_exact_mut(g.y_len()).zip(xc.chunks_exact(g.x_len())) {
-            xl.fill(g, xi, &mut xp);
-            image(&xp, &mut out, yi);
+            xl.fill(g, X::widened(xi, &mut xb), &mut xp);
+            X::store(yi, &mut yb, |yo| image(&xp, &mut out, yo));
         }
     });
 }
@@ -346,14 +350,15 @@ impl DxKernel {
 
 /// Gradients of [`forward`], as [`super::cpu::backward`]: `dw`, `db` are
 /// accumulated into, `dx` (when asked for) is overwritten.
-pub fn backward(
+/// f16 `x` and `dy` are widened image by image, and `dx` rounded image by image.
+pub fn backward<X: Act>(
     g: &ConvGeom,
-    x: &[f32],
+    x: &[X],
     w: &[f32],
-    dy: &[f32],
+    dy: &[X],
     dw: &mut [f32],
     db: Option<&mut [f32]>,
-    dx: Option<&mut [f32]>,
+    dx: Option<&mut [X]>,
 ) {
     backward_with(g, x, w, dy, dw, db, dx, pixel_dw(g));
 }
@@ -361,14 +366,14 @@ pub fn backward(
 /// [`backward`] with the weight-gradient kernel chosen by the caller
 /// (`pixel`: [`PixelDw`], else [`dw_blocks`]), so tests can run both.
 #[allow(clippy::too_many_arguments)]
-pub(super) fn backward_with(
+pub(super) fn backward_with<X: Act>(
     g: &ConvGeom,
-    x: &[f32],
+    x: &[X],
     w: &[f32],
-    dy: &[f32],
+    dy: &[X],
     dw: &mut [f32],
     db: Option<&mut [f32]>,
-    dx: Option<&mut [f32]>,
+    dx: Option<&mut [X]>,
     pixel: bool,
 ) {
     if g.n == 0 {
@@ -388,7 +393,7 @@ pub(super) fn backward_with(
     let dxk = DxKernel::new(g, w, &dl);
     let pt = per_task(g.n);
     let tasks = g.n.div_ceil(pt);
-    let dx_parts: Vec<Option<&mut [f32]>> = match dx {
+    let dx_parts: Vec<Option<&mut [X]>> = match dx {
         Some(d) => d.chunks_mut(pt * g.x_len()).map(Some).collect(),
         None => (0..tasks).map(|_| None).collect(),
     };
@@ -412,10 +417,11 @@ pub(super) fn backward_with(
             let dyz_rows = if pixel { g.o.next_multiple_of(PO) } else { g.o };
             let mut dyz = vec![0f32; if need_dx || pixel { dyz_rows * dl.plane } else { 0 }];
             let mut out = vec![0f32; if need_dx { dxk.out_len(g, &dl) } else { 0 }];
+            let (mut xb, mut dyb, mut dxb) = (Vec::new(), Vec::new(), Vec::new());
             for i in 0..imgs {
                 let img = first + i;
-                xl.fill(g, &x[img * g.x_len()..(img + 1) * g.x_len()], &mut xp);
-                let dyi = &dy[img * g.y_len()..(img + 1) * g.y_len()];
+                xl.fill(g, X::widened(&x[img * g.x_len()..(img + 1) * g.x_len()], &mut xb), &mut xp);
+                let dyi = X::widened(&dy[img * g.y_len()..(img + 1) * g.y_len()], &mut dyb);
                 if !pixel {
                     transpose_to(dyi, g.o, hw, &mut dyt, ldo);
                 }
@@ -443,7 +449,7 @@ pub(super) fn backward_with(
                 }
                 if let Some(dxt) = dxt.as_deref_mut() {
                     let dxi = &mut dxt[i * g.x_len()..(i + 1) * g.x_len()];
-                    dxk.image(g, &dl, xl.pitch, &dyz, &mut out, dxi);
+                    X::store_init(dxi, &mut dxb, |d| dxk.image(g, &dl, xl.pitch, &dyz, &mut out, d));
                 }
             }
             let part = match pdw {

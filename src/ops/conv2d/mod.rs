@@ -17,8 +17,9 @@ mod tests_f16;
 use super::half_emu::{any_f16, f32_acc, f32_of, store};
 use super::{cpu_f32, cpu_f32_mut};
 use crate::error::{Error, Result};
-use crate::tensor::Tensor;
+use crate::tensor::{CpuStorage, Storage, Tensor};
 use cpu::ConvGeom;
+use half::f16;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Conv2dArgs {
@@ -89,6 +90,10 @@ fn geometry(x: &Tensor, weight: &Tensor, args: Conv2dArgs) -> Result<ConvGeom> {
 ///
 /// f16 operands: f16 inputs with f32 accumulation; the output takes `x`'s dtype.
 pub fn forward(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>, args: Conv2dArgs) -> Result<Tensor> {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(y) = forward_f16_avx512(x, weight, bias, args)? {
+        return Ok(y);
+    }
     if any_f16([Some(x), Some(weight), bias]) {
         let b = bias.map(f32_of);
         let y = forward(&f32_of(x), &f32_of(weight), b.as_deref(), args)?;
@@ -115,6 +120,34 @@ pub fn forward(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>, args: Conv2dA
     Tensor::from_vec(&[g.n, g.o, g.ho, g.wo], y)
 }
 
+/// [`forward`] of an f16 input on the AVX-512 kernels, which widen it and
+/// round the output image by image (weights and bias, small, are widened
+/// up front). `None` when the input is not f16 or the kernels do not apply.
+#[cfg(target_arch = "x86_64")]
+fn forward_f16_avx512(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+    args: Conv2dArgs,
+) -> Result<Option<Tensor>> {
+    let Storage::Cpu(CpuStorage::F16(xs)) = x.storage() else {
+        return Ok(None);
+    };
+    let g = geometry(x, weight, args)?;
+    if !avx512::usable(&g) {
+        return Ok(None);
+    }
+    if let Some(b) = bias {
+        b.check_shape("conv2d bias", &[g.o])?;
+    }
+    let (w32, b32) = (f32_of(weight), bias.map(f32_of));
+    let ws = cpu_f32(OP, "weight", &w32)?;
+    let bs = b32.as_deref().map(|b| cpu_f32(OP, "bias", b)).transpose()?;
+    let mut y = vec![f16::ZERO; g.n * g.y_len()];
+    avx512::forward(&g, xs, ws, bs, &mut y);
+    Tensor::from_f16_vec(&[g.n, g.o, g.ho, g.wo], y).map(Some)
+}
+
 /// Backward of [`forward`] for upstream gradient `dy[N, O, Ho, Wo]`.
 /// Adds into `dweight` (shape of `weight`) and `dbias` (`[O]`), like
 /// PyTorch's `.grad`; returns `dx` (shape of `x`) when `need_dx`.
@@ -127,6 +160,27 @@ pub fn backward(
     dbias: Option<&mut Tensor>,
     need_dx: bool,
 ) -> Result<Option<Tensor>> {
+    #[cfg(target_arch = "x86_64")]
+    if let (Storage::Cpu(CpuStorage::F16(xs)), Storage::Cpu(CpuStorage::F16(dys))) =
+        (x.storage(), dy.storage())
+    {
+        let g = geometry(x, weight, args)?;
+        if avx512::usable(&g) {
+            check_grads(&g, weight, dy, dweight, dbias.as_deref())?;
+            let w32 = f32_of(weight);
+            let ws = cpu_f32(OP, "weight", &w32)?;
+            let mut dw = f32_acc(dweight);
+            let mut db = dbias.as_deref().map(f32_acc);
+            let mut dx = need_dx.then(|| vec![f16::ZERO; xs.len()]);
+            let dbs = db.as_mut().map(|d| cpu_f32_mut(OP, "dbias", d)).transpose()?;
+            avx512::backward(&g, xs, ws, dys, cpu_f32_mut(OP, "dweight", &mut dw)?, dbs, dx.as_deref_mut());
+            store(dweight, &dw)?;
+            if let (Some(target), Some(acc)) = (dbias, db) {
+                store(target, &acc)?;
+            }
+            return dx.map(|d| Tensor::from_f16_vec(x.shape(), d)).transpose();
+        }
+    }
     if any_f16([Some(x), Some(weight), Some(dy), Some(&*dweight), dbias.as_deref()]) {
         let mut dw = f32_acc(dweight);
         let mut db = dbias.as_deref().map(f32_acc);
@@ -138,11 +192,7 @@ pub fn backward(
         return Ok(dx.map(|d| d.into_dtype(x.dtype())));
     }
     let g = geometry(x, weight, args)?;
-    dy.check_shape("conv2d dy", &[g.n, g.o, g.ho, g.wo])?;
-    dweight.check_shape("conv2d dweight", weight.shape())?;
-    if let Some(db) = dbias.as_deref() {
-        db.check_shape("conv2d dbias", &[g.o])?;
-    }
+    check_grads(&g, weight, dy, dweight, dbias.as_deref())?;
     let xs = cpu_f32(OP, "input", x)?;
     let ws = cpu_f32(OP, "weight", weight)?;
     let dys = cpu_f32(OP, "dy", dy)?;
@@ -159,4 +209,20 @@ pub fn backward(
     }
     cpu::backward(&g, xs, ws, dys, dws, dbs, dx.as_deref_mut());
     dx.map(|d| Tensor::from_vec(x.shape(), d)).transpose()
+}
+
+/// Checks that `dy`, `dweight` and `dbias` fit the convolution.
+fn check_grads(
+    g: &ConvGeom,
+    weight: &Tensor,
+    dy: &Tensor,
+    dweight: &Tensor,
+    dbias: Option<&Tensor>,
+) -> Result<()> {
+    dy.check_shape("conv2d dy", &[g.n, g.o, g.ho, g.wo])?;
+    dweight.check_shape("conv2d dweight", weight.shape())?;
+    if let Some(db) = dbias {
+        db.check_shape("conv2d dbias", &[g.o])?;
+    }
+    Ok(())
 }

@@ -4,14 +4,12 @@
 pub mod cpu;
 pub mod cuda;
 
-use super::half_emu::{any_f16, f32_of};
+use super::half_emu::{round_into, scratch, widen_into};
 use crate::error::{Error, Result};
 use crate::tensor::{CpuStorage, Storage, Tensor};
 use cpu::Geometry;
-
-fn unsupported(op: &str, t: &Tensor) -> Error {
-    Error::Unsupported(format!("max_pool2d {op} on {:?} tensors (only CPU f32 is implemented)", t.dtype()))
-}
+use half::f16;
+use rayon::prelude::*;
 
 fn nchw(op: &str, what: &str, shape: &[usize]) -> Result<[usize; 4]> {
     match *shape {
@@ -44,10 +42,6 @@ fn geometry(op: &str, h: usize, w: usize, kernel_size: usize, stride: usize) -> 
 /// Returns the pooled tensor `[N, C, OH, OW]` and, per output element, the
 /// flat index of the chosen input within its `H * W` plane.
 pub fn forward(x: &Tensor, kernel_size: usize, stride: usize) -> Result<(Tensor, Vec<u32>)> {
-    if any_f16([Some(x)]) {
-        let (y, idx) = forward(&f32_of(x), kernel_size, stride)?;
-        return Ok((y.into_dtype(x.dtype()), idx));
-    }
     let [n, c, h, w] = nchw("forward", "input", x.shape())?;
     let g = geometry("forward", h, w, kernel_size, stride)?;
     let (oh, ow) = g.out_hw();
@@ -59,15 +53,18 @@ pub fn forward(x: &Tensor, kernel_size: usize, stride: usize) -> Result<(Tensor,
             cpu::forward(xs, g, &mut y, &mut idx);
             Ok((Tensor::from_vec(&[n, c, oh, ow], y)?, idx))
         }
-        _ => Err(unsupported("forward", x)),
+        Storage::Cpu(CpuStorage::F16(xs)) => {
+            let len = n * c * oh * ow;
+            let mut y = vec![f16::ZERO; len];
+            let mut idx = vec![0u32; len];
+            forward_f16(xs, g, &mut y, &mut idx);
+            Ok((Tensor::from_f16_vec(&[n, c, oh, ow], y)?, idx))
+        }
     }
 }
 
 /// Routes each output gradient to the input position its window selected.
 pub fn backward(dy: &Tensor, indices: &[u32], x_shape: &[usize]) -> Result<Tensor> {
-    if any_f16([Some(dy)]) {
-        return Ok(backward(&f32_of(dy), indices, x_shape)?.into_dtype(dy.dtype()));
-    }
     let [n, c, h, w] = nchw("backward", "x_shape", x_shape)?;
     let [dn, dc, oh, ow] = nchw("backward", "dy", dy.shape())?;
     if (dn, dc) != (n, c) || oh > h || ow > w {
@@ -84,19 +81,72 @@ pub fn backward(dy: &Tensor, indices: &[u32], x_shape: &[usize]) -> Result<Tenso
             dy.shape()
         )));
     }
+    let bad_index = |i: u32| {
+        Error::shape(format!(
+            "max_pool2d backward: index {i} is outside the {h}x{w} input plane \
+             (indices do not belong to this input)"
+        ))
+    };
     match dy.storage() {
         Storage::Cpu(CpuStorage::F32(dys)) => {
             let mut dx = vec![0.0f32; n * c * h * w];
-            cpu::backward(dys, indices, h * w, oh * ow, &mut dx).map_err(|i| {
-                Error::shape(format!(
-                    "max_pool2d backward: index {i} is outside the {h}x{w} input plane \
-                     (indices do not belong to this input)"
-                ))
-            })?;
+            cpu::backward(dys, indices, h * w, oh * ow, &mut dx).map_err(bad_index)?;
             Tensor::from_vec(x_shape, dx)
         }
-        _ => Err(unsupported("backward", dy)),
+        Storage::Cpu(CpuStorage::F16(dys)) => {
+            let mut dx = vec![f16::ZERO; n * c * h * w];
+            backward_f16(dys, indices, h * w, oh * ow, &mut dx).map_err(bad_index)?;
+            Tensor::from_f16_vec(x_shape, dx)
+        }
     }
+}
+
+/// [`cpu::forward`] on f16 planes: each plane is widened into the task's
+/// scratch, pooled in f32 and its maxima rounded back (exact: pooling only
+/// selects), so values and indices are those of the f32 kernel.
+fn forward_f16(x: &[f16], g: Geometry, y: &mut [f16], idx: &mut [u32]) {
+    let (oh, ow) = g.out_hw();
+    let (ip, op) = (g.h * g.w, oh * ow);
+    if ip == 0 || op == 0 {
+        return;
+    }
+    x.par_chunks(ip).zip(y.par_chunks_mut(op)).zip(idx.par_chunks_mut(op)).for_each_init(
+        Vec::new,
+        |buf, ((xp, yp), ixp)| {
+            let s = scratch(buf, ip + op);
+            let (xs, ys) = s.split_at_mut(ip);
+            widen_into(xp, xs);
+            cpu::forward(xs, g, ys, ixp);
+            round_into(ys, yp);
+        },
+    );
+}
+
+/// [`cpu::backward`] on f16 planes: each plane's gradient is summed in f32
+/// (overlapping windows add there) and rounded once, as the f32 kernel's
+/// output would be.
+fn backward_f16(
+    dy: &[f16],
+    idx: &[u32],
+    ip: usize,
+    op: usize,
+    dx: &mut [f16],
+) -> std::result::Result<(), u32> {
+    if ip == 0 || op == 0 {
+        return Ok(());
+    }
+    dy.par_chunks(op).zip(idx.par_chunks(op)).zip(dx.par_chunks_mut(ip)).try_for_each_init(
+        Vec::new,
+        |buf, ((gp, ixp), dxp)| {
+            let s = scratch(buf, op + ip);
+            let (gs, dxs) = s.split_at_mut(op);
+            widen_into(gp, gs);
+            dxs.fill(0.0);
+            cpu::backward(gs, ixp, ip, op, dxs)?;
+            round_into(dxs, dxp);
+            Ok(())
+        },
+    )
 }
 
 #[cfg(test)]

@@ -4,9 +4,9 @@
 pub mod cpu;
 pub mod cuda;
 
-use super::half_emu::{any_f16, f32_acc, f32_of, store};
+use super::half_emu::{any_f16, f32_acc, f32_of, map_inplace, store, zip_map_inplace};
 use crate::error::{Error, Result};
-use crate::tensor::{CpuStorage, Storage, Tensor};
+use crate::tensor::{CpuStorage, DType, Storage, Tensor};
 
 fn unsupported(op: &str, t: &Tensor) -> Error {
     Error::Unsupported(format!("relu {op} on {:?} tensors (only CPU f32 is implemented)", t.dtype()))
@@ -32,6 +32,10 @@ pub fn forward(x: &Tensor) -> Result<Tensor> {
 
 /// `x = relu(x)` in place.
 pub fn forward_(x: &mut Tensor) -> Result<()> {
+    if x.dtype() == DType::F16 {
+        map_inplace(x.as_f16_mut()?, cpu::forward_inplace);
+        return Ok(());
+    }
     if any_f16([Some(&*x)]) {
         let mut acc = f32_acc(x);
         forward_(&mut acc)?;
@@ -64,6 +68,10 @@ pub fn backward(y: &Tensor, dy: &Tensor) -> Result<Tensor> {
 /// `dy` becomes dx in place.
 pub fn backward_(y: &Tensor, dy: &mut Tensor) -> Result<()> {
     dy.check_shape("relu backward_: dy (must match y)", y.shape())?;
+    if (y.dtype(), dy.dtype()) == (DType::F16, DType::F16) {
+        zip_map_inplace(y.as_f16()?, dy.as_f16_mut()?, cpu::backward_inplace);
+        return Ok(());
+    }
     if any_f16([Some(y), Some(&*dy)]) {
         let mut acc = f32_acc(dy);
         backward_(&f32_of(y), &mut acc)?;

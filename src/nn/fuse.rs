@@ -1,0 +1,36 @@
+//! Which runs of layers the model hands to one fused kernel: BatchNorm2d +
+//! ReLU + MaxPool2d(2, 2) on f32 activations, BatchNorm2d + ReLU on f16 ones.
+
+use super::{BatchNorm2d, Layer};
+use crate::tensor::{CpuStorage, DType, Storage, Tensor};
+
+fn is_cpu_f32(t: &Tensor) -> bool {
+    matches!(t.storage(), Storage::Cpu(CpuStorage::F32(_)))
+}
+
+/// The BatchNorm2d heading `layers` when it is followed by ReLU and
+/// MaxPool2d(2, 2) and the fused kernel takes `x` (host f32, even H and W,
+/// more than one value per channel); otherwise the layers run one by one.
+pub(super) fn fusable_bn_relu_pool<'a>(layers: &'a mut [Layer], x: &Tensor) -> Option<&'a mut BatchNorm2d> {
+    let [Layer::BatchNorm2d(bn), Layer::Relu, Layer::MaxPool2d { kernel_size: 2, stride: 2 }, ..] = layers
+    else {
+        return None;
+    };
+    let &[n, _, h, w] = x.shape() else {
+        return None;
+    };
+    let fits = h % 2 == 0 && w % 2 == 0 && n * h * w > 1;
+    let f32s = is_cpu_f32(x) && is_cpu_f32(&bn.weight.value) && is_cpu_f32(&bn.bias.value);
+    // SyncBatchNorm reduces its statistics across ranks: the fused kernel does not.
+    (fits && f32s && bn.sync.is_none()).then_some(&mut **bn)
+}
+
+/// The BatchNorm2d heading `layers` when ReLU follows it and `x` is f16 (O2,
+/// O3): one pass writes ReLU's output, and the layers save what they would
+/// have saved one by one. SyncBatchNorm runs on its own.
+pub(super) fn fusable_bn_relu_f16<'a>(layers: &'a mut [Layer], x: &Tensor) -> Option<&'a mut BatchNorm2d> {
+    let [Layer::BatchNorm2d(bn), Layer::Relu, ..] = layers else {
+        return None;
+    };
+    (x.dtype() == DType::F16 && bn.sync.is_none()).then_some(&mut **bn)
+}

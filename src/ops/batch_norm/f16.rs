@@ -1,0 +1,150 @@
+//! BatchNorm2d over f16 activations with f32 parameters and running
+//! statistics (apex O2's `keep_batchnorm_fp32`), without whole-tensor widen
+//! and round passes: each (sample, channel) plane is widened into a
+//! per-thread f32 buffer, the f32 kernels of [`super::cpu`] run on it, and
+//! outputs are rounded to f16 as they are stored. Every plane sees the values
+//! and every sum the order of the f32 path on a widened copy, so the results
+//! are bit for bit those of widening, running the f32 op and rounding.
+
+use super::cpu::{self, BackwardSums, LocalSums, PAR_MIN_ELEMS};
+use crate::ops::half_emu::{round_into, scratch, widen_into, with_widened};
+use half::f16;
+use rayon::prelude::*;
+
+/// [`cpu::local_sums`] of f16 `x[N, C, HW]`.
+pub fn local_sums(x: &[f16], n: usize, c: usize, hw: usize) -> LocalSums {
+    let shift = |ch: usize| if n * hw > 0 { x[ch * hw].to_f32() } else { 0.0 };
+    cpu::local_sums_with(n, c, hw, shift, |i, ch, k| {
+        with_widened(&x[(i * c + ch) * hw..][..hw], &[], |p, _| cpu::plane_sums(p, k))
+    })
+}
+
+/// [`cpu::backward_sums`] of f16 `x` and `dy`.
+#[allow(clippy::too_many_arguments)]
+pub fn backward_sums(
+    x: &[f16],
+    dy: &[f16],
+    n: usize,
+    c: usize,
+    hw: usize,
+    mean: &[f32],
+    invstd: &[f32],
+) -> BackwardSums {
+    cpu::backward_sums_with(n, c, hw, invstd, |i, ch| {
+        let off = (i * c + ch) * hw;
+        with_widened(&x[off..][..hw], &dy[off..][..hw], |xp, dp| cpu::plane_backward_sums(xp, dp, mean[ch]))
+    })
+}
+
+/// Per sample (in parallel when the tensor is large, as the f32 kernels
+/// split): `f(channel, widened planes, f32 output plane)` for each channel of
+/// the `k` f16 inputs, each output plane rounded into `out`.
+fn per_plane<const K: usize>(
+    inputs: [&[f16]; K],
+    out: &mut [f16],
+    c: usize,
+    hw: usize,
+    f: impl Fn(usize, [&[f32]; K], &mut [f32]) + Sync + Send,
+) {
+    let sample = c * hw;
+    if sample == 0 {
+        return;
+    }
+    let run = |buf: &mut Vec<f32>, s: usize, os: &mut [f16]| {
+        for (ch, op) in os.chunks_exact_mut(hw).enumerate() {
+            let st = scratch(buf, (K + 1) * hw);
+            let (ins, o) = st.split_at_mut(K * hw);
+            let off = s * sample + ch * hw;
+            for (x, dst) in inputs.iter().zip(ins.chunks_exact_mut(hw)) {
+                widen_into(&x[off..][..hw], dst);
+            }
+            let planes: [&[f32]; K] = std::array::from_fn(|k| &ins[k * hw..][..hw]);
+            f(ch, planes, o);
+            round_into(o, op);
+        }
+    };
+    if out.len() >= PAR_MIN_ELEMS {
+        out.par_chunks_mut(sample).enumerate().for_each_init(Vec::new, |buf, (s, os)| run(buf, s, os));
+    } else {
+        let mut buf = Vec::new();
+        out.chunks_mut(sample).enumerate().for_each(|(s, os)| run(&mut buf, s, os));
+    }
+}
+
+/// [`cpu::normalize_affine`] of f16 `x` into f16 `out`.
+#[allow(clippy::too_many_arguments)]
+pub fn normalize_affine(
+    x: &[f16],
+    c: usize,
+    hw: usize,
+    mean: &[f32],
+    invstd: &[f32],
+    weight: &[f32],
+    bias: &[f32],
+    out: &mut [f16],
+) {
+    let (scale, shift) = cpu::affine_coefficients(c, mean, invstd, weight, bias);
+    per_plane([x], out, c, hw, |ch, [xp], op| {
+        let (a, b) = (scale[ch], shift[ch]);
+        for (o, &v) in op.iter_mut().zip(xp) {
+            *o = v * a + b;
+        }
+    });
+}
+
+/// [`cpu::backward_dx`] of f16 `x` and `dy` into f16 `dx`.
+#[allow(clippy::too_many_arguments)]
+pub fn backward_dx(
+    x: &[f16],
+    dy: &[f16],
+    c: usize,
+    hw: usize,
+    mean: &[f32],
+    invstd: &[f32],
+    weight: &[f32],
+    sums: &BackwardSums,
+    count: usize,
+    dx: &mut [f16],
+) {
+    let coef = cpu::dx_coefficients(c, mean, invstd, weight, sums, count);
+    per_plane([x, dy], dx, c, hw, |ch, [xp, dp], op| {
+        let (k, p, q) = coef[ch];
+        for ((o, &xv), &g) in op.iter_mut().zip(xp).zip(dp) {
+            *o = k * g + p * xv + q;
+        }
+    });
+}
+
+/// [`normalize_affine`] followed by ReLU, as the two ops in sequence store
+/// it: each value is rounded to f16 (BatchNorm's output) before ReLU sees it.
+#[allow(clippy::too_many_arguments)]
+pub fn normalize_affine_relu(
+    x: &[f16],
+    c: usize,
+    hw: usize,
+    mean: &[f32],
+    invstd: &[f32],
+    weight: &[f32],
+    bias: &[f32],
+    out: &mut [f16],
+) {
+    let (scale, shift) = cpu::affine_coefficients(c, mean, invstd, weight, bias);
+    per_plane([x], out, c, hw, |ch, [xp], op| {
+        let (a, b) = (scale[ch], shift[ch]);
+        for (o, &v) in op.iter_mut().zip(xp) {
+            *o = v * a + b;
+        }
+        round_trip(op);
+        crate::ops::relu::cpu::forward_inplace(op);
+    });
+}
+
+/// Rounds every value to f16 and widens it back, in place.
+fn round_trip(v: &mut [f32]) {
+    let mut tmp = [f16::ZERO; 256];
+    for chunk in v.chunks_mut(tmp.len()) {
+        let t = &mut tmp[..chunk.len()];
+        round_into(chunk, t);
+        widen_into(t, chunk);
+    }
+}
