@@ -8,40 +8,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// Synthetic run of 6 steps, a checkpoint every 2.
-fn args(out: &Path, extra: &[&str]) -> Vec<String> {
-    let mut a: Vec<String> = vec![
-        "--config".into(),
-        repo_root().join("configs/mnist_o0.toml").display().to_string(),
-        "--set".into(),
-        format!("run.out_dir={}", out.display()),
-    ];
-    for s in [
-        "data.dataset=synthetic",
-        "data.synthetic_train_size=200",
-        "data.synthetic_test_size=100",
-        "data.batch_size=50",
-        "train.max_steps=6",
-        "checkpoint.every_steps=2",
-        "logging.progress=never",
-        "logging.tensorboard=false",
-        "expect.min_test_accuracy=0.0",
-    ]
-    .iter()
-    .chain(extra)
-    {
-        a.push("--set".into());
-        a.push(s.to_string());
-    }
-    a
-}
-
-fn run(a: &[String], cwd: &Path) -> (Option<i32>, String) {
-    let refs: Vec<&str> = a.iter().map(String::as_str).collect();
-    let o = ddptrain(&refs, cwd);
-    (o.status.code(), text(&o))
-}
-
 fn corrupt(p: &Path) {
     let mut b = std::fs::read(p).unwrap();
     let n = b.len();
@@ -53,10 +19,10 @@ fn corrupt(p: &Path) {
 fn auto_falls_back_past_a_corrupt_checkpoint_and_says_so() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
-    let (code, t) = run(&args(&out, &[]), dir.path());
+    let (code, t) = run_args(&ckpt_args(&out, &[]), dir.path());
     assert_eq!(code, Some(0), "{t}");
     corrupt(&out.join("ckpt/step_00000006/model.safetensors"));
-    let (code, t) = run(&args(&out, &[]), dir.path());
+    let (code, t) = run_args(&ckpt_args(&out, &[]), dir.path());
     assert_eq!(code, Some(0), "{t}");
     assert!(t.contains("step_00000006") && t.contains("model.safetensors is corrupt"), "{t}");
     assert!(t.contains("resuming from the previous good checkpoint") && t.contains("step_00000004"), "{t}");
@@ -70,19 +36,19 @@ fn auto_falls_back_past_a_corrupt_checkpoint_and_says_so() {
 fn truncated_and_incomplete_checkpoints_are_refused_by_path() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
-    assert_eq!(run(&args(&out, &[]), dir.path()).0, Some(0));
+    assert_eq!(run_args(&ckpt_args(&out, &[]), dir.path()).0, Some(0));
     let step4 = out.join("ckpt/step_00000004");
     let f = std::fs::OpenOptions::new().write(true).open(step4.join("optim.safetensors")).unwrap();
     f.set_len(100).unwrap();
     let resume = format!("checkpoint.resume={}", step4.display());
     let other = dir.path().join("other");
-    let (code, t) = run(&args(&other, &[&resume]), dir.path());
+    let (code, t) = run_args(&ckpt_args(&other, &[&resume]), dir.path());
     assert_eq!(code, Some(1), "{t}");
     assert!(t.contains("optim.safetensors is truncated or overwritten: 100 bytes"), "{t}");
 
     std::fs::remove_file(out.join("ckpt/step_00000002/state.json")).unwrap();
     let resume = format!("checkpoint.resume={}", out.join("ckpt/step_00000002").display());
-    let (code, t) = run(&args(&other, &[&resume]), dir.path());
+    let (code, t) = run_args(&ckpt_args(&other, &[&resume]), dir.path());
     assert_eq!(code, Some(1), "{t}");
     assert!(t.contains("cannot read state.json") && t.contains("incomplete checkpoint"), "{t}");
 }
@@ -91,12 +57,12 @@ fn truncated_and_incomplete_checkpoints_are_refused_by_path() {
 fn incompatible_checkpoints_are_refused_naming_what_differs() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
-    assert_eq!(run(&args(&out, &[]), dir.path()).0, Some(0));
+    assert_eq!(run_args(&ckpt_args(&out, &[]), dir.path()).0, Some(0));
     let latest = out.join("ckpt/latest");
     let resume = format!("checkpoint.resume={}", latest.display());
     let other = dir.path().join("other");
 
-    let (code, t) = run(&args(&other, &[&resume, "optimizer.lr=0.1"]), dir.path());
+    let (code, t) = run_args(&ckpt_args(&other, &[&resume, "optimizer.lr=0.1"]), dir.path());
     assert_eq!(code, Some(1), "{t}");
     assert!(
         t.contains("the config differs") && t.contains("optimizer.lr: checkpoint 0.05, this run 0.1"),
@@ -108,16 +74,16 @@ fn incompatible_checkpoints_are_refused_naming_what_differs() {
         "out_channels = 8",
         1,
     );
-    let mut a = args(&other, &[&resume]);
+    let mut a = ckpt_args(&other, &[&resume]);
     a[1] = write(dir.path(), "mnist_o0.toml", &narrow).display().to_string();
-    let (code, t) = run(&a, dir.path());
+    let (code, t) = run_args(&a, dir.path());
     assert_eq!(code, Some(1), "{t}");
     assert!(
         t.contains("the model shapes differ: `layer1.0.bias` is [16] in the checkpoint, [8] here"),
         "{t}"
     );
 
-    let (code, t) = run(&args(&other, &[&resume, "data.synthetic_train_size=300"]), dir.path());
+    let (code, t) = run_args(&ckpt_args(&other, &[&resume, "data.synthetic_train_size=300"]), dir.path());
     assert_eq!(code, Some(1), "{t}");
     assert!(t.contains("data.synthetic_train_size: checkpoint 200, this run 300"), "{t}");
 
@@ -126,18 +92,18 @@ fn incompatible_checkpoints_are_refused_naming_what_differs() {
     let text =
         std::fs::read_to_string(&state).unwrap().replace("\"opt_level\": \"O0\"", "\"opt_level\": \"O2\"");
     std::fs::write(&state, text).unwrap();
-    let (code, t) = run(&args(&other, &[&resume]), dir.path());
+    let (code, t) = run_args(&ckpt_args(&other, &[&resume]), dir.path());
     assert_eq!(code, Some(1), "{t}");
     assert!(t.contains("the opt level differs: the checkpoint was trained at O2, this run is O0"), "{t}");
 
     // With "auto" and nothing usable left, the run stops rather than silently starting over.
-    let (code, t) = run(&args(&out, &["optimizer.lr=0.1"]), dir.path());
+    let (code, t) = run_args(&ckpt_args(&out, &["optimizer.lr=0.1"]), dir.path());
     assert_eq!(code, Some(1), "{t}");
     assert!(
         t.contains("no usable checkpoint to resume from") && t.contains("checkpoint.resume = \"never\""),
         "{t}"
     );
-    let (code, t) = run(&args(&out, &["optimizer.lr=0.1", "checkpoint.resume=never"]), dir.path());
+    let (code, t) = run_args(&ckpt_args(&out, &["optimizer.lr=0.1", "checkpoint.resume=never"]), dir.path());
     assert_eq!(code, Some(0), "{t}");
 }
 
@@ -161,7 +127,7 @@ fn a_save_killed_midway_leaves_latest_on_a_complete_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
     let ckpt = out.join("ckpt");
-    let mut a = args(&out, &[]);
+    let mut a = ckpt_args(&out, &[]);
     a.push("--debug-save-pause-ms=1500".into());
     let mut child = Command::new(env!("CARGO_BIN_EXE_ddptrain"))
         .args(&a)
@@ -181,7 +147,7 @@ fn a_save_killed_midway_leaves_latest_on_a_complete_checkpoint() {
     assert_eq!(std::fs::read_link(ckpt.join("latest")).unwrap(), Path::new("step_00000002"));
     ddptrain::checkpoint::read_checkpoint(&ckpt.join("latest")).expect("latest must be complete");
 
-    let (code, t) = run(&args(&out, &[]), dir.path());
+    let (code, t) = run_args(&ckpt_args(&out, &[]), dir.path());
     assert_eq!(code, Some(0), "{t}");
     assert!(t.contains("resuming from") && t.contains("step_00000002"), "{t}");
     assert!(tmp_save_dir(&ckpt).is_none(), "the interrupted save's directory is cleaned up");
@@ -192,14 +158,14 @@ fn a_save_killed_midway_leaves_latest_on_a_complete_checkpoint() {
 fn eval_scores_a_checkpoint_like_the_run_did() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
-    assert_eq!(run(&args(&out, &[]), dir.path()).0, Some(0));
+    assert_eq!(run_args(&ckpt_args(&out, &[]), dir.path()).0, Some(0));
     let s: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
     let mut a = vec!["eval".to_string()];
-    a.extend(args(&out, &[]));
+    a.extend(ckpt_args(&out, &[]));
     a.push("--checkpoint".into());
     a.push(out.join("ckpt/latest").display().to_string());
-    let (code, t) = run(&a, dir.path());
+    let (code, t) = run_args(&a, dir.path());
     assert_eq!(code, Some(0), "{t}");
     let acc = format!("test accuracy {:.4}", s["test_accuracy"].as_f64().unwrap());
     let loss = format!("test loss {:.4}", s["test_loss"].as_f64().unwrap());
@@ -207,7 +173,7 @@ fn eval_scores_a_checkpoint_like_the_run_did() {
 
     let n = a.len();
     a[n - 1] = dir.path().join("nope").display().to_string();
-    let (code, t) = run(&a, dir.path());
+    let (code, t) = run_args(&a, dir.path());
     assert_eq!(code, Some(1), "{t}");
     assert!(
         t.contains("nope") && t.contains("no such checkpoint directory or model file (.safetensors)"),
@@ -216,7 +182,7 @@ fn eval_scores_a_checkpoint_like_the_run_did() {
 
     // A file that is not a weights file: refused saying what it is not.
     a[n - 1] = out.join("summary.json").display().to_string();
-    let (code, t) = run(&a, dir.path());
+    let (code, t) = run_args(&a, dir.path());
     assert_eq!(code, Some(1), "{t}");
     assert!(
         t.contains("summary.json: is neither a checkpoint directory nor a model file (.safetensors): not a valid safetensors file"),
@@ -225,7 +191,7 @@ fn eval_scores_a_checkpoint_like_the_run_did() {
 
     // The run's final model file scores as its last evaluation did (O0: the same weights).
     a[n - 1] = out.join("model.safetensors").display().to_string();
-    let (code, t) = run(&a, dir.path());
+    let (code, t) = run_args(&a, dir.path());
     assert_eq!(code, Some(0), "{t}");
     let want = format!("model file {} at O0: {acc}", out.join("model.safetensors").display());
     assert!(t.contains(&want) && t.contains(&loss), "{t}\n{s}");
@@ -255,15 +221,15 @@ fn final_digests(t: &str) -> Vec<String> {
 /// same. Returns the resumed run's dir.
 fn two_rank_resume_is_bitwise(dir: &Path, name: &str, extra: &[&str]) -> PathBuf {
     let (a, b) = (dir.join(format!("{name}_straight")), dir.join(format!("{name}_resumed")));
-    let (code, straight) = run(&launch2(&args(&a, extra)), dir);
+    let (code, straight) = run_args(&launch2(&ckpt_args(&a, extra)), dir);
     assert_eq!(code, Some(0), "{straight}");
-    let mut halt = args(&b, extra);
+    let mut halt = ckpt_args(&b, extra);
     halt.extend(["--halt-after-steps".into(), "3".into()]);
-    let (code, t) = run(&launch2(&halt), dir);
+    let (code, t) = run_args(&launch2(&halt), dir);
     assert_ne!(code, Some(0), "{t}");
     assert_eq!(std::fs::read_link(b.join("ckpt/latest")).unwrap(), Path::new("step_00000002"));
 
-    let (code, t) = run(&launch2(&args(&b, extra)), dir);
+    let (code, t) = run_args(&launch2(&ckpt_args(&b, extra)), dir);
     assert_eq!(code, Some(0), "{t}");
     assert!(t.contains("[rank 1] resuming from") && t.contains("step_00000002"), "{t}");
     let digests = final_digests(&straight);
@@ -296,7 +262,7 @@ fn two_ranks_resume_from_rank_0s_files_bitwise_and_fail_together_with_its_reason
     corrupt(&step6.join("model.safetensors"));
     let resume = format!("checkpoint.resume={}", step6.display());
     let t0 = Instant::now();
-    let (code, t) = run(&launch2(&args(&dir.path().join("c"), &[&resume])), dir.path());
+    let (code, t) = run_args(&launch2(&ckpt_args(&dir.path().join("c"), &[&resume])), dir.path());
     assert_ne!(code, Some(0), "{t}");
     assert!(t.contains("[rank 0]") && t.contains("model.safetensors is corrupt"), "{t}");
     assert!(t.contains("[rank 1]") && t.contains("rank 0 cannot resume, so rank 1 cannot either"), "{t}");
@@ -354,9 +320,9 @@ fn two_ranks_resume_an_epoch_end_with_each_ranks_pending_f16_gradients_bitwise()
 /// `ddptrain eval --json` of `ckpt` with `extra` settings.
 fn eval_json(out: &Path, ckpt: &Path, extra: &[&str], cwd: &Path) -> serde_json::Value {
     let mut a = vec!["eval".to_string()];
-    a.extend(args(out, extra));
+    a.extend(ckpt_args(out, extra));
     a.extend(["--checkpoint".into(), ckpt.display().to_string(), "--json".into()]);
-    let (code, t) = run(&a, cwd);
+    let (code, t) = run_args(&a, cwd);
     assert_eq!(code, Some(0), "{t}");
     let line = t.lines().find(|l| l.starts_with('{')).unwrap_or_else(|| panic!("no JSON line: {t}"));
     serde_json::from_str(line).unwrap()
@@ -367,7 +333,7 @@ fn eval_of_an_o2_checkpoint_scores_the_runs_model_and_at_o0_its_fp32_masters() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
     let o2 = ["amp.opt_level=O2"];
-    let (code, t) = run(&args(&out, &o2), dir.path());
+    let (code, t) = run_args(&ckpt_args(&out, &o2), dir.path());
     assert_eq!(code, Some(0), "{t}");
     let s: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
@@ -382,7 +348,7 @@ fn eval_of_an_o2_checkpoint_scores_the_runs_model_and_at_o0_its_fp32_masters() {
     // At O0, the fp32 masters (the run's out_dir/model.safetensors) in the fp32 model,
     // not their f16 rounding that model.safetensors of the checkpoint holds.
     let ev0 = eval_json(&out, &latest, &[], dir.path());
-    let sets: Vec<String> = args(&out, &[]).into_iter().skip(3).step_by(2).collect();
+    let sets: Vec<String> = ckpt_args(&out, &[]).into_iter().skip(3).step_by(2).collect();
     let cfg = ddptrain::config::load(&repo_root().join("configs/mnist_o0.toml"), &sets).unwrap();
     let ddptrain::train::Prepared { mut model, test_ds, .. } = ddptrain::train::prepare(&cfg).unwrap();
     let weights = out.join("model.safetensors");

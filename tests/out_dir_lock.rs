@@ -9,44 +9,10 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// Synthetic run of 6 steps, a checkpoint every 2, into `out`.
-fn args(out: &Path, extra: &[&str]) -> Vec<String> {
-    let mut a: Vec<String> = vec![
-        "--config".into(),
-        repo_root().join("configs/mnist_o0.toml").display().to_string(),
-        "--set".into(),
-        format!("run.out_dir={}", out.display()),
-    ];
-    for s in [
-        "data.dataset=synthetic",
-        "data.synthetic_train_size=200",
-        "data.synthetic_test_size=100",
-        "data.batch_size=50",
-        "train.max_steps=6",
-        "checkpoint.every_steps=2",
-        "logging.progress=never",
-        "logging.tensorboard=false",
-        "expect.min_test_accuracy=0.0",
-    ]
-    .iter()
-    .chain(extra)
-    {
-        a.push("--set".into());
-        a.push(s.to_string());
-    }
-    a
-}
-
-fn run(a: &[String], cwd: &Path) -> (Option<i32>, String) {
-    let refs: Vec<&str> = a.iter().map(String::as_str).collect();
-    let o = ddptrain(&refs, cwd);
-    (o.status.code(), text(&o))
-}
-
 /// A run that pauses `pause_ms` inside every checkpoint save, so it is still
 /// running when the test looks.
 fn spawn_slow(out: &Path, cwd: &Path, pause_ms: u64) -> Child {
-    let mut a = args(out, &[]);
+    let mut a = ckpt_args(out, &[]);
     a.push(format!("--debug-save-pause-ms={pause_ms}"));
     Command::new(ddptrain_bin())
         .args(&a)
@@ -85,7 +51,7 @@ fn a_second_run_into_a_busy_out_dir_is_refused_naming_the_holder_until_it_ends()
     let mut first = spawn_slow(&out, dir.path(), 3000);
     wait_for_hold(&mut first, &out);
 
-    let (code, t) = run(&args(&out, &[]), dir.path());
+    let (code, t) = run_args(&ckpt_args(&out, &[]), dir.path());
     assert_eq!(code, Some(1), "{t}");
     let holder = LockHolder { pid: first.id(), host: LockHolder::current().host };
     assert!(
@@ -99,18 +65,18 @@ fn a_second_run_into_a_busy_out_dir_is_refused_naming_the_holder_until_it_ends()
         "the first run must still be running for the eval check to mean anything"
     );
     let mut e = vec!["eval".to_string()];
-    e.extend(args(&out, &[]));
+    e.extend(ckpt_args(&out, &[]));
     e.extend(["--checkpoint".into(), out.join("ckpt/latest").display().to_string()]);
     let t0 = Instant::now();
     while !out.join("ckpt/latest").exists() {
         assert!(t0.elapsed() < Duration::from_secs(120), "no first checkpoint");
         std::thread::sleep(Duration::from_millis(20));
     }
-    let (code, t) = run(&e, dir.path());
+    let (code, t) = run_args(&e, dir.path());
     assert_eq!(code, Some(0), "{t}");
 
     assert!(first.wait().unwrap().success());
-    let (code, t) = run(&args(&out, &[]), dir.path());
+    let (code, t) = run_args(&ckpt_args(&out, &[]), dir.path());
     assert_eq!(code, Some(0), "a run after the first ended is allowed: {t}");
 }
 
@@ -124,6 +90,6 @@ fn a_killed_run_leaves_no_lock_behind() {
     first.kill().unwrap();
     first.wait().unwrap();
     assert!(out.join(LOCK_FILE).exists(), "the lock file stays; only the hold goes");
-    let (code, t) = run(&args(&out, &[]), dir.path());
+    let (code, t) = run_args(&ckpt_args(&out, &[]), dir.path());
     assert_eq!(code, Some(0), "{t}");
 }

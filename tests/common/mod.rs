@@ -77,3 +77,37 @@ pub fn write(dir: &Path, name: &str, body: &str) -> PathBuf {
     std::fs::write(&p, body).expect("write test file");
     p
 }
+
+/// Synthetic run of 6 steps, a checkpoint every 2.
+pub fn ckpt_args(out: &Path, extra: &[&str]) -> Vec<String> {
+    let mut a: Vec<String> = vec![
+        "--config".into(),
+        repo_root().join("configs/mnist_o0.toml").display().to_string(),
+        "--set".into(),
+        format!("run.out_dir={}", out.display()),
+    ];
+    for s in [
+        "data.dataset=synthetic",
+        "data.synthetic_train_size=200",
+        "data.synthetic_test_size=100",
+        "data.batch_size=50",
+        "train.max_steps=6",
+        "checkpoint.every_steps=2",
+        "logging.progress=never",
+        "logging.tensorboard=false",
+        "expect.min_test_accuracy=0.0",
+    ]
+    .iter()
+    .chain(extra)
+    {
+        a.push("--set".into());
+        a.push(s.to_string());
+    }
+    a
+}
+
+pub fn run_args(a: &[String], cwd: &Path) -> (Option<i32>, String) {
+    let refs: Vec<&str> = a.iter().map(String::as_str).collect();
+    let o = ddptrain(&refs, cwd);
+    (o.status.code(), text(&o))
+}
