@@ -85,6 +85,8 @@ pub(crate) fn run(cfg: &Config, opts: &RunOptions, setup: Setup, engine: &mut dy
             if d.drop_last { indices.len() / d.batch_size } else { indices.len().div_ceil(d.batch_size) };
         let rows_left = indices.len();
         engine.begin_epoch(indices)?;
+        // A SIGTERM/SIGINT the ranks agreed on, and the micro-batches of the epoch done by then.
+        let mut stopping: Option<(stop::StopSignal, usize)> = None;
         let mut t0 = Instant::now();
         for k in 0..batches {
             let rows = (rows_left - k * d.batch_size).min(d.batch_size);
@@ -193,36 +195,21 @@ pub(crate) fn run(cfg: &Config, opts: &RunOptions, setup: Setup, engine: &mut dy
                 break;
             }
             if let Some(sig) = stop::after_step(opts, engine, &ddp)? {
-                progress.println(&stop::checkpoint(
-                    sig,
-                    engine,
-                    &mut ckpt,
-                    &mut c,
-                    done,
-                    &mut metrics_out,
-                    &ddp,
-                )?);
-                interrupted = Some(sig);
-                break 'train;
+                stopping = Some((sig, done));
+                break;
             }
             t0 = Instant::now();
         }
         // A stop the device told of only now still comes before the evaluation.
-        if c.step < total_steps {
-            if let Some(sig) = stop::agreed(engine, &ddp, true)? {
-                let all = skip + batches;
-                progress.println(&stop::checkpoint(
-                    sig,
-                    engine,
-                    &mut ckpt,
-                    &mut c,
-                    all,
-                    &mut metrics_out,
-                    &ddp,
-                )?);
-                interrupted = Some(sig);
-                break 'train;
-            }
+        if stopping.is_none() && c.step < total_steps {
+            stopping = stop::agreed(engine, &ddp, true)?.map(|sig| (sig, skip + batches));
+        }
+        if let Some((sig, batches_in_epoch)) = stopping {
+            let line =
+                stop::checkpoint(sig, engine, &mut ckpt, &mut c, batches_in_epoch, &mut metrics_out, &ddp)?;
+            progress.println(&line);
+            interrupted = Some(sig);
+            break 'train;
         }
         c.epoch += 1;
         // A skip at the epoch's last step, before the evaluation's line.
