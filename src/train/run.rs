@@ -145,7 +145,7 @@ pub(crate) fn run(cfg: &Config, opts: &RunOptions, setup: Setup, engine: &mut dy
                 if first {
                     c.initial_loss = step_loss;
                 }
-                if let Some(t) = &mut tracer {
+                if let Some(t) = tracer.as_mut().filter(|t| t.uses_lines()) {
                     let host = engine.host(HostSync::Weights)?;
                     trace_divergence =
                         t.after_update(step, step_loss, look.grad_norm, look.loss_scale, host.model)?;

@@ -129,6 +129,12 @@ impl Tracer {
         Ok(Some(Tracer { record, golden, tolerance: opts.trace_tolerance }))
     }
 
+    /// Whether this rank records or checks lines (a rank other than 0 that
+    /// only records has nothing to do, not even to bring its weights to the host).
+    pub fn uses_lines(&self) -> bool {
+        self.record.is_some() || self.golden.is_some()
+    }
+
     /// After the update of step `step`: records, and returns a verdict line
     /// when the run diverges from the golden trace. `grad_norm` is the total
     /// norm of the step's unscaled gradients before clipping (what
@@ -142,9 +148,6 @@ impl Tracer {
         loss_scale: f32,
         model: &Model,
     ) -> Result<Option<String>> {
-        if self.record.is_none() && self.golden.is_none() {
-            return Ok(None);
-        }
         let line = trace_line(step, loss, grad_norm, loss_scale, model)?;
         if let Some((path, out)) = &mut self.record {
             let io = |e| Error::io(format!("cannot write the trace {}", path.display()), e);
