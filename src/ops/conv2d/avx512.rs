@@ -19,6 +19,7 @@
 //! Sums run in a different order from the GEMM path (same f32 products).
 
 mod dw;
+mod winograd;
 
 use super::avx512_direct::{self as direct, Grid, LaneWeights};
 use super::cpu::ConvGeom;
@@ -235,6 +236,20 @@ pub(super) fn as_uninit(s: &mut [f32]) -> &mut [MaybeUninit<f32>] {
 /// f16 activations (`X = f16`) are widened image by image as they are
 /// loaded and the output rounded image by image as it is stored.
 pub fn forward<X: Act>(g: &ConvGeom, x: &[X], w: &[f32], bias: Option<&[f32]>, y: &mut [X::Out]) {
+    if g.n > 0 && winograd::fits(g) {
+        return winograd::forward(g, x, w, bias, y);
+    }
+    forward_direct(g, x, w, bias, y);
+}
+
+/// [`forward`] without the Winograd kernels (so tests can run both).
+pub(super) fn forward_direct<X: Act>(
+    g: &ConvGeom,
+    x: &[X],
+    w: &[f32],
+    bias: Option<&[f32]>,
+    y: &mut [X::Out],
+) {
     if g.n == 0 {
         return;
     }
@@ -360,6 +375,9 @@ pub fn backward<X: Act>(
     db: Option<&mut [f32]>,
     dx: Option<&mut [X]>,
 ) {
+    if g.n > 0 && winograd::fits(g) {
+        return winograd::backward(g, x, w, dy, dw, db, dx);
+    }
     backward_with(g, x, w, dy, dw, db, dx, pixel_dw(g));
 }
 

@@ -30,6 +30,13 @@ const CFGS: &[(usize, usize, usize, usize, usize, usize, usize)] = &[
     (2, 4, 12, 15, 17, 5, 4),
     // 31 output columns (two full tiles and an overlap), dx over 29.
     (1, 20, 6, 29, 16, 5, 3),
+    // Winograd F(2x2, 5x5) (5x5, at least 8 channels each way): odd output
+    // sizes (half tiles), every padding, channels off the 16 lanes.
+    (3, 8, 13, 11, 9, 5, 2),
+    (2, 17, 9, 7, 33, 5, 0),
+    (2, 9, 6, 5, 8, 5, 4),
+    (1, 8, 5, 5, 8, 5, 3),
+    (5, 12, 15, 16, 20, 5, 1),
 ];
 
 fn geom(cfg: (usize, usize, usize, usize, usize, usize, usize)) -> ConvGeom {
@@ -68,6 +75,9 @@ fn check(cfg: (usize, usize, usize, usize, usize, usize, usize), seed: u64) {
     let mut y = vec![f32::NAN; y64.len()];
     avx512::forward(&g, &f32s(&x), &f32s(&w), Some(&f32s(&b)), avx512::as_uninit(&mut y));
     close(&format!("{cfg:?} y"), &y, &y64);
+    let mut y = vec![f32::NAN; y64.len()];
+    avx512::forward_direct(&g, &f32s(&x), &f32s(&w), Some(&f32s(&b)), avx512::as_uninit(&mut y));
+    close(&format!("{cfg:?} y (direct)"), &y, &y64);
 
     let (mut dw64, mut db64, mut dx64) = (dw0.clone(), db0.clone(), vec![0.0; x.len()]);
     cpu::backward(&g, &x, &w, &dy, &mut dw64, Some(&mut db64), Some(&mut dx64));
@@ -85,9 +95,16 @@ fn check(cfg: (usize, usize, usize, usize, usize, usize, usize), seed: u64) {
         avx512::backward_with(&g, &xf, &wf, &dyf, &mut dw, None, None, pixel);
         close(&format!("{cfg:?} pixel {pixel} dw only"), &dw, &dw64);
     }
-    let mut dw = f32s(&dw0);
-    avx512::backward(&g, &f32s(&x), &f32s(&w), &f32s(&dy), &mut dw, None, None);
+    // Whichever kernels `backward` picks (Winograd where it fits).
+    let (xf, wf, dyf) = (f32s(&x), f32s(&w), f32s(&dy));
+    let (mut dw, mut db, mut dx) = (f32s(&dw0), f32s(&db0), vec![f32::NAN; x.len()]);
+    avx512::backward(&g, &xf, &wf, &dyf, &mut dw, Some(&mut db), Some(&mut dx));
     close(&format!("{cfg:?} dw (backward's pick)"), &dw, &dw64);
+    close(&format!("{cfg:?} db (backward's pick)"), &db, &db64);
+    close(&format!("{cfg:?} dx (backward's pick)"), &dx, &dx64);
+    let mut dw = f32s(&dw0);
+    avx512::backward(&g, &xf, &wf, &dyf, &mut dw, None, None);
+    close(&format!("{cfg:?} dw only (backward's pick)"), &dw, &dw64);
 }
 
 #[test]

@@ -1,0 +1,317 @@
+//! Winograd F(2x2, 5x5) convolution on AVX-512, for 5x5 stride-1 kernels
+//! with enough channels on both sides (MNIST's conv2). Each 2 x 2 block of
+//! output pixels (a tile) costs 36 products per channel pair instead of 100:
+//! the 6 x 6 input patch and the filter are transformed, multiplied point by
+//! point (36 small GEMMs over the channels), and transformed back
+//! (Lavin & Gray, "Fast Algorithms for Convolutional Neural Networks").
+//!
+//! - forward: F(2, 5) over the input padded by `p`;
+//! - input gradient: the same F(2, 5) over `dy` padded by `K - 1 - p` with
+//!   the flipped, transposed filter (a full correlation);
+//! - weight gradient: F(5, 2), the 2 x 2 `dy` tile as the filter over the
+//!   forward's own 6 x 6 patches, summed over tiles and images in the
+//!   transformed domain and transformed back once per call.
+//!
+//! Activations are pixel-major with channels along the lanes; every
+//! transform applied to data is integer, so the results differ from the
+//! direct kernels' only by the rounding of a different order of sums (and
+//! of the filter transform's fractions, rounded once from f64).
+
+mod kernels;
+
+use super::dw::{lane_sum, transpose_to};
+use super::{as_uninit, per_task};
+use crate::ops::conv2d::avx512_direct::to_planes;
+use crate::ops::conv2d::cpu::ConvGeom;
+use crate::ops::half_emu::Act;
+use kernels::{TileGrid, AT5, G5, INV_F5, LANES, T, TT};
+use rayon::prelude::*;
+
+const K: usize = 5;
+
+/// Whether [`forward`] and [`backward`] take this geometry: a 5x5 stride-1
+/// kernel with at least 8 channels in and out (MNIST's conv1, with one
+/// input channel, would spend its time in the transforms).
+pub(super) fn fits(g: &ConvGeom) -> bool {
+    g.k == K && g.stride == 1 && g.padding < K && g.c >= 8 && g.o >= 8
+}
+
+/// An image pixel-major, `[rows][cols][ld]`: its `ch` planes of `h x w`
+/// pixels at `(pad, pad)`, zeros around them and in lanes `ch..ld`.
+struct PixelMajor {
+    rows: usize,
+    cols: usize,
+    ld: usize,
+    pad: usize,
+    h: usize,
+    w: usize,
+    ch: usize,
+}
+
+impl PixelMajor {
+    fn len(&self) -> usize {
+        self.rows * self.cols * self.ld
+    }
+
+    /// Writes the pixels of `src[ch][h][w]` into `buf` (whose border and
+    /// extra lanes stay as they are: zero), by way of `scratch[h * w * ld]`.
+    fn fill(&self, src: &[f32], scratch: &mut [f32], buf: &mut [f32]) {
+        let (hw, row) = (self.h * self.w, self.w * self.ld);
+        transpose_to(src, self.ch, hw, scratch, self.ld);
+        for (y, s) in scratch.chunks_exact(row).take(self.h).enumerate() {
+            let at = ((self.pad + y) * self.cols + self.pad) * self.ld;
+            buf[at..at + row].copy_from_slice(s);
+        }
+    }
+
+    /// The tiles of an output grid of `ho x wo` pixels over this image.
+    fn tiles(&self, (ho, wo): (usize, usize)) -> TileGrid {
+        TileGrid { ty: ho.div_ceil(2), tx: wo.div_ceil(2), cols: self.cols, ld: self.ld }
+    }
+}
+
+/// Sizes shared by the forward and backward passes.
+struct Plan {
+    /// `x`, padded by `p`: read by the forward and weight-gradient tiles.
+    x: PixelMajor,
+    /// `dy`, padded by `q = K - 1 - p`: read by the input gradient's tiles
+    /// and (at `(q, q)`) by the weight gradient's 2 x 2 tiles.
+    dy: PixelMajor,
+    /// Tiles over the output, read from `x`.
+    out: TileGrid,
+    /// Tiles over the input gradient, read from `dy`.
+    dx: TileGrid,
+    /// The weight gradient's `dy` tiles: `out`'s grid over `dy`.
+    dwt: TileGrid,
+}
+
+impl Plan {
+    fn new(g: &ConvGeom) -> Self {
+        let (p, q) = (g.padding, K - 1 - g.padding);
+        let (ldc, ldo) = (g.c.next_multiple_of(LANES), g.o.next_multiple_of(LANES));
+        // A tile's 6 x 6 patch reaches 2 * tiles + 4 rows and columns.
+        let reach = |n: usize| 2 * n.div_ceil(2) + T - 2;
+        let x = PixelMajor {
+            rows: reach(g.ho).max(p + g.h),
+            cols: reach(g.wo).max(p + g.w),
+            ld: ldc,
+            pad: p,
+            h: g.h,
+            w: g.w,
+            ch: g.c,
+        };
+        let dy = PixelMajor {
+            rows: reach(g.h).max(q + 2 * g.ho.div_ceil(2)),
+            cols: reach(g.w).max(q + 2 * g.wo.div_ceil(2)),
+            ld: ldo,
+            pad: q,
+            h: g.ho,
+            w: g.wo,
+            ch: g.o,
+        };
+        let out = x.tiles((g.ho, g.wo));
+        let dx = dy.tiles((g.h, g.w));
+        let dwt = dy.tiles((g.ho, g.wo));
+        // What makes the kernels' raw reads sound: every 6 x 6 patch inside
+        // its image, every 2 x 2 `dy` tile (from (q, q)) inside `dy`.
+        let inside = |pm: &PixelMajor, tg: TileGrid, from: usize, side: usize| {
+            from + 2 * (tg.ty - 1) + side <= pm.rows && from + 2 * (tg.tx - 1) + side <= pm.cols
+        };
+        assert!(inside(&x, out, 0, T) && inside(&dy, dx, 0, T) && inside(&dy, dwt, q, 2));
+        Plan { x, dy, out, dx, dwt }
+    }
+}
+
+/// The transformed filters `u[p][i][ld]` (`ld` = `nout` rounded up to
+/// lanes) of `at(o, i, ki, kj)`, `G w G^T` in f64 and rounded once.
+fn filters(nin: usize, nout: usize, at: impl Fn(usize, usize, usize, usize) -> f32) -> Vec<f32> {
+    let ld = nout.next_multiple_of(LANES);
+    let mut u = vec![0f32; TT * nin * ld];
+    for o in 0..nout {
+        for i in 0..nin {
+            let mut gw = [[0f64; K]; T];
+            for (a, row) in gw.iter_mut().enumerate() {
+                for (kj, v) in row.iter_mut().enumerate() {
+                    *v = (0..K).map(|ki| G5[a][ki] * at(o, i, ki, kj) as f64).sum();
+                }
+            }
+            for (a, row) in gw.iter().enumerate() {
+                for (b, gb) in G5.iter().enumerate() {
+                    let v: f64 = row.iter().zip(gb).map(|(x, y)| x * y).sum();
+                    u[((a * T + b) * nin + i) * ld + o] = v as f32;
+                }
+            }
+        }
+    }
+    u
+}
+
+/// Scratch for one rayon task's run of images.
+fn zeros(n: usize) -> Vec<f32> {
+    vec![0f32; n]
+}
+
+/// `y[N, O, Ho, Wo] = conv(x, w) + bias`, as [`super::forward`] (which
+/// calls it for [`fits`] geometries on AVX-512 machines).
+pub(super) fn forward<X: Act>(g: &ConvGeom, x: &[X], w: &[f32], bias: Option<&[f32]>, y: &mut [X::Out]) {
+    let plan = Plan::new(g);
+    let (ckk, kk) = (g.ckk(), K * K);
+    let u = filters(g.c, g.o, |o, c, ki, kj| w[o * ckk + c * kk + ki * K + kj]);
+    let (ldc, ldo, nt, hw) = (plan.x.ld, plan.dy.ld, plan.out.count(), g.out_hw());
+    let pt = per_task(g.n);
+    y.par_chunks_mut(pt * g.y_len()).zip(x.par_chunks(pt * g.x_len())).for_each(|(yc, xc)| {
+        let (mut xt, mut tr) = (zeros(plan.x.len()), zeros(g.h * g.w * ldc));
+        let (mut v, mut m, mut out) = (zeros(TT * nt * ldc), zeros(TT * nt * ldo), zeros(hw * ldo));
+        let (mut xb, mut yb) = (Vec::new(), Vec::new());
+        for (yi, xi) in yc.chunks_exact_mut(g.y_len()).zip(xc.chunks_exact(g.x_len())) {
+            plan.x.fill(X::widened(xi, &mut xb), &mut tr, &mut xt);
+            // SAFETY: the patches of `plan.out` lie inside `xt` (Plan::new
+            // sizes it to their reach), and v, u, m, out have the lengths
+            // the kernels' contracts ask for (allocated just above). `fits`
+            // callers run only where `avx512::usable` found AVX-512F.
+            unsafe {
+                kernels::input_transform(xt.as_ptr(), plan.out, v.as_mut_ptr());
+                kernels::point_gemms(nt, g.c, v.as_ptr(), ldc, u.as_ptr(), ldo, m.as_mut_ptr());
+                kernels::output_transform(
+                    m.as_ptr(),
+                    (plan.out.ty, plan.out.tx, ldo),
+                    (g.ho, g.wo),
+                    out.as_mut_ptr(),
+                );
+            }
+            X::store(yi, &mut yb, |yo| to_planes(&out, hw, ldo, bias, yo));
+        }
+    });
+}
+
+/// Gradients of [`forward`], as [`super::backward`]: `dw`, `db` are
+/// accumulated into, `dx` (when asked for) is overwritten.
+pub(super) fn backward<X: Act>(
+    g: &ConvGeom,
+    x: &[X],
+    w: &[f32],
+    dy: &[X],
+    dw: &mut [f32],
+    db: Option<&mut [f32]>,
+    dx: Option<&mut [X]>,
+) {
+    let plan = Plan::new(g);
+    let (ckk, kk) = (g.ckk(), K * K);
+    let (ldc, ldo, hw) = (plan.x.ld, plan.dy.ld, g.out_hw());
+    let (nt, ntx) = (plan.out.count(), plan.dx.count());
+    // The input gradient's filter: `w` flipped, input and output swapped.
+    let udx = dx
+        .is_some()
+        .then(|| filters(g.o, g.c, |c, o, ki, kj| w[o * ckk + c * kk + (K - 1 - ki) * K + (K - 1 - kj)]));
+    let pt = per_task(g.n);
+    let tasks = g.n.div_ceil(pt);
+    let dx_parts: Vec<Option<&mut [X]>> = match dx {
+        Some(d) => d.chunks_mut(pt * g.x_len()).map(Some).collect(),
+        None => (0..tasks).map(|_| None).collect(),
+    };
+    let need_db = db.is_some();
+    // Per task: the weight gradient in the transformed domain and db.
+    let partials: Vec<(Vec<f32>, Vec<f32>)> = dx_parts
+        .into_par_iter()
+        .enumerate()
+        .map(|(t, mut dxt)| {
+            let first = t * pt;
+            let imgs = pt.min(g.n - first);
+            let mut acc = zeros(TT * ldc * ldo);
+            let mut db_t = zeros(if need_db { g.o } else { 0 });
+            let (mut xt, mut dyt) = (zeros(plan.x.len()), zeros(plan.dy.len()));
+            let mut tr = zeros((g.h * g.w * ldc).max(hw * ldo));
+            let (mut v, mut d) = (zeros(TT * nt * ldc), zeros(TT * nt * ldo));
+            let dx_len = |n| if dxt.is_some() { n } else { 0 };
+            let (mut vdy, mut mdx) = (zeros(dx_len(TT * ntx * ldo)), zeros(dx_len(TT * ntx * ldc)));
+            let mut outdx = zeros(dx_len(g.h * g.w * ldc));
+            let (mut xb, mut dyb, mut dxb) = (Vec::new(), Vec::new(), Vec::new());
+            for i in 0..imgs {
+                let img = first + i;
+                plan.x.fill(
+                    X::widened(&x[img * g.x_len()..(img + 1) * g.x_len()], &mut xb),
+                    &mut tr,
+                    &mut xt,
+                );
+                let dyi = X::widened(&dy[img * g.y_len()..(img + 1) * g.y_len()], &mut dyb);
+                plan.dy.fill(dyi, &mut tr, &mut dyt);
+                let q = plan.dy.pad;
+                // SAFETY: the patches of `plan.out` lie inside `xt` and the
+                // 2 x 2 tiles of `plan.dwt` from (q, q) inside `dyt` (Plan::new
+                // sizes both to their reach); v, d, acc have the lengths the
+                // contracts ask for (allocated above). AVX-512F: see `fits`.
+                unsafe {
+                    kernels::input_transform(xt.as_ptr(), plan.out, v.as_mut_ptr());
+                    kernels::dy_transform(
+                        dyt.as_ptr().add((q * plan.dy.cols + q) * ldo),
+                        plan.dwt,
+                        d.as_mut_ptr(),
+                    );
+                    kernels::point_dw(nt, v.as_ptr(), ldc, d.as_ptr(), ldo, acc.as_mut_ptr());
+                }
+                for (s, dyo) in db_t.iter_mut().zip(dyi.chunks_exact(hw)) {
+                    *s += lane_sum(dyo);
+                }
+                if let (Some(dxt), Some(udx)) = (dxt.as_deref_mut(), udx.as_deref()) {
+                    // SAFETY: the patches of `plan.dx` lie inside `dyt`; vdy,
+                    // udx, mdx, outdx have the contracts' lengths.
+                    unsafe {
+                        kernels::input_transform(dyt.as_ptr(), plan.dx, vdy.as_mut_ptr());
+                        kernels::point_gemms(
+                            ntx,
+                            g.o,
+                            vdy.as_ptr(),
+                            ldo,
+                            udx.as_ptr(),
+                            ldc,
+                            mdx.as_mut_ptr(),
+                        );
+                        kernels::output_transform(
+                            mdx.as_ptr(),
+                            (plan.dx.ty, plan.dx.tx, ldc),
+                            (g.h, g.w),
+                            outdx.as_mut_ptr(),
+                        );
+                    }
+                    let dxi = &mut dxt[i * g.x_len()..(i + 1) * g.x_len()];
+                    X::store_init(dxi, &mut dxb, |d| to_planes(&outdx, g.h * g.w, ldc, None, as_uninit(d)));
+                }
+            }
+            (acc, db_t)
+        })
+        .collect();
+    let mut acc = zeros(TT * ldc * ldo);
+    for (part, _) in &partials {
+        for (a, b) in acc.iter_mut().zip(part) {
+            *a += *b;
+        }
+    }
+    finish_dw(g, &acc, ldc, ldo, dw);
+    if let Some(db) = db {
+        for (_, db_t) in &partials {
+            for (a, b) in db.iter_mut().zip(db_t) {
+                *a += *b;
+            }
+        }
+    }
+}
+
+/// `dw[o][c] += A^T (diag(f) acc[.][c][o] diag(f)) A`: the weight gradient
+/// out of the transformed domain (`f` = [`INV_F5`], the filter transform's
+/// fractions), in f64.
+fn finish_dw(g: &ConvGeom, acc: &[f32], ldc: usize, ldo: usize, dw: &mut [f32]) {
+    let kk = K * K;
+    for (o, dwo) in dw.chunks_exact_mut(g.c * kk).enumerate() {
+        for (c, dwc) in dwo.chunks_exact_mut(kk).enumerate() {
+            let s: [[f64; T]; T] = std::array::from_fn(|a| {
+                std::array::from_fn(|b| acc[((a * T + b) * ldc + c) * ldo + o] as f64 * INV_F5[a] * INV_F5[b])
+            });
+            for (ki, row) in dwc.chunks_exact_mut(K).enumerate() {
+                let r: [f64; T] = std::array::from_fn(|b| (0..T).map(|a| AT5[ki][a] * s[a][b]).sum());
+                for (kj, v) in row.iter_mut().enumerate() {
+                    *v += (0..T).map(|b| r[b] * AT5[kj][b]).sum::<f64>() as f32;
+                }
+            }
+        }
+    }
+}
