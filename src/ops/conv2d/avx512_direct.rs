@@ -119,7 +119,7 @@ unsafe fn planes_avx512(
 /// Transposes a 16 x 16 matrix held as 16 row vectors.
 #[inline]
 #[target_feature(enable = "avx512f")]
-fn transpose16(m: &mut [__m512; LANES]) {
+pub(super) fn transpose16(m: &mut [__m512; LANES]) {
     let mut t = [_mm512_setzero_ps(); LANES];
     // 2 x 2 blocks, then 4 x 4 within each 128-bit lane.
     for i in 0..8 {

@@ -19,13 +19,14 @@
 
 mod kernels;
 
-use super::dw::{lane_sum, transpose_to};
+use super::dw::lane_sum;
 use super::{as_uninit, per_task};
 use crate::ops::conv2d::avx512_direct::to_planes;
 use crate::ops::conv2d::cpu::ConvGeom;
 use crate::ops::half_emu::Act;
 use kernels::{TileGrid, AT5, G5, INV_F5, LANES, T, TT};
 use rayon::prelude::*;
+use std::cell::RefCell;
 
 const K: usize = 5;
 
@@ -53,14 +54,21 @@ impl PixelMajor {
         self.rows * self.cols * self.ld
     }
 
-    /// Writes the pixels of `src[ch][h][w]` into `buf` (whose border and
-    /// extra lanes stay as they are: zero), by way of `scratch[h * w * ld]`.
-    fn fill(&self, src: &[f32], scratch: &mut [f32], buf: &mut [f32]) {
-        let (hw, row) = (self.h * self.w, self.w * self.ld);
-        transpose_to(src, self.ch, hw, scratch, self.ld);
-        for (y, s) in scratch.chunks_exact(row).take(self.h).enumerate() {
-            let at = ((self.pad + y) * self.cols + self.pad) * self.ld;
-            buf[at..at + row].copy_from_slice(s);
+    /// Writes the pixels of `src[ch][h][w]` into `buf` (whose border stays
+    /// as it is: zero).
+    fn fill(&self, src: &[f32], buf: &mut [f32]) {
+        assert!(
+            src.len() >= self.ch * self.h * self.w && self.ch <= self.ld && self.ld.is_multiple_of(LANES)
+        );
+        assert!(self.pad + self.h <= self.rows && self.pad + self.w <= self.cols && buf.len() >= self.len());
+        // SAFETY: the asserts are `to_pixel_major`'s contract. AVX-512F: see `fits`.
+        unsafe {
+            kernels::to_pixel_major(
+                src.as_ptr(),
+                (self.ch, self.h, self.w),
+                buf.as_mut_ptr(),
+                (self.pad, self.cols, self.ld),
+            )
         }
     }
 
@@ -146,9 +154,44 @@ fn filters(nin: usize, nout: usize, at: impl Fn(usize, usize, usize, usize) -> f
     u
 }
 
-/// Scratch for one rayon task's run of images.
 fn zeros(n: usize) -> Vec<f32> {
     vec![0f32; n]
+}
+
+std::thread_local! {
+    static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` on this thread's scratch cut into pieces of the lengths `lens`:
+/// the first `zeroed` zero-filled, the others holding whatever the last use
+/// left (the kernels write them in full before reading). Fresh buffers per
+/// rayon task, allocated and zero-filled page by page, took 3% of a step.
+fn with_scratch<const N: usize, R>(
+    lens: [usize; N],
+    zeroed: usize,
+    f: impl FnOnce([&mut [f32]; N]) -> R,
+) -> R {
+    let run = |buf: &mut Vec<f32>| {
+        let total = lens.iter().sum();
+        if buf.len() < total {
+            buf.resize(total, 0.0);
+        }
+        let mut rest = &mut buf[..total];
+        let mut parts: [&mut [f32]; N] = std::array::from_fn(|i| {
+            let (a, b) = std::mem::take(&mut rest).split_at_mut(lens[i]);
+            rest = b;
+            a
+        });
+        for p in parts.iter_mut().take(zeroed) {
+            p.fill(0.0);
+        }
+        f(parts)
+    };
+    SCRATCH.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut buf) => run(&mut buf),
+        // Only a nested use lands here; it gets a buffer of its own.
+        Err(_) => run(&mut Vec::new()),
+    })
 }
 
 /// `y[N, O, Ho, Wo] = conv(x, w) + bias`, as [`super::forward`] (which
@@ -160,27 +203,28 @@ pub(super) fn forward<X: Act>(g: &ConvGeom, x: &[X], w: &[f32], bias: Option<&[f
     let (ldc, ldo, nt, hw) = (plan.x.ld, plan.dy.ld, plan.out.count(), g.out_hw());
     let pt = per_task(g.n);
     y.par_chunks_mut(pt * g.y_len()).zip(x.par_chunks(pt * g.x_len())).for_each(|(yc, xc)| {
-        let (mut xt, mut tr) = (zeros(plan.x.len()), zeros(g.h * g.w * ldc));
-        let (mut v, mut m, mut out) = (zeros(TT * nt * ldc), zeros(TT * nt * ldo), zeros(hw * ldo));
-        let (mut xb, mut yb) = (Vec::new(), Vec::new());
-        for (yi, xi) in yc.chunks_exact_mut(g.y_len()).zip(xc.chunks_exact(g.x_len())) {
-            plan.x.fill(X::widened(xi, &mut xb), &mut tr, &mut xt);
-            // SAFETY: the patches of `plan.out` lie inside `xt` (Plan::new
-            // sizes it to their reach), and v, u, m, out have the lengths
-            // the kernels' contracts ask for (allocated just above). `fits`
-            // callers run only where `avx512::usable` found AVX-512F.
-            unsafe {
-                kernels::input_transform(xt.as_ptr(), plan.out, v.as_mut_ptr());
-                kernels::point_gemms(nt, g.c, v.as_ptr(), ldc, u.as_ptr(), ldo, m.as_mut_ptr());
-                kernels::output_transform(
-                    m.as_ptr(),
-                    (plan.out.ty, plan.out.tx, ldo),
-                    (g.ho, g.wo),
-                    out.as_mut_ptr(),
-                );
+        let lens = [plan.x.len(), TT * nt * ldc, TT * nt * ldo, hw * ldo];
+        with_scratch(lens, 1, |[xt, v, m, out]| {
+            let (mut xb, mut yb) = (Vec::new(), Vec::new());
+            for (yi, xi) in yc.chunks_exact_mut(g.y_len()).zip(xc.chunks_exact(g.x_len())) {
+                plan.x.fill(X::widened(xi, &mut xb), xt);
+                // SAFETY: the patches of `plan.out` lie inside `xt` (Plan::new
+                // sizes it to their reach), and v, u, m, out have the lengths
+                // the kernels' contracts ask for (cut from the scratch above). `fits`
+                // callers run only where `avx512::usable` found AVX-512F.
+                unsafe {
+                    kernels::input_transform(xt.as_ptr(), plan.out, v.as_mut_ptr());
+                    kernels::point_gemms(nt, g.c, v.as_ptr(), ldc, u.as_ptr(), ldo, m.as_mut_ptr());
+                    kernels::output_transform(
+                        m.as_ptr(),
+                        (plan.out.ty, plan.out.tx, ldo),
+                        (g.ho, g.wo),
+                        out.as_mut_ptr(),
+                    );
+                }
+                X::store(yi, &mut yb, |yo| to_planes(out, hw, ldo, bias, yo));
             }
-            X::store(yi, &mut yb, |yo| to_planes(&out, hw, ldo, bias, yo));
-        }
+        });
     });
 }
 
@@ -219,64 +263,68 @@ pub(super) fn backward<X: Act>(
             let imgs = pt.min(g.n - first);
             let mut acc = zeros(TT * ldc * ldo);
             let mut db_t = zeros(if need_db { g.o } else { 0 });
-            let (mut xt, mut dyt) = (zeros(plan.x.len()), zeros(plan.dy.len()));
-            let mut tr = zeros((g.h * g.w * ldc).max(hw * ldo));
-            let (mut v, mut d) = (zeros(TT * nt * ldc), zeros(TT * nt * ldo));
             let dx_len = |n| if dxt.is_some() { n } else { 0 };
-            let (mut vdy, mut mdx) = (zeros(dx_len(TT * ntx * ldo)), zeros(dx_len(TT * ntx * ldc)));
-            let mut outdx = zeros(dx_len(g.h * g.w * ldc));
-            let (mut xb, mut dyb, mut dxb) = (Vec::new(), Vec::new(), Vec::new());
-            for i in 0..imgs {
-                let img = first + i;
-                plan.x.fill(
-                    X::widened(&x[img * g.x_len()..(img + 1) * g.x_len()], &mut xb),
-                    &mut tr,
-                    &mut xt,
-                );
-                let dyi = X::widened(&dy[img * g.y_len()..(img + 1) * g.y_len()], &mut dyb);
-                plan.dy.fill(dyi, &mut tr, &mut dyt);
-                let q = plan.dy.pad;
-                // SAFETY: the patches of `plan.out` lie inside `xt` and the
-                // 2 x 2 tiles of `plan.dwt` from (q, q) inside `dyt` (Plan::new
-                // sizes both to their reach); v, d, acc have the lengths the
-                // contracts ask for (allocated above). AVX-512F: see `fits`.
-                unsafe {
-                    kernels::input_transform(xt.as_ptr(), plan.out, v.as_mut_ptr());
-                    kernels::dy_transform(
-                        dyt.as_ptr().add((q * plan.dy.cols + q) * ldo),
-                        plan.dwt,
-                        d.as_mut_ptr(),
-                    );
-                    kernels::point_dw(nt, v.as_ptr(), ldc, d.as_ptr(), ldo, acc.as_mut_ptr());
-                }
-                for (s, dyo) in db_t.iter_mut().zip(dyi.chunks_exact(hw)) {
-                    *s += lane_sum(dyo);
-                }
-                if let (Some(dxt), Some(udx)) = (dxt.as_deref_mut(), udx.as_deref()) {
-                    // SAFETY: the patches of `plan.dx` lie inside `dyt`; vdy,
-                    // udx, mdx, outdx have the contracts' lengths.
+            let lens = [
+                plan.x.len(),
+                plan.dy.len(),
+                TT * nt * ldc,
+                TT * nt * ldo,
+                dx_len(TT * ntx * ldo),
+                dx_len(TT * ntx * ldc),
+                dx_len(g.h * g.w * ldc),
+            ];
+            with_scratch(lens, 2, |[xt, dyt, v, d, vdy, mdx, outdx]| {
+                let (mut xb, mut dyb, mut dxb) = (Vec::new(), Vec::new(), Vec::new());
+                for i in 0..imgs {
+                    let img = first + i;
+                    plan.x.fill(X::widened(&x[img * g.x_len()..(img + 1) * g.x_len()], &mut xb), xt);
+                    let dyi = X::widened(&dy[img * g.y_len()..(img + 1) * g.y_len()], &mut dyb);
+                    plan.dy.fill(dyi, dyt);
+                    let q = plan.dy.pad;
+                    // SAFETY: the patches of `plan.out` lie inside `xt` and the
+                    // 2 x 2 tiles of `plan.dwt` from (q, q) inside `dyt` (Plan::new
+                    // sizes both to their reach); v, d, acc have the lengths the
+                    // contracts ask for (cut from the scratch above). AVX-512F: see `fits`.
                     unsafe {
-                        kernels::input_transform(dyt.as_ptr(), plan.dx, vdy.as_mut_ptr());
-                        kernels::point_gemms(
-                            ntx,
-                            g.o,
-                            vdy.as_ptr(),
-                            ldo,
-                            udx.as_ptr(),
-                            ldc,
-                            mdx.as_mut_ptr(),
+                        kernels::input_transform(xt.as_ptr(), plan.out, v.as_mut_ptr());
+                        kernels::dy_transform(
+                            dyt.as_ptr().add((q * plan.dy.cols + q) * ldo),
+                            plan.dwt,
+                            d.as_mut_ptr(),
                         );
-                        kernels::output_transform(
-                            mdx.as_ptr(),
-                            (plan.dx.ty, plan.dx.tx, ldc),
-                            (g.h, g.w),
-                            outdx.as_mut_ptr(),
-                        );
+                        kernels::point_dw(nt, v.as_ptr(), ldc, d.as_ptr(), ldo, acc.as_mut_ptr());
                     }
-                    let dxi = &mut dxt[i * g.x_len()..(i + 1) * g.x_len()];
-                    X::store_init(dxi, &mut dxb, |d| to_planes(&outdx, g.h * g.w, ldc, None, as_uninit(d)));
+                    for (s, dyo) in db_t.iter_mut().zip(dyi.chunks_exact(hw)) {
+                        *s += lane_sum(dyo);
+                    }
+                    if let (Some(dxt), Some(udx)) = (dxt.as_deref_mut(), udx.as_deref()) {
+                        // SAFETY: the patches of `plan.dx` lie inside `dyt`; vdy,
+                        // udx, mdx, outdx have the contracts' lengths.
+                        unsafe {
+                            kernels::input_transform(dyt.as_ptr(), plan.dx, vdy.as_mut_ptr());
+                            kernels::point_gemms(
+                                ntx,
+                                g.o,
+                                vdy.as_ptr(),
+                                ldo,
+                                udx.as_ptr(),
+                                ldc,
+                                mdx.as_mut_ptr(),
+                            );
+                            kernels::output_transform(
+                                mdx.as_ptr(),
+                                (plan.dx.ty, plan.dx.tx, ldc),
+                                (g.h, g.w),
+                                outdx.as_mut_ptr(),
+                            );
+                        }
+                        let dxi = &mut dxt[i * g.x_len()..(i + 1) * g.x_len()];
+                        X::store_init(dxi, &mut dxb, |d| {
+                            to_planes(outdx, g.h * g.w, ldc, None, as_uninit(d))
+                        });
+                    }
                 }
-            }
+            });
             (acc, db_t)
         })
         .collect();
