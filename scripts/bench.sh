@@ -15,6 +15,8 @@
 #   DEVICE=cuda BIN=gpu-bundle/ddptrain scripts/bench.sh   # on a GPU machine (gpu-check.sh runs this)
 # On the GPU: ddptrain O0 and O2 against PyTorch eager fp32 and PyTorch
 # autocast(float16) + GradScaler, same model, batch and data on the device.
+# scripts/bench_scaling.sh measures how the cost grows with the batch, the
+# threads and the world size (helpers shared in scripts/bench_common.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,22 +27,12 @@ DEVICE=${DEVICE:-cpu}
 BATCH=${BATCH:-100}
 REPS=${REPS:-5}
 
-if [ -z "${BIN:-}" ]; then
-  cargo build --release --quiet
-  BIN="${CARGO_TARGET_DIR:-target}/release/ddptrain"
-fi
-out=$(mktemp -d)
-trap 'rm -rf "$out"' EXIT
+# shellcheck source=scripts/bench_common.sh
+. scripts/bench_common.sh
+bench_setup
 
 # images/s of the seed ConvNet at one opt level (same model, data, batch and threads).
-run_level() {
-  RAYON_NUM_THREADS=$THREADS "$BIN" --config "configs/mnist_$1.toml" --set run.device="$DEVICE" \
-    --set data.dataset=synthetic --set data.synthetic_train_size=$((STEPS * BATCH)) \
-    --set data.synthetic_test_size=$BATCH --set data.batch_size=$BATCH \
-    --set train.max_steps="$STEPS" --set run.out_dir="$out/$1" \
-    --set logging.progress=never --set expect.min_test_accuracy=0.0 >/dev/null
-  python3 -c "import json,sys; print(round(json.load(open(sys.argv[1]))['images_per_s']))" "$out/$1/summary.json"
-}
+run_level() { ddptrain_ips "$1" 1 "$THREADS" "$BATCH" "$STEPS" "$out/$1" --set run.device="$DEVICE"; }
 ratio() { python3 -c "import sys; print(f'{float(sys.argv[1]) / float(sys.argv[2]):.2f}x')" "$1" "$2"; }
 
 if [ "$DEVICE" = cuda ]; then
@@ -69,15 +61,9 @@ peak=${peak_line%% *}
 # REPS rounds; each runs every trainer once, back to back, so load from other
 # processes hits them alike and each round gives one ratio per pair.
 have_torch=0
-if "$PYTHON" -c "import torch" 2>/dev/null; then have_torch=1; fi
+if [ -z "$(torch_why)" ]; then have_torch=1; fi
 torch_cfgs=("nchw" "channels_last" "compile")
-torch_run() {
-  case $1 in
-    nchw) "$PYTHON" scripts/bench_torch.py --steps "$STEPS" --threads "$THREADS" --batch "$BATCH" ;;
-    channels_last) "$PYTHON" scripts/bench_torch.py --steps "$STEPS" --threads "$THREADS" --batch "$BATCH" --layout channels_last ;;
-    compile) "$PYTHON" scripts/bench_torch.py --steps "$STEPS" --threads "$THREADS" --batch "$BATCH" --compile ;;
-  esac
-}
+torch_run() { torch_ips "$1" "$THREADS" "$BATCH" "$STEPS"; }
 rows="$out/rows.txt"
 : >"$rows"
 for r in $(seq "$REPS"); do
@@ -88,19 +74,12 @@ for r in $(seq "$REPS"); do
 done
 
 # World 2 on the same cores: two ranks of batch BATCH/2 (the same global batch),
-# each with half the threads, over the TCP transport on loopback. The seed
-# ConvNet's 116 KB of gradients fit in DDP's default 1 MB first bucket, whose
-# all-reduce can only start when backward ends; 16 KB / 64 KB buckets let the
-# fc and conv2 buckets go while the earlier layers' backward still runs.
-"$BIN" launch --nproc-per-node 2 --master-port "${MASTER_PORT:-29517}" -- --config configs/mnist_o0.toml \
-  --set data.dataset=synthetic --set data.synthetic_train_size=$((STEPS * BATCH)) \
-  --set data.synthetic_test_size=$BATCH --set data.batch_size=$((BATCH / 2)) \
-  --set parallel.first_bucket_mb=0.015625 --set parallel.bucket_cap_mb=0.0625 \
-  --set train.max_steps="$STEPS" --set run.out_dir="$out/w2" \
-  --set logging.progress=never --set expect.min_test_accuracy=0.0 >/dev/null
-read -r ours_w2 hidden_w2 < <(python3 -c "import json,sys; s=json.load(open(sys.argv[1])); print(round(s['images_per_s']), round(100 * s['allreduce_hidden_fraction']))" "$out/w2/summary.json")
+# each with half the cores (launch's split), over the TCP transport on loopback,
+# with 16 KB / 64 KB buckets (see ddptrain_ips in scripts/bench_common.sh).
+ours_w2=$(ddptrain_ips o0 2 "" "$BATCH" "$STEPS" "$out/w2")
+hidden_w2=$(python3 -c "import json,sys; print(round(100 * json.load(open(sys.argv[1]))['allreduce_hidden_fraction']))" "$out/w2/summary.json")
 
-echo "seed ConvNet, batch $BATCH, $THREADS threads, $STEPS steps, $REPS rounds, $(nproc) cores: $(lscpu | sed -n 's/^Model name: *//p')"
+echo "seed ConvNet, batch $BATCH, $THREADS threads, $STEPS steps, $REPS rounds, $(nproc) cores: $(cpu_model)"
 echo "FMA peak (examples/fma_peak.rs): $peak_line"
 python3 - "$rows" "$peak" "$BATCH" <<'PY'
 import collections, statistics, sys
@@ -143,4 +122,4 @@ print(f"ddptrain O0: {flop / 1e6:.1f} MFLOP/image x {med['ddptrain_o0']:.0f} ima
       f"{share * 100:.0f}% of the FMA peak")
 PY
 printf '%-24s %15s   (2 ranks x batch %d, 16/64 KB buckets: %d%% of all-reduce time hidden behind backward)\n' "ddptrain O0 world 2" "$ours_w2" $((BATCH / 2)) "$hidden_w2"
-echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "load average: $(loadavg)"

@@ -1,0 +1,79 @@
+# Shell helpers shared by scripts/bench.sh and scripts/bench_scaling.sh;
+# sourced from the repository root, not run.
+# shellcheck shell=bash
+
+# Builds the release binary unless BIN is set, sets BIN, and makes $out a
+# scratch directory removed on exit.
+bench_setup() {
+  if [ -z "${BIN:-}" ]; then
+    cargo build --release --quiet
+    BIN="${CARGO_TARGET_DIR:-target}/release/ddptrain"
+  fi
+  out=$(mktemp -d)
+  trap 'rm -rf "$out"' EXIT
+}
+
+# json_field FILE KEY: the number KEY of a JSON object, rounded.
+json_field() {
+  python3 -c "import json,sys; print(round(json.load(open(sys.argv[1]))[sys.argv[2]]))" "$1" "$2"
+}
+
+# ddptrain_ips LEVEL WORLD THREADS BATCH STEPS DIR [ARG...]: one ddptrain run of
+# configs/mnist_LEVEL.toml on synthetic data: STEPS steps of global batch BATCH
+# (BATCH/WORLD per rank; STEPS x BATCH training images, one test batch), rayon
+# THREADS per rank (empty: launch's even split of the cores), run dir DIR, ARGs
+# appended. Prints images/s from DIR/summary.json (training steps only, all
+# ranks). WORLD > 1 goes through `ddptrain launch --nproc-per-node WORLD` on
+# MASTER_PORT (default 29517) with 16 KB / 64 KB buckets: the seed ConvNet's
+# 116 KB of gradients fit in DDP's default 1 MB first bucket, whose all-reduce
+# can only start when backward ends; small buckets let the fc and conv2 buckets
+# go while the earlier layers' backward still runs.
+ddptrain_ips() {
+  local level=$1 world=$2 threads=$3 batch=$4 steps=$5 dir=$6
+  shift 6
+  local env=() args=(--config "configs/mnist_$level.toml" --set data.dataset=synthetic
+    --set data.synthetic_train_size=$((steps * batch)) --set data.synthetic_test_size="$batch"
+    --set data.batch_size=$((batch / world)) --set train.max_steps="$steps" --set run.out_dir="$dir"
+    --set logging.progress=never --set expect.min_test_accuracy=0.0 "$@")
+  if [ -n "$threads" ]; then env=(RAYON_NUM_THREADS="$threads"); fi
+  if [ "$world" = 1 ]; then
+    env "${env[@]}" "$BIN" "${args[@]}" >/dev/null
+  else
+    env "${env[@]}" "$BIN" launch --nproc-per-node "$world" --master-port "${MASTER_PORT:-29517}" -- \
+      "${args[@]}" --set parallel.first_bucket_mb=0.015625 --set parallel.bucket_cap_mb=0.0625 >/dev/null
+  fi
+  json_field "$dir/summary.json" images_per_s
+}
+
+# torch_why: empty when $PYTHON can import torch, else why not (one line).
+torch_why() {
+  local err
+  if ! command -v "$PYTHON" >/dev/null; then echo "no such command"; return 0; fi
+  if err=$("$PYTHON" -c "import torch" 2>&1); then return 0; fi
+  echo "${err##*$'\n'}" | cut -c1-200
+}
+
+# torch_ips CFG THREADS BATCH STEPS [ARG...]: PyTorch's images/s on the CPU
+# (scripts/bench_torch.py) in configuration CFG (nchw, channels_last or
+# compile), THREADS threads, batch BATCH, STEPS timed steps, ARGs appended.
+# A CFG of layouts with commas (channels_last,nchw) measures them one after
+# the other in one process and prints a "LAYOUT images/s" line for each.
+torch_ips() {
+  local cfg=$1 threads=$2 batch=$3 steps=$4
+  shift 4
+  local extra=()
+  case $cfg in
+    nchw) ;;
+    channels_last) extra=(--layout channels_last) ;;
+    compile) extra=(--compile) ;;
+    *,*) extra=(--layouts "$cfg") ;;
+    *) echo "torch_ips: unknown configuration $cfg" >&2; return 2 ;;
+  esac
+  "$PYTHON" scripts/bench_torch.py --steps "$steps" --threads "$threads" --batch "$batch" "${extra[@]}" "$@"
+}
+
+# cpu_model: the CPU's model name.
+cpu_model() { lscpu | sed -n 's/^Model name: *//p'; }
+
+# loadavg: the 1, 5 and 15 minute load averages.
+loadavg() { cut -d' ' -f1-3 /proc/loadavg; }
