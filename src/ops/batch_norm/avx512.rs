@@ -8,7 +8,8 @@
 //! the same order (multiply then add, never fused), so outputs, window codes
 //! and `dx` are bitwise equal to theirs, as are [`plane_sums`]' f64 results.
 //! Only [`pool_plane_sums`] adds in a different order (per lane over the plane
-//! instead of per pooled row), an f32 reassociation.
+//! instead of per pooled row, two rows to a vector for rows of up to 8
+//! windows), an f32 reassociation.
 
 use super::fused_cpu::KILLED;
 use crate::ops::Elem;
@@ -101,13 +102,70 @@ fn masks(n: usize) -> (__mmask16, __mmask16, __mmask16) {
     (bits(n), bits(cols.min(LANES)), bits(cols.saturating_sub(LANES)))
 }
 
-/// The even and odd columns of up to 32 floats at `p` (lanes past the masks
-/// read as 0): window positions (0, 1) of a top row, (2, 3) of a bottom one.
+/// One pass of the pooling kernels: up to 16 windows, of one pooled row
+/// (lanes `0..n`) or, for rows of at most 8 windows, of two (lanes `0..ow`
+/// and `8..8 + ow`), so MNIST's 7-window rows fill 14 lanes, not 7.
+#[derive(Clone, Copy)]
+struct Strip {
+    /// Plane offsets of the top input row's columns for the first and the
+    /// second 16 of [`split`]'s 32 (the bottom row is `w` further on).
+    cols: [usize; 2],
+    lo: __mmask16,
+    hi: __mmask16,
+    /// Pooled outputs: lane `l` of mask `m[i]` at offset `at[i] + l`.
+    at: [isize; 2],
+    m: [__mmask16; 2],
+}
+
+/// The strips covering an `oh x ow` pooled plane over input rows of `w`.
+fn strips(oh: usize, ow: usize, w: usize) -> impl Iterator<Item = Strip> {
+    let pairs = if ow <= LANES / 2 { oh / 2 } else { 0 };
+    let paired = (0..pairs).map(move |i| {
+        let oy = 2 * i;
+        let (m, lo, _) = masks(ow);
+        let at = (oy * ow) as isize;
+        Strip {
+            cols: [2 * oy * w, (2 * oy + 2) * w],
+            lo,
+            hi: lo,
+            at: [at, at + ow as isize - 8],
+            m: [m, m << 8],
+        }
+    });
+    let single = (2 * pairs..oh).flat_map(move |oy| {
+        (0..ow).step_by(LANES).map(move |ox| {
+            let (m, lo, hi) = masks((ow - ox).min(LANES));
+            let c = 2 * oy * w + 2 * ox;
+            Strip { cols: [c, c + LANES], lo, hi, at: [(oy * ow + ox) as isize, 0], m: [m, 0] }
+        })
+    });
+    paired.chain(single)
+}
+
+/// The pooled values of strip `s` from `p` (other lanes 0).
 #[inline]
 #[target_feature(enable = "avx512f")]
-unsafe fn split(p: *const f32, lo: __mmask16, hi: __mmask16) -> (__m512, __m512) {
+unsafe fn load_pooled(p: *const f32, s: &Strip) -> __m512 {
+    let v = _mm512_maskz_loadu_ps(s.m[0], p.wrapping_offset(s.at[0]));
+    _mm512_mask_loadu_ps(v, s.m[1], p.wrapping_offset(s.at[1]))
+}
+
+/// Stores the pooled lanes of strip `s` at `p`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn store_pooled(p: *mut f32, s: &Strip, v: __m512) {
+    _mm512_mask_storeu_ps(p.wrapping_offset(s.at[0]), s.m[0], v);
+    _mm512_mask_storeu_ps(p.wrapping_offset(s.at[1]), s.m[1], v);
+}
+
+/// The even and odd columns of up to 16 floats at `p` and 16 at `q` (lanes
+/// past the masks read as 0): window positions (0, 1) of a top row, (2, 3)
+/// of a bottom one.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn split(p: *const f32, q: *const f32, lo: __mmask16, hi: __mmask16) -> (__m512, __m512) {
     let a = _mm512_maskz_loadu_ps(lo, p);
-    let b = _mm512_maskz_loadu_ps(hi, p.wrapping_add(LANES));
+    let b = _mm512_maskz_loadu_ps(hi, q);
     let ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
     let od = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
     (_mm512_permutex2var_ps(a, ev, b), _mm512_permutex2var_ps(a, od, b))
@@ -116,19 +174,20 @@ unsafe fn split(p: *const f32, lo: __mmask16, hi: __mmask16) -> (__m512, __m512)
 /// The inverse of [`split`]: stores even `e` and odd `o` columns interleaved.
 #[inline]
 #[target_feature(enable = "avx512f")]
-unsafe fn merge(p: *mut f32, lo: __mmask16, hi: __mmask16, e: __m512, o: __m512) {
+unsafe fn merge(p: *mut f32, q: *mut f32, lo: __mmask16, hi: __mmask16, e: __m512, o: __m512) {
     let il = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
     let ih = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
     _mm512_mask_storeu_ps(p, lo, _mm512_permutex2var_ps(e, il, o));
-    _mm512_mask_storeu_ps(p.wrapping_add(LANES), hi, _mm512_permutex2var_ps(e, ih, o));
+    _mm512_mask_storeu_ps(q, hi, _mm512_permutex2var_ps(e, ih, o));
 }
 
-/// The window codes of the `m` lanes at `c` as 32-bit lanes; lanes past
-/// `m` read [`KILLED`].
+/// The window codes of strip `s` at `c` as 32-bit lanes; other lanes read
+/// [`KILLED`].
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn load_codes(c: *const u8, m: __mmask16) -> __m512i {
-    let v = _mm_mask_loadu_epi8(_mm_set1_epi8(KILLED as i8), m, c.cast());
+unsafe fn load_codes(c: *const u8, s: &Strip) -> __m512i {
+    let v = _mm_mask_loadu_epi8(_mm_set1_epi8(KILLED as i8), s.m[0], c.wrapping_offset(s.at[0]).cast());
+    let v = _mm_mask_loadu_epi8(v, s.m[1], c.wrapping_offset(s.at[1]).cast());
     _mm512_cvtepu8_epi32(v)
 }
 
@@ -159,30 +218,26 @@ unsafe fn forward_plane_avx512(
     let ow = w / 2;
     let (sc, sh) = (_mm512_set1_ps(scale), _mm512_set1_ps(shift));
     let (zero, nan) = (_mm512_setzero_ps(), _mm512_set1_ps(f32::NAN));
-    for oy in 0..oh {
-        let (r0, r1) = (x.add(2 * oy * w), x.add((2 * oy + 1) * w));
-        for ox in (0..ow).step_by(LANES) {
-            let n = (ow - ox).min(LANES);
-            let (m, lo, hi) = masks(n);
-            let (a0, a1) = split(r0.add(2 * ox), lo, hi);
-            let (a2, a3) = split(r1.add(2 * ox), lo, hi);
-            let (z0, z1) = (affine(a0, sc, sh), affine(a1, sc, sh));
-            let (z2, z3) = (affine(a2, sc, sh), affine(a3, sc, sh));
-            // max_ps(a, b) is `a > b ? a : b`, the generic max2.
-            let mx = _mm512_max_ps(_mm512_max_ps(z0, z1), _mm512_max_ps(z2, z3));
-            let mut c = _mm512_set1_epi32(3);
-            c = _mm512_mask_mov_epi32(c, _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(z2, mx), _mm512_set1_epi32(2));
-            c = _mm512_mask_mov_epi32(c, _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(z1, mx), _mm512_set1_epi32(1));
-            c = _mm512_mask_mov_epi32(c, _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(z0, mx), _mm512_setzero_si512());
-            let alive = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(mx, zero);
-            let has_nan =
-                _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(z0, z1) | _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(z2, z3);
-            let live = alive & !has_nan;
-            let code = _mm512_mask_mov_epi32(_mm512_set1_epi32(i32::from(KILLED)), live, c);
-            let out = _mm512_mask_mov_ps(_mm512_maskz_mov_ps(alive, mx), has_nan, nan);
-            let at = oy * ow + ox;
-            _mm512_mask_storeu_ps(y.add(at), m, out);
-            _mm512_mask_cvtepi32_storeu_epi8(codes.add(at).cast(), m, code);
+    for s in strips(oh, ow, w) {
+        let (t, b) = (s.cols.map(|c| x.wrapping_add(c)), s.cols.map(|c| x.wrapping_add(c + w)));
+        let (a0, a1) = split(t[0], t[1], s.lo, s.hi);
+        let (a2, a3) = split(b[0], b[1], s.lo, s.hi);
+        let (z0, z1) = (affine(a0, sc, sh), affine(a1, sc, sh));
+        let (z2, z3) = (affine(a2, sc, sh), affine(a3, sc, sh));
+        // max_ps(a, b) is `a > b ? a : b`, the generic max2.
+        let mx = _mm512_max_ps(_mm512_max_ps(z0, z1), _mm512_max_ps(z2, z3));
+        let mut c = _mm512_set1_epi32(3);
+        c = _mm512_mask_mov_epi32(c, _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(z2, mx), _mm512_set1_epi32(2));
+        c = _mm512_mask_mov_epi32(c, _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(z1, mx), _mm512_set1_epi32(1));
+        c = _mm512_mask_mov_epi32(c, _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(z0, mx), _mm512_setzero_si512());
+        let alive = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(mx, zero);
+        let has_nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(z0, z1) | _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(z2, z3);
+        let live = alive & !has_nan;
+        let code = _mm512_mask_mov_epi32(_mm512_set1_epi32(i32::from(KILLED)), live, c);
+        let out = _mm512_mask_mov_ps(_mm512_maskz_mov_ps(alive, mx), has_nan, nan);
+        store_pooled(y, &s, out);
+        for (at, m) in s.at.into_iter().zip(s.m) {
+            _mm512_mask_cvtepi32_storeu_epi8(codes.wrapping_offset(at).cast(), m, code);
         }
     }
 }
@@ -219,21 +274,16 @@ unsafe fn pool_sums_avx512(x: *const f32, dy: *const f32, codes: &[u8], w: usize
     let ow = w / 2;
     let mv = _mm512_set1_ps(mean);
     let (mut sv, mut qv) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-    for oy in 0..codes.len() / ow {
-        let (r0, r1) = (x.add(2 * oy * w), x.add((2 * oy + 1) * w));
-        for ox in (0..ow).step_by(LANES) {
-            let n = (ow - ox).min(LANES);
-            let (m, lo, hi) = masks(n);
-            let at = oy * ow + ox;
-            let code = load_codes(codes.as_ptr().add(at), m);
-            let live = _mm512_cmplt_epi32_mask(code, _mm512_set1_epi32(i32::from(KILLED)));
-            let (a0, a1) = split(r0.add(2 * ox), lo, hi);
-            let (a2, a3) = split(r1.add(2 * ox), lo, hi);
-            let xv = pick(code, [a0, a1, a2, a3]);
-            let g = _mm512_maskz_loadu_ps(m, dy.add(at));
-            sv = _mm512_mask_add_ps(sv, live, sv, g);
-            qv = _mm512_mask_add_ps(qv, live, qv, _mm512_mul_ps(g, _mm512_sub_ps(xv, mv)));
-        }
+    for s in strips(codes.len() / ow, ow, w) {
+        let code = load_codes(codes.as_ptr(), &s);
+        let live = _mm512_cmplt_epi32_mask(code, _mm512_set1_epi32(i32::from(KILLED)));
+        let (t, b) = (s.cols.map(|c| x.wrapping_add(c)), s.cols.map(|c| x.wrapping_add(c + w)));
+        let (a0, a1) = split(t[0], t[1], s.lo, s.hi);
+        let (a2, a3) = split(b[0], b[1], s.lo, s.hi);
+        let xv = pick(code, [a0, a1, a2, a3]);
+        let g = load_pooled(dy, &s);
+        sv = _mm512_mask_add_ps(sv, live, sv, g);
+        qv = _mm512_mask_add_ps(qv, live, qv, _mm512_mul_ps(g, _mm512_sub_ps(xv, mv)));
     }
     (lanes_to_f64(sv), lanes_to_f64(qv))
 }
@@ -262,21 +312,15 @@ unsafe fn dx_at(x: __m512, code: __m512i, pos: i32, kg: __m512, p: __m512, q: __
 unsafe fn pool_dx_avx512(xdx: *mut f32, dy: *const f32, codes: &[u8], w: usize, (k, p, q): (f32, f32, f32)) {
     let ow = w / 2;
     let (kv, pv, qv) = (_mm512_set1_ps(k), _mm512_set1_ps(p), _mm512_set1_ps(q));
-    for oy in 0..codes.len() / ow {
-        let rows = [2 * oy * w, (2 * oy + 1) * w];
-        for ox in (0..ow).step_by(LANES) {
-            let n = (ow - ox).min(LANES);
-            let (m, lo, hi) = masks(n);
-            let at = oy * ow + ox;
-            let code = load_codes(codes.as_ptr().add(at), m);
-            let g = _mm512_maskz_loadu_ps(m, dy.add(at));
-            let kg = _mm512_mul_ps(kv, g);
-            for (r, &row) in rows.iter().enumerate() {
-                let (e, o) = split(xdx.add(row + 2 * ox), lo, hi);
-                let pos = 2 * r as i32;
-                let (de, dod) = (dx_at(e, code, pos, kg, pv, qv), dx_at(o, code, pos + 1, kg, pv, qv));
-                merge(xdx.add(row + 2 * ox), lo, hi, de, dod);
-            }
+    for s in strips(codes.len() / ow, ow, w) {
+        let code = load_codes(codes.as_ptr(), &s);
+        let kg = _mm512_mul_ps(kv, load_pooled(dy, &s));
+        for (r, row) in [0, w].into_iter().enumerate() {
+            let [p, q] = s.cols.map(|c| xdx.wrapping_add(c + row));
+            let (e, o) = split(p, q, s.lo, s.hi);
+            let pos = 2 * r as i32;
+            let (de, dod) = (dx_at(e, code, pos, kg, pv, qv), dx_at(o, code, pos + 1, kg, pv, qv));
+            merge(p, q, s.lo, s.hi, de, dod);
         }
     }
 }
