@@ -31,11 +31,12 @@ fn cfg(device: &str, opt_level: &str, out: &Path) -> Config {
         // scale) against <= 4e-9 in its other 31 output channels, and
         // layer1.0.weight (downstream in the backward) by 1.2e-6; ~1e-3 of
         // the scale by step 20.
-        // It would measure that tie, not the numerics. Seeds 1-6 meet such
-        // ties too, with the CPU's Winograd convolution (at step 20: 3e-3 to
-        // 2e-2 of layer1.1.bias's scale; seed 5 also with the direct kernels,
-        // 1.2e-2); seed 7 meets none in 20 steps (3.8e-6).
-        "run.seed=7",
+        // It would measure that tie, not the numerics. With the CPU's
+        // Winograd convolution and BatchNorm sums, seeds 1-9 and 11-17 but
+        // 16 meet such ties too (at step 20: 9e-4 to 2e-2 of layer1.1.bias's
+        // scale; seed 5 also with the direct kernels, 1.2e-2); seed 10
+        // meets none in 20 steps (5.0e-6).
+        "run.seed=10",
     ]
     .iter()
     .map(|s| s.to_string())
