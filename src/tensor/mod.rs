@@ -95,6 +95,14 @@ impl Tensor {
         }
     }
 
+    /// The f16 values, rounded to nearest-even from f32 storage.
+    pub fn into_f16_vec(self) -> Result<Vec<f16>> {
+        match self.storage {
+            Storage::Cpu(CpuStorage::F16(v)) => Ok(v),
+            Storage::Cpu(CpuStorage::F32(v)) => Ok(f32_to_f16(&v)),
+        }
+    }
+
     /// An f16 tensor from IEEE binary16 values.
     pub fn from_f16_vec(shape: &[usize], data: Vec<f16>) -> Result<Self> {
         if numel(shape) != data.len() {

@@ -83,7 +83,7 @@ unsafe fn block_sums(p: *const f32, nv: usize, shift: f32) -> (f64, f64) {
 /// tree (lane `i` with `i + 8`, `+ 4`, `+ 2`, `+ 1`), bit for bit.
 #[inline]
 #[target_feature(enable = "avx512f")]
-unsafe fn lanes_to_f64(v: __m512) -> f64 {
+pub(super) unsafe fn lanes_to_f64(v: __m512) -> f64 {
     let lo = _mm512_cvtps_pd(_mm512_castps512_ps256(v));
     let hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v))));
     let t = _mm512_add_pd(lo, hi);
@@ -95,7 +95,7 @@ unsafe fn lanes_to_f64(v: __m512) -> f64 {
 /// Lane masks for `n` (<= 16) windows: the pooled lanes, and the low and
 /// high halves of the `2n` input columns.
 #[inline(always)]
-fn masks(n: usize) -> (__mmask16, __mmask16, __mmask16) {
+pub(super) fn masks(n: usize) -> (__mmask16, __mmask16, __mmask16) {
     let bits = |m: usize| ((1u32 << m) - 1) as __mmask16;
     let cols = 2 * n;
     (bits(n), bits(cols.min(LANES)), bits(cols.saturating_sub(LANES)))
@@ -127,7 +127,7 @@ unsafe fn merge(p: *mut f32, lo: __mmask16, hi: __mmask16, e: __m512, o: __m512)
 /// `m` read [`KILLED`].
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn load_codes(c: *const u8, m: __mmask16) -> __m512i {
+pub(super) unsafe fn load_codes(c: *const u8, m: __mmask16) -> __m512i {
     let v = _mm_mask_loadu_epi8(_mm_set1_epi8(KILLED as i8), m, c.cast());
     _mm512_cvtepu8_epi32(v)
 }

@@ -15,7 +15,12 @@ use rayon::prelude::*;
 pub fn local_sums(x: &[f16], n: usize, c: usize, hw: usize) -> LocalSums {
     let shift = |ch: usize| if n * hw > 0 { x[ch * hw].to_f32() } else { 0.0 };
     cpu::local_sums_with(n, c, hw, shift, |i, ch, k| {
-        with_widened(&x[(i * c + ch) * hw..][..hw], &[], |p, _| cpu::plane_sums(p, k))
+        let p = &x[(i * c + ch) * hw..][..hw];
+        #[cfg(target_arch = "x86_64")]
+        if super::avx512::usable() {
+            return super::avx512_f16::plane_sums(p, k);
+        }
+        with_widened(p, &[], |p, _| cpu::plane_sums(p, k))
     })
 }
 
@@ -140,7 +145,7 @@ pub fn normalize_affine_relu(
 }
 
 /// Rounds every value to f16 and widens it back, in place.
-fn round_trip(v: &mut [f32]) {
+pub(super) fn round_trip(v: &mut [f32]) {
     let mut tmp = [f16::ZERO; 256];
     for chunk in v.chunks_mut(tmp.len()) {
         let t = &mut tmp[..chunk.len()];
