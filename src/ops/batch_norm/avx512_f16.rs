@@ -112,7 +112,8 @@ unsafe fn forward_plane_avx512(
     let bn_relu = |v: __m512| _mm512_max_ps(zero, round_trip(_mm512_add_ps(_mm512_mul_ps(v, sc), sh)));
     let row = |p: *const f16, lo: __mmask16, hi: __mmask16| {
         let a = bn_relu(load_f16(p, lo));
-        let b = bn_relu(load_f16(p.wrapping_add(LANES), hi));
+        // Rows of up to 16 values (MNIST's 14x14 planes) fit in `a`.
+        let b = if hi == 0 { zero } else { bn_relu(load_f16(p.wrapping_add(LANES), hi)) };
         deinterleave(a, b)
     };
     let mut nan: __mmask16 = 0;
@@ -142,9 +143,10 @@ unsafe fn forward_plane_avx512(
     nan != 0
 }
 
-/// `f16_pool::dz_plane`: the gradient at BatchNorm's output of one `h x w`
-/// plane, `0 + g` at each live window's source and `+0` elsewhere.
-pub fn dz_plane(g: &[f32], codes: &[u8], w: usize, dz: &mut [f32]) {
+/// `f16_pool::dz_plane_generic` of the f16 pooled gradient `g`: the
+/// gradient at BatchNorm's output of one `h x w` plane, `0 + g` at each live
+/// window's source and `+0` elsewhere.
+pub fn dz_plane(g: &[f16], codes: &[u8], w: usize, dz: &mut [f32]) {
     let ow = w / 2;
     assert!(w.is_multiple_of(2) && ow > 0 && g.len() == codes.len() && dz.len() == 4 * g.len());
     // SAFETY: as in `forward_plane`, reading g and codes at [oy ow + ox]
@@ -153,7 +155,7 @@ pub fn dz_plane(g: &[f32], codes: &[u8], w: usize, dz: &mut [f32]) {
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn dz_plane_avx512(g: *const f32, codes: &[u8], w: usize, dz: *mut f32) {
+unsafe fn dz_plane_avx512(g: *const f16, codes: &[u8], w: usize, dz: *mut f32) {
     let ow = w / 2;
     let il = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
     let ih = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
@@ -164,7 +166,7 @@ unsafe fn dz_plane_avx512(g: *const f32, codes: &[u8], w: usize, dz: *mut f32) {
             let at = oy * ow + ox;
             let code = load_codes(codes.as_ptr().add(at), m);
             // The max-pool's backward adds g into a zeroed gradient.
-            let zg = _mm512_add_ps(_mm512_setzero_ps(), _mm512_maskz_loadu_ps(m, g.add(at)));
+            let zg = _mm512_add_ps(_mm512_setzero_ps(), load_f16(g.add(at), m));
             for r in 0..2 {
                 let pos = 2 * r as i32;
                 let e = _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(code, _mm512_set1_epi32(pos)), zg);

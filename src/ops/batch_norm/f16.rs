@@ -7,7 +7,7 @@
 //! are bit for bit those of widening, running the f32 op and rounding.
 
 use super::cpu::{self, BackwardSums, LocalSums, PAR_MIN_ELEMS};
-use crate::ops::half_emu::{round_into, scratch, widen_into, with_widened};
+use crate::ops::half_emu::{round_into, round_trip, scratch, widen_into, with_widened};
 use half::f16;
 use rayon::prelude::*;
 
@@ -142,14 +142,4 @@ pub fn normalize_affine_relu(
         round_trip(op);
         crate::ops::relu::cpu::forward_inplace(op);
     });
-}
-
-/// Rounds every value to f16 and widens it back, in place.
-pub(super) fn round_trip(v: &mut [f32]) {
-    let mut tmp = [f16::ZERO; 256];
-    for chunk in v.chunks_mut(tmp.len()) {
-        let t = &mut tmp[..chunk.len()];
-        round_into(chunk, t);
-        widen_into(t, chunk);
-    }
 }

@@ -17,9 +17,8 @@
 //! the results are bit for bit those of the unfused ops.
 
 use super::cpu::{self, BackwardSums, PAR_MIN_ELEMS};
-use super::f16::round_trip;
 use super::fused_cpu::KILLED;
-use crate::ops::half_emu::{round_into, scratch, widen_into, Act};
+use crate::ops::half_emu::{round_into, round_trip, scratch, widen_into, Act};
 use crate::ops::max_pool2d::cpu::{forward as pool_forward, Geometry};
 use half::f16;
 use rayon::prelude::*;
@@ -151,20 +150,19 @@ pub(super) fn dz_plane_generic(g: &[f32], codes: &[u8], w: usize, dz: &mut [f32]
     }
 }
 
-fn dz_plane(g: &[f32], codes: &[u8], w: usize, dz: &mut [f32]) {
+fn dz_plane<G: Act>(dy: &[G], codes: &[u8], w: usize, dz: &mut [f32], buf: &mut Vec<f32>) {
     #[cfg(target_arch = "x86_64")]
-    if avx512() {
+    if let Some(g) = G::as_f16(dy).filter(|_| avx512()) {
         return super::avx512_f16::dz_plane(g, codes, w, dz);
     }
-    dz_plane_generic(g, codes, w, dz);
+    dz_plane_generic(G::widened(dy, buf), codes, w, dz);
 }
 
 /// One plane's `(sum dz, sum dz * (x - mean))`, as BatchNorm's f16 backward
 /// sums its widened planes.
 fn plane_sums<G: Act>(x: &[f16], dy: &[G], codes: &[u8], w: usize, mean: f32, s: &mut Scratch) -> (f64, f64) {
-    let g = G::widened(dy, &mut s.g);
     let dz = scratch(&mut s.dz, x.len());
-    dz_plane(g, codes, w, dz);
+    dz_plane(dy, codes, w, dz, &mut s.g);
     #[cfg(target_arch = "x86_64")]
     if avx512() {
         return super::avx512_f16::plane_backward_sums(x, dz, mean);
@@ -243,9 +241,8 @@ pub(crate) fn backward_dx<G: Act>(
     let per_sample = |s: &mut Scratch, ((xi, di), ci): ((&mut [f16], &[G]), &[u8])| {
         let planes = xi.chunks_exact_mut(ip).zip(di.chunks_exact(op)).zip(ci.chunks_exact(op));
         for (ch, ((xp, dp), cp)) in planes.enumerate() {
-            let g = G::widened(dp, &mut s.g);
             let dz = scratch(&mut s.dz, ip);
-            dz_plane(g, cp, w, dz);
+            dz_plane(dp, cp, w, dz, &mut s.g);
             dx_plane(xp, dz, coef[ch], &mut s.f);
         }
     };

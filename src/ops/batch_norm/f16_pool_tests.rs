@@ -192,10 +192,10 @@ fn avx512_f16_planes_equal_the_generic() {
             }
             assert!(op < 8 || codes0.contains(&KILLED), "{what}: no killed window");
 
-            let g: Vec<f32> = grid(op, seed + 1).iter().map(|v| v * 3.0).collect();
+            let g = h16(&grid(op, seed + 1).iter().map(|v| v * 3.0).collect::<Vec<_>>());
             let (mut dz, mut dz0) = (vec![7.0f32; ip], vec![7.0f32; ip]);
             avx512_f16::dz_plane(&g, &codes0, w, &mut dz);
-            dz_plane_generic(&g, &codes0, w, &mut dz0);
+            dz_plane_generic(&g.iter().map(|v| v.to_f32()).collect::<Vec<_>>(), &codes0, w, &mut dz0);
             same_f32(&format!("{what} dz"), &dz, &dz0);
 
             let xw: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
