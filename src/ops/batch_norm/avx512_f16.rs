@@ -40,16 +40,16 @@ unsafe fn store_f16(p: *mut f16, m: __mmask16, v: __m512) {
 pub fn plane_sums(p: &[f16], shift: f32) -> (f64, f64) {
     let (mut s_tot, mut q_tot) = (0.0f64, 0.0f64);
     for blk in p.chunks(BLOCK) {
-        let chunks = blk.chunks_exact(LANES);
+        let nv = blk.len() / LANES;
         let (mut rs, mut rq) = (0.0f32, 0.0f32);
-        for &x in chunks.remainder() {
-            let v = x.to_f32() - shift;
+        for &x in &widen_tail(&blk[nv * LANES..])[..blk.len() - nv * LANES] {
+            let v = x - shift;
             rs += v;
             rq += v * v;
         }
         // SAFETY: reads `blk.len() / LANES` whole vectors of `blk`; AVX-512
         // F/BW/VL are checked by the caller through `avx512::usable`.
-        let (s, q) = unsafe { block_sums(blk.as_ptr(), blk.len() / LANES, shift) };
+        let (s, q) = unsafe { block_sums(blk.as_ptr(), nv, shift) };
         s_tot += f64::from(rs);
         q_tot += f64::from(rq);
         s_tot += s;
@@ -68,6 +68,17 @@ unsafe fn block_sums(p: *const f16, nv: usize, shift: f32) -> (f64, f64) {
         qv = _mm512_add_ps(qv, _mm512_mul_ps(d, d));
     }
     (lanes_to_f64(sv), lanes_to_f64(qv))
+}
+
+/// The (fewer than 16) f16 of a block's tail widened in one conversion,
+/// for the scalar adds that sum them in order; lanes past the tail are 0.
+fn widen_tail(t: &[f16]) -> [f32; LANES] {
+    assert!(t.len() < LANES);
+    let mut out = [0.0f32; LANES];
+    // SAFETY: loads the `t.len()` elements of `t` (masked) and stores one
+    // vector into `out`; AVX-512F/BW/VL are checked by the caller.
+    unsafe { _mm512_storeu_ps(out.as_mut_ptr(), load_f16(t.as_ptr(), masks(t.len()).0)) };
+    out
 }
 
 /// The even and odd lanes of the 32 values `a:b`.
@@ -190,9 +201,9 @@ pub fn plane_backward_sums(x: &[f16], dz: &[f32], mean: f32) -> (f64, f64) {
         // AVX-512F/BW/VL are checked by the caller through `avx512::usable`.
         let (s, q) = unsafe { backward_block_sums(xb.as_ptr(), db.as_ptr(), nv, mean) };
         let (mut rs, mut rq) = (0.0f32, 0.0f32);
-        for (&xv, &g) in xb[nv * LANES..].iter().zip(&db[nv * LANES..]) {
+        for (&xv, &g) in widen_tail(&xb[nv * LANES..]).iter().zip(&db[nv * LANES..]) {
             rs += g;
-            rq += g * (xv.to_f32() - mean);
+            rq += g * (xv - mean);
         }
         s_tot += s + f64::from(rs);
         q_tot += q + f64::from(rq);
