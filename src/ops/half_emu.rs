@@ -295,12 +295,28 @@ impl Act for f32 {
 impl Act for f16 {
     type Out = f16;
     fn widened<'a>(v: &'a [f16], buf: &'a mut Vec<f32>) -> &'a [f32] {
-        let s = scratch(buf, v.len());
+        if buf.len() < v.len() {
+            // A task's first use: a vector written once, not zero-filled first.
+            *buf = widen_to_vec(v);
+            return buf;
+        }
+        let s = &mut buf[..v.len()];
         widen_into(v, s);
         s
     }
     fn store(dst: &mut [f16], buf: &mut Vec<f32>, f: impl FnOnce(&mut [MaybeUninit<f32>])) {
-        let s = scratch(buf, dst.len());
+        let len = dst.len();
+        if buf.len() < len {
+            // A task's first use: `f` writes the new capacity, not zero-filled first.
+            buf.clear();
+            buf.reserve(len);
+            f(&mut buf.spare_capacity_mut()[..len]);
+            // SAFETY: `f` writes every element of the slice it is given (the
+            // contract of `store`, which f32 outputs rely on in the same way).
+            unsafe { buf.set_len(len) };
+            return round_into(buf, dst);
+        }
+        let s = &mut buf[..len];
         // SAFETY: MaybeUninit<f32> has f32's layout, and `f` writes only
         // initialized values through it.
         f(unsafe { &mut *(s as *mut [f32] as *mut [MaybeUninit<f32>]) });
