@@ -1,5 +1,6 @@
 //! Which runs of layers the model hands to one fused kernel: BatchNorm2d +
-//! ReLU + MaxPool2d(2, 2) on f32 activations, BatchNorm2d + ReLU on f16 ones.
+//! ReLU + MaxPool2d(2, 2) on f32 activations and on f16 ones with f32
+//! BatchNorm state (O2), BatchNorm2d + ReLU on other f16 ones.
 
 use super::{BatchNorm2d, Layer};
 use crate::tensor::{CpuStorage, DType, Storage, Tensor};
@@ -8,9 +9,14 @@ fn is_cpu_f32(t: &Tensor) -> bool {
     matches!(t.storage(), Storage::Cpu(CpuStorage::F32(_)))
 }
 
+fn is_cpu_f16(t: &Tensor) -> bool {
+    matches!(t.storage(), Storage::Cpu(CpuStorage::F16(_)))
+}
+
 /// The BatchNorm2d heading `layers` when it is followed by ReLU and
-/// MaxPool2d(2, 2) and the fused kernel takes `x` (host f32, even H and W,
-/// more than one value per channel); otherwise the layers run one by one.
+/// MaxPool2d(2, 2) and the fused kernel takes `x` (host f32, or f16 with f32
+/// BatchNorm state; even H and W, more than one value per channel);
+/// otherwise the layers run one by one.
 pub(super) fn fusable_bn_relu_pool<'a>(layers: &'a mut [Layer], x: &Tensor) -> Option<&'a mut BatchNorm2d> {
     let [Layer::BatchNorm2d(bn), Layer::Relu, Layer::MaxPool2d { kernel_size: 2, stride: 2 }, ..] = layers
     else {
@@ -20,9 +26,13 @@ pub(super) fn fusable_bn_relu_pool<'a>(layers: &'a mut [Layer], x: &Tensor) -> O
         return None;
     };
     let fits = h % 2 == 0 && w % 2 == 0 && n * h * w > 1;
-    let f32s = is_cpu_f32(x) && is_cpu_f32(&bn.weight.value) && is_cpu_f32(&bn.bias.value);
+    let f32_params = is_cpu_f32(&bn.weight.value) && is_cpu_f32(&bn.bias.value);
+    // f16 activations with f32 BatchNorm state (O2); O3's f16 BatchNorm runs
+    // as the f16 BN + ReLU pair below.
+    let f16_o2 = is_cpu_f16(x) && f32_params && is_cpu_f32(&bn.running_mean) && is_cpu_f32(&bn.running_var);
+    let supported = (is_cpu_f32(x) && f32_params) || f16_o2;
     // SyncBatchNorm reduces its statistics across ranks: the fused kernel does not.
-    (fits && f32s && bn.sync.is_none()).then_some(&mut **bn)
+    (fits && supported && bn.sync.is_none()).then_some(&mut **bn)
 }
 
 /// The BatchNorm2d heading `layers` when ReLU follows it and `x` is f16 (O2,

@@ -6,9 +6,11 @@
 pub mod cuda;
 mod fuse;
 mod init;
+mod patch;
 mod state;
 
 use fuse::{fusable_bn_relu_f16, fusable_bn_relu_pool};
+use patch::{cast_round_trip, patched_backward};
 pub use state::{StateEntry, StateValue};
 
 use crate::config::model::{LayerKind, ResolvedLayer};
@@ -84,35 +86,6 @@ impl Default for Precision {
     }
 }
 
-/// `grad += g` (g possibly f16, as from O1's per-call cast), accumulated in
-/// the grad's dtype like PyTorch's `.grad` accumulation.
-fn accumulate_grad(grad: &mut Tensor, g: &Tensor) -> Result<()> {
-    let mut acc = grad.to_f32_vec();
-    for (a, v) in acc.iter_mut().zip(g.to_f32_vec()) {
-        *a += v;
-    }
-    grad.copy_from_f32(&acc)
-}
-
-/// O1's backward of a conv/linear run in `dt`: grads computed in `dt` (so
-/// they overflow where the GPU's would), then accumulated into the fp32 `.grad`.
-fn patched_backward(
-    weight: &mut Param,
-    bias: Option<&mut Param>,
-    dt: DType,
-    run: impl FnOnce(&Tensor, &mut Tensor, Option<&mut Tensor>) -> Result<Option<Tensor>>,
-) -> Result<Option<Tensor>> {
-    let w = weight.value.to_dtype(dt);
-    let mut dw = Tensor::zeros_dtype(weight.value.shape(), dt);
-    let mut db = bias.as_ref().map(|b| Tensor::zeros_dtype(b.value.shape(), dt));
-    let dx = run(&w, &mut dw, db.as_mut())?;
-    accumulate_grad(&mut weight.grad, &dw)?;
-    if let (Some(b), Some(db)) = (bias, db) {
-        accumulate_grad(&mut b.grad, &db)?;
-    }
-    Ok(dx.map(|d| d.into_dtype(DType::F32)))
-}
-
 /// What a layer's backward needs from its forward.
 pub enum Saved {
     Input(Tensor),
@@ -160,8 +133,8 @@ impl Layer {
 
     fn forward_train(&mut self, x: Tensor, prec: Precision) -> Result<(Tensor, Saved)> {
         if let (Some(dt), Layer::Conv2d { .. } | Layer::Linear { .. }) = (prec.patch_conv_linear, &*self) {
-            let x = x.into_dtype(dt);
-            let y = self.forward_eval(x.clone(), prec)?;
+            let x = cast_round_trip(x, dt)?;
+            let y = self.forward_patched(&x, dt)?;
             return Ok((y, Saved::Input(x)));
         }
         Ok(match self {
@@ -222,26 +195,32 @@ impl Layer {
         })
     }
 
-    fn forward_eval(&self, x: Tensor, prec: Precision) -> Result<Tensor> {
-        if let Some(dt) = prec.patch_conv_linear {
-            let cast = |p: &Param| p.value.to_dtype(dt);
-            let y = match self {
-                Layer::Conv2d { weight, bias, args } => Some(ops::conv2d::forward(
-                    &x.clone().into_dtype(dt),
-                    &cast(weight),
-                    bias.as_ref().map(cast).as_ref(),
-                    *args,
-                )?),
-                Layer::Linear { weight, bias } => Some(ops::linear::forward(
-                    &x.clone().into_dtype(dt),
-                    &cast(weight),
-                    bias.as_ref().map(cast).as_ref(),
-                )?),
-                _ => None,
-            };
-            if let Some(y) = y {
-                return Ok(y.into_dtype(DType::F32));
+    /// O1's conv or linear: run on `x` (already [`cast_round_trip`]) with
+    /// the parameters cast to `dt` for this call, the output cast to `dt`
+    /// and back to f32.
+    fn forward_patched(&self, x: &Tensor, dt: DType) -> Result<Tensor> {
+        let cast = |p: &Param| cast_round_trip(p.value.clone(), dt);
+        let y = match self {
+            Layer::Conv2d { weight, bias, args } => {
+                let b = bias.as_ref().map(cast).transpose()?;
+                ops::conv2d::forward(x, &cast(weight)?, b.as_ref(), *args)?
             }
+            Layer::Linear { weight, bias } => {
+                let b = bias.as_ref().map(cast).transpose()?;
+                ops::linear::forward(x, &cast(weight)?, b.as_ref())?
+            }
+            _ => {
+                return Err(crate::Error::Training(
+                    "internal error: only conv and linear layers run patched (O1)".into(),
+                ))
+            }
+        };
+        cast_round_trip(y, dt)
+    }
+
+    fn forward_eval(&self, x: Tensor, prec: Precision) -> Result<Tensor> {
+        if let (Some(dt), Layer::Conv2d { .. } | Layer::Linear { .. }) = (prec.patch_conv_linear, self) {
+            return self.forward_patched(&cast_round_trip(x, dt)?, dt);
         }
         match self {
             Layer::BatchNorm2d(bn) => ops::batch_norm::forward_eval(
@@ -285,13 +264,13 @@ impl Layer {
         if let Some(dt) = prec.patch_conv_linear {
             match (&mut *self, &saved) {
                 (Layer::Conv2d { weight, bias, args }, Saved::Input(x)) => {
-                    let (args, dy) = (*args, dy.into_dtype(dt));
+                    let (args, dy) = (*args, cast_round_trip(dy, dt)?);
                     return patched_backward(weight, bias.as_mut(), dt, |w, dw, db| {
                         ops::conv2d::backward(x, w, &dy, args, dw, db, need_dx)
                     });
                 }
                 (Layer::Linear { weight, bias }, Saved::Input(x)) => {
-                    let dy = dy.into_dtype(dt);
+                    let dy = cast_round_trip(dy, dt)?;
                     return patched_backward(weight, bias.as_mut(), dt, |w, dw, db| {
                         ops::linear::backward(x, w, &dy, dw, db, need_dx)
                     });
@@ -588,3 +567,6 @@ impl Model {
         }
     }
 }
+
+#[cfg(test)]
+mod tests_o1;

@@ -47,13 +47,155 @@ pub(crate) fn store(target: &mut Tensor, acc: &Tensor) -> Result<()> {
 /// [`Tensor::to_dtype`], so a kernel that widens block by block sees the
 /// values a whole-tensor widening would give.
 pub(crate) fn widen_into(src: &[f16], dst: &mut [f32]) {
+    assert_eq!(src.len(), dst.len(), "widen_into: lengths differ");
+    #[cfg(target_arch = "x86_64")]
+    if x86::usable() {
+        // SAFETY: both slices hold `src.len()` elements; AVX-512F/BW/VL
+        // were just checked.
+        return unsafe { x86::widen(src.as_ptr(), dst.as_mut_ptr().cast(), src.len()) };
+    }
     src.convert_to_f32_slice(dst);
 }
 
 /// f32 -> f16 of `src` into `dst`, rounded to nearest-even as
 /// [`Tensor::copy_from_f32`] rounds.
 pub(crate) fn round_into(src: &[f32], dst: &mut [f16]) {
+    assert_eq!(src.len(), dst.len(), "round_into: lengths differ");
+    #[cfg(target_arch = "x86_64")]
+    if x86::usable() {
+        // SAFETY: both slices hold `src.len()` elements; AVX-512F/BW/VL
+        // were just checked.
+        return unsafe { x86::round(src.as_ptr(), dst.as_mut_ptr().cast(), src.len()) };
+    }
     dst.convert_from_f32_slice(src);
+}
+
+/// Rounds every value of `v` to f16 and widens it back, in place: what a
+/// cast to f16 and back gives, without the f16 copy. On both cores when `v`
+/// is large (each element is independent).
+pub(crate) fn round_trip(v: &mut [f32]) {
+    const CHUNK: usize = 1 << 14;
+    if v.len() >= 2 * CHUNK {
+        v.par_chunks_mut(CHUNK).for_each(round_trip_serial);
+    } else {
+        round_trip_serial(v);
+    }
+}
+
+fn round_trip_serial(v: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if x86::usable() {
+        // SAFETY: reads and writes the `v.len()` elements of `v`; AVX-512
+        // F/BW/VL were just checked.
+        return unsafe { x86::round_trip(v.as_mut_ptr(), v.len()) };
+    }
+    let mut tmp = [f16::ZERO; 256];
+    for chunk in v.chunks_mut(tmp.len()) {
+        let t = &mut tmp[..chunk.len()];
+        round_into(chunk, t);
+        widen_into(t, chunk);
+    }
+}
+
+/// [`widen_into`] into a new vector, which is not zero-filled first.
+pub(crate) fn widen_to_vec(src: &[f16]) -> Vec<f32> {
+    let mut out = Vec::with_capacity(src.len());
+    #[cfg(target_arch = "x86_64")]
+    if x86::usable() {
+        // SAFETY: the spare capacity holds `src.len()` floats, all of which
+        // the conversion writes before `set_len` makes them readable.
+        unsafe {
+            x86::widen(src.as_ptr(), out.spare_capacity_mut().as_mut_ptr(), src.len());
+            out.set_len(src.len());
+        }
+        return out;
+    }
+    out.resize(src.len(), 0.0);
+    src.convert_to_f32_slice(&mut out);
+    out
+}
+
+/// [`round_into`] into a new vector, which is not zero-filled first.
+pub(crate) fn round_to_vec(src: &[f32]) -> Vec<f16> {
+    let mut out = Vec::with_capacity(src.len());
+    #[cfg(target_arch = "x86_64")]
+    if x86::usable() {
+        // SAFETY: as in `widen_to_vec`.
+        unsafe {
+            x86::round(src.as_ptr(), out.spare_capacity_mut().as_mut_ptr(), src.len());
+            out.set_len(src.len());
+        }
+        return out;
+    }
+    out.resize(src.len(), f16::ZERO);
+    out.convert_from_f32_slice(src);
+    out
+}
+
+/// The conversions 16 lanes at a time: the 512-bit forms of the F16C
+/// instructions the `half` crate uses (exact widening, round-to-nearest-even
+/// by the immediate, not MXCSR), so the bits are the same, in fewer passes.
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+    use std::mem::MaybeUninit;
+
+    pub(super) fn usable() -> bool {
+        std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vl")
+    }
+
+    fn tail(len: usize, i: usize) -> __mmask16 {
+        ((1u32 << (len - i)) - 1) as __mmask16
+    }
+
+    /// `len` f16 (as u16 bits) at `src` widened into `dst`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    pub(super) unsafe fn widen(src: *const half::f16, dst: *mut MaybeUninit<f32>, len: usize) {
+        let (src, dst) = (src.cast::<i16>(), dst.cast::<f32>());
+        let mut i = 0;
+        while i + 16 <= len {
+            _mm512_storeu_ps(dst.add(i), _mm512_cvtph_ps(_mm256_loadu_si256(src.add(i).cast())));
+            i += 16;
+        }
+        if i < len {
+            let m = tail(len, i);
+            _mm512_mask_storeu_ps(dst.add(i), m, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, src.add(i))));
+        }
+    }
+
+    /// `len` f32 at `v` rounded to f16 and widened back in place.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    pub(super) unsafe fn round_trip(v: *mut f32, len: usize) {
+        let rt = |x: __m512| _mm512_cvtph_ps(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x));
+        let mut i = 0;
+        while i + 16 <= len {
+            _mm512_storeu_ps(v.add(i), rt(_mm512_loadu_ps(v.add(i))));
+            i += 16;
+        }
+        if i < len {
+            let m = tail(len, i);
+            _mm512_mask_storeu_ps(v.add(i), m, rt(_mm512_maskz_loadu_ps(m, v.add(i))));
+        }
+    }
+
+    /// `len` f32 at `src` rounded into f16 at `dst`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    pub(super) unsafe fn round(src: *const f32, dst: *mut MaybeUninit<half::f16>, len: usize) {
+        let dst = dst.cast::<i16>();
+        let mut i = 0;
+        while i + 16 <= len {
+            let h = _mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm512_loadu_ps(src.add(i)));
+            _mm256_storeu_si256(dst.add(i).cast(), h);
+            i += 16;
+        }
+        if i < len {
+            let m = tail(len, i);
+            let h = _mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm512_maskz_loadu_ps(m, src.add(i)));
+            _mm256_mask_storeu_epi16(dst.add(i), m, h);
+        }
+    }
 }
 
 /// Elements per staging block of the f16 kernels: 16 KB of f32, which stays
@@ -130,6 +272,8 @@ pub(crate) trait Act: Copy + Send + Sync + 'static {
     fn store(dst: &mut [Self::Out], buf: &mut Vec<f32>, f: impl FnOnce(&mut [MaybeUninit<f32>]));
     /// [`Act::store`] for an initialized `dst`.
     fn store_init(dst: &mut [Self], buf: &mut Vec<f32>, f: impl FnOnce(&mut [f32]));
+    /// `v` itself when it is f16, for kernels that widen as they load.
+    fn as_f16(v: &[Self]) -> Option<&[f16]>;
 }
 
 impl Act for f32 {
@@ -143,17 +287,36 @@ impl Act for f32 {
     fn store_init(dst: &mut [f32], _: &mut Vec<f32>, f: impl FnOnce(&mut [f32])) {
         f(dst)
     }
+    fn as_f16(_: &[f32]) -> Option<&[f16]> {
+        None
+    }
 }
 
 impl Act for f16 {
     type Out = f16;
     fn widened<'a>(v: &'a [f16], buf: &'a mut Vec<f32>) -> &'a [f32] {
-        let s = scratch(buf, v.len());
+        if buf.len() < v.len() {
+            // A task's first use: a vector written once, not zero-filled first.
+            *buf = widen_to_vec(v);
+            return buf;
+        }
+        let s = &mut buf[..v.len()];
         widen_into(v, s);
         s
     }
     fn store(dst: &mut [f16], buf: &mut Vec<f32>, f: impl FnOnce(&mut [MaybeUninit<f32>])) {
-        let s = scratch(buf, dst.len());
+        let len = dst.len();
+        if buf.len() < len {
+            // A task's first use: `f` writes the new capacity, not zero-filled first.
+            buf.clear();
+            buf.reserve(len);
+            f(&mut buf.spare_capacity_mut()[..len]);
+            // SAFETY: `f` writes every element of the slice it is given (the
+            // contract of `store`, which f32 outputs rely on in the same way).
+            unsafe { buf.set_len(len) };
+            return round_into(buf, dst);
+        }
+        let s = &mut buf[..len];
         // SAFETY: MaybeUninit<f32> has f32's layout, and `f` writes only
         // initialized values through it.
         f(unsafe { &mut *(s as *mut [f32] as *mut [MaybeUninit<f32>]) });
@@ -163,5 +326,8 @@ impl Act for f16 {
         let s = scratch(buf, dst.len());
         f(s);
         round_into(s, dst);
+    }
+    fn as_f16(v: &[f16]) -> Option<&[f16]> {
+        Some(v)
     }
 }

@@ -35,3 +35,5 @@ pub(crate) fn cpu_f32_mut<'a>(op: &str, what: &str, t: &'a mut Tensor) -> Result
 pub mod testing;
 #[cfg(test)]
 mod tests_f16_staged;
+#[cfg(test)]
+mod tests_half_emu;

@@ -95,6 +95,14 @@ impl Tensor {
         }
     }
 
+    /// The f16 values, rounded to nearest-even from f32 storage.
+    pub fn into_f16_vec(self) -> Result<Vec<f16>> {
+        match self.storage {
+            Storage::Cpu(CpuStorage::F16(v)) => Ok(v),
+            Storage::Cpu(CpuStorage::F32(v)) => Ok(f32_to_f16(&v)),
+        }
+    }
+
     /// An f16 tensor from IEEE binary16 values.
     pub fn from_f16_vec(shape: &[usize], data: Vec<f16>) -> Result<Self> {
         if numel(shape) != data.len() {
@@ -181,9 +189,7 @@ impl Tensor {
         }
         match &mut self.storage {
             Storage::Cpu(CpuStorage::F32(v)) => v.copy_from_slice(src),
-            Storage::Cpu(CpuStorage::F16(v)) => {
-                half::slice::HalfFloatSliceExt::convert_from_f32_slice(v.as_mut_slice(), src)
-            }
+            Storage::Cpu(CpuStorage::F16(v)) => crate::ops::half_emu::round_into(src, v),
         }
         Ok(())
     }
@@ -215,16 +221,12 @@ impl Tensor {
 
 /// f32 -> f16 with IEEE round-to-nearest-even (overflow to +-inf, gradual underflow).
 pub fn f32_to_f16(v: &[f32]) -> Vec<f16> {
-    let mut out = vec![f16::ZERO; v.len()];
-    half::slice::HalfFloatSliceExt::convert_from_f32_slice(out.as_mut_slice(), v);
-    out
+    crate::ops::half_emu::round_to_vec(v)
 }
 
 /// f16 -> f32, exact.
 pub fn f16_to_f32(v: &[f16]) -> Vec<f32> {
-    let mut out = vec![0f32; v.len()];
-    half::slice::HalfFloatSliceExt::convert_to_f32_slice(v, out.as_mut_slice());
-    out
+    crate::ops::half_emu::widen_to_vec(v)
 }
 
 #[cfg(test)]

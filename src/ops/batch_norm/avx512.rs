@@ -84,7 +84,7 @@ unsafe fn block_sums(p: *const f32, nv: usize, shift: f32) -> (f64, f64) {
 /// tree (lane `i` with `i + 8`, `+ 4`, `+ 2`, `+ 1`), bit for bit.
 #[inline]
 #[target_feature(enable = "avx512f")]
-unsafe fn lanes_to_f64(v: __m512) -> f64 {
+pub(super) unsafe fn lanes_to_f64(v: __m512) -> f64 {
     let lo = _mm512_cvtps_pd(_mm512_castps512_ps256(v));
     let hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v))));
     let t = _mm512_add_pd(lo, hi);
@@ -96,7 +96,7 @@ unsafe fn lanes_to_f64(v: __m512) -> f64 {
 /// Lane masks for `n` (<= 16) windows: the pooled lanes, and the low and
 /// high halves of the `2n` input columns.
 #[inline(always)]
-fn masks(n: usize) -> (__mmask16, __mmask16, __mmask16) {
+pub(super) fn masks(n: usize) -> (__mmask16, __mmask16, __mmask16) {
     let bits = |m: usize| ((1u32 << m) - 1) as __mmask16;
     let cols = 2 * n;
     (bits(n), bits(cols.min(LANES)), bits(cols.saturating_sub(LANES)))
@@ -181,11 +181,20 @@ unsafe fn merge(p: *mut f32, q: *mut f32, lo: __mmask16, hi: __mmask16, e: __m51
     _mm512_mask_storeu_ps(q, hi, _mm512_permutex2var_ps(e, ih, o));
 }
 
+/// The window codes of the `m` lanes at `c` as 32-bit lanes; lanes past
+/// `m` read [`KILLED`].
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+pub(super) unsafe fn load_codes(c: *const u8, m: __mmask16) -> __m512i {
+    let v = _mm_mask_loadu_epi8(_mm_set1_epi8(KILLED as i8), m, c.cast());
+    _mm512_cvtepu8_epi32(v)
+}
+
 /// The window codes of strip `s` at `c` as 32-bit lanes; other lanes read
 /// [`KILLED`].
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn load_codes(c: *const u8, s: &Strip) -> __m512i {
+unsafe fn strip_codes(c: *const u8, s: &Strip) -> __m512i {
     let v = _mm_mask_loadu_epi8(_mm_set1_epi8(KILLED as i8), s.m[0], c.wrapping_offset(s.at[0]).cast());
     let v = _mm_mask_loadu_epi8(v, s.m[1], c.wrapping_offset(s.at[1]).cast());
     _mm512_cvtepu8_epi32(v)
@@ -275,7 +284,7 @@ unsafe fn pool_sums_avx512(x: *const f32, dy: *const f32, codes: &[u8], w: usize
     let mv = _mm512_set1_ps(mean);
     let (mut sv, mut qv) = (_mm512_setzero_ps(), _mm512_setzero_ps());
     for s in strips(codes.len() / ow, ow, w) {
-        let code = load_codes(codes.as_ptr(), &s);
+        let code = strip_codes(codes.as_ptr(), &s);
         let live = _mm512_cmplt_epi32_mask(code, _mm512_set1_epi32(i32::from(KILLED)));
         let (t, b) = (s.cols.map(|c| x.wrapping_add(c)), s.cols.map(|c| x.wrapping_add(c + w)));
         let (a0, a1) = split(t[0], t[1], s.lo, s.hi);
@@ -313,7 +322,7 @@ unsafe fn pool_dx_avx512(xdx: *mut f32, dy: *const f32, codes: &[u8], w: usize, 
     let ow = w / 2;
     let (kv, pv, qv) = (_mm512_set1_ps(k), _mm512_set1_ps(p), _mm512_set1_ps(q));
     for s in strips(codes.len() / ow, ow, w) {
-        let code = load_codes(codes.as_ptr(), &s);
+        let code = strip_codes(codes.as_ptr(), &s);
         let kg = _mm512_mul_ps(kv, load_pooled(dy, &s));
         for (r, row) in [0, w].into_iter().enumerate() {
             let [p, q] = s.cols.map(|c| xdx.wrapping_add(c + row));

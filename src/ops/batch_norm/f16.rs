@@ -7,7 +7,7 @@
 //! are bit for bit those of widening, running the f32 op and rounding.
 
 use super::cpu::{self, BackwardSums, LocalSums, PAR_MIN_ELEMS};
-use crate::ops::half_emu::{round_into, scratch, widen_into, with_widened};
+use crate::ops::half_emu::{round_into, round_trip, scratch, widen_into, with_widened};
 use half::f16;
 use rayon::prelude::*;
 
@@ -15,7 +15,12 @@ use rayon::prelude::*;
 pub fn local_sums(x: &[f16], n: usize, c: usize, hw: usize) -> LocalSums {
     let shift = |ch: usize| if n * hw > 0 { x[ch * hw].to_f32() } else { 0.0 };
     cpu::local_sums_with(n, c, hw, shift, |i, ch, k| {
-        with_widened(&x[(i * c + ch) * hw..][..hw], &[], |p, _| cpu::plane_sums(p, k))
+        let p = &x[(i * c + ch) * hw..][..hw];
+        #[cfg(target_arch = "x86_64")]
+        if super::avx512::usable() {
+            return super::avx512_f16::plane_sums(p, k);
+        }
+        with_widened(p, &[], |p, _| cpu::plane_sums(p, k))
     })
 }
 
@@ -137,14 +142,4 @@ pub fn normalize_affine_relu(
         round_trip(op);
         crate::ops::relu::cpu::forward_inplace(op);
     });
-}
-
-/// Rounds every value to f16 and widens it back, in place.
-fn round_trip(v: &mut [f32]) {
-    let mut tmp = [f16::ZERO; 256];
-    for chunk in v.chunks_mut(tmp.len()) {
-        let t = &mut tmp[..chunk.len()];
-        round_into(chunk, t);
-        widen_into(t, chunk);
-    }
 }

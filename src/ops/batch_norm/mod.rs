@@ -4,9 +4,12 @@
 
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod avx512_f16;
 pub mod cpu;
 pub mod cuda;
 pub mod f16;
+pub mod f16_pool;
 pub mod fused_cpu;
 pub mod sync;
 
@@ -340,8 +343,10 @@ fn fused_dims(op: &str, x: &Tensor) -> Result<(usize, usize, usize, usize)> {
 }
 
 /// `max_pool2d(relu(batch_norm_train(x)), 2, 2)` in one pass, with the same
-/// values and running-statistics update as the three ops in sequence.
-/// Returns the pooled `[N, C, H/2, W/2]` tensor and what the backward needs.
+/// values and running-statistics update as the three ops in sequence, for
+/// f32 `x`, or f16 `x` with f32 parameters and running statistics (O2; see
+/// [`f16_pool`]). Returns the pooled `[N, C, H/2, W/2]` tensor and what the
+/// backward needs.
 pub fn forward_train_relu_maxpool2(
     x: &Tensor,
     weight: &Tensor,
@@ -376,6 +381,23 @@ pub fn forward_train_relu_maxpool2(
             let saved =
                 BnReluPoolSaved { stats: BatchNormSaved { mean: stats.mean, invstd: stats.invstd }, codes };
             Ok((Tensor::from_vec(&[n, c, h / 2, w / 2], out)?, saved))
+        }
+        Storage::Cpu(CpuStorage::F16(xs)) if all_f32([weight, bias, &*running_mean, &*running_var]) => {
+            let wt = param(OP, "weight", weight, c)?;
+            let b = param(OP, "bias", bias, c)?;
+            let sums = f16::local_sums(xs, n, c, h * w);
+            let stats = cpu::batch_stats::<f32>(&sums.sum, &sums.sumsq, sums.count, f64::from(eps));
+            let (scale, shift) = cpu::affine_coefficients(c, &stats.mean, &stats.invstd, wt, b);
+            let len = n * c * (h / 2) * (w / 2);
+            let mut out = vec![half::f16::ZERO; len];
+            let mut codes = vec![0u8; len];
+            f16_pool::forward(xs, c, h, w, &scale, &shift, &mut out, &mut codes);
+            let rm = param_mut(OP, "running_mean", running_mean, c)?;
+            let rv = param_mut(OP, "running_var", running_var, c)?;
+            cpu::update_running(rm, rv, &stats, momentum);
+            let saved =
+                BnReluPoolSaved { stats: BatchNormSaved { mean: stats.mean, invstd: stats.invstd }, codes };
+            Ok((Tensor::from_f16_vec(&[n, c, h / 2, w / 2], out)?, saved))
         }
         _ => Err(unsupported(OP, x)),
     }
@@ -437,12 +459,35 @@ pub fn backward_relu_maxpool2(
             Tensor::from_vec(&shape, xs)
         }
         (Storage::Cpu(CpuStorage::F32(_)), _) => Err(unsupported(OP, dy)),
+        (Storage::Cpu(CpuStorage::F16(_)), _) if all_f32([weight, &*dweight, &*dbias]) => {
+            let wt = param(OP, "weight", weight, c)?;
+            let dw = param_mut(OP, "dweight", dweight, c)?;
+            let db = param_mut(OP, "dbias", dbias, c)?;
+            let (codes, count) = (&saved.codes, n * h * w);
+            let (mean, invstd) = (&stats.mean, &stats.invstd);
+            let mut xs = x.into_f16_vec()?;
+            match dy.storage() {
+                Storage::Cpu(CpuStorage::F16(d)) => {
+                    let sums = f16_pool::backward_sums(&xs, d, codes, n, c, h, w, mean, invstd);
+                    add_param_grads(dw, db, &sums);
+                    f16_pool::backward_dx(&mut xs, d, codes, c, h, w, mean, invstd, wt, &sums, count);
+                }
+                Storage::Cpu(CpuStorage::F32(d)) => {
+                    let sums = f16_pool::backward_sums(&xs, d, codes, n, c, h, w, mean, invstd);
+                    add_param_grads(dw, db, &sums);
+                    f16_pool::backward_dx(&mut xs, d, codes, c, h, w, mean, invstd, wt, &sums, count);
+                }
+            }
+            Tensor::from_f16_vec(&shape, xs)
+        }
         _ => Err(unsupported(OP, &x)),
     }
 }
 
 #[cfg(all(test, target_arch = "x86_64"))]
 mod avx512_tests;
+#[cfg(test)]
+mod f16_pool_tests;
 #[cfg(test)]
 mod fused_tests;
 #[cfg(test)]

@@ -1,0 +1,54 @@
+//! O1's patched conv and linear (apex's per-call casts to f16): operands
+//! and results rounded to f16, gradients accumulated into the fp32 `.grad`.
+
+use super::Param;
+use crate::error::Result;
+use crate::ops;
+use crate::tensor::{DType, Tensor};
+
+/// `grad += g` (g holding the f16 values of O1's per-call cast), accumulated in
+/// the grad's dtype like PyTorch's `.grad` accumulation.
+fn accumulate_grad(grad: &mut Tensor, g: &Tensor) -> Result<()> {
+    let mut acc = grad.to_f32_vec();
+    for (a, v) in acc.iter_mut().zip(g.to_f32_vec()) {
+        *a += v;
+    }
+    grad.copy_from_f32(&acc)
+}
+
+/// `t` as f32 holding the values of its cast to `dt`: O1's per-call cast
+/// to f16 and back, rounded in place. The CPU's f16 conv and linear are
+/// their f32 kernels on widened operands with the results rounded (the
+/// numerics contract, checked bit for bit in `ops::tests_f16_staged`), so
+/// running the f32 kernels on these values and rounding their results the
+/// same way gives the f16 op's bits without an f16 copy of every operand
+/// and result, or the f16 kernels' staging.
+pub(super) fn cast_round_trip(t: Tensor, dt: DType) -> Result<Tensor> {
+    match (t.dtype(), dt) {
+        (DType::F32, DType::F16) => {
+            let mut t = t;
+            ops::half_emu::round_trip(t.as_f32_mut()?);
+            Ok(t)
+        }
+        _ => Ok(t.into_dtype(DType::F32)),
+    }
+}
+
+/// O1's backward of a conv/linear run in `dt`: grads computed as in `dt` (so
+/// they overflow where the GPU's would), then accumulated into the fp32 `.grad`.
+pub(super) fn patched_backward(
+    weight: &mut Param,
+    bias: Option<&mut Param>,
+    dt: DType,
+    run: impl FnOnce(&Tensor, &mut Tensor, Option<&mut Tensor>) -> Result<Option<Tensor>>,
+) -> Result<Option<Tensor>> {
+    let w = cast_round_trip(weight.value.clone(), dt)?;
+    let mut dw = Tensor::zeros(weight.value.shape());
+    let mut db = bias.as_ref().map(|b| Tensor::zeros(b.value.shape()));
+    let dx = run(&w, &mut dw, db.as_mut())?;
+    accumulate_grad(&mut weight.grad, &cast_round_trip(dw, dt)?)?;
+    if let (Some(b), Some(db)) = (bias, db) {
+        accumulate_grad(&mut b.grad, &cast_round_trip(db, dt)?)?;
+    }
+    dx.map(|d| cast_round_trip(d, dt)).transpose()
+}

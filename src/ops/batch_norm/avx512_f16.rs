@@ -1,0 +1,245 @@
+//! AVX-512 versions of the f16 BatchNorm + ReLU + MaxPool2d(2, 2) kernels
+//! ([`super::f16_pool`]) and of the f16 forward sums. f16 values are widened
+//! as they are loaded and f32 results rounded as they are stored, by the
+//! 512-bit forms of the F16C conversions the whole-tensor casts use (exact
+//! widening, round-to-nearest-even), so every value and every sum is the one
+//! the generic kernels compute on widened copies, bit for bit.
+
+use super::avx512::{lanes_to_f64, load_codes, masks};
+use super::fused_cpu::KILLED;
+use half::f16;
+use std::arch::x86_64::*;
+
+const LANES: usize = 16;
+/// The f32 block of `cpu::plane_sums` and `cpu::plane_backward_sums`.
+const BLOCK: usize = 1024;
+
+/// `v` rounded to f16 and widened back: the f32 view of an f16 store.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn round_trip(v: __m512) -> __m512 {
+    _mm512_cvtph_ps(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v))
+}
+
+/// Up to 16 f16 at `p` (lanes past `m` read as 0), widened.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn load_f16(p: *const f16, m: __mmask16) -> __m512 {
+    _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p.cast()))
+}
+
+/// Rounds `v` to f16 and stores the lanes in `m` at `p`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn store_f16(p: *mut f16, m: __mmask16, v: __m512) {
+    _mm256_mask_storeu_epi16(p.cast(), m, _mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v));
+}
+
+/// `(sum (x - shift), sum (x - shift)^2)` of one f16 plane, bit for bit
+/// `cpu::plane_sums` of its widened copy (see `avx512::plane_sums`).
+pub fn plane_sums(p: &[f16], shift: f32) -> (f64, f64) {
+    let (mut s_tot, mut q_tot) = (0.0f64, 0.0f64);
+    for blk in p.chunks(BLOCK) {
+        let nv = blk.len() / LANES;
+        let (mut rs, mut rq) = (0.0f32, 0.0f32);
+        for &x in &widen_tail(&blk[nv * LANES..])[..blk.len() - nv * LANES] {
+            let v = x - shift;
+            rs += v;
+            rq += v * v;
+        }
+        // SAFETY: reads `blk.len() / LANES` whole vectors of `blk`; AVX-512
+        // F/BW/VL are checked by the caller through `avx512::usable`.
+        let (s, q) = unsafe { block_sums(blk.as_ptr(), nv, shift) };
+        s_tot += f64::from(rs);
+        q_tot += f64::from(rq);
+        s_tot += s;
+        q_tot += q;
+    }
+    (s_tot, q_tot)
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn block_sums(p: *const f16, nv: usize, shift: f32) -> (f64, f64) {
+    let k = _mm512_set1_ps(shift);
+    let (mut sv, mut qv) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+    for v in 0..nv {
+        let d = _mm512_sub_ps(load_f16(p.add(v * LANES), 0xffff), k);
+        sv = _mm512_add_ps(sv, d);
+        qv = _mm512_add_ps(qv, _mm512_mul_ps(d, d));
+    }
+    (lanes_to_f64(sv), lanes_to_f64(qv))
+}
+
+/// The (fewer than 16) f16 of a block's tail widened in one conversion,
+/// for the scalar adds that sum them in order; lanes past the tail are 0.
+fn widen_tail(t: &[f16]) -> [f32; LANES] {
+    assert!(t.len() < LANES);
+    let mut out = [0.0f32; LANES];
+    // SAFETY: loads the `t.len()` elements of `t` (masked) and stores one
+    // vector into `out`; AVX-512F/BW/VL are checked by the caller.
+    unsafe { _mm512_storeu_ps(out.as_mut_ptr(), load_f16(t.as_ptr(), masks(t.len()).0)) };
+    out
+}
+
+/// The even and odd lanes of the 32 values `a:b`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn deinterleave(a: __m512, b: __m512) -> (__m512, __m512) {
+    let ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    let od = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    (_mm512_permutex2var_ps(a, ev, b), _mm512_permutex2var_ps(a, od, b))
+}
+
+/// `f16_pool::forward_plane` of one `h x w` f16 plane (`h`, `w` even) into
+/// its pooled plane and window codes. Returns whether a pooled row held a
+/// NaN: the caller then redoes the plane with the generic kernel, as the
+/// max-pool redoes such rows with its exact scan.
+pub fn forward_plane(x: &[f16], w: usize, scale: f32, shift: f32, y: &mut [f16], codes: &mut [u8]) -> bool {
+    let ow = w / 2;
+    assert!(w.is_multiple_of(2) && ow > 0 && y.len() == codes.len() && x.len() >= 4 * y.len());
+    // SAFETY: every access is to window (oy, ox < ow) of pooled row oy <
+    // y.len() / ow, at x[(2 oy + r) w + 2 ox + j] and y/codes[oy ow + ox],
+    // inside the slices by the assert; masked lanes are not accessed.
+    // AVX-512F/BW/VL are checked by the caller through `avx512::usable`.
+    unsafe {
+        forward_plane_avx512(x.as_ptr(), w, y.len() / ow, scale, shift, y.as_mut_ptr(), codes.as_mut_ptr())
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn forward_plane_avx512(
+    x: *const f16,
+    w: usize,
+    oh: usize,
+    scale: f32,
+    shift: f32,
+    y: *mut f16,
+    codes: *mut u8,
+) -> bool {
+    let ow = w / 2;
+    let (sc, sh, zero) = (_mm512_set1_ps(scale), _mm512_set1_ps(shift), _mm512_setzero_ps());
+    // BatchNorm's output as its f16 store holds it, then ReLU: max_ps(0, v)
+    // is `0 > v ? 0 : v`, which keeps NaN and -0 as `v < 0 ? 0 : v` does.
+    let bn_relu = |v: __m512| _mm512_max_ps(zero, round_trip(_mm512_add_ps(_mm512_mul_ps(v, sc), sh)));
+    let row = |p: *const f16, lo: __mmask16, hi: __mmask16| {
+        let a = bn_relu(load_f16(p, lo));
+        // Rows of up to 16 values (MNIST's 14x14 planes) fit in `a`.
+        let b = if hi == 0 { zero } else { bn_relu(load_f16(p.wrapping_add(LANES), hi)) };
+        deinterleave(a, b)
+    };
+    let mut nan: __mmask16 = 0;
+    for oy in 0..oh {
+        let (r0, r1) = (x.add(2 * oy * w), x.add((2 * oy + 1) * w));
+        for ox in (0..ow).step_by(LANES) {
+            let n = (ow - ox).min(LANES);
+            let (m, lo, hi) = masks(n);
+            let (a0, a1) = row(r0.add(2 * ox), lo, hi);
+            let (a2, a3) = row(r1.add(2 * ox), lo, hi);
+            nan |= _mm512_mask_cmp_ps_mask::<_CMP_UNORD_Q>(m, a0, a1)
+                | _mm512_mask_cmp_ps_mask::<_CMP_UNORD_Q>(m, a2, a3);
+            // max_ps(a, b) is `a > b ? a : b`, the max-pool's max2.
+            let mx = _mm512_max_ps(_mm512_max_ps(a0, a1), _mm512_max_ps(a2, a3));
+            let mut c = _mm512_set1_epi32(3);
+            c = _mm512_mask_mov_epi32(c, _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(a2, mx), _mm512_set1_epi32(2));
+            c = _mm512_mask_mov_epi32(c, _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(a1, mx), _mm512_set1_epi32(1));
+            c = _mm512_mask_mov_epi32(c, _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(a0, mx), _mm512_setzero_si512());
+            // ReLU passes gradient where its output is > 0: at the window's max.
+            let live = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(mx, zero);
+            let code = _mm512_mask_mov_epi32(_mm512_set1_epi32(i32::from(KILLED)), live, c);
+            let at = oy * ow + ox;
+            store_f16(y.add(at), m, mx);
+            _mm512_mask_cvtepi32_storeu_epi8(codes.add(at).cast(), m, code);
+        }
+    }
+    nan != 0
+}
+
+/// `f16_pool::dz_plane_generic` of the f16 pooled gradient `g`: the
+/// gradient at BatchNorm's output of one `h x w` plane, `0 + g` at each live
+/// window's source and `+0` elsewhere.
+pub fn dz_plane(g: &[f16], codes: &[u8], w: usize, dz: &mut [f32]) {
+    let ow = w / 2;
+    assert!(w.is_multiple_of(2) && ow > 0 && g.len() == codes.len() && dz.len() == 4 * g.len());
+    // SAFETY: as in `forward_plane`, reading g and codes at [oy ow + ox]
+    // and writing dz at [(2 oy + r) w + 2 ox + j].
+    unsafe { dz_plane_avx512(g.as_ptr(), codes, w, dz.as_mut_ptr()) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn dz_plane_avx512(g: *const f16, codes: &[u8], w: usize, dz: *mut f32) {
+    let ow = w / 2;
+    let il = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    let ih = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+    for oy in 0..codes.len() / ow {
+        for ox in (0..ow).step_by(LANES) {
+            let n = (ow - ox).min(LANES);
+            let (m, lo, hi) = masks(n);
+            let at = oy * ow + ox;
+            let code = load_codes(codes.as_ptr().add(at), m);
+            // The max-pool's backward adds g into a zeroed gradient.
+            let zg = _mm512_add_ps(_mm512_setzero_ps(), load_f16(g.add(at), m));
+            for r in 0..2 {
+                let pos = 2 * r as i32;
+                let e = _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(code, _mm512_set1_epi32(pos)), zg);
+                let o = _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(code, _mm512_set1_epi32(pos + 1)), zg);
+                let p = dz.add((2 * oy + r) * w + 2 * ox);
+                _mm512_mask_storeu_ps(p, lo, _mm512_permutex2var_ps(e, il, o));
+                _mm512_mask_storeu_ps(p.wrapping_add(LANES), hi, _mm512_permutex2var_ps(e, ih, o));
+            }
+        }
+    }
+}
+
+/// `(sum dz, sum dz * (x - mean))` of one plane of f16 `x`, bit for bit
+/// `cpu::plane_backward_sums` of its widened copy.
+pub fn plane_backward_sums(x: &[f16], dz: &[f32], mean: f32) -> (f64, f64) {
+    assert_eq!(x.len(), dz.len());
+    let (mut s_tot, mut q_tot) = (0.0f64, 0.0f64);
+    for (xb, db) in x.chunks(BLOCK).zip(dz.chunks(BLOCK)) {
+        let nv = xb.len() / LANES;
+        // SAFETY: reads `nv` whole vectors of `xb` and `db` (same length);
+        // AVX-512F/BW/VL are checked by the caller through `avx512::usable`.
+        let (s, q) = unsafe { backward_block_sums(xb.as_ptr(), db.as_ptr(), nv, mean) };
+        let (mut rs, mut rq) = (0.0f32, 0.0f32);
+        for (&xv, &g) in widen_tail(&xb[nv * LANES..]).iter().zip(&db[nv * LANES..]) {
+            rs += g;
+            rq += g * (xv - mean);
+        }
+        s_tot += s + f64::from(rs);
+        q_tot += q + f64::from(rq);
+    }
+    (s_tot, q_tot)
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn backward_block_sums(x: *const f16, dz: *const f32, nv: usize, mean: f32) -> (f64, f64) {
+    let mv = _mm512_set1_ps(mean);
+    let (mut sv, mut qv) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+    for v in 0..nv {
+        let g = _mm512_loadu_ps(dz.add(v * LANES));
+        let xv = load_f16(x.add(v * LANES), 0xffff);
+        sv = _mm512_add_ps(sv, g);
+        qv = _mm512_add_ps(qv, _mm512_mul_ps(g, _mm512_sub_ps(xv, mv)));
+    }
+    (lanes_to_f64(sv), lanes_to_f64(qv))
+}
+
+/// `f16_pool::dx_plane`: `x` becomes `round(k * dz + p * x + q)` in place.
+pub fn dx_plane(xdx: &mut [f16], dz: &[f32], (k, p, q): (f32, f32, f32)) {
+    assert_eq!(xdx.len(), dz.len());
+    // SAFETY: reads dz and reads then writes xdx at [i, i + 16) masked to
+    // the slices' common length; AVX-512F/BW/VL are checked by the caller.
+    unsafe { dx_plane_avx512(xdx.as_mut_ptr(), dz.as_ptr(), dz.len(), k, p, q) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn dx_plane_avx512(xdx: *mut f16, dz: *const f32, len: usize, k: f32, p: f32, q: f32) {
+    let (kv, pv, qv) = (_mm512_set1_ps(k), _mm512_set1_ps(p), _mm512_set1_ps(q));
+    for i in (0..len).step_by(LANES) {
+        let m = masks((len - i).min(LANES)).0;
+        let g = _mm512_maskz_loadu_ps(m, dz.add(i));
+        let xv = load_f16(xdx.add(i), m);
+        let d = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(kv, g), _mm512_mul_ps(pv, xv)), qv);
+        store_f16(xdx.add(i), m, d);
+    }
+}
