@@ -430,11 +430,7 @@ pub(super) fn backward_with<X: Act>(
     dw_offs.resize(ckk.next_multiple_of(kr), 0);
     let dxk = DxKernel::new(g, w, &dl);
     let pt = per_task(g.n);
-    let tasks = g.n.div_ceil(pt);
-    let dx_parts: Vec<Option<&mut [X]>> = match dx {
-        Some(d) => d.chunks_mut(pt * g.x_len()).map(Some).collect(),
-        None => (0..tasks).map(|_| None).collect(),
-    };
+    let dx_parts = dx_runs(dx, g, pt);
     let need_db = db.is_some();
     // Per task: dW[O, CKK] and db, summed in task order below.
     let partials: Vec<(Vec<f32>, Vec<f32>)> = dx_parts
@@ -505,13 +501,28 @@ pub(super) fn backward_with<X: Act>(
             (part, db_t)
         })
         .collect();
-    for (part, _) in &partials {
+    add_partials(&partials, dw, db);
+}
+
+/// `dx` cut into runs of `pt` images, one per rayon task (a `None` per task
+/// without `dx`).
+fn dx_runs<'a, X>(dx: Option<&'a mut [X]>, g: &ConvGeom, pt: usize) -> Vec<Option<&'a mut [X]>> {
+    match dx {
+        Some(d) => d.chunks_mut(pt * g.x_len()).map(Some).collect(),
+        None => (0..g.n.div_ceil(pt)).map(|_| None).collect(),
+    }
+}
+
+/// Adds the tasks' `(weight-gradient part, db part)` into `dw` and `db`, in
+/// task order (so the sums do not depend on which thread ran what).
+fn add_partials(partials: &[(Vec<f32>, Vec<f32>)], dw: &mut [f32], db: Option<&mut [f32]>) {
+    for (part, _) in partials {
         for (a, b) in dw.iter_mut().zip(part) {
             *a += *b;
         }
     }
     if let Some(db) = db {
-        for (_, db_t) in &partials {
+        for (_, db_t) in partials {
             for (a, b) in db.iter_mut().zip(db_t) {
                 *a += *b;
             }

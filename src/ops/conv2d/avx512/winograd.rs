@@ -20,7 +20,7 @@
 mod kernels;
 
 use super::dw::lane_sum;
-use super::{as_uninit, per_task};
+use super::{add_partials, as_uninit, dx_runs, per_task};
 use crate::ops::conv2d::avx512_direct::to_planes;
 use crate::ops::conv2d::cpu::ConvGeom;
 use crate::ops::half_emu::Act;
@@ -248,11 +248,7 @@ pub(super) fn backward<X: Act>(
         .is_some()
         .then(|| filters(g.o, g.c, |c, o, ki, kj| w[o * ckk + c * kk + (K - 1 - ki) * K + (K - 1 - kj)]));
     let pt = per_task(g.n);
-    let tasks = g.n.div_ceil(pt);
-    let dx_parts: Vec<Option<&mut [X]>> = match dx {
-        Some(d) => d.chunks_mut(pt * g.x_len()).map(Some).collect(),
-        None => (0..tasks).map(|_| None).collect(),
-    };
+    let dx_parts = dx_runs(dx, g, pt);
     let need_db = db.is_some();
     // Per task: the weight gradient in the transformed domain and db.
     let partials: Vec<(Vec<f32>, Vec<f32>)> = dx_parts
@@ -329,19 +325,8 @@ pub(super) fn backward<X: Act>(
         })
         .collect();
     let mut acc = zeros(TT * ldc * ldo);
-    for (part, _) in &partials {
-        for (a, b) in acc.iter_mut().zip(part) {
-            *a += *b;
-        }
-    }
+    add_partials(&partials, &mut acc, db);
     finish_dw(g, &acc, ldc, ldo, dw);
-    if let Some(db) = db {
-        for (_, db_t) in &partials {
-            for (a, b) in db.iter_mut().zip(db_t) {
-                *a += *b;
-            }
-        }
-    }
 }
 
 /// `dw[o][c] += A^T (diag(f) acc[.][c][o] diag(f)) A`: the weight gradient
