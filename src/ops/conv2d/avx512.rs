@@ -429,88 +429,93 @@ pub(super) fn backward_with<X: Act>(
     let mut dw_offs = xl.offs.clone();
     dw_offs.resize(ckk.next_multiple_of(kr), 0);
     let dxk = DxKernel::new(g, w, &dl);
-    let pt = per_task(g.n);
-    let dx_parts = dx_runs(dx, g, pt);
     let need_db = db.is_some();
     // Per task: dW[O, CKK] and db, summed in task order below.
-    let partials: Vec<(Vec<f32>, Vec<f32>)> = dx_parts
-        .into_par_iter()
-        .enumerate()
-        .map(|(t, mut dxt)| {
-            let first = t * pt;
-            let imgs = pt.min(g.n - first);
-            let mut pdw = if pixel { Some(PixelDw::new(g, &xl)) } else { None };
-            let mut dwt = vec![0f32; if pixel { 0 } else { dw_offs.len() * ldo }];
-            let mut db_t = vec![0f32; if need_db { g.o } else { 0 }];
-            let mut xp = vec![0f32; xl.len];
-            // dy^T[pixels, ldo]: padded channels stay zero.
-            let mut dyt = vec![0f32; if pixel { 0 } else { hw * ldo }];
-            let need_dx = dxt.is_some();
-            // dy in the wide layout, `dl.shift` into each of its planes (see
-            // DyLayout), with zero rows up to the PixelDw's channel padding.
-            let dyz_rows = if pixel { g.o.next_multiple_of(PO) } else { g.o };
-            let mut dyz = vec![0f32; if need_dx || pixel { dyz_rows * dl.plane } else { 0 }];
-            let mut out = vec![0f32; if need_dx { dxk.out_len(g, &dl) } else { 0 }];
-            let (mut xb, mut dyb, mut dxb) = (Vec::new(), Vec::new(), Vec::new());
-            for i in 0..imgs {
-                let img = first + i;
-                xl.fill(g, X::widened(&x[img * g.x_len()..(img + 1) * g.x_len()], &mut xb), &mut xp);
-                let dyi = X::widened(&dy[img * g.y_len()..(img + 1) * g.y_len()], &mut dyb);
-                if !pixel {
-                    transpose_to(dyi, g.o, hw, &mut dyt, ldo);
-                }
-                if need_dx || pixel {
-                    for (o, dyo) in dyi.chunks_exact(hw).enumerate() {
-                        copy_rows(dyo, g.wo, &mut dyz[o * dl.plane + dl.shift..], xl.pitch, g.ho, g.wo);
-                    }
-                }
-                if let Some(p) = pdw.as_mut() {
-                    p.add(xl.ncolv / LANES, &xp, &dyz, dl.shift, dl.plane);
-                } else if ldo == LANES {
-                    dw_blocks::<24, 1>(px, &dw_offs, &xp, &dyt, ldo, 0, &mut dwt);
-                } else {
-                    let mut v0 = 0;
-                    while v0 + 2 <= ldo / LANES {
-                        dw_blocks::<12, 2>(px, &dw_offs, &xp, &dyt, ldo, v0, &mut dwt);
-                        v0 += 2;
-                    }
-                    if v0 < ldo / LANES {
-                        dw_blocks::<12, 1>(px, &dw_offs, &xp, &dyt, ldo, v0, &mut dwt);
-                    }
-                }
-                for (acc, dyo) in db_t.iter_mut().zip(dyi.chunks_exact(hw)) {
-                    *acc += lane_sum(dyo);
-                }
-                if let Some(dxt) = dxt.as_deref_mut() {
-                    let dxi = &mut dxt[i * g.x_len()..(i + 1) * g.x_len()];
-                    X::store_init(dxi, &mut dxb, |d| dxk.image(g, &dl, xl.pitch, &dyz, &mut out, d));
+    let partials = backward_tasks(g, dx, |first, imgs, mut dxt| {
+        let mut pdw = if pixel { Some(PixelDw::new(g, &xl)) } else { None };
+        let mut dwt = vec![0f32; if pixel { 0 } else { dw_offs.len() * ldo }];
+        let mut db_t = vec![0f32; if need_db { g.o } else { 0 }];
+        let mut xp = vec![0f32; xl.len];
+        // dy^T[pixels, ldo]: padded channels stay zero.
+        let mut dyt = vec![0f32; if pixel { 0 } else { hw * ldo }];
+        let need_dx = dxt.is_some();
+        // dy in the wide layout, `dl.shift` into each of its planes (see
+        // DyLayout), with zero rows up to the PixelDw's channel padding.
+        let dyz_rows = if pixel { g.o.next_multiple_of(PO) } else { g.o };
+        let mut dyz = vec![0f32; if need_dx || pixel { dyz_rows * dl.plane } else { 0 }];
+        let mut out = vec![0f32; if need_dx { dxk.out_len(g, &dl) } else { 0 }];
+        let (mut xb, mut dyb, mut dxb) = (Vec::new(), Vec::new(), Vec::new());
+        for i in 0..imgs {
+            let img = first + i;
+            xl.fill(g, X::widened(&x[img * g.x_len()..(img + 1) * g.x_len()], &mut xb), &mut xp);
+            let dyi = X::widened(&dy[img * g.y_len()..(img + 1) * g.y_len()], &mut dyb);
+            if !pixel {
+                transpose_to(dyi, g.o, hw, &mut dyt, ldo);
+            }
+            if need_dx || pixel {
+                for (o, dyo) in dyi.chunks_exact(hw).enumerate() {
+                    copy_rows(dyo, g.wo, &mut dyz[o * dl.plane + dl.shift..], xl.pitch, g.ho, g.wo);
                 }
             }
-            let part = match pdw {
-                Some(p) => p.finish(g),
-                None => {
-                    let mut part = vec![0f32; g.o * ckk];
-                    for (o, row) in part.chunks_exact_mut(ckk).enumerate() {
-                        for (a, b) in row.iter_mut().zip(dwt[o..].iter().step_by(ldo)) {
-                            *a = *b;
-                        }
-                    }
-                    part
+            if let Some(p) = pdw.as_mut() {
+                p.add(xl.ncolv / LANES, &xp, &dyz, dl.shift, dl.plane);
+            } else if ldo == LANES {
+                dw_blocks::<24, 1>(px, &dw_offs, &xp, &dyt, ldo, 0, &mut dwt);
+            } else {
+                let mut v0 = 0;
+                while v0 + 2 <= ldo / LANES {
+                    dw_blocks::<12, 2>(px, &dw_offs, &xp, &dyt, ldo, v0, &mut dwt);
+                    v0 += 2;
                 }
-            };
-            (part, db_t)
-        })
-        .collect();
+                if v0 < ldo / LANES {
+                    dw_blocks::<12, 1>(px, &dw_offs, &xp, &dyt, ldo, v0, &mut dwt);
+                }
+            }
+            for (acc, dyo) in db_t.iter_mut().zip(dyi.chunks_exact(hw)) {
+                *acc += lane_sum(dyo);
+            }
+            if let Some(dxt) = dxt.as_deref_mut() {
+                let dxi = &mut dxt[i * g.x_len()..(i + 1) * g.x_len()];
+                X::store_init(dxi, &mut dxb, |d| dxk.image(g, &dl, xl.pitch, &dyz, &mut out, d));
+            }
+        }
+        let part = match pdw {
+            Some(p) => p.finish(g),
+            None => {
+                let mut part = vec![0f32; g.o * ckk];
+                for (o, row) in part.chunks_exact_mut(ckk).enumerate() {
+                    for (a, b) in row.iter_mut().zip(dwt[o..].iter().step_by(ldo)) {
+                        *a = *b;
+                    }
+                }
+                part
+            }
+        };
+        (part, db_t)
+    });
     add_partials(&partials, dw, db);
 }
 
-/// `dx` cut into runs of `pt` images, one per rayon task (a `None` per task
-/// without `dx`).
-fn dx_runs<'a, X>(dx: Option<&'a mut [X]>, g: &ConvGeom, pt: usize) -> Vec<Option<&'a mut [X]>> {
-    match dx {
+/// Runs `task(first image, images, their dx)` for each run of images in
+/// parallel (`dx` `None` without an input gradient), and returns the tasks'
+/// `(weight-gradient part, db part)` in task order.
+fn backward_tasks<X: Send>(
+    g: &ConvGeom,
+    dx: Option<&mut [X]>,
+    task: impl Fn(usize, usize, Option<&mut [X]>) -> (Vec<f32>, Vec<f32>) + Sync + Send,
+) -> Vec<(Vec<f32>, Vec<f32>)> {
+    let pt = per_task(g.n);
+    let runs: Vec<Option<&mut [X]>> = match dx {
         Some(d) => d.chunks_mut(pt * g.x_len()).map(Some).collect(),
         None => (0..g.n.div_ceil(pt)).map(|_| None).collect(),
-    }
+    };
+    runs.into_par_iter()
+        .enumerate()
+        .map(|(t, dxt)| {
+            let first = t * pt;
+            task(first, pt.min(g.n - first), dxt)
+        })
+        .collect()
 }
 
 /// Adds the tasks' `(weight-gradient part, db part)` into `dw` and `db`, in

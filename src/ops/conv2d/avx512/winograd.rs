@@ -20,7 +20,7 @@
 mod kernels;
 
 use super::dw::lane_sum;
-use super::{add_partials, as_uninit, dx_runs, per_task};
+use super::{add_partials, as_uninit, backward_tasks, per_task};
 use crate::ops::conv2d::avx512_direct::to_planes;
 use crate::ops::conv2d::cpu::ConvGeom;
 use crate::ops::half_emu::Act;
@@ -247,83 +247,73 @@ pub(super) fn backward<X: Act>(
     let udx = dx
         .is_some()
         .then(|| filters(g.o, g.c, |c, o, ki, kj| w[o * ckk + c * kk + (K - 1 - ki) * K + (K - 1 - kj)]));
-    let pt = per_task(g.n);
-    let dx_parts = dx_runs(dx, g, pt);
     let need_db = db.is_some();
     // Per task: the weight gradient in the transformed domain and db.
-    let partials: Vec<(Vec<f32>, Vec<f32>)> = dx_parts
-        .into_par_iter()
-        .enumerate()
-        .map(|(t, mut dxt)| {
-            let first = t * pt;
-            let imgs = pt.min(g.n - first);
-            let mut acc = zeros(TT * ldc * ldo);
-            let mut db_t = zeros(if need_db { g.o } else { 0 });
-            let dx_len = |n| if dxt.is_some() { n } else { 0 };
-            let lens = [
-                plan.x.len(),
-                plan.dy.len(),
-                TT * nt * ldc,
-                TT * nt * ldo,
-                dx_len(TT * ntx * ldo),
-                dx_len(TT * ntx * ldc),
-                dx_len(g.h * g.w * ldc),
-            ];
-            with_scratch(lens, 2, |[xt, dyt, v, d, vdy, mdx, outdx]| {
-                let (mut xb, mut dyb, mut dxb) = (Vec::new(), Vec::new(), Vec::new());
-                for i in 0..imgs {
-                    let img = first + i;
-                    plan.x.fill(X::widened(&x[img * g.x_len()..(img + 1) * g.x_len()], &mut xb), xt);
-                    let dyi = X::widened(&dy[img * g.y_len()..(img + 1) * g.y_len()], &mut dyb);
-                    plan.dy.fill(dyi, dyt);
-                    let q = plan.dy.pad;
-                    // SAFETY: the patches of `plan.out` lie inside `xt` and the
-                    // 2 x 2 tiles of `plan.dwt` from (q, q) inside `dyt` (Plan::new
-                    // sizes both to their reach); v, d, acc have the lengths the
-                    // contracts ask for (cut from the scratch above). AVX-512F: see `fits`.
-                    unsafe {
-                        kernels::input_transform(xt.as_ptr(), plan.out, v.as_mut_ptr());
-                        kernels::dy_transform(
-                            dyt.as_ptr().add((q * plan.dy.cols + q) * ldo),
-                            plan.dwt,
-                            d.as_mut_ptr(),
-                        );
-                        kernels::point_dw(nt, v.as_ptr(), ldc, d.as_ptr(), ldo, acc.as_mut_ptr());
-                    }
-                    for (s, dyo) in db_t.iter_mut().zip(dyi.chunks_exact(hw)) {
-                        *s += lane_sum(dyo);
-                    }
-                    if let (Some(dxt), Some(udx)) = (dxt.as_deref_mut(), udx.as_deref()) {
-                        // SAFETY: the patches of `plan.dx` lie inside `dyt`; vdy,
-                        // udx, mdx, outdx have the contracts' lengths.
-                        unsafe {
-                            kernels::input_transform(dyt.as_ptr(), plan.dx, vdy.as_mut_ptr());
-                            kernels::point_gemms(
-                                ntx,
-                                g.o,
-                                vdy.as_ptr(),
-                                ldo,
-                                udx.as_ptr(),
-                                ldc,
-                                mdx.as_mut_ptr(),
-                            );
-                            kernels::output_transform(
-                                mdx.as_ptr(),
-                                (plan.dx.ty, plan.dx.tx, ldc),
-                                (g.h, g.w),
-                                outdx.as_mut_ptr(),
-                            );
-                        }
-                        let dxi = &mut dxt[i * g.x_len()..(i + 1) * g.x_len()];
-                        X::store_init(dxi, &mut dxb, |d| {
-                            to_planes(outdx, g.h * g.w, ldc, None, as_uninit(d))
-                        });
-                    }
+    let partials = backward_tasks(g, dx, |first, imgs, mut dxt| {
+        let mut acc = zeros(TT * ldc * ldo);
+        let mut db_t = zeros(if need_db { g.o } else { 0 });
+        let dx_len = |n| if dxt.is_some() { n } else { 0 };
+        let lens = [
+            plan.x.len(),
+            plan.dy.len(),
+            TT * nt * ldc,
+            TT * nt * ldo,
+            dx_len(TT * ntx * ldo),
+            dx_len(TT * ntx * ldc),
+            dx_len(g.h * g.w * ldc),
+        ];
+        with_scratch(lens, 2, |[xt, dyt, v, d, vdy, mdx, outdx]| {
+            let (mut xb, mut dyb, mut dxb) = (Vec::new(), Vec::new(), Vec::new());
+            for i in 0..imgs {
+                let img = first + i;
+                plan.x.fill(X::widened(&x[img * g.x_len()..(img + 1) * g.x_len()], &mut xb), xt);
+                let dyi = X::widened(&dy[img * g.y_len()..(img + 1) * g.y_len()], &mut dyb);
+                plan.dy.fill(dyi, dyt);
+                let q = plan.dy.pad;
+                // SAFETY: the patches of `plan.out` lie inside `xt` and the
+                // 2 x 2 tiles of `plan.dwt` from (q, q) inside `dyt` (Plan::new
+                // sizes both to their reach); v, d, acc have the lengths the
+                // contracts ask for (cut from the scratch above). AVX-512F: see `fits`.
+                unsafe {
+                    kernels::input_transform(xt.as_ptr(), plan.out, v.as_mut_ptr());
+                    kernels::dy_transform(
+                        dyt.as_ptr().add((q * plan.dy.cols + q) * ldo),
+                        plan.dwt,
+                        d.as_mut_ptr(),
+                    );
+                    kernels::point_dw(nt, v.as_ptr(), ldc, d.as_ptr(), ldo, acc.as_mut_ptr());
                 }
-            });
-            (acc, db_t)
-        })
-        .collect();
+                for (s, dyo) in db_t.iter_mut().zip(dyi.chunks_exact(hw)) {
+                    *s += lane_sum(dyo);
+                }
+                if let (Some(dxt), Some(udx)) = (dxt.as_deref_mut(), udx.as_deref()) {
+                    // SAFETY: the patches of `plan.dx` lie inside `dyt`; vdy,
+                    // udx, mdx, outdx have the contracts' lengths.
+                    unsafe {
+                        kernels::input_transform(dyt.as_ptr(), plan.dx, vdy.as_mut_ptr());
+                        kernels::point_gemms(
+                            ntx,
+                            g.o,
+                            vdy.as_ptr(),
+                            ldo,
+                            udx.as_ptr(),
+                            ldc,
+                            mdx.as_mut_ptr(),
+                        );
+                        kernels::output_transform(
+                            mdx.as_ptr(),
+                            (plan.dx.ty, plan.dx.tx, ldc),
+                            (g.h, g.w),
+                            outdx.as_mut_ptr(),
+                        );
+                    }
+                    let dxi = &mut dxt[i * g.x_len()..(i + 1) * g.x_len()];
+                    X::store_init(dxi, &mut dxb, |d| to_planes(outdx, g.h * g.w, ldc, None, as_uninit(d)));
+                }
+            }
+        });
+        (acc, db_t)
+    });
     let mut acc = zeros(TT * ldc * ldo);
     add_partials(&partials, &mut acc, db);
     finish_dw(g, &acc, ldc, ldo, dw);
