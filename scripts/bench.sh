@@ -12,6 +12,9 @@
 #
 #   scripts/bench.sh                 # 300 steps, 5 rounds, all cores
 #   STEPS=500 REPS=7 THREADS=2 BATCH=256 PYTHON=/path/to/python scripts/bench.sh
+#   TORCH_ALLOC=glibc scripts/bench.sh   # PyTorch on glibc malloc as it comes
+# PyTorch runs under its fastest allocator (torch_alloc in bench_common.sh:
+# tcmalloc when installed, else glibc malloc tuned by its environment).
 #   DEVICE=cuda BIN=gpu-bundle/ddptrain scripts/bench.sh   # on a GPU machine (gpu-check.sh runs this)
 # On the GPU: ddptrain O0 and O2 against PyTorch eager fp32 and PyTorch
 # autocast(float16) + GradScaler, same model, batch and data on the device.
@@ -81,6 +84,7 @@ hidden_w2=$(python3 -c "import json,sys; print(round(100 * json.load(open(sys.ar
 
 echo "seed ConvNet, batch $BATCH, $THREADS threads, $STEPS steps, $REPS rounds, $(nproc) cores: $(cpu_model)"
 echo "FMA peak (examples/fma_peak.rs): $peak_line"
+if [ "$have_torch" = 1 ]; then echo "PyTorch's allocator (TORCH_ALLOC=${TORCH_ALLOC:-auto}): $(torch_alloc || true)"; fi
 python3 - "$rows" "$peak" "$BATCH" <<'PY'
 import collections, statistics, sys
 rows, peak, batch = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])

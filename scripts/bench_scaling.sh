@@ -64,7 +64,7 @@ echo "CPU: $(cpu_model), $(nproc) cores"
 echo "load average at start: $(loadavg)"
 why=$(torch_why)
 if [ -z "$why" ]; then
-  echo "PyTorch: $("$PYTHON" -c 'import torch; print(torch.__version__)') ($PYTHON)"
+  echo "PyTorch: $("$PYTHON" -c 'import torch; print(torch.__version__)') ($PYTHON), allocator (TORCH_ALLOC=${TORCH_ALLOC:-auto}): $(torch_alloc || true)"
 else
   echo "PyTorch: not measured ($PYTHON cannot import torch: $why)"
 fi
