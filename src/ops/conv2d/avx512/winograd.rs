@@ -1,21 +1,24 @@
-//! Winograd F(2x2, 5x5) convolution on AVX-512, for 5x5 stride-1 kernels
-//! with enough channels on both sides (MNIST's conv2). Each 2 x 2 block of
-//! output pixels (a tile) costs 36 products per channel pair instead of 100:
-//! the 6 x 6 input patch and the filter are transformed, multiplied point by
-//! point (36 small GEMMs over the channels), and transformed back
+//! Winograd F(4x4, 5x5) convolution on AVX-512, for 5x5 stride-1 kernels
+//! with enough channels on both sides (MNIST's conv2). Each 4 x 4 block of
+//! output pixels (a tile) costs 64 products per channel pair instead of 400:
+//! the 8 x 8 input patch and the filter are transformed, multiplied point by
+//! point (64 small GEMMs over the channels), and transformed back
 //! (Lavin & Gray, "Fast Algorithms for Convolutional Neural Networks").
 //!
-//! - forward: F(2, 5) over the input padded by `p`;
-//! - input gradient: the same F(2, 5) over `dy` padded by `K - 1 - p` with
+//! - forward: F(4, 5) over the input padded by `p`;
+//! - input gradient: the same F(4, 5) over `dy` padded by `K - 1 - p` with
 //!   the flipped, transposed filter (a full correlation);
-//! - weight gradient: F(5, 2), the 2 x 2 `dy` tile as the filter over the
-//!   forward's own 6 x 6 patches, summed over tiles and images in the
+//! - weight gradient: F(5, 4), the 4 x 4 `dy` tile as the filter over the
+//!   forward's own 8 x 8 patches, summed over tiles and images in the
 //!   transformed domain and transformed back once per call.
 //!
-//! Activations are pixel-major with channels along the lanes; every
-//! transform applied to data is integer, so the results differ from the
-//! direct kernels' only by the rounding of a different order of sums (and
-//! of the filter transform's fractions, rounded once from f64).
+//! Activations are pixel-major with channels along the lanes. The data
+//! transforms' coefficients are short dyadic fractions (21/4, 5/2, 1/8, ...)
+//! and the filter transform's fractions are rounded once from f64, so the
+//! results differ from the direct kernels' by a few roundings more than a
+//! different order of sums: measured at about twice F(2x2, 5x5)'s error
+//! (`winograd_error_stays_within_a_few_ulps_on_mnist_conv2`), for 64 products
+//! per 16 outputs instead of 36 per 4.
 
 mod kernels;
 
@@ -24,7 +27,7 @@ use super::{add_partials, as_uninit, backward_tasks, per_task};
 use crate::ops::conv2d::avx512_direct::to_planes;
 use crate::ops::conv2d::cpu::ConvGeom;
 use crate::ops::half_emu::Act;
-use kernels::{TileGrid, AT5, G5, INV_F5, LANES, T, TT};
+use kernels::{point_len, TileGrid, AT5, G5, INV_F, LANES, M, T, TT};
 use rayon::prelude::*;
 use std::cell::RefCell;
 
@@ -74,7 +77,7 @@ impl PixelMajor {
 
     /// The tiles of an output grid of `ho x wo` pixels over this image.
     fn tiles(&self, (ho, wo): (usize, usize)) -> TileGrid {
-        TileGrid { ty: ho.div_ceil(2), tx: wo.div_ceil(2), cols: self.cols, ld: self.ld }
+        TileGrid { ty: ho.div_ceil(M), tx: wo.div_ceil(M), cols: self.cols, ld: self.ld }
     }
 }
 
@@ -83,7 +86,7 @@ struct Plan {
     /// `x`, padded by `p`: read by the forward and weight-gradient tiles.
     x: PixelMajor,
     /// `dy`, padded by `q = K - 1 - p`: read by the input gradient's tiles
-    /// and (at `(q, q)`) by the weight gradient's 2 x 2 tiles.
+    /// and (at `(q, q)`) by the weight gradient's 4 x 4 tiles.
     dy: PixelMajor,
     /// Tiles over the output, read from `x`.
     out: TileGrid,
@@ -97,8 +100,8 @@ impl Plan {
     fn new(g: &ConvGeom) -> Self {
         let (p, q) = (g.padding, K - 1 - g.padding);
         let (ldc, ldo) = (g.c.next_multiple_of(LANES), g.o.next_multiple_of(LANES));
-        // A tile's 6 x 6 patch reaches 2 * tiles + 4 rows and columns.
-        let reach = |n: usize| 2 * n.div_ceil(2) + T - 2;
+        // A tile's 8 x 8 patch reaches 4 * tiles + 4 rows and columns.
+        let reach = |n: usize| M * n.div_ceil(M) + T - M;
         let x = PixelMajor {
             rows: reach(g.ho).max(p + g.h),
             cols: reach(g.wo).max(p + g.w),
@@ -109,8 +112,8 @@ impl Plan {
             ch: g.c,
         };
         let dy = PixelMajor {
-            rows: reach(g.h).max(q + 2 * g.ho.div_ceil(2)),
-            cols: reach(g.w).max(q + 2 * g.wo.div_ceil(2)),
+            rows: reach(g.h).max(q + M * g.ho.div_ceil(M)),
+            cols: reach(g.w).max(q + M * g.wo.div_ceil(M)),
             ld: ldo,
             pad: q,
             h: g.ho,
@@ -120,12 +123,12 @@ impl Plan {
         let out = x.tiles((g.ho, g.wo));
         let dx = dy.tiles((g.h, g.w));
         let dwt = dy.tiles((g.ho, g.wo));
-        // What makes the kernels' raw reads sound: every 6 x 6 patch inside
-        // its image, every 2 x 2 `dy` tile (from (q, q)) inside `dy`.
+        // What makes the kernels' raw reads sound: every 8 x 8 patch inside
+        // its image, every 4 x 4 `dy` tile (from (q, q)) inside `dy`.
         let inside = |pm: &PixelMajor, tg: TileGrid, from: usize, side: usize| {
-            from + 2 * (tg.ty - 1) + side <= pm.rows && from + 2 * (tg.tx - 1) + side <= pm.cols
+            from + M * (tg.ty - 1) + side <= pm.rows && from + M * (tg.tx - 1) + side <= pm.cols
         };
-        assert!(inside(&x, out, 0, T) && inside(&dy, dx, 0, T) && inside(&dy, dwt, q, 2));
+        assert!(inside(&x, out, 0, T) && inside(&dy, dx, 0, T) && inside(&dy, dwt, q, M));
         Plan { x, dy, out, dx, dwt }
     }
 }
@@ -203,7 +206,7 @@ pub(super) fn forward<X: Act>(g: &ConvGeom, x: &[X], w: &[f32], bias: Option<&[f
     let (ldc, ldo, nt, hw) = (plan.x.ld, plan.dy.ld, plan.out.count(), g.out_hw());
     let pt = per_task(g.n);
     y.par_chunks_mut(pt * g.y_len()).zip(x.par_chunks(pt * g.x_len())).for_each(|(yc, xc)| {
-        let lens = [plan.x.len(), TT * nt * ldc, TT * nt * ldo, hw * ldo];
+        let lens = [plan.x.len(), TT * point_len(nt, ldc), TT * point_len(nt, ldo), hw * ldo];
         with_scratch(lens, 1, |[xt, v, m, out]| {
             let (mut xb, mut yb) = (Vec::new(), Vec::new());
             for (yi, xi) in yc.chunks_exact_mut(g.y_len()).zip(xc.chunks_exact(g.x_len())) {
@@ -256,10 +259,10 @@ pub(super) fn backward<X: Act>(
         let lens = [
             plan.x.len(),
             plan.dy.len(),
-            TT * nt * ldc,
-            TT * nt * ldo,
-            dx_len(TT * ntx * ldo),
-            dx_len(TT * ntx * ldc),
+            TT * point_len(nt, ldc),
+            TT * point_len(nt, ldo),
+            dx_len(TT * point_len(ntx, ldo)),
+            dx_len(TT * point_len(ntx, ldc)),
             dx_len(g.h * g.w * ldc),
         ];
         with_scratch(lens, 2, |[xt, dyt, v, d, vdy, mdx, outdx]| {
@@ -271,7 +274,7 @@ pub(super) fn backward<X: Act>(
                 plan.dy.fill(dyi, dyt);
                 let q = plan.dy.pad;
                 // SAFETY: the patches of `plan.out` lie inside `xt` and the
-                // 2 x 2 tiles of `plan.dwt` from (q, q) inside `dyt` (Plan::new
+                // 4 x 4 tiles of `plan.dwt` from (q, q) inside `dyt` (Plan::new
                 // sizes both to their reach); v, d, acc have the lengths the
                 // contracts ask for (cut from the scratch above). AVX-512F: see `fits`.
                 unsafe {
@@ -320,14 +323,14 @@ pub(super) fn backward<X: Act>(
 }
 
 /// `dw[o][c] += A^T (diag(f) acc[.][c][o] diag(f)) A`: the weight gradient
-/// out of the transformed domain (`f` = [`INV_F5`], the filter transform's
+/// out of the transformed domain (`f` = [`INV_F`], the filter transform's
 /// fractions), in f64.
 fn finish_dw(g: &ConvGeom, acc: &[f32], ldc: usize, ldo: usize, dw: &mut [f32]) {
     let kk = K * K;
     for (o, dwo) in dw.chunks_exact_mut(g.c * kk).enumerate() {
         for (c, dwc) in dwo.chunks_exact_mut(kk).enumerate() {
             let s: [[f64; T]; T] = std::array::from_fn(|a| {
-                std::array::from_fn(|b| acc[((a * T + b) * ldc + c) * ldo + o] as f64 * INV_F5[a] * INV_F5[b])
+                std::array::from_fn(|b| acc[((a * T + b) * ldc + c) * ldo + o] as f64 * INV_F[a] * INV_F[b])
             });
             for (ki, row) in dwc.chunks_exact_mut(K).enumerate() {
                 let r: [f64; T] = std::array::from_fn(|b| (0..T).map(|a| AT5[ki][a] * s[a][b]).sum());

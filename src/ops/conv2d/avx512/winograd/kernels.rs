@@ -1,86 +1,119 @@
-//! The vector kernels of [`super`]: the F(2x2, 5x5) transforms and the
+//! The vector kernels of [`super`]: the F(4x4, 5x5) transforms and the
 //! per-point GEMMs, 16 channels along the lanes.
 //!
-//! The matrices come from Toom-Cook over the points 0, 1, -1, 2, -2, inf.
-//! F(2, 5) (forward and input gradient) and F(5, 2) (weight gradient) share
-//! the data transform `B^T`; everything applied to data is integer (the
-//! fractions live in the filter transform, done once per call in f64, and in
-//! the weight gradient's final transform), so the data transforms round no
-//! more than a sum of the same terms would.
+//! The matrices come from Toom-Cook over the points 0, 1, -1, 2, -2, 1/2,
+//! -1/2, inf. F(4, 5) (forward and input gradient) and F(5, 4) (weight
+//! gradient) share the data transform `B^T`. Every coefficient applied to
+//! data is a multiple of a power of two with at most five significant bits
+//! (21/4, 17/4, 5/2, ...); the other fractions live in the filter transform,
+//! done once per call in f64, and in the weight gradient's final transform.
 
 use crate::ops::conv2d::avx512_direct::transpose16;
 use std::arch::x86_64::*;
 
 pub(super) const LANES: usize = 16;
-/// Points per axis, and transform points per tile.
-pub(super) const T: usize = 6;
+/// Output pixels per tile side.
+pub(super) const M: usize = 4;
+/// Points per axis (a tile's input patch side, `M + 5 - 1`), and transform
+/// points per tile.
+pub(super) const T: usize = 8;
 pub(super) const TT: usize = T * T;
 
-/// F(2, 5)'s filter transform `G` (6 x 5).
+/// F(4, 5)'s filter transform `G` (8 x 5): row `j` is `a_j^k / f_j` for the
+/// point `a_j` and `f_j = prod_{l != j} (a_j - a_l)` ([`INV_F`]), and picks
+/// the last tap for the point at infinity.
 pub(super) const G5: [[f64; 5]; T] = [
-    [1.0 / 4.0, 0.0, 0.0, 0.0, 0.0],
-    [-1.0 / 6.0, -1.0 / 6.0, -1.0 / 6.0, -1.0 / 6.0, -1.0 / 6.0],
-    [-1.0 / 6.0, 1.0 / 6.0, -1.0 / 6.0, 1.0 / 6.0, -1.0 / 6.0],
-    [1.0 / 24.0, 1.0 / 12.0, 1.0 / 6.0, 1.0 / 3.0, 2.0 / 3.0],
-    [1.0 / 24.0, -1.0 / 12.0, 1.0 / 6.0, -1.0 / 3.0, 2.0 / 3.0],
+    [-1.0, 0.0, 0.0, 0.0, 0.0],
+    [-2.0 / 9.0, -2.0 / 9.0, -2.0 / 9.0, -2.0 / 9.0, -2.0 / 9.0],
+    [-2.0 / 9.0, 2.0 / 9.0, -2.0 / 9.0, 2.0 / 9.0, -2.0 / 9.0],
+    [1.0 / 90.0, 1.0 / 45.0, 2.0 / 45.0, 4.0 / 45.0, 8.0 / 45.0],
+    [1.0 / 90.0, -1.0 / 45.0, 2.0 / 45.0, -4.0 / 45.0, 8.0 / 45.0],
+    [32.0 / 45.0, 16.0 / 45.0, 8.0 / 45.0, 4.0 / 45.0, 2.0 / 45.0],
+    [32.0 / 45.0, -16.0 / 45.0, 8.0 / 45.0, -4.0 / 45.0, 2.0 / 45.0],
     [0.0, 0.0, 0.0, 0.0, 1.0],
 ];
 
-/// F(5, 2)'s output transform `A^T` (5 x 6).
+/// F(5, 4)'s output transform `A^T` (5 x 8): `a_j^i`, and the point at
+/// infinity in the last row.
 pub(super) const AT5: [[f64; T]; 5] = [
-    [1.0, 1.0, 1.0, 1.0, 1.0, 0.0],
-    [0.0, 1.0, -1.0, 2.0, -2.0, 0.0],
-    [0.0, 1.0, 1.0, 4.0, 4.0, 0.0],
-    [0.0, 1.0, -1.0, 8.0, -8.0, 0.0],
-    [0.0, 1.0, 1.0, 16.0, 16.0, 1.0],
+    [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0],
+    [0.0, 1.0, -1.0, 2.0, -2.0, 0.5, -0.5, 0.0],
+    [0.0, 1.0, 1.0, 4.0, 4.0, 0.25, 0.25, 0.0],
+    [0.0, 1.0, -1.0, 8.0, -8.0, 0.125, -0.125, 0.0],
+    [0.0, 1.0, 1.0, 16.0, 16.0, 0.0625, 0.0625, 1.0],
 ];
 
-/// F(5, 2)'s filter transform is `diag(INV_F5) * G2` with the integer `G2`
-/// of [`g2`]; `INV_F5` is applied in the final transform instead.
-pub(super) const INV_F5: [f64; T] = [1.0 / 4.0, -1.0 / 6.0, -1.0 / 6.0, 1.0 / 24.0, 1.0 / 24.0, 1.0];
+/// F(5, 4)'s filter transform is `diag(INV_F) * G4` with the power-of-two
+/// `G4` of [`g4`]; `INV_F` (`1 / f_j`) is applied in the final transform
+/// instead.
+pub(super) const INV_F: [f64; T] =
+    [-1.0, -2.0 / 9.0, -2.0 / 9.0, 1.0 / 90.0, 1.0 / 90.0, 32.0 / 45.0, 32.0 / 45.0, 1.0];
 
-/// `B^T x` for six vectors: rows [4,0,-5,0,1,0], [0,-4,-4,1,1,0],
-/// [0,4,-4,-1,1,0], [0,-2,-1,2,1,0], [0,2,-1,-2,1,0], [0,4,0,-5,0,1].
+/// `B^T x` for eight vectors, the rows
+/// [-1, 0, 21/4, 0, -21/4, 0, 1, 0], [0, 1, 1, -17/4, -17/4, 1, 1, 0],
+/// [0, -1, 1, 17/4, -17/4, -1, 1, 0], [0, 1/2, 1/4, -5/2, -5/4, 2, 1, 0],
+/// [0, -1/2, 1/4, 5/2, -5/4, -2, 1, 0], [0, 2, 4, -5/2, -5, 1/2, 1, 0],
+/// [0, -2, 4, 5/2, -5, -1/2, 1, 0], [0, -1, 0, 21/4, 0, -21/4, 0, 1],
+/// as even and odd halves of each pair of rows.
 #[inline]
 #[target_feature(enable = "avx512f")]
 fn bt(x: [__m512; T]) -> [__m512; T] {
-    let (four, five, two) = (_mm512_set1_ps(4.0), _mm512_set1_ps(5.0), _mm512_set1_ps(2.0));
-    let s12 = _mm512_add_ps(x[1], x[2]);
-    let d12 = _mm512_sub_ps(x[1], x[2]);
-    let d42 = _mm512_sub_ps(x[4], x[2]);
-    let d31 = _mm512_sub_ps(x[3], x[1]);
+    let c = _mm512_set1_ps;
+    let e1 = _mm512_fmadd_ps(c(-4.25), x[4], _mm512_add_ps(x[2], x[6]));
+    let o1 = _mm512_fmadd_ps(c(-4.25), x[3], _mm512_add_ps(x[1], x[5]));
+    let e3 = _mm512_fmadd_ps(c(-1.25), x[4], _mm512_fmadd_ps(c(0.25), x[2], x[6]));
+    let o3 = _mm512_fmadd_ps(c(-2.5), x[3], _mm512_fmadd_ps(c(0.5), x[1], _mm512_add_ps(x[5], x[5])));
+    let e5 = _mm512_fmadd_ps(c(-5.0), x[4], _mm512_fmadd_ps(c(4.0), x[2], x[6]));
+    let o5 = _mm512_fmadd_ps(c(-2.5), x[3], _mm512_fmadd_ps(c(0.5), x[5], _mm512_add_ps(x[1], x[1])));
     [
-        _mm512_fmadd_ps(four, x[0], _mm512_fnmadd_ps(five, x[2], x[4])),
-        _mm512_fnmadd_ps(four, s12, _mm512_add_ps(x[3], x[4])),
-        _mm512_fmadd_ps(four, d12, _mm512_sub_ps(x[4], x[3])),
-        _mm512_fmadd_ps(two, d31, d42),
-        _mm512_fnmadd_ps(two, d31, d42),
-        _mm512_fmadd_ps(four, x[1], _mm512_fnmadd_ps(five, x[3], x[5])),
+        _mm512_fmadd_ps(c(5.25), _mm512_sub_ps(x[2], x[4]), _mm512_sub_ps(x[6], x[0])),
+        _mm512_add_ps(e1, o1),
+        _mm512_sub_ps(e1, o1),
+        _mm512_add_ps(e3, o3),
+        _mm512_sub_ps(e3, o3),
+        _mm512_add_ps(e5, o5),
+        _mm512_sub_ps(e5, o5),
+        _mm512_fmadd_ps(c(5.25), _mm512_sub_ps(x[3], x[5]), _mm512_sub_ps(x[7], x[1])),
     ]
 }
 
-/// F(2, 5)'s `A^T m`: rows [1,1,1,1,1,0] and [0,1,-1,2,-2,1].
+/// F(4, 5)'s `A^T m`: the rows `a_j^i` for i < 4 (1, 1/2, 1/4, 1/8 at the
+/// halves), with the point at infinity in the last.
 #[inline]
 #[target_feature(enable = "avx512f")]
-fn at2(m: [__m512; T]) -> [__m512; 2] {
-    let two = _mm512_set1_ps(2.0);
-    let s = _mm512_add_ps(_mm512_add_ps(m[1], m[2]), _mm512_add_ps(m[3], m[4]));
-    let d = _mm512_fmadd_ps(two, _mm512_sub_ps(m[3], m[4]), _mm512_sub_ps(m[1], m[2]));
-    [_mm512_add_ps(m[0], s), _mm512_add_ps(d, m[5])]
+fn at4(m: [__m512; T]) -> [__m512; M] {
+    let c = _mm512_set1_ps;
+    let (s1, d1) = (_mm512_add_ps(m[1], m[2]), _mm512_sub_ps(m[1], m[2]));
+    let (s2, d2) = (_mm512_add_ps(m[3], m[4]), _mm512_sub_ps(m[3], m[4]));
+    let (s3, d3) = (_mm512_add_ps(m[5], m[6]), _mm512_sub_ps(m[5], m[6]));
+    [
+        _mm512_add_ps(_mm512_add_ps(m[0], s1), _mm512_add_ps(s2, s3)),
+        _mm512_fmadd_ps(c(2.0), d2, _mm512_fmadd_ps(c(0.5), d3, d1)),
+        _mm512_fmadd_ps(c(4.0), s2, _mm512_fmadd_ps(c(0.25), s3, s1)),
+        _mm512_add_ps(_mm512_fmadd_ps(c(8.0), d2, _mm512_fmadd_ps(c(0.125), d3, d1)), m[7]),
+    ]
 }
 
-/// `G2 u` with `G2` = rows [1,0], [1,1], [1,-1], [1,2], [1,-2], [0,1].
+/// `G4 u`: the rows `a_j^k` for k < 4 (exact: powers of two), and the last
+/// value for the point at infinity.
 #[inline]
 #[target_feature(enable = "avx512f")]
-fn g2(u0: __m512, u1: __m512) -> [__m512; T] {
-    let two = _mm512_set1_ps(2.0);
+fn g4(u: [__m512; M]) -> [__m512; T] {
+    let c = _mm512_set1_ps;
+    let (e1, o1) = (_mm512_add_ps(u[0], u[2]), _mm512_add_ps(u[1], u[3]));
+    let e2 = _mm512_fmadd_ps(c(4.0), u[2], u[0]);
+    let o2 = _mm512_fmadd_ps(c(8.0), u[3], _mm512_add_ps(u[1], u[1]));
+    let e3 = _mm512_fmadd_ps(c(0.25), u[2], u[0]);
+    let o3 = _mm512_fmadd_ps(c(0.125), u[3], _mm512_mul_ps(c(0.5), u[1]));
     [
-        u0,
-        _mm512_add_ps(u0, u1),
-        _mm512_sub_ps(u0, u1),
-        _mm512_fmadd_ps(two, u1, u0),
-        _mm512_fnmadd_ps(two, u1, u0),
-        u1,
+        u[0],
+        _mm512_add_ps(e1, o1),
+        _mm512_sub_ps(e1, o1),
+        _mm512_add_ps(e2, o2),
+        _mm512_sub_ps(e2, o2),
+        _mm512_add_ps(e3, o3),
+        _mm512_sub_ps(e3, o3),
+        u[3],
     ]
 }
 
@@ -118,6 +151,14 @@ pub(super) unsafe fn to_pixel_major(
     }
 }
 
+/// Floats per transform point in the transformed buffers (`v`, `d`, `m`):
+/// `nt` tiles of `ld`, plus one vector so that the 64 points of a tile do
+/// not sit a power of two apart (16 tiles of 16 lanes are 4 KB, and a
+/// tile's 64 stores then all fell into one L1 set).
+pub(super) const fn point_len(nt: usize, ld: usize) -> usize {
+    nt * ld + LANES
+}
+
 /// `m[j][a]` as `[a][j]`.
 #[inline]
 fn transpose<const R: usize>(m: [[__m512; R]; T]) -> [[__m512; T]; R] {
@@ -125,7 +166,7 @@ fn transpose<const R: usize>(m: [[__m512; R]; T]) -> [[__m512; T]; R] {
 }
 
 /// Tiles of the output grid and how a tile finds its data: tile `t = ty *
-/// tx + j` reads the 6 x 6 patch at pixel `(2 ty, 2 j)` of a pixel-major
+/// tx + j` reads the 8 x 8 patch at pixel `(4 ty, 4 j)` of a pixel-major
 /// source (`cols` pixels per row, `ld` floats per pixel).
 #[derive(Clone, Copy, Debug)]
 pub(super) struct TileGrid {
@@ -141,12 +182,12 @@ impl TileGrid {
     }
 }
 
-/// `v[(p * nt + t) * ld + l] = (B^T d B)[p]` for the patch `d` of every tile
+/// `v[p * point_len + t * ld + l] = (B^T d B)[p]` for the patch `d` of every tile
 /// `t` (`nt` tiles) and lane `l < ld`.
 ///
 /// # Safety
-/// `src` holds every patch (`(2 ty + 5) * cols + 2 tx + 5` pixels of `ld`
-/// floats) and `v` has `TT * nt * ld` floats; AVX-512F.
+/// `src` holds every patch (`(4 ty + 3) * cols + 4 tx + 3` pixels of `ld`
+/// floats) and `v` has `TT * point_len(nt, ld)` floats; AVX-512F.
 #[target_feature(enable = "avx512f")]
 pub(super) unsafe fn input_transform(src: *const f32, g: TileGrid, v: *mut f32) {
     let nt = g.count();
@@ -154,14 +195,14 @@ pub(super) unsafe fn input_transform(src: *const f32, g: TileGrid, v: *mut f32) 
         for tx in 0..g.tx {
             let t = ty * g.tx + tx;
             for l0 in (0..g.ld).step_by(LANES) {
-                let base = src.add((2 * ty * g.cols + 2 * tx) * g.ld + l0);
+                let base = src.add((M * ty * g.cols + M * tx) * g.ld + l0);
                 // cols[j][a] = (B^T d)[a][j], then each row a through B.
                 let cols: [[__m512; T]; T] = std::array::from_fn(|j| {
                     bt(std::array::from_fn(|i| _mm512_loadu_ps(base.add((i * g.cols + j) * g.ld))))
                 });
                 for (a, row) in transpose(cols).into_iter().enumerate() {
                     for (b, x) in bt(row).into_iter().enumerate() {
-                        _mm512_storeu_ps(v.add(((a * T + b) * nt + t) * g.ld + l0), x);
+                        _mm512_storeu_ps(v.add((a * T + b) * point_len(nt, g.ld) + t * g.ld + l0), x);
                     }
                 }
             }
@@ -169,12 +210,12 @@ pub(super) unsafe fn input_transform(src: *const f32, g: TileGrid, v: *mut f32) 
     }
 }
 
-/// `d[(p * nt + t) * ld + l] = (G2 u G2^T)[p]` for the 2 x 2 pixels `u` at
-/// `(2 ty, 2 tx)` of every tile of `g` (the weight gradient's filter side).
+/// `d[p * point_len + t * ld + l] = (G4 u G4^T)[p]` for the 4 x 4 pixels `u` at
+/// `(4 ty, 4 tx)` of every tile of `g` (the weight gradient's filter side).
 ///
 /// # Safety
-/// `src` holds pixels up to `(2 ty - 1) * cols + 2 tx - 1` (`ld` floats
-/// each), `d` has `TT * nt * ld` floats; AVX-512F.
+/// `src` holds pixels up to `(4 ty - 1) * cols + 4 tx - 1` (`ld` floats
+/// each), `d` has `TT * point_len(nt, ld)` floats; AVX-512F.
 #[target_feature(enable = "avx512f")]
 pub(super) unsafe fn dy_transform(src: *const f32, g: TileGrid, d: *mut f32) {
     let nt = g.count();
@@ -182,13 +223,14 @@ pub(super) unsafe fn dy_transform(src: *const f32, g: TileGrid, d: *mut f32) {
         for tx in 0..g.tx {
             let t = ty * g.tx + tx;
             for l0 in (0..g.ld).step_by(LANES) {
-                let at = |i: usize, j: usize| {
-                    _mm512_loadu_ps(src.add(((2 * ty + i) * g.cols + 2 * tx + j) * g.ld + l0))
-                };
-                let (c0, c1) = (g2(at(0, 0), at(1, 0)), g2(at(0, 1), at(1, 1)));
+                let base = src.add((M * ty * g.cols + M * tx) * g.ld + l0);
+                // cols[j][a] = (G4 u)[a][j], then each row a through G4^T.
+                let cols: [[__m512; T]; M] = std::array::from_fn(|j| {
+                    g4(std::array::from_fn(|i| _mm512_loadu_ps(base.add((i * g.cols + j) * g.ld))))
+                });
                 for a in 0..T {
-                    for (b, x) in g2(c0[a], c1[a]).into_iter().enumerate() {
-                        _mm512_storeu_ps(d.add(((a * T + b) * nt + t) * g.ld + l0), x);
+                    for (b, x) in g4(std::array::from_fn(|j| cols[j][a])).into_iter().enumerate() {
+                        _mm512_storeu_ps(d.add((a * T + b) * point_len(nt, g.ld) + t * g.ld + l0), x);
                     }
                 }
             }
@@ -197,11 +239,11 @@ pub(super) unsafe fn dy_transform(src: *const f32, g: TileGrid, d: *mut f32) {
 }
 
 /// `out[(oh * wo + ow) * ld + l] = (A^T m A)` of every tile of `ty x tx`
-/// tiles, `m[(p * nt + t) * ld + l]`, for the output pixels inside `ho x wo`.
+/// tiles, `m[p * point_len + t * ld + l]`, for the output pixels inside `ho x wo`.
 ///
 /// # Safety
-/// `m` has `TT * ty * tx * ld` floats, `out` `ho * wo * ld`, `2 ty >= ho`,
-/// `2 tx >= wo`; AVX-512F.
+/// `m` has `TT * point_len(ty * tx, ld)` floats, `out` `ho * wo * ld`, `4 ty >= ho`,
+/// `4 tx >= wo`; AVX-512F.
 #[target_feature(enable = "avx512f")]
 pub(super) unsafe fn output_transform(
     m: *const f32,
@@ -215,13 +257,15 @@ pub(super) unsafe fn output_transform(
             let t = y * tx + x;
             for l0 in (0..ld).step_by(LANES) {
                 // cols[j][a] = (A^T m)[a][j], then each row a through A.
-                let cols: [[__m512; 2]; T] = std::array::from_fn(|j| {
-                    at2(std::array::from_fn(|i| _mm512_loadu_ps(m.add(((i * T + j) * nt + t) * ld + l0))))
+                let cols: [[__m512; M]; T] = std::array::from_fn(|j| {
+                    at4(std::array::from_fn(|i| {
+                        _mm512_loadu_ps(m.add((i * T + j) * point_len(nt, ld) + t * ld + l0))
+                    }))
                 });
                 for (a, row) in transpose(cols).into_iter().enumerate() {
-                    let oh = 2 * y + a;
-                    for (b, v) in at2(row).into_iter().enumerate() {
-                        let ow = 2 * x + b;
+                    let oh = M * y + a;
+                    for (b, v) in at4(row).into_iter().enumerate() {
+                        let ow = M * x + b;
                         if oh < ho && ow < wo {
                             _mm512_storeu_ps(out.add((oh * wo + ow) * ld + l0), v);
                         }
@@ -262,15 +306,16 @@ unsafe fn gemm_tile<const Q: usize, const OV: usize>(
     }
 }
 
-/// Tiles per [`gemm_tile`] block: 7 x 2 vectors of accumulators.
-const QT: usize = 7;
+/// Tiles per [`gemm_tile`] block: 8 x 2 vectors of accumulators (8 x 1
+/// keeps both FMA pipes' latency covered too).
+const QT: usize = 8;
 
 /// For every point `p`: `m[p][t][..ldo] = v[p][t][..nc] * u[p][..nc][..ldo]`,
 /// `nt` tiles (`v` row stride `ldv`, `u` `[TT][nc][ldo]`).
 ///
 /// # Safety
-/// `v` has `TT * nt * ldv` floats with `nc <= ldv`, `u` `TT * nc * ldo`,
-/// `m` `TT * nt * ldo`, `ldo` a multiple of 16; AVX-512F.
+/// `v` has `TT * point_len(nt, ldv)` floats with `nc <= ldv`, `u` `TT * nc *
+/// ldo`, `m` `TT * point_len(nt, ldo)`, `ldo` a multiple of 16; AVX-512F.
 #[target_feature(enable = "avx512f")]
 pub(super) unsafe fn point_gemms(
     nt: usize,
@@ -282,7 +327,8 @@ pub(super) unsafe fn point_gemms(
     m: *mut f32,
 ) {
     for p in 0..TT {
-        let (vp, up, mp) = (v.add(p * nt * ldv), u.add(p * nc * ldo), m.add(p * nt * ldo));
+        let (vp, up, mp) =
+            (v.add(p * point_len(nt, ldv)), u.add(p * nc * ldo), m.add(p * point_len(nt, ldo)));
         let mut o0 = 0;
         while o0 < ldo {
             let two = ldo - o0 >= 2 * LANES;
@@ -340,7 +386,7 @@ const QC: usize = 8;
 /// for `c < ldc` (`v` and `acc` padded to `ldc`, a multiple of 16).
 ///
 /// # Safety
-/// `v` has `TT * nt * ldc` floats, `d` `TT * nt * ldo`, `acc` `TT * ldc *
+/// `v` has `TT * point_len(nt, ldc)` floats, `d` `TT * point_len(nt, ldo)`, `acc` `TT * ldc *
 /// ldo`, `ldc` and `ldo` multiples of 16; AVX-512F.
 #[target_feature(enable = "avx512f")]
 pub(super) unsafe fn point_dw(
@@ -352,7 +398,8 @@ pub(super) unsafe fn point_dw(
     acc: *mut f32,
 ) {
     for p in 0..TT {
-        let (vp, dp, ap) = (v.add(p * nt * ldc), d.add(p * nt * ldo), acc.add(p * ldc * ldo));
+        let (vp, dp, ap) =
+            (v.add(p * point_len(nt, ldc)), d.add(p * point_len(nt, ldo)), acc.add(p * ldc * ldo));
         for c0 in (0..ldc).step_by(QC) {
             let mut o0 = 0;
             while o0 < ldo {
