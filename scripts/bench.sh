@@ -121,9 +121,9 @@ else:
 # conv2 and fc only (conv1's input needs none).
 conv1, conv2, fc = 2 * 28 * 28 * 16 * 25, 2 * 14 * 14 * 32 * 16 * 25, 2 * 1568 * 10
 flop = 2 * (conv1 + conv2 + fc) + conv2 + fc
-# conv2's three passes run as Winograd F(2x2, 5x5): 36 products per 2x2
-# output tile (49 tiles of 14x14) and channel pair instead of 100.
-wino = 2 * (conv1 + fc) + fc + 3 * 2 * 36 * 49 * 32 * 16
+# conv2's three passes run as Winograd F(4x4, 5x5): 64 products per 4x4
+# output tile (16 tiles cover 14x14) and channel pair instead of 400.
+wino = 2 * (conv1 + fc) + fc + 3 * 2 * 64 * 16 * 32 * 16
 share = med["ddptrain_o0"] * flop / (peak * 1e9)
 done = med["ddptrain_o0"] * wino / (peak * 1e9)
 print(f"ddptrain O0: {flop / 1e6:.1f} MFLOP/image as direct convolution x {med['ddptrain_o0']:.0f} images/s = "
