@@ -228,8 +228,9 @@ pub(super) unsafe fn dy_transform(src: *const f32, g: TileGrid, d: *mut f32) {
                 let cols: [[__m512; T]; M] = std::array::from_fn(|j| {
                     g4(std::array::from_fn(|i| _mm512_loadu_ps(base.add((i * g.cols + j) * g.ld))))
                 });
-                for a in 0..T {
-                    for (b, x) in g4(std::array::from_fn(|j| cols[j][a])).into_iter().enumerate() {
+                let rows: [[__m512; M]; T] = std::array::from_fn(|a| std::array::from_fn(|j| cols[j][a]));
+                for (a, row) in rows.into_iter().enumerate() {
+                    for (b, x) in g4(row).into_iter().enumerate() {
                         _mm512_storeu_ps(d.add((a * T + b) * point_len(nt, g.ld) + t * g.ld + l0), x);
                     }
                 }
