@@ -20,8 +20,13 @@ every step. Three checks:
      scale. PyTorch's own fp32 gradients differ by up to 3e-4 of their scale
      between 1 and 2 threads (conv1's, whose gradient comes out of
      BatchNorm's backward as a difference of near-equal terms), and ddptrain
-     differs from PyTorch by about as much (1e-4), so GRAD_TOL is 1e-3: a 1%
-     error in the learning rate moves every update by 1e-2 and fails it.
+     differs from PyTorch by about as much (1e-4). Where a max-pool window
+     holds two values within the two sides' rounding difference, each side
+     can route that window's gradient to a different pixel: with conv2 as
+     Winograd F(4x4, 5x5) (~2e-6 rms rounding against ~4e-7 direct), AdamW's
+     step 20 measured 1.7e-3 in layer2.0.weight.exp_avg and step 5 4.3e-4,
+     every other step and tensor at most 2.2e-4. GRAD_TOL is 3e-3: a 1%
+     error in the learning rate moves every update by 1e-2 and still fails it.
 2. Free running. PyTorch trains alone from the shared init; ddptrain's final
    checkpoint and per-step losses are compared against it. Over 20 steps the
    training itself amplifies step 1's rounding differences (about 10x a step
@@ -84,7 +89,7 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 from torch_convnet import ConvNet  # noqa: E402
 
 FORWARD_TOL = 1e-5
-GRAD_TOL = 1e-3
+GRAD_TOL = 3e-3
 FREE_TOL = 0.5
 FREE_LOSS_TOL = 0.05
 MARGIN = 1e-3
