@@ -13,9 +13,9 @@
 #   scripts/bench.sh                 # 300 steps, 5 rounds, all cores
 #   STEPS=500 REPS=7 THREADS=2 BATCH=256 PYTHON=/path/to/python scripts/bench.sh
 #   TORCH_ALLOC=glibc scripts/bench.sh   # PyTorch on glibc malloc as it comes
+#   DEVICE=cuda BIN=gpu-bundle/ddptrain scripts/bench.sh   # on a GPU machine (gpu-check.sh runs this)
 # PyTorch runs under its fastest allocator (torch_alloc in bench_common.sh:
 # tcmalloc when installed, else glibc malloc tuned by its environment).
-#   DEVICE=cuda BIN=gpu-bundle/ddptrain scripts/bench.sh   # on a GPU machine (gpu-check.sh runs this)
 # On the GPU: ddptrain O0 and O2 against PyTorch eager fp32 and PyTorch
 # autocast(float16) + GradScaler, same model, batch and data on the device.
 # scripts/bench_scaling.sh measures how the cost grows with the batch, the

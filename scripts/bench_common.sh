@@ -68,26 +68,24 @@ torch_why() {
 # against 125,877 with tcmalloc, and a second model in the same process ran
 # 5-20% faster than the first (the allocator's state, not the warmup).
 torch_alloc() {
-  local lib
-  case ${TORCH_ALLOC:-auto} in
-    auto | tcmalloc | jemalloc)
-      local want=${TORCH_ALLOC:-auto}
-      [ "$want" = auto ] && want=tcmalloc
-      lib=$(ldconfig -p 2>/dev/null | awk -v w="lib${want}" '$1 ~ "^" w && $1 !~ /_debug/ && /x86-64/ {print $NF; exit}')
-      [ -z "$lib" ] && lib=$(ldconfig -p 2>/dev/null | awk -v w="lib${want}" '$1 ~ "^" w && $1 !~ /_debug/ {print $NF; exit}')
-      if [ -n "$lib" ]; then
-        echo "LD_PRELOAD=$lib"
-      elif [ "${TORCH_ALLOC:-auto}" = auto ]; then
-        echo "MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=68719476736"
-      else
-        echo "torch_alloc: TORCH_ALLOC=$TORCH_ALLOC but no lib$want is installed (ldconfig -p)" >&2
-        return 2
-      fi
-      ;;
-    tuned) echo "MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=68719476736" ;;
-    glibc) echo "" ;;
-    *) echo "torch_alloc: TORCH_ALLOC=$TORCH_ALLOC: use auto, tcmalloc, jemalloc, tuned or glibc" >&2; return 2 ;;
+  local mode=${TORCH_ALLOC:-auto} lib
+  local tuned="MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=68719476736"
+  case $mode in
+    glibc) echo ""; return 0 ;;
+    tuned) echo "$tuned"; return 0 ;;
+    auto | tcmalloc | jemalloc) ;;
+    *) echo "torch_alloc: TORCH_ALLOC=$mode: use auto, tcmalloc, jemalloc, tuned or glibc" >&2; return 2 ;;
   esac
+  local want=${mode/auto/tcmalloc}
+  lib=$(ldconfig -p 2>/dev/null | awk -v w="lib$want" '$1 ~ "^" w && $1 !~ /_debug/ {print $NF; exit}')
+  if [ -n "$lib" ]; then
+    echo "LD_PRELOAD=$lib"
+  elif [ "$mode" = auto ]; then
+    echo "$tuned"
+  else
+    echo "torch_alloc: TORCH_ALLOC=$mode but no lib$want is installed (ldconfig -p)" >&2
+    return 2
+  fi
 }
 
 # torch_ips CFG THREADS BATCH STEPS [ARG...]: PyTorch's images/s on the CPU

@@ -161,7 +161,7 @@ pub(super) const fn point_len(nt: usize, ld: usize) -> usize {
 
 /// `m[j][a]` as `[a][j]`.
 #[inline]
-fn transpose<const R: usize>(m: [[__m512; R]; T]) -> [[__m512; T]; R] {
+fn transpose<const R: usize, const C: usize>(m: [[__m512; R]; C]) -> [[__m512; C]; R] {
     std::array::from_fn(|a| std::array::from_fn(|j| m[j][a]))
 }
 
@@ -191,6 +191,7 @@ impl TileGrid {
 #[target_feature(enable = "avx512f")]
 pub(super) unsafe fn input_transform(src: *const f32, g: TileGrid, v: *mut f32) {
     let nt = g.count();
+    let ps = point_len(nt, g.ld);
     for ty in 0..g.ty {
         for tx in 0..g.tx {
             let t = ty * g.tx + tx;
@@ -202,7 +203,7 @@ pub(super) unsafe fn input_transform(src: *const f32, g: TileGrid, v: *mut f32) 
                 });
                 for (a, row) in transpose(cols).into_iter().enumerate() {
                     for (b, x) in bt(row).into_iter().enumerate() {
-                        _mm512_storeu_ps(v.add((a * T + b) * point_len(nt, g.ld) + t * g.ld + l0), x);
+                        _mm512_storeu_ps(v.add((a * T + b) * ps + t * g.ld + l0), x);
                     }
                 }
             }
@@ -219,6 +220,7 @@ pub(super) unsafe fn input_transform(src: *const f32, g: TileGrid, v: *mut f32) 
 #[target_feature(enable = "avx512f")]
 pub(super) unsafe fn dy_transform(src: *const f32, g: TileGrid, d: *mut f32) {
     let nt = g.count();
+    let ps = point_len(nt, g.ld);
     for ty in 0..g.ty {
         for tx in 0..g.tx {
             let t = ty * g.tx + tx;
@@ -228,10 +230,9 @@ pub(super) unsafe fn dy_transform(src: *const f32, g: TileGrid, d: *mut f32) {
                 let cols: [[__m512; T]; M] = std::array::from_fn(|j| {
                     g4(std::array::from_fn(|i| _mm512_loadu_ps(base.add((i * g.cols + j) * g.ld))))
                 });
-                let rows: [[__m512; M]; T] = std::array::from_fn(|a| std::array::from_fn(|j| cols[j][a]));
-                for (a, row) in rows.into_iter().enumerate() {
+                for (a, row) in transpose(cols).into_iter().enumerate() {
                     for (b, x) in g4(row).into_iter().enumerate() {
-                        _mm512_storeu_ps(d.add((a * T + b) * point_len(nt, g.ld) + t * g.ld + l0), x);
+                        _mm512_storeu_ps(d.add((a * T + b) * ps + t * g.ld + l0), x);
                     }
                 }
             }
@@ -253,15 +254,14 @@ pub(super) unsafe fn output_transform(
     out: *mut f32,
 ) {
     let nt = ty * tx;
+    let ps = point_len(nt, ld);
     for y in 0..ty {
         for x in 0..tx {
             let t = y * tx + x;
             for l0 in (0..ld).step_by(LANES) {
                 // cols[j][a] = (A^T m)[a][j], then each row a through A.
                 let cols: [[__m512; M]; T] = std::array::from_fn(|j| {
-                    at4(std::array::from_fn(|i| {
-                        _mm512_loadu_ps(m.add((i * T + j) * point_len(nt, ld) + t * ld + l0))
-                    }))
+                    at4(std::array::from_fn(|i| _mm512_loadu_ps(m.add((i * T + j) * ps + t * ld + l0))))
                 });
                 for (a, row) in transpose(cols).into_iter().enumerate() {
                     let oh = M * y + a;
