@@ -270,8 +270,6 @@ pub(crate) trait Act: Copy + Send + Sync + 'static {
     /// Lets `f` write every element of `dst` in f32: into `dst` itself, or
     /// into `buf`, then rounded into `dst`.
     fn store(dst: &mut [Self::Out], buf: &mut Vec<f32>, f: impl FnOnce(&mut [MaybeUninit<f32>]));
-    /// [`Act::store`] for an initialized `dst`.
-    fn store_init(dst: &mut [Self], buf: &mut Vec<f32>, f: impl FnOnce(&mut [f32]));
     /// `v` itself when it is f16, for kernels that widen as they load.
     fn as_f16(v: &[Self]) -> Option<&[f16]>;
 }
@@ -282,9 +280,6 @@ impl Act for f32 {
         v
     }
     fn store(dst: &mut [MaybeUninit<f32>], _: &mut Vec<f32>, f: impl FnOnce(&mut [MaybeUninit<f32>])) {
-        f(dst)
-    }
-    fn store_init(dst: &mut [f32], _: &mut Vec<f32>, f: impl FnOnce(&mut [f32])) {
         f(dst)
     }
     fn as_f16(_: &[f32]) -> Option<&[f16]> {
@@ -320,11 +315,6 @@ impl Act for f16 {
         // SAFETY: MaybeUninit<f32> has f32's layout, and `f` writes only
         // initialized values through it.
         f(unsafe { &mut *(s as *mut [f32] as *mut [MaybeUninit<f32>]) });
-        round_into(s, dst);
-    }
-    fn store_init(dst: &mut [f16], buf: &mut Vec<f32>, f: impl FnOnce(&mut [f32])) {
-        let s = scratch(buf, dst.len());
-        f(s);
         round_into(s, dst);
     }
     fn as_f16(v: &[f16]) -> Option<&[f16]> {

@@ -201,12 +201,20 @@ pub fn backward(
         Some(db) => Some(cpu_f32_mut(OP, "dbias", db)?),
         None => None,
     };
-    let mut dx = if need_dx { Some(vec![0f32; xs.len()]) } else { None };
     #[cfg(target_arch = "x86_64")]
     if avx512::usable(&g) {
-        avx512::backward(&g, xs, ws, dys, dws, dbs, dx.as_deref_mut());
-        return dx.map(|d| Tensor::from_vec(x.shape(), d)).transpose();
+        let mut dx = need_dx.then(|| Vec::with_capacity(xs.len()));
+        let spare = dx.as_mut().map(|d| &mut d.spare_capacity_mut()[..xs.len()]);
+        avx512::backward(&g, xs, ws, dys, dws, dbs, spare);
+        return dx
+            .map(|mut d| {
+                // SAFETY: avx512::backward wrote every element of its `dx`.
+                unsafe { d.set_len(xs.len()) };
+                Tensor::from_vec(x.shape(), d)
+            })
+            .transpose();
     }
+    let mut dx = if need_dx { Some(vec![0f32; xs.len()]) } else { None };
     cpu::backward(&g, xs, ws, dys, dws, dbs, dx.as_deref_mut());
     dx.map(|d| Tensor::from_vec(x.shape(), d)).transpose()
 }

@@ -87,7 +87,16 @@ fn check(cfg: (usize, usize, usize, usize, usize, usize, usize), seed: u64) {
     for pixel in [false, true] {
         let (mut dw, mut db, mut dx) = (f32s(&dw0), f32s(&db0), vec![f32::NAN; x.len()]);
         let (xf, wf, dyf) = (f32s(&x), f32s(&w), f32s(&dy));
-        avx512::backward_with(&g, &xf, &wf, &dyf, &mut dw, Some(&mut db), Some(&mut dx), pixel);
+        avx512::backward_with(
+            &g,
+            &xf,
+            &wf,
+            &dyf,
+            &mut dw,
+            Some(&mut db),
+            Some(avx512::as_uninit(&mut dx)),
+            pixel,
+        );
         close(&format!("{cfg:?} pixel {pixel} dw"), &dw, &dw64);
         close(&format!("{cfg:?} pixel {pixel} db"), &db, &db64);
         close(&format!("{cfg:?} pixel {pixel} dx"), &dx, &dx64);
@@ -100,7 +109,7 @@ fn check(cfg: (usize, usize, usize, usize, usize, usize, usize), seed: u64) {
     // Whichever kernels `backward` picks (Winograd where it fits).
     let (xf, wf, dyf) = (f32s(&x), f32s(&w), f32s(&dy));
     let (mut dw, mut db, mut dx) = (f32s(&dw0), f32s(&db0), vec![f32::NAN; x.len()]);
-    avx512::backward(&g, &xf, &wf, &dyf, &mut dw, Some(&mut db), Some(&mut dx));
+    avx512::backward(&g, &xf, &wf, &dyf, &mut dw, Some(&mut db), Some(avx512::as_uninit(&mut dx)));
     close(&format!("{cfg:?} dw (backward's pick)"), &dw, &dw64);
     close(&format!("{cfg:?} db (backward's pick)"), &db, &db64);
     close(&format!("{cfg:?} dx (backward's pick)"), &dx, &dx64);
@@ -169,7 +178,7 @@ fn winograd_error_stays_within_a_few_ulps_on_mnist_conv2() {
     let mut y = vec![0f32; y64.len()];
     avx512::forward(&g, &xf, &wf, None, avx512::as_uninit(&mut y));
     let (mut dw, mut dx) = (vec![0f32; w.len()], vec![0f32; x.len()]);
-    avx512::backward(&g, &xf, &wf, &dyf, &mut dw, None, Some(&mut dx));
+    avx512::backward(&g, &xf, &wf, &dyf, &mut dw, None, Some(avx512::as_uninit(&mut dx)));
     for (what, (rms, max)) in [("y", err(&y, &y64)), ("dx", err(&dx, &dx64)), ("dw", err(&dw, &dw64))] {
         eprintln!("winograd {what}: rms error {rms:.2e}, max error {max:.2e} of the largest value");
         assert!(rms < 8e-6 && max < 4e-5, "winograd {what}: rms error {rms:e}, max {max:e}");

@@ -23,7 +23,7 @@
 mod kernels;
 
 use super::dw::lane_sum;
-use super::{add_partials, as_uninit, backward_tasks, per_task};
+use super::{add_partials, backward_tasks, per_task};
 use crate::ops::conv2d::avx512_direct::to_planes;
 use crate::ops::conv2d::cpu::ConvGeom;
 use crate::ops::half_emu::Act;
@@ -232,7 +232,7 @@ pub(super) fn forward<X: Act>(g: &ConvGeom, x: &[X], w: &[f32], bias: Option<&[f
 }
 
 /// Gradients of [`forward`], as [`super::backward`]: `dw`, `db` are
-/// accumulated into, `dx` (when asked for) is overwritten.
+/// accumulated into, every element of `dx` (when asked for) is written.
 pub(super) fn backward<X: Act>(
     g: &ConvGeom,
     x: &[X],
@@ -240,7 +240,7 @@ pub(super) fn backward<X: Act>(
     dy: &[X],
     dw: &mut [f32],
     db: Option<&mut [f32]>,
-    dx: Option<&mut [X]>,
+    dx: Option<&mut [X::Out]>,
 ) {
     let plan = Plan::new(g);
     let (ckk, kk) = (g.ckk(), K * K);
@@ -311,7 +311,7 @@ pub(super) fn backward<X: Act>(
                         );
                     }
                     let dxi = &mut dxt[i * g.x_len()..(i + 1) * g.x_len()];
-                    X::store_init(dxi, &mut dxb, |d| to_planes(outdx, g.h * g.w, ldc, None, as_uninit(d)));
+                    X::store(dxi, &mut dxb, |d| to_planes(outdx, g.h * g.w, ldc, None, d));
                 }
             }
         });
