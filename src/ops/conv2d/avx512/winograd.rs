@@ -134,27 +134,52 @@ impl Plan {
 }
 
 /// The transformed filters `u[p][i][ld]` (`ld` = `nout` rounded up to
-/// lanes) of `at(o, i, ki, kj)`, `G w G^T` in f64 and rounded once.
+/// lanes) of `at(o, i, ki, kj)`, `G w G^T` in f64 and rounded once. The
+/// output channel runs innermost so the f64 loops vectorize: this runs once
+/// per pass on one thread while the other waits. Each sum starts from its
+/// first term, as `Iterator::sum` (from -0.0) does, bit for bit.
 fn filters(nin: usize, nout: usize, at: impl Fn(usize, usize, usize, usize) -> f32) -> Vec<f32> {
     let ld = nout.next_multiple_of(LANES);
     let mut u = vec![0f32; TT * nin * ld];
-    for o in 0..nout {
-        for i in 0..nin {
-            let mut gw = [[0f64; K]; T];
-            for (a, row) in gw.iter_mut().enumerate() {
-                for (kj, v) in row.iter_mut().enumerate() {
-                    *v = (0..K).map(|ki| G5[a][ki] * at(o, i, ki, kj) as f64).sum();
-                }
+    // Per input channel: w[ki][kj][o], (G w)[a][kj][o], and one row of u.
+    let (mut w, mut gw, mut row) = (vec![0f64; K * K * nout], vec![0f64; T * K * nout], vec![0f64; nout]);
+    for i in 0..nin {
+        for (t, wt) in w.chunks_exact_mut(nout).enumerate() {
+            for (o, v) in wt.iter_mut().enumerate() {
+                *v = at(o, i, t / K, t % K) as f64;
             }
-            for (a, row) in gw.iter().enumerate() {
-                for (b, gb) in G5.iter().enumerate() {
-                    let v: f64 = row.iter().zip(gb).map(|(x, y)| x * y).sum();
-                    u[((a * T + b) * nin + i) * ld + o] = v as f32;
+        }
+        for (t, dst) in gw.chunks_exact_mut(nout).enumerate() {
+            let (a, kj) = (t / K, t % K);
+            mul_add_rows(dst, (0..K).map(|ki| (G5[a][ki], &w[(ki * K + kj) * nout..][..nout])));
+        }
+        for a in 0..T {
+            for (b, gb) in G5.iter().enumerate() {
+                mul_add_rows(&mut row, (0..K).map(|kj| (gb[kj], &gw[(a * K + kj) * nout..][..nout])));
+                let dst = &mut u[((a * T + b) * nin + i) * ld..][..nout];
+                for (d, v) in dst.iter_mut().zip(&row) {
+                    *d = *v as f32;
                 }
             }
         }
     }
     u
+}
+
+/// `dst = sum_k c_k * src_k`, the terms added in order from the first.
+fn mul_add_rows<'a>(dst: &mut [f64], mut terms: impl Iterator<Item = (f64, &'a [f64])>) {
+    let Some((c, src)) = terms.next() else {
+        dst.fill(-0.0);
+        return;
+    };
+    for (d, s) in dst.iter_mut().zip(src) {
+        *d = c * s;
+    }
+    for (c, src) in terms {
+        for (d, s) in dst.iter_mut().zip(src) {
+            *d += c * s;
+        }
+    }
 }
 
 fn zeros(n: usize) -> Vec<f32> {
@@ -324,18 +349,27 @@ pub(super) fn backward<X: Act>(
 
 /// `dw[o][c] += A^T (diag(f) acc[.][c][o] diag(f)) A`: the weight gradient
 /// out of the transformed domain (`f` = [`INV_F`], the filter transform's
-/// fractions), in f64.
+/// fractions), in f64, the output channel innermost (see [`filters`]).
 fn finish_dw(g: &ConvGeom, acc: &[f32], ldc: usize, ldo: usize, dw: &mut [f32]) {
-    let kk = K * K;
-    for (o, dwo) in dw.chunks_exact_mut(g.c * kk).enumerate() {
-        for (c, dwc) in dwo.chunks_exact_mut(kk).enumerate() {
-            let s: [[f64; T]; T] = std::array::from_fn(|a| {
-                std::array::from_fn(|b| acc[((a * T + b) * ldc + c) * ldo + o] as f64 * INV_F[a] * INV_F[b])
-            });
-            for (ki, row) in dwc.chunks_exact_mut(K).enumerate() {
-                let r: [f64; T] = std::array::from_fn(|b| (0..T).map(|a| AT5[ki][a] * s[a][b]).sum());
-                for (kj, v) in row.iter_mut().enumerate() {
-                    *v += (0..T).map(|b| r[b] * AT5[kj][b]).sum::<f64>() as f32;
+    let (kk, no) = (K * K, g.o);
+    // Per input channel: s[a][b][o], r[ki][b][o] = (A^T s)[ki][b], v = r A.
+    let (mut sv, mut r, mut v) = (vec![0f64; TT * no], vec![0f64; K * T * no], vec![0f64; no]);
+    for c in 0..g.c {
+        for (p, dst) in sv.chunks_exact_mut(no).enumerate() {
+            let (fa, fb) = (INV_F[p / T], INV_F[p % T]);
+            for (d, a) in dst.iter_mut().zip(&acc[(p * ldc + c) * ldo..]) {
+                *d = *a as f64 * fa * fb;
+            }
+        }
+        for (t, dst) in r.chunks_exact_mut(no).enumerate() {
+            let (ki, b) = (t / T, t % T);
+            mul_add_rows(dst, (0..T).map(|a| (AT5[ki][a], &sv[(a * T + b) * no..][..no])));
+        }
+        for ki in 0..K {
+            for (kj, at) in AT5.iter().enumerate() {
+                mul_add_rows(&mut v, (0..T).map(|b| (at[b], &r[(ki * T + b) * no..][..no])));
+                for (o, x) in v.iter().enumerate() {
+                    dw[o * g.c * kk + c * kk + ki * K + kj] += *x as f32;
                 }
             }
         }
