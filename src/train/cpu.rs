@@ -2,6 +2,7 @@
 //! memory, every call done when it returns. Batches come from a
 //! [`Loader`] that builds the next ones on its own thread.
 
+use super::active_wait::ActiveWait;
 use super::engine::{Engine, Host, HostSync, Look, ScalerLook, Skip, Stepped};
 use super::stop::StopSignal;
 use super::{evaluate_shard, Ddp, EvalResult};
@@ -29,6 +30,8 @@ pub struct CpuEngine {
     loader: Option<Loader>,
     /// The last optimizer step's outcome (None before the first).
     last: Option<StepOutcome>,
+    /// Keeps the pool's workers polling through a step's serial stretches.
+    active: ActiveWait,
 }
 
 impl CpuEngine {
@@ -57,6 +60,7 @@ impl CpuEngine {
             grad_clip_norm: cfg.train.grad_clip_norm,
             loader: None,
             last: None,
+            active: ActiveWait::from_env(),
         }
     }
 }
@@ -83,6 +87,7 @@ impl Engine for CpuEngine {
         sync: bool,
         _step: u64,
     ) -> Result<Option<f32>> {
+        self.active.arm();
         let batch = self.loader.as_mut().and_then(Iterator::next).ok_or_else(|| {
             Error::Training(format!("the data loader ended before a batch of {rows} samples"))
         })?;
@@ -101,6 +106,7 @@ impl Engine for CpuEngine {
     }
 
     fn optimizer_step(&mut self, step: u64, schedule: &LrSchedule) -> Result<Stepped> {
+        self.active.arm();
         let lr =
             schedule.lr_at(step.saturating_sub(1).saturating_sub(self.amp.scaler.state().overflow_steps));
         let outcome = self.amp.step(&mut self.model, &mut self.optimizer, lr, self.grad_clip_norm, step)?;

@@ -3,6 +3,7 @@
 //! device ([`run`]) over the device's [`engine::Engine`]: [`cpu::CpuEngine`]
 //! or [`cuda::CudaEngine`].
 
+mod active_wait;
 mod cpu;
 pub mod cuda;
 mod ddp;

@@ -19,6 +19,12 @@ use rayon::prelude::*;
 /// second core saves.
 pub(super) const PAR_MIN_ELEMS: usize = 1 << 15;
 
+/// Samples per rayon job at most: rayon otherwise stops splitting at about
+/// a quarter of the batch per job, and the other threads wait for the one
+/// that runs last (the BN passes were a tenth of the time one thread of a
+/// 2-thread step spent waiting).
+pub(super) const SAMPLES_PER_JOB: usize = 4;
+
 #[inline(always)]
 fn wide<T: Elem>(v: T) -> f64 {
     <T as Elem>::to_f64(v)
@@ -128,7 +134,12 @@ pub(super) fn sum_planes_per_channel(
 ) -> Vec<(f64, f64)> {
     let one = |k: usize| plane(k / c, k % c);
     let per: Vec<(f64, f64)> = if total >= PAR_MIN_ELEMS {
-        (0..n * c).into_par_iter().with_min_len(c.max(1)).map(one).collect()
+        (0..n * c)
+            .into_par_iter()
+            .with_min_len(c.max(1))
+            .with_max_len(SAMPLES_PER_JOB * c.max(1))
+            .map(one)
+            .collect()
     } else {
         (0..n * c).map(one).collect()
     };

@@ -16,7 +16,7 @@
 //! BatchNorm's own order. So, unlike the f32 block in [`super::fused_cpu`],
 //! the results are bit for bit those of the unfused ops.
 
-use super::cpu::{self, BackwardSums, PAR_MIN_ELEMS};
+use super::cpu::{self, BackwardSums, PAR_MIN_ELEMS, SAMPLES_PER_JOB};
 use super::fused_cpu::KILLED;
 use crate::ops::half_emu::{round_into, round_trip, scratch, widen_into, Act};
 use crate::ops::max_pool2d::cpu::{forward as pool_forward, Geometry};
@@ -124,6 +124,7 @@ pub fn forward(
         x.par_chunks(xs)
             .zip(y.par_chunks_mut(ys))
             .zip(codes.par_chunks_mut(ys))
+            .with_max_len(SAMPLES_PER_JOB)
             .for_each_init(Scratch::default, per_sample);
     } else {
         let mut s = Scratch::default();
@@ -251,6 +252,7 @@ pub(crate) fn backward_dx<G: Act>(
         x.par_chunks_mut(xs)
             .zip(dy.par_chunks(ys))
             .zip(codes.par_chunks(ys))
+            .with_max_len(SAMPLES_PER_JOB)
             .for_each_init(Scratch::default, per_sample);
     } else {
         let mut s = Scratch::default();

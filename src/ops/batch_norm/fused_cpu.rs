@@ -15,15 +15,12 @@
 //! the order of the backward sums differs. A window holding a NaN outputs NaN
 //! and is killed (the loss is then NaN and the trainer stops).
 
-use super::cpu::{dx_coefficients, sum_planes_per_channel, BackwardSums};
+use super::cpu::{dx_coefficients, sum_planes_per_channel, BackwardSums, PAR_MIN_ELEMS, SAMPLES_PER_JOB};
 use crate::ops::Elem;
 use rayon::prelude::*;
 
 /// Window code for "no gradient flows back" (max not positive, or NaN).
 pub const KILLED: u8 = 4;
-
-/// Below this many input elements a single core beats rayon's fork/join.
-const PAR_MIN_ELEMS: usize = 1 << 15;
 
 #[inline(always)]
 fn max2<T: Elem>(a: T, b: T) -> T {
@@ -115,7 +112,11 @@ pub fn forward<T: Elem>(
         }
     };
     if x.len() >= PAR_MIN_ELEMS {
-        x.par_chunks(xs).zip(y.par_chunks_mut(ys)).zip(codes.par_chunks_mut(ys)).for_each(per_sample);
+        x.par_chunks(xs)
+            .zip(y.par_chunks_mut(ys))
+            .zip(codes.par_chunks_mut(ys))
+            .with_max_len(SAMPLES_PER_JOB)
+            .for_each(per_sample);
     } else {
         x.chunks(xs).zip(y.chunks_mut(ys)).zip(codes.chunks_mut(ys)).for_each(per_sample);
     }
@@ -249,7 +250,11 @@ pub fn backward_dx<T: Elem>(
     };
     let (xs, ys) = (c * ip, c * op);
     if x.len() >= PAR_MIN_ELEMS {
-        x.par_chunks_mut(xs).zip(dy.par_chunks(ys)).zip(codes.par_chunks(ys)).for_each(per_sample);
+        x.par_chunks_mut(xs)
+            .zip(dy.par_chunks(ys))
+            .zip(codes.par_chunks(ys))
+            .with_max_len(SAMPLES_PER_JOB)
+            .for_each(per_sample);
     } else {
         x.chunks_mut(xs).zip(dy.chunks(ys)).zip(codes.chunks(ys)).for_each(per_sample);
     }

@@ -236,6 +236,15 @@ fn per_task(n: usize) -> usize {
     n.div_ceil(threads * 4).max(1)
 }
 
+/// Images per forward task: the forward's images are independent (no
+/// partial sums to add up afterwards), so its tasks are smaller, and the
+/// last one, which the other threads wait for, is short.
+fn per_forward_task(n: usize) -> usize {
+    let threads = rayon::current_num_threads().max(1);
+    n.div_ceil(threads * FWD_TASKS).max(1)
+}
+const FWD_TASKS: usize = 8;
+
 /// `w[O, CKK]` as `wt[CKK, ld]` (`ld` = O rounded up to [`MR`], zero-filled).
 fn transpose_padded(w: &[f32], rows: usize, cols: usize, ld: usize) -> Vec<f32> {
     let mut t = vec![0f32; cols * ld];
@@ -312,7 +321,7 @@ fn per_image<X: Act>(
     out_len: usize,
     image: impl Fn(&[f32], &mut [f32], &mut [MaybeUninit<f32>]) + Sync,
 ) {
-    let pt = per_task(g.n);
+    let pt = per_forward_task(g.n);
     y.par_chunks_mut(pt * g.y_len()).zip(x.par_chunks(pt * g.x_len())).for_each(|(yc, xc)| {
         let mut xp = vec![0f32; xl.len];
         let mut out = vec![0f32; out_len];

@@ -23,7 +23,7 @@
 mod kernels;
 
 use super::dw::lane_sum;
-use super::{add_partials, backward_tasks, per_task};
+use super::{add_partials, backward_tasks, per_forward_task};
 use crate::ops::conv2d::avx512_direct::to_planes;
 use crate::ops::conv2d::cpu::ConvGeom;
 use crate::ops::half_emu::Act;
@@ -229,7 +229,7 @@ pub(super) fn forward<X: Act>(g: &ConvGeom, x: &[X], w: &[f32], bias: Option<&[f
     let (ckk, kk) = (g.ckk(), K * K);
     let u = filters(g.c, g.o, |o, c, ki, kj| w[o * ckk + c * kk + ki * K + kj]);
     let (ldc, ldo, nt, hw) = (plan.x.ld, plan.dy.ld, plan.out.count(), g.out_hw());
-    let pt = per_task(g.n);
+    let pt = per_forward_task(g.n);
     y.par_chunks_mut(pt * g.y_len()).zip(x.par_chunks(pt * g.x_len())).for_each(|(yc, xc)| {
         let lens = [plan.x.len(), TT * point_len(nt, ldc), TT * point_len(nt, ldo), hw * ldo];
         with_scratch(lens, 1, |[xt, v, m, out]| {
