@@ -138,29 +138,39 @@ impl Plan {
 /// output channel runs innermost so the f64 loops vectorize: this runs once
 /// per pass on one thread while the other waits. Each sum starts from its
 /// first term, as `Iterator::sum` (from -0.0) does, bit for bit.
-fn filters(nin: usize, nout: usize, at: impl Fn(usize, usize, usize, usize) -> f32) -> Vec<f32> {
+fn filters(nin: usize, nout: usize, at: impl Fn(usize, usize, usize, usize) -> f32 + Sync) -> Vec<f32> {
     let ld = nout.next_multiple_of(LANES);
-    let mut u = vec![0f32; TT * nin * ld];
-    // Per input channel: w[ki][kj][o], (G w)[a][kj][o], and one row of u.
-    let (mut w, mut gw, mut row) = (vec![0f64; K * K * nout], vec![0f64; T * K * nout], vec![0f64; nout]);
-    for i in 0..nin {
-        for (t, wt) in w.chunks_exact_mut(nout).enumerate() {
-            for (o, v) in wt.iter_mut().enumerate() {
-                *v = at(o, i, t / K, t % K) as f64;
+    // Input channels in parallel, each its `[p][o]` block (the rest of the
+    // pool would otherwise wait): w[ki][kj][o], (G w)[a][kj][o], then u.
+    let blocks: Vec<Vec<f32>> = (0..nin)
+        .into_par_iter()
+        .map(|i| {
+            let (mut w, mut gw, mut row) =
+                (vec![0f64; K * K * nout], vec![0f64; T * K * nout], vec![0f64; nout]);
+            for (t, wt) in w.chunks_exact_mut(nout).enumerate() {
+                for (o, v) in wt.iter_mut().enumerate() {
+                    *v = at(o, i, t / K, t % K) as f64;
+                }
             }
-        }
-        for (t, dst) in gw.chunks_exact_mut(nout).enumerate() {
-            let (a, kj) = (t / K, t % K);
-            mul_add_rows(dst, (0..K).map(|ki| (G5[a][ki], &w[(ki * K + kj) * nout..][..nout])));
-        }
-        for a in 0..T {
-            for (b, gb) in G5.iter().enumerate() {
+            for (t, dst) in gw.chunks_exact_mut(nout).enumerate() {
+                let (a, kj) = (t / K, t % K);
+                mul_add_rows(dst, (0..K).map(|ki| (G5[a][ki], &w[(ki * K + kj) * nout..][..nout])));
+            }
+            let mut block = vec![0f32; TT * nout];
+            for (p, dst) in block.chunks_exact_mut(nout).enumerate() {
+                let (a, gb) = (p / T, &G5[p % T]);
                 mul_add_rows(&mut row, (0..K).map(|kj| (gb[kj], &gw[(a * K + kj) * nout..][..nout])));
-                let dst = &mut u[((a * T + b) * nin + i) * ld..][..nout];
                 for (d, v) in dst.iter_mut().zip(&row) {
                     *d = *v as f32;
                 }
             }
+            block
+        })
+        .collect();
+    let mut u = vec![0f32; TT * nin * ld];
+    for (i, block) in blocks.iter().enumerate() {
+        for (p, src) in block.chunks_exact(nout).enumerate() {
+            u[(p * nin + i) * ld..][..nout].copy_from_slice(src);
         }
     }
     u
@@ -352,25 +362,37 @@ pub(super) fn backward<X: Act>(
 /// fractions), in f64, the output channel innermost (see [`filters`]).
 fn finish_dw(g: &ConvGeom, acc: &[f32], ldc: usize, ldo: usize, dw: &mut [f32]) {
     let (kk, no) = (K * K, g.o);
-    // Per input channel: s[a][b][o], r[ki][b][o] = (A^T s)[ki][b], v = r A.
-    let (mut sv, mut r, mut v) = (vec![0f64; TT * no], vec![0f64; K * T * no], vec![0f64; no]);
-    for c in 0..g.c {
-        for (p, dst) in sv.chunks_exact_mut(no).enumerate() {
-            let (fa, fb) = (INV_F[p / T], INV_F[p % T]);
-            for (d, a) in dst.iter_mut().zip(&acc[(p * ldc + c) * ldo..]) {
-                *d = *a as f64 * fa * fb;
-            }
-        }
-        for (t, dst) in r.chunks_exact_mut(no).enumerate() {
-            let (ki, b) = (t / T, t % T);
-            mul_add_rows(dst, (0..T).map(|a| (AT5[ki][a], &sv[(a * T + b) * no..][..no])));
-        }
-        for ki in 0..K {
-            for (kj, at) in AT5.iter().enumerate() {
-                mul_add_rows(&mut v, (0..T).map(|b| (at[b], &r[(ki * T + b) * no..][..no])));
-                for (o, x) in v.iter().enumerate() {
-                    dw[o * g.c * kk + c * kk + ki * K + kj] += *x as f32;
+    // Input channels in parallel, each its `[ki][kj][o]` block: s[a][b][o],
+    // r[ki][b][o] = (A^T s)[ki][b], then r A.
+    let blocks: Vec<Vec<f32>> = (0..g.c)
+        .into_par_iter()
+        .map(|c| {
+            let (mut sv, mut r, mut v) = (vec![0f64; TT * no], vec![0f64; K * T * no], vec![0f64; no]);
+            for (p, dst) in sv.chunks_exact_mut(no).enumerate() {
+                let (fa, fb) = (INV_F[p / T], INV_F[p % T]);
+                for (d, a) in dst.iter_mut().zip(&acc[(p * ldc + c) * ldo..]) {
+                    *d = *a as f64 * fa * fb;
                 }
+            }
+            for (t, dst) in r.chunks_exact_mut(no).enumerate() {
+                let (ki, b) = (t / T, t % T);
+                mul_add_rows(dst, (0..T).map(|a| (AT5[ki][a], &sv[(a * T + b) * no..][..no])));
+            }
+            let mut block = vec![0f32; kk * no];
+            for (t, dst) in block.chunks_exact_mut(no).enumerate() {
+                let (ki, at) = (t / K, &AT5[t % K]);
+                mul_add_rows(&mut v, (0..T).map(|b| (at[b], &r[(ki * T + b) * no..][..no])));
+                for (d, x) in dst.iter_mut().zip(&v) {
+                    *d = *x as f32;
+                }
+            }
+            block
+        })
+        .collect();
+    for (c, block) in blocks.iter().enumerate() {
+        for (t, src) in block.chunks_exact(no).enumerate() {
+            for (o, x) in src.iter().enumerate() {
+                dw[o * g.c * kk + c * kk + t] += *x;
             }
         }
     }
