@@ -145,8 +145,7 @@ fn filters(nin: usize, nout: usize, at: impl Fn(usize, usize, usize, usize) -> f
     let blocks: Vec<Vec<f32>> = (0..nin)
         .into_par_iter()
         .map(|i| {
-            let (mut w, mut gw, mut row) =
-                (vec![0f64; K * K * nout], vec![0f64; T * K * nout], vec![0f64; nout]);
+            let (mut w, mut gw) = (vec![0f64; K * K * nout], vec![0f64; T * K * nout]);
             for (t, wt) in w.chunks_exact_mut(nout).enumerate() {
                 for (o, v) in wt.iter_mut().enumerate() {
                     *v = at(o, i, t / K, t % K) as f64;
@@ -156,15 +155,10 @@ fn filters(nin: usize, nout: usize, at: impl Fn(usize, usize, usize, usize) -> f
                 let (a, kj) = (t / K, t % K);
                 mul_add_rows(dst, (0..K).map(|ki| (G5[a][ki], &w[(ki * K + kj) * nout..][..nout])));
             }
-            let mut block = vec![0f32; TT * nout];
-            for (p, dst) in block.chunks_exact_mut(nout).enumerate() {
-                let (a, gb) = (p / T, &G5[p % T]);
-                mul_add_rows(&mut row, (0..K).map(|kj| (gb[kj], &gw[(a * K + kj) * nout..][..nout])));
-                for (d, v) in dst.iter_mut().zip(&row) {
-                    *d = *v as f32;
-                }
-            }
-            block
+            let gw = &gw;
+            rows_f32(TT, nout, |p| {
+                (0..K).map(move |kj| (G5[p % T][kj], &gw[(p / T * K + kj) * nout..][..nout]))
+            })
         })
         .collect();
     let mut u = vec![0f32; TT * nin * ld];
@@ -174,6 +168,23 @@ fn filters(nin: usize, nout: usize, at: impl Fn(usize, usize, usize, usize) -> f
         }
     }
     u
+}
+
+/// `rows` rows of `n`: row `t` is [`mul_add_rows`] of `terms(t)`, rounded
+/// to f32 once.
+fn rows_f32<'a, I: Iterator<Item = (f64, &'a [f64])>>(
+    rows: usize,
+    n: usize,
+    terms: impl Fn(usize) -> I,
+) -> Vec<f32> {
+    let (mut out, mut row) = (vec![0f32; rows * n], vec![0f64; n]);
+    for (t, dst) in out.chunks_exact_mut(n.max(1)).enumerate() {
+        mul_add_rows(&mut row, terms(t));
+        for (d, v) in dst.iter_mut().zip(&row) {
+            *d = *v as f32;
+        }
+    }
+    out
 }
 
 /// `dst = sum_k c_k * src_k`, the terms added in order from the first.
@@ -367,7 +378,7 @@ fn finish_dw(g: &ConvGeom, acc: &[f32], ldc: usize, ldo: usize, dw: &mut [f32]) 
     let blocks: Vec<Vec<f32>> = (0..g.c)
         .into_par_iter()
         .map(|c| {
-            let (mut sv, mut r, mut v) = (vec![0f64; TT * no], vec![0f64; K * T * no], vec![0f64; no]);
+            let (mut sv, mut r) = (vec![0f64; TT * no], vec![0f64; K * T * no]);
             for (p, dst) in sv.chunks_exact_mut(no).enumerate() {
                 let (fa, fb) = (INV_F[p / T], INV_F[p % T]);
                 for (d, a) in dst.iter_mut().zip(&acc[(p * ldc + c) * ldo..]) {
@@ -378,15 +389,8 @@ fn finish_dw(g: &ConvGeom, acc: &[f32], ldc: usize, ldo: usize, dw: &mut [f32]) 
                 let (ki, b) = (t / T, t % T);
                 mul_add_rows(dst, (0..T).map(|a| (AT5[ki][a], &sv[(a * T + b) * no..][..no])));
             }
-            let mut block = vec![0f32; kk * no];
-            for (t, dst) in block.chunks_exact_mut(no).enumerate() {
-                let (ki, at) = (t / K, &AT5[t % K]);
-                mul_add_rows(&mut v, (0..T).map(|b| (at[b], &r[(ki * T + b) * no..][..no])));
-                for (d, x) in dst.iter_mut().zip(&v) {
-                    *d = *x as f32;
-                }
-            }
-            block
+            let r = &r;
+            rows_f32(kk, no, |t| (0..T).map(move |b| (AT5[t % K][b], &r[(t / K * T + b) * no..][..no])))
         })
         .collect();
     for (c, block) in blocks.iter().enumerate() {
