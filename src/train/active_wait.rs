@@ -34,8 +34,13 @@ impl ActiveWait {
     /// An `ActiveWait` that never polls when `OMP_WAIT_POLICY` says
     /// `passive`.
     pub fn from_env() -> Self {
-        let passive =
-            std::env::var("OMP_WAIT_POLICY").is_ok_and(|v| v.trim().eq_ignore_ascii_case("passive"));
+        Self::with_policy(std::env::var("OMP_WAIT_POLICY").ok().as_deref())
+    }
+
+    /// `OMP_WAIT_POLICY`'s value as OpenMP reads it: `passive` (any case)
+    /// turns polling off; `active`, anything else or nothing leaves it on.
+    fn with_policy(policy: Option<&str>) -> Self {
+        let passive = policy.is_some_and(|v| v.trim().eq_ignore_ascii_case("passive"));
         ActiveWait { passive, polling: Arc::default() }
     }
 
@@ -123,8 +128,13 @@ mod tests {
         let w = ActiveWait::default();
         w.arm();
         assert!(!w.polling.load(Ordering::Acquire));
+        for (policy, passive) in
+            [(Some("PASSIVE"), true), (Some(" passive "), true), (Some("active"), false), (None, false)]
+        {
+            assert_eq!(ActiveWait::with_policy(policy).passive, passive, "OMP_WAIT_POLICY={policy:?}");
+        }
         pool(2).install(|| {
-            let w = ActiveWait { passive: true, ..ActiveWait::default() };
+            let w = ActiveWait::with_policy(Some("passive"));
             w.arm();
             assert!(!w.polling.load(Ordering::Acquire));
         });
