@@ -190,25 +190,7 @@ impl TileGrid {
 /// floats) and `v` has `TT * point_len(nt, ld)` floats; AVX-512F.
 #[target_feature(enable = "avx512f")]
 pub(super) unsafe fn input_transform(src: *const f32, g: TileGrid, v: *mut f32) {
-    let nt = g.count();
-    let ps = point_len(nt, g.ld);
-    for ty in 0..g.ty {
-        for tx in 0..g.tx {
-            let t = ty * g.tx + tx;
-            for l0 in (0..g.ld).step_by(LANES) {
-                let base = src.add((M * ty * g.cols + M * tx) * g.ld + l0);
-                // cols[j][a] = (B^T d)[a][j], then each row a through B.
-                let cols: [[__m512; T]; T] = std::array::from_fn(|j| {
-                    bt(std::array::from_fn(|i| _mm512_loadu_ps(base.add((i * g.cols + j) * g.ld))))
-                });
-                for (a, row) in transpose(cols).into_iter().enumerate() {
-                    for (b, x) in bt(row).into_iter().enumerate() {
-                        _mm512_storeu_ps(v.add((a * T + b) * ps + t * g.ld + l0), x);
-                    }
-                }
-            }
-        }
-    }
+    patch_transform::<T>(src, g, v, |x| bt(x))
 }
 
 /// `d[p * point_len + t * ld + l] = (G4 u G4^T)[p]` for the 4 x 4 pixels `u` at
@@ -219,20 +201,37 @@ pub(super) unsafe fn input_transform(src: *const f32, g: TileGrid, v: *mut f32) 
 /// each), `d` has `TT * point_len(nt, ld)` floats; AVX-512F.
 #[target_feature(enable = "avx512f")]
 pub(super) unsafe fn dy_transform(src: *const f32, g: TileGrid, d: *mut f32) {
-    let nt = g.count();
-    let ps = point_len(nt, g.ld);
+    patch_transform::<M>(src, g, d, |u| g4(u))
+}
+
+/// `out[p * point_len + t * ld + l] = (F x F^T)[p]` for the `N x N` pixels
+/// `x` at `(4 ty, 4 tx)` of every tile of `g`, where `f` applies `F` to a
+/// column: the columns through `f`, then each row of the result.
+///
+/// # Safety
+/// `src` holds pixels up to `(4 ty + N - 5) * cols + 4 tx + N - 5` (`ld`
+/// floats each), `out` has `TT * point_len(nt, ld)` floats; AVX-512F.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn patch_transform<const N: usize>(
+    src: *const f32,
+    g: TileGrid,
+    out: *mut f32,
+    f: impl Fn([__m512; N]) -> [__m512; T],
+) {
+    let ps = point_len(g.count(), g.ld);
     for ty in 0..g.ty {
         for tx in 0..g.tx {
             let t = ty * g.tx + tx;
             for l0 in (0..g.ld).step_by(LANES) {
                 let base = src.add((M * ty * g.cols + M * tx) * g.ld + l0);
-                // cols[j][a] = (G4 u)[a][j], then each row a through G4^T.
-                let cols: [[__m512; T]; M] = std::array::from_fn(|j| {
-                    g4(std::array::from_fn(|i| _mm512_loadu_ps(base.add((i * g.cols + j) * g.ld))))
+                // cols[j][a] = (F x)[a][j], then each row a through F^T.
+                let cols: [[__m512; T]; N] = std::array::from_fn(|j| {
+                    f(std::array::from_fn(|i| _mm512_loadu_ps(base.add((i * g.cols + j) * g.ld))))
                 });
                 for (a, row) in transpose(cols).into_iter().enumerate() {
-                    for (b, x) in g4(row).into_iter().enumerate() {
-                        _mm512_storeu_ps(d.add((a * T + b) * ps + t * g.ld + l0), x);
+                    for (b, x) in f(row).into_iter().enumerate() {
+                        _mm512_storeu_ps(out.add((a * T + b) * ps + t * g.ld + l0), x);
                     }
                 }
             }
