@@ -12,20 +12,16 @@
 //! gradient (`dy` padded by `K - 1 - p`, the flipped kernel transposed, its
 //! taps in increasing source order).
 
+use super::lines::Lines;
 use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
 
 const LANES: usize = 16;
 
-/// One 64-byte aligned vector, so weight rows can be read with aligned loads.
-#[derive(Clone, Copy)]
-#[repr(C, align(64))]
-struct Vec16([f32; LANES]);
-
 /// A weight matrix `[rows][lanes]`, each row padded with zeros to whole
-/// aligned vectors.
+/// cache-line aligned vectors (read with aligned loads).
 pub(super) struct LaneWeights {
-    v: Vec<Vec16>,
+    v: Lines,
     /// Vectors per row.
     nv: usize,
     rows: usize,
@@ -35,10 +31,10 @@ impl LaneWeights {
     /// `at(r, l)` is the weight of reduction row `r` for output lane `l`.
     pub(super) fn new(rows: usize, lanes: usize, at: impl Fn(usize, usize) -> f32) -> Self {
         let nv = lanes.div_ceil(LANES);
-        let mut v = vec![Vec16([0.0; LANES]); rows * nv];
-        for (r, row) in v.chunks_exact_mut(nv.max(1)).enumerate() {
-            for l in 0..lanes {
-                row[l / LANES].0[l % LANES] = at(r, l);
+        let mut v = Lines::zeroed(rows * nv * LANES);
+        for (r, row) in v.chunks_exact_mut(LANES * nv.max(1)).enumerate() {
+            for (l, x) in row.iter_mut().take(lanes).enumerate() {
+                *x = at(r, l);
             }
         }
         LaneWeights { v, nv, rows }
@@ -102,15 +98,18 @@ unsafe fn planes_avx512(
         let mask: __mmask16 = ((1u32 << np) - 1) as u16;
         for l0 in (0..lanes).step_by(LANES) {
             let nl = (lanes - l0).min(LANES);
-            let mut m = [_mm512_setzero_ps(); LANES];
-            for (i, v) in m.iter_mut().take(np).enumerate() {
-                *v = _mm512_loadu_ps(out.as_ptr().add((p0 + i) * ld + l0));
-            }
+            // A fixed count of loads keeps `m` in registers (a count of `np`
+            // put it on the stack); pixels past `np` repeat the last one and
+            // land in lanes the mask drops.
+            let mut m: [__m512; LANES] =
+                std::array::from_fn(|i| _mm512_loadu_ps(out.as_ptr().add((p0 + i.min(np - 1)) * ld + l0)));
             transpose16(&mut m);
-            for (l, v) in m.iter().take(nl).enumerate() {
-                let b = bias.map_or(0.0, |b| b[l0 + l]);
-                let dst = y.add((l0 + l) * npix + p0);
-                _mm512_mask_storeu_ps(dst, mask, _mm512_add_ps(*v, _mm512_set1_ps(b)));
+            for (l, v) in m.iter().enumerate() {
+                if l < nl {
+                    let b = bias.map_or(0.0, |b| b[l0 + l]);
+                    let dst = y.add((l0 + l) * npix + p0);
+                    _mm512_mask_storeu_ps(dst, mask, _mm512_add_ps(*v, _mm512_set1_ps(b)));
+                }
             }
         }
     }
@@ -213,7 +212,7 @@ pub(super) fn conv_image(src: &[f32], offs: &[usize], k: usize, g: Grid, w: &Lan
     let ld = w.ld();
     // These checks are what make the raw reads and writes below sound.
     assert!(k == K && g.rows > 0 && g.cols >= Q1 && offs.len().is_multiple_of(K));
-    assert!(offs.len() == w.rows && w.v.len() == w.rows * w.nv && out.len() >= g.rows * g.cols * ld);
+    assert!(offs.len() == w.rows && w.v.len() == w.rows * w.nv * LANES && out.len() >= g.rows * g.cols * ld);
     assert!(offs.chunks_exact(K).all(|t| t.iter().enumerate().all(|(kj, &o)| o == t[0] + kj)));
     let gofs: Vec<usize> = offs.iter().step_by(K).copied().collect();
     let reach = (g.rows - 1) * g.pitch + g.cols + K - 1;
@@ -231,7 +230,7 @@ pub(super) fn conv_image(src: &[f32], offs: &[usize], k: usize, g: Grid, w: &Lan
                 // see `avx512::usable`.
                 unsafe {
                     let s = src.as_ptr().add(oh * g.pitch + ow);
-                    let wp = w.v.as_ptr().add(v0).cast::<f32>();
+                    let wp = w.v.as_ptr().add(v0 * LANES);
                     let o = out.as_mut_ptr().add((oh * g.cols + ow) * ld + v0 * LANES);
                     if ov == 2 {
                         row_tile::<Q2, K, 2>(&gofs, s, wp, w.nv * LANES, o, ld);

@@ -7,6 +7,8 @@ mod avx512;
 mod avx512_direct;
 pub mod cpu;
 pub mod cuda;
+#[cfg(target_arch = "x86_64")]
+mod lines;
 #[cfg(test)]
 mod tests;
 #[cfg(all(test, target_arch = "x86_64"))]

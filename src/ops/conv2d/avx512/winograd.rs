@@ -26,6 +26,7 @@ use super::dw::lane_sum;
 use super::{add_partials, backward_tasks, per_forward_task};
 use crate::ops::conv2d::avx512_direct::to_planes;
 use crate::ops::conv2d::cpu::ConvGeom;
+use crate::ops::conv2d::lines::Lines;
 use crate::ops::half_emu::Act;
 use kernels::{point_len, TileGrid, AT5, G5, INV_F, LANES, M, T, TT};
 use rayon::prelude::*;
@@ -138,7 +139,7 @@ impl Plan {
 /// output channel runs innermost so the f64 loops vectorize: this runs once
 /// per pass on one thread while the other waits. Each sum starts from its
 /// first term, as `Iterator::sum` (from -0.0) does, bit for bit.
-fn filters(nin: usize, nout: usize, at: impl Fn(usize, usize, usize, usize) -> f32 + Sync) -> Vec<f32> {
+fn filters(nin: usize, nout: usize, at: impl Fn(usize, usize, usize, usize) -> f32 + Sync) -> Lines {
     let ld = nout.next_multiple_of(LANES);
     // Input channels in parallel, each its `[p][o]` block (the rest of the
     // pool would otherwise wait): w[ki][kj][o], (G w)[a][kj][o], then u.
@@ -161,7 +162,7 @@ fn filters(nin: usize, nout: usize, at: impl Fn(usize, usize, usize, usize) -> f
             })
         })
         .collect();
-    let mut u = vec![0f32; TT * nin * ld];
+    let mut u = Lines::zeroed(TT * nin * ld);
     for (i, block) in blocks.iter().enumerate() {
         for (p, src) in block.chunks_exact(nout).enumerate() {
             u[(p * nin + i) * ld..][..nout].copy_from_slice(src);
@@ -208,29 +209,22 @@ fn zeros(n: usize) -> Vec<f32> {
 }
 
 std::thread_local! {
-    static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    static SCRATCH: RefCell<Lines> = RefCell::new(Lines::default());
 }
 
-/// Runs `f` on this thread's scratch cut into pieces of the lengths `lens`:
-/// the first `zeroed` zero-filled, the others holding whatever the last use
-/// left (the kernels write them in full before reading). Fresh buffers per
-/// rayon task, allocated and zero-filled page by page, took 3% of a step.
+/// Runs `f` on this thread's scratch cut into pieces of the lengths `lens`,
+/// each on a cache line of its own: the first `zeroed` zero-filled, the
+/// others holding whatever the last use left (the kernels write them in
+/// full before reading). Fresh buffers per rayon task, allocated and
+/// zero-filled page by page, took 3% of a step.
 fn with_scratch<const N: usize, R>(
     lens: [usize; N],
     zeroed: usize,
     f: impl FnOnce([&mut [f32]; N]) -> R,
 ) -> R {
-    let run = |buf: &mut Vec<f32>| {
-        let total = lens.iter().sum();
-        if buf.len() < total {
-            buf.resize(total, 0.0);
-        }
-        let mut rest = &mut buf[..total];
-        let mut parts: [&mut [f32]; N] = std::array::from_fn(|i| {
-            let (a, b) = std::mem::take(&mut rest).split_at_mut(lens[i]);
-            rest = b;
-            a
-        });
+    let run = |buf: &mut Lines| {
+        buf.grow(Lines::split_len(&lens));
+        let mut parts = buf.split(lens);
         for p in parts.iter_mut().take(zeroed) {
             p.fill(0.0);
         }
@@ -239,7 +233,7 @@ fn with_scratch<const N: usize, R>(
     SCRATCH.with(|cell| match cell.try_borrow_mut() {
         Ok(mut buf) => run(&mut buf),
         // Only a nested use lands here; it gets a buffer of its own.
-        Err(_) => run(&mut Vec::new()),
+        Err(_) => run(&mut Lines::default()),
     })
 }
 

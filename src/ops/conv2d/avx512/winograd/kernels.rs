@@ -138,14 +138,19 @@ pub(super) unsafe fn to_pixel_major(
         let np = (hw - p0).min(LANES);
         let mask = ((1u32 << np) - 1) as u16;
         for c0 in (0..ld).step_by(LANES) {
-            let mut m = [_mm512_setzero_ps(); LANES];
-            for (i, v) in m.iter_mut().enumerate().take(ch.saturating_sub(c0)) {
-                *v = _mm512_maskz_loadu_ps(mask, src.add((c0 + i) * hw + p0));
-            }
+            // Fixed counts keep `m` in registers (see `to_planes`): channels
+            // past `ch` load nothing (zeros) from a channel that exists.
+            let nc = ch.saturating_sub(c0);
+            let mut m: [__m512; LANES] = std::array::from_fn(|i| {
+                let k = if i < nc { mask } else { 0 };
+                _mm512_maskz_loadu_ps(k, src.add((c0 + i.min(ch.max(1) - 1)) * hw + p0))
+            });
             transpose16(&mut m);
-            for (i, v) in m.iter().take(np).enumerate() {
-                let (y, x) = ((p0 + i) / w, (p0 + i) % w);
-                _mm512_storeu_ps(dst.add(((pad + y) * cols + pad + x) * ld + c0), *v);
+            for (i, v) in m.iter().enumerate() {
+                if i < np {
+                    let (y, x) = ((p0 + i) / w, (p0 + i) % w);
+                    _mm512_storeu_ps(dst.add(((pad + y) * cols + pad + x) * ld + c0), *v);
+                }
             }
         }
     }
@@ -157,12 +162,6 @@ pub(super) unsafe fn to_pixel_major(
 /// tile's 64 stores then all fell into one L1 set).
 pub(super) const fn point_len(nt: usize, ld: usize) -> usize {
     nt * ld + LANES
-}
-
-/// `m[j][a]` as `[a][j]`.
-#[inline]
-fn transpose<const R: usize, const C: usize>(m: [[__m512; R]; C]) -> [[__m512; C]; R] {
-    std::array::from_fn(|a| std::array::from_fn(|j| m[j][a]))
 }
 
 /// Tiles of the output grid and how a tile finds its data: tile `t = ty *
@@ -220,18 +219,27 @@ unsafe fn patch_transform<const N: usize>(
     f: impl Fn([__m512; N]) -> [__m512; T],
 ) {
     let ps = point_len(g.count(), g.ld);
+    // cols[a][j] = (F x)[a][j]: the columns' pass, read back by rows. (As
+    // arrays moved through `from_fn` and a transpose, the compiler copied
+    // them around the stack: 1.5x the time.)
+    let mut cols = [[_mm512_setzero_ps(); N]; T];
     for ty in 0..g.ty {
         for tx in 0..g.tx {
             let t = ty * g.tx + tx;
             for l0 in (0..g.ld).step_by(LANES) {
                 let base = src.add((M * ty * g.cols + M * tx) * g.ld + l0);
-                // cols[j][a] = (F x)[a][j], then each row a through F^T.
-                let cols: [[__m512; T]; N] = std::array::from_fn(|j| {
-                    f(std::array::from_fn(|i| _mm512_loadu_ps(base.add((i * g.cols + j) * g.ld))))
-                });
-                for (a, row) in transpose(cols).into_iter().enumerate() {
-                    for (b, x) in f(row).into_iter().enumerate() {
-                        _mm512_storeu_ps(out.add((a * T + b) * ps + t * g.ld + l0), x);
+                for j in 0..N {
+                    let mut x = [_mm512_setzero_ps(); N];
+                    for (i, v) in x.iter_mut().enumerate() {
+                        *v = _mm512_loadu_ps(base.add((i * g.cols + j) * g.ld));
+                    }
+                    for (row, v) in cols.iter_mut().zip(f(x)) {
+                        row[j] = v;
+                    }
+                }
+                for (a, row) in cols.iter().enumerate() {
+                    for (b, v) in f(*row).into_iter().enumerate() {
+                        _mm512_storeu_ps(out.add((a * T + b) * ps + t * g.ld + l0), v);
                     }
                 }
             }
@@ -254,17 +262,24 @@ pub(super) unsafe fn output_transform(
 ) {
     let nt = ty * tx;
     let ps = point_len(nt, ld);
+    // cols[a][j] = (A^T m)[a][j], then each row a through A (see `patch_transform`).
+    let mut cols = [[_mm512_setzero_ps(); T]; M];
     for y in 0..ty {
         for x in 0..tx {
             let t = y * tx + x;
             for l0 in (0..ld).step_by(LANES) {
-                // cols[j][a] = (A^T m)[a][j], then each row a through A.
-                let cols: [[__m512; M]; T] = std::array::from_fn(|j| {
-                    at4(std::array::from_fn(|i| _mm512_loadu_ps(m.add((i * T + j) * ps + t * ld + l0))))
-                });
-                for (a, row) in transpose(cols).into_iter().enumerate() {
+                for j in 0..T {
+                    let mut v = [_mm512_setzero_ps(); T];
+                    for (i, e) in v.iter_mut().enumerate() {
+                        *e = _mm512_loadu_ps(m.add((i * T + j) * ps + t * ld + l0));
+                    }
+                    for (row, e) in cols.iter_mut().zip(at4(v)) {
+                        row[j] = e;
+                    }
+                }
+                for (a, row) in cols.iter().enumerate() {
                     let oh = M * y + a;
-                    for (b, v) in at4(row).into_iter().enumerate() {
+                    for (b, v) in at4(*row).into_iter().enumerate() {
                         let ow = M * x + b;
                         if oh < ho && ow < wo {
                             _mm512_storeu_ps(out.add((oh * wo + ow) * ld + l0), v);
