@@ -219,27 +219,31 @@ unsafe fn patch_transform<const N: usize>(
     f: impl Fn([__m512; N]) -> [__m512; T],
 ) {
     let ps = point_len(g.count(), g.ld);
-    // cols[a][j] = (F x)[a][j]: the columns' pass, read back by rows. (As
-    // arrays moved through `from_fn` and a transpose, the compiler copied
-    // them around the stack: 1.5x the time.)
-    let mut cols = [[_mm512_setzero_ps(); N]; T];
+    // cols[x][a] = (F x)[a] of source column x of a run of up to TX tiles:
+    // neighbouring 8 x 8 patches share four columns, whose pass then runs
+    // once. (As arrays moved through `from_fn` and a transpose, the compiler
+    // copied them around the stack: 1.5x the time.)
+    const TX: usize = 4;
+    let mut cols = [[_mm512_setzero_ps(); T]; TX * M + T - M];
     for ty in 0..g.ty {
-        for tx in 0..g.tx {
-            let t = ty * g.tx + tx;
-            for l0 in (0..g.ld).step_by(LANES) {
-                let base = src.add((M * ty * g.cols + M * tx) * g.ld + l0);
-                for j in 0..N {
-                    let mut x = [_mm512_setzero_ps(); N];
-                    for (i, v) in x.iter_mut().enumerate() {
-                        *v = _mm512_loadu_ps(base.add((i * g.cols + j) * g.ld));
+        for l0 in (0..g.ld).step_by(LANES) {
+            for tx0 in (0..g.tx).step_by(TX) {
+                let run = (g.tx - tx0).min(TX);
+                let base = src.add((M * ty * g.cols + M * tx0) * g.ld + l0);
+                for (x, col) in cols.iter_mut().enumerate().take(M * run + N - M) {
+                    let mut v = [_mm512_setzero_ps(); N];
+                    for (i, e) in v.iter_mut().enumerate() {
+                        *e = _mm512_loadu_ps(base.add((i * g.cols + x) * g.ld));
                     }
-                    for (row, v) in cols.iter_mut().zip(f(x)) {
-                        row[j] = v;
-                    }
+                    *col = f(v);
                 }
-                for (a, row) in cols.iter().enumerate() {
-                    for (b, v) in f(*row).into_iter().enumerate() {
-                        _mm512_storeu_ps(out.add((a * T + b) * ps + t * g.ld + l0), v);
+                for k in 0..run {
+                    let t = ty * g.tx + tx0 + k;
+                    for a in 0..T {
+                        let row: [__m512; N] = std::array::from_fn(|j| cols[M * k + j][a]);
+                        for (b, v) in f(row).into_iter().enumerate() {
+                            _mm512_storeu_ps(out.add((a * T + b) * ps + t * g.ld + l0), v);
+                        }
                     }
                 }
             }
