@@ -258,20 +258,71 @@ pub(crate) fn zip_map_inplace(a: &[f16], v: &mut [f16], f: impl Fn(&[f32], &mut 
 }
 
 /// An activation element a kernel can take directly: f32 as it is, f16
-/// widened (exactly) into scratch as the kernel loads it and rounded as it
-/// stores, so the f32 kernel between sees the values a widened copy of the
-/// whole tensor would give and its results are rounded once, as before.
+/// widened (exactly) as the kernel loads it ([`Pixels`]) and rounded to
+/// nearest-even as it stores ([`Planes`]), so the f32 arithmetic between
+/// sees the values a widened copy of the whole tensor would give and its
+/// results are rounded once. (`widened` copies into scratch instead, for
+/// kernels without such loads.)
 pub(crate) trait Act: Copy + Send + Sync + 'static {
     /// What an output the kernel writes in full is made of (f32 outputs may
     /// start uninitialized).
     type Out: Send;
     /// `v` as f32: itself, or widened into `buf`.
     fn widened<'a>(v: &'a [Self], buf: &'a mut Vec<f32>) -> &'a [f32];
-    /// Lets `f` write every element of `dst` in f32: into `dst` itself, or
-    /// into `buf`, then rounded into `dst`.
-    fn store(dst: &mut [Self::Out], buf: &mut Vec<f32>, f: impl FnOnce(&mut [MaybeUninit<f32>]));
     /// `v` itself when it is f16, for kernels that widen as they load.
     fn as_f16(v: &[Self]) -> Option<&[f16]>;
+    /// `v` as the kernels' loads take it.
+    fn pixels(v: &[Self]) -> Pixels<'_>;
+    /// `dst` as the kernels' stores take it.
+    fn planes(dst: &mut [Self::Out]) -> Planes<'_>;
+}
+
+/// Activations a kernel reads: f32, or f16 that it widens as it loads them.
+#[derive(Clone, Copy)]
+pub(crate) enum Pixels<'a> {
+    F32(&'a [f32]),
+    F16(&'a [f16]),
+}
+
+impl<'a> Pixels<'a> {
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Pixels::F32(v) => v.len(),
+            Pixels::F16(v) => v.len(),
+        }
+    }
+
+    /// The elements in `r`.
+    pub(crate) fn slice(&self, r: std::ops::Range<usize>) -> Pixels<'a> {
+        match self {
+            Pixels::F32(v) => Pixels::F32(&v[r]),
+            Pixels::F16(v) => Pixels::F16(&v[r]),
+        }
+    }
+}
+
+/// An output a kernel writes in full: f32 (possibly uninitialized), or f16
+/// that it rounds to nearest-even as it stores, as [`round_into`] does.
+pub(crate) enum Planes<'a> {
+    F32(&'a mut [MaybeUninit<f32>]),
+    F16(&'a mut [f16]),
+}
+
+impl Planes<'_> {
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Planes::F32(v) => v.len(),
+            Planes::F16(v) => v.len(),
+        }
+    }
+
+    /// The elements in `r`, borrowed.
+    pub(crate) fn slice(&mut self, r: std::ops::Range<usize>) -> Planes<'_> {
+        match self {
+            Planes::F32(v) => Planes::F32(&mut v[r]),
+            Planes::F16(v) => Planes::F16(&mut v[r]),
+        }
+    }
 }
 
 impl Act for f32 {
@@ -279,11 +330,14 @@ impl Act for f32 {
     fn widened<'a>(v: &'a [f32], _: &'a mut Vec<f32>) -> &'a [f32] {
         v
     }
-    fn store(dst: &mut [MaybeUninit<f32>], _: &mut Vec<f32>, f: impl FnOnce(&mut [MaybeUninit<f32>])) {
-        f(dst)
-    }
     fn as_f16(_: &[f32]) -> Option<&[f16]> {
         None
+    }
+    fn pixels(v: &[f32]) -> Pixels<'_> {
+        Pixels::F32(v)
+    }
+    fn planes(dst: &mut [MaybeUninit<f32>]) -> Planes<'_> {
+        Planes::F32(dst)
     }
 }
 
@@ -299,25 +353,13 @@ impl Act for f16 {
         widen_into(v, s);
         s
     }
-    fn store(dst: &mut [f16], buf: &mut Vec<f32>, f: impl FnOnce(&mut [MaybeUninit<f32>])) {
-        let len = dst.len();
-        if buf.len() < len {
-            // A task's first use: `f` writes the new capacity, not zero-filled first.
-            buf.clear();
-            buf.reserve(len);
-            f(&mut buf.spare_capacity_mut()[..len]);
-            // SAFETY: `f` writes every element of the slice it is given (the
-            // contract of `store`, which f32 outputs rely on in the same way).
-            unsafe { buf.set_len(len) };
-            return round_into(buf, dst);
-        }
-        let s = &mut buf[..len];
-        // SAFETY: MaybeUninit<f32> has f32's layout, and `f` writes only
-        // initialized values through it.
-        f(unsafe { &mut *(s as *mut [f32] as *mut [MaybeUninit<f32>]) });
-        round_into(s, dst);
-    }
     fn as_f16(v: &[f16]) -> Option<&[f16]> {
         Some(v)
+    }
+    fn pixels(v: &[f16]) -> Pixels<'_> {
+        Pixels::F16(v)
+    }
+    fn planes(dst: &mut [f16]) -> Planes<'_> {
+        Planes::F16(dst)
     }
 }

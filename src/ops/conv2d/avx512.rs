@@ -21,10 +21,10 @@
 mod dw;
 mod winograd;
 
-use super::avx512_direct::{self as direct, Grid, LaneWeights};
+use super::avx512_direct::{self as direct, Grid, LaneWeights, Load16, Store16};
 use super::cpu::ConvGeom;
-use crate::ops::half_emu::Act;
-use dw::{dw_blocks, lane_sum, pixel_dw, transpose_to, PixelDw, PO};
+use crate::ops::half_emu::{Act, Pixels, Planes};
+use dw::{dw_blocks, pixel_dw, pixels_sum, transpose_to, PixelDw, PO};
 use rayon::prelude::*;
 use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
@@ -33,9 +33,14 @@ const LANES: usize = 16;
 /// Output rows per forward/dx tile (the kernel's broadcast side).
 const MR: usize = 8;
 
-/// Whether this machine and geometry can take the AVX-512 kernels.
+/// Whether this machine and geometry can take the AVX-512 kernels (BW and
+/// VL for the f16 loads and stores that widen and round in place).
 pub fn usable(g: &ConvGeom) -> bool {
-    g.stride == 1 && g.padding < g.k && std::arch::is_x86_feature_detected!("avx512f")
+    g.stride == 1
+        && g.padding < g.k
+        && std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512bw")
+        && std::arch::is_x86_feature_detected!("avx512vl")
 }
 
 /// The padded input image: see the module doc.
@@ -70,11 +75,11 @@ impl XLayout {
     }
 
     /// Copies `x[C, H, W]` into `buf` (zeros outside the pixels stay).
-    fn fill(&self, g: &ConvGeom, x: &[f32], buf: &mut [f32]) {
-        let p = g.padding;
-        for (c, xc) in x.chunks_exact(g.h * g.w).enumerate() {
+    fn fill(&self, g: &ConvGeom, x: Pixels<'_>, buf: &mut [f32]) {
+        let (p, hw) = (g.padding, g.h * g.w);
+        for c in 0..x.len() / hw.max(1) {
             let at = c * self.plane + p * self.pitch + p;
-            copy_rows(xc, g.w, &mut buf[at..], self.pitch, g.h, g.w);
+            copy_rows(x.slice(c * hw..(c + 1) * hw), g.w, &mut buf[at..], self.pitch, g.h, g.w);
         }
     }
 }
@@ -111,19 +116,21 @@ impl DyLayout {
     }
 }
 
-/// Copies `rows` rows of `w` floats from `src` (row pitch `sp`) to `dst`
-/// (row pitch `dp`). The rows of MNIST's images are 14 and 28 floats: as one
-/// `memcpy` call each they cost more than the copying (4% of a step).
-fn copy_rows(src: &[f32], sp: usize, dst: &mut [f32], dp: usize, rows: usize, w: usize) {
-    copy_rows_plus(src, sp, as_uninit(dst), dp, rows, w, None);
+/// Copies `rows` rows of `w` elements from `src` (row pitch `sp`) to `dst`
+/// (row pitch `dp`), f16 widened. The rows of MNIST's images are 14 and 28
+/// floats: as one `memcpy` call each they cost more than the copying (4% of
+/// a step).
+fn copy_rows(src: Pixels<'_>, sp: usize, dst: &mut [f32], dp: usize, rows: usize, w: usize) {
+    copy_rows_plus(src, sp, Planes::F32(as_uninit(dst)), dp, rows, w, None);
 }
 
-/// [`copy_rows`] into a possibly uninitialized `dst`, adding `bias` to
-/// every element when given (a scalar loop here took 2% of a step).
+/// [`copy_rows`] into a possibly uninitialized or f16 `dst` (rounded as it
+/// is stored), adding `bias` to every element when given (a scalar loop here
+/// took 2% of a step).
 fn copy_rows_plus(
-    src: &[f32],
+    src: Pixels<'_>,
     sp: usize,
-    dst: &mut [MaybeUninit<f32>],
+    dst: Planes<'_>,
     dp: usize,
     rows: usize,
     w: usize,
@@ -135,19 +142,27 @@ fn copy_rows_plus(
     assert!((rows - 1) * sp + w <= src.len() && (rows - 1) * dp + w <= dst.len());
     // SAFETY: row r reads src[r * sp + j] and writes dst[r * dp + j] for
     // j < w (masked lanes are neither read nor written): inside the slices
-    // by the assert. AVX-512F: see `usable`.
-    unsafe { copy_rows_avx512(src.as_ptr(), sp, dst.as_mut_ptr().cast(), dp, rows, w, bias) }
+    // by the assert. AVX-512F/BW/VL: see `usable`.
+    unsafe {
+        let args = (sp, dp, rows, w, bias);
+        match (src, dst) {
+            (Pixels::F32(s), Planes::F32(d)) => {
+                copy_rows_avx512(s.as_ptr(), d.as_mut_ptr().cast::<f32>(), args)
+            }
+            (Pixels::F16(s), Planes::F32(d)) => {
+                copy_rows_avx512(s.as_ptr(), d.as_mut_ptr().cast::<f32>(), args)
+            }
+            (Pixels::F32(s), Planes::F16(d)) => copy_rows_avx512(s.as_ptr(), d.as_mut_ptr(), args),
+            (Pixels::F16(s), Planes::F16(d)) => copy_rows_avx512(s.as_ptr(), d.as_mut_ptr(), args),
+        }
+    }
 }
 
-#[target_feature(enable = "avx512f")]
-unsafe fn copy_rows_avx512(
-    src: *const f32,
-    sp: usize,
-    dst: *mut f32,
-    dp: usize,
-    rows: usize,
-    w: usize,
-    bias: Option<f32>,
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn copy_rows_avx512<S: Load16, D: Store16>(
+    src: *const S,
+    dst: *mut D,
+    (sp, dp, rows, w, bias): (usize, usize, usize, usize, Option<f32>),
 ) {
     let tail = (1u32 << (w % LANES)) as u16 - 1;
     // `x + 0.0` would turn -0.0 into +0.0: a plain copy adds nothing.
@@ -156,11 +171,11 @@ unsafe fn copy_rows_avx512(
         let (s, d) = (src.add(r * sp), dst.add(r * dp));
         let mut j = 0;
         while j + LANES <= w {
-            _mm512_storeu_ps(d.add(j), plus(_mm512_loadu_ps(s.add(j))));
+            D::store16(d.add(j), !0, plus(S::load16(s.add(j), !0)));
             j += LANES;
         }
         if tail != 0 {
-            _mm512_mask_storeu_ps(d.add(j), tail, plus(_mm512_maskz_loadu_ps(tail, s.add(j))));
+            D::store16(d.add(j), tail, plus(S::load16(s.add(j), tail)));
         }
     }
 }
@@ -300,12 +315,13 @@ pub(super) fn forward_direct<X: Act>(
     }
     let om = g.o.next_multiple_of(MR);
     let wt = transpose_padded(w, g.o, g.ckk(), om);
-    per_image(g, &xl, x, y, om * xl.ncolv, |xp, out, yi| {
+    per_image(g, &xl, x, y, om * xl.ncolv, |xp, out, mut yi| {
         gemm_offsets(om, xl.ncolv / LANES, &wt, om, &xl.offs, xp, out);
-        for (o, yo) in yi.chunks_exact_mut(hw).enumerate() {
+        for o in 0..g.o {
             // Bias or not, every output is `t + b` (as the generic kernel).
             let b = bias.map_or(0.0, |b| b[o]);
-            copy_rows_plus(&out[o * xl.ncolv..], xl.pitch, yo, g.wo, g.ho, g.wo, Some(b));
+            let yo = yi.slice(o * hw..(o + 1) * hw);
+            copy_rows_plus(Pixels::F32(&out[o * xl.ncolv..]), xl.pitch, yo, g.wo, g.ho, g.wo, Some(b));
         }
     });
 }
@@ -319,16 +335,15 @@ fn per_image<X: Act>(
     x: &[X],
     y: &mut [X::Out],
     out_len: usize,
-    image: impl Fn(&[f32], &mut [f32], &mut [MaybeUninit<f32>]) + Sync,
+    image: impl Fn(&[f32], &mut [f32], Planes<'_>) + Sync,
 ) {
     let pt = per_forward_task(g.n);
     y.par_chunks_mut(pt * g.y_len()).zip(x.par_chunks(pt * g.x_len())).for_each(|(yc, xc)| {
         let mut xp = vec![0f32; xl.len];
         let mut out = vec![0f32; out_len];
-        let (mut xb, mut yb) = (Vec::new(), Vec::new());
         for (yi, xi) in yc.chunks_exact_mut(g.y_len()).zip(xc.chunks_exact(g.x_len())) {
-            xl.fill(g, X::widened(xi, &mut xb), &mut xp);
-            X::store(yi, &mut yb, |yo| image(&xp, &mut out, yo));
+            xl.fill(g, X::pixels(xi), &mut xp);
+            image(&xp, &mut out, X::planes(yi));
         }
     });
 }
@@ -382,7 +397,7 @@ impl DxKernel {
         pitch: usize,
         dyz: &[f32],
         out: &mut [f32],
-        dx: &mut [MaybeUninit<f32>],
+        mut dx: Planes<'_>,
     ) {
         match self {
             DxKernel::Direct { wt, offs } => {
@@ -392,8 +407,10 @@ impl DxKernel {
             }
             DxKernel::Gemm { w2, cm } => {
                 gemm_offsets(*cm, dl.ncolv / LANES, w2, *cm, &dl.offs, dyz, out);
-                for (c, dxc) in dx.chunks_exact_mut(g.h * g.w).enumerate() {
-                    copy_rows_plus(&out[c * dl.ncolv..], pitch, dxc, g.w, g.h, g.w, None);
+                let hw = g.h * g.w;
+                for c in 0..g.c {
+                    let dxc = dx.slice(c * hw..(c + 1) * hw);
+                    copy_rows_plus(Pixels::F32(&out[c * dl.ncolv..]), pitch, dxc, g.w, g.h, g.w, None);
                 }
             }
         }
@@ -462,16 +479,18 @@ pub(super) fn backward_with<X: Act>(
         let dyz_rows = if pixel { g.o.next_multiple_of(PO) } else { g.o };
         let mut dyz = vec![0f32; if need_dx || pixel { dyz_rows * dl.plane } else { 0 }];
         let mut out = vec![0f32; if need_dx { dxk.out_len(g, &dl) } else { 0 }];
-        let (mut xb, mut dyb, mut dxb) = (Vec::new(), Vec::new(), Vec::new());
+        let mut dyb = Vec::new();
         for i in 0..imgs {
             let img = first + i;
-            xl.fill(g, X::widened(&x[img * g.x_len()..(img + 1) * g.x_len()], &mut xb), &mut xp);
-            let dyi = X::widened(&dy[img * g.y_len()..(img + 1) * g.y_len()], &mut dyb);
+            xl.fill(g, X::pixels(&x[img * g.x_len()..(img + 1) * g.x_len()]), &mut xp);
+            let dyx = &dy[img * g.y_len()..(img + 1) * g.y_len()];
+            let dyi = X::pixels(dyx);
             if !pixel {
-                transpose_to(dyi, g.o, hw, &mut dyt, ldo);
+                transpose_to(X::widened(dyx, &mut dyb), g.o, hw, &mut dyt, ldo);
             }
             if need_dx || pixel {
-                for (o, dyo) in dyi.chunks_exact(hw).enumerate() {
+                for o in 0..g.o {
+                    let dyo = dyi.slice(o * hw..(o + 1) * hw);
                     copy_rows(dyo, g.wo, &mut dyz[o * dl.plane + dl.shift..], xl.pitch, g.ho, g.wo);
                 }
             }
@@ -489,12 +508,12 @@ pub(super) fn backward_with<X: Act>(
                     dw_blocks::<12, 1>(px, &dw_offs, &xp, &dyt, ldo, v0, &mut dwt);
                 }
             }
-            for (acc, dyo) in db_t.iter_mut().zip(dyi.chunks_exact(hw)) {
-                *acc += lane_sum(dyo);
+            for (o, acc) in db_t.iter_mut().enumerate() {
+                *acc += pixels_sum(dyi.slice(o * hw..(o + 1) * hw));
             }
             if let Some(dxt) = dxt.as_deref_mut() {
                 let dxi = &mut dxt[i * g.x_len()..(i + 1) * g.x_len()];
-                X::store(dxi, &mut dxb, |d| dxk.image(g, &dl, xl.pitch, &dyz, &mut out, d));
+                dxk.image(g, &dl, xl.pitch, &dyz, &mut out, X::planes(dxi));
             }
         }
         let part = match pdw {
@@ -540,15 +559,16 @@ fn backward_tasks<X: Send>(
 /// task order (so the sums do not depend on which thread ran what).
 fn add_partials(partials: &[(Vec<f32>, Vec<f32>)], dw: &mut [f32], db: Option<&mut [f32]>) {
     // A piece of `dw` at a time, so it stays in L1 across the tasks' parts
-    // (Winograd's are 128 KB each); each element's sum keeps task order.
+    // (Winograd's are 128 KB each), the pieces in parallel (on one thread,
+    // the other waited 1% of a step); each element's sum keeps task order.
     const PIECE: usize = 1024;
-    for (i, piece) in dw.chunks_mut(PIECE).enumerate() {
+    dw.par_chunks_mut(PIECE).enumerate().for_each(|(i, piece)| {
         for (part, _) in partials {
             for (a, b) in piece.iter_mut().zip(part.get(i * PIECE..).unwrap_or_default()) {
                 *a += *b;
             }
         }
-    }
+    });
     if let Some(db) = db {
         for (_, db_t) in partials {
             for (a, b) in db.iter_mut().zip(db_t) {

@@ -13,8 +13,9 @@
 //! taps in increasing source order).
 
 use super::lines::Lines;
+use crate::ops::half_emu::Planes;
+use half::f16;
 use std::arch::x86_64::*;
-use std::mem::MaybeUninit;
 
 const LANES: usize = 16;
 
@@ -60,17 +61,63 @@ fn starts(n: usize, t: usize) -> impl Iterator<Item = usize> {
     (0..n.div_ceil(t)).map(move |i| (i * t).min(n - t))
 }
 
+/// An element the kernels load 16 at a time as f32: f16 is widened in the
+/// load (exactly, as `widen_into` does).
+pub(super) trait Load16: Copy {
+    /// The lanes in `m` from `p`, the others zero.
+    ///
+    /// # Safety
+    /// The lanes in `m` lie inside one allocation; AVX-512F/BW/VL.
+    unsafe fn load16(p: *const Self, m: __mmask16) -> __m512;
+}
+
+/// An element the kernels store 16 at a time from f32: f16 is rounded to
+/// nearest-even in the store (as `round_into` does).
+pub(super) trait Store16: Copy {
+    /// Stores the lanes in `m` at `p`.
+    ///
+    /// # Safety
+    /// The lanes in `m` lie inside one allocation; AVX-512F/BW/VL.
+    unsafe fn store16(p: *mut Self, m: __mmask16, v: __m512);
+}
+
+impl Load16 for f32 {
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    unsafe fn load16(p: *const f32, m: __mmask16) -> __m512 {
+        _mm512_maskz_loadu_ps(m, p)
+    }
+}
+
+impl Load16 for f16 {
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    unsafe fn load16(p: *const f16, m: __mmask16) -> __m512 {
+        _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p.cast()))
+    }
+}
+
+impl Store16 for f32 {
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    unsafe fn store16(p: *mut f32, m: __mmask16, v: __m512) {
+        _mm512_mask_storeu_ps(p, m, v)
+    }
+}
+
+impl Store16 for f16 {
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    unsafe fn store16(p: *mut f16, m: __mmask16, v: __m512) {
+        _mm256_mask_storeu_epi16(p.cast(), m, _mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v))
+    }
+}
+
 /// `y[l][p] = out[p * ld + l] (+ bias[l])` for `l < lanes`, `p < npix`: the
 /// pixel-major tile output back to planes, in 16 x 16 blocks transposed in
 /// registers (a scalar loop took as long as the convolution for MNIST's
-/// conv1).
-pub(super) fn to_planes(
-    out: &[f32],
-    npix: usize,
-    ld: usize,
-    bias: Option<&[f32]>,
-    y: &mut [MaybeUninit<f32>],
-) {
+/// conv1), f16 planes rounded as they are stored.
+pub(super) fn to_planes(out: &[f32], npix: usize, ld: usize, bias: Option<&[f32]>, y: Planes<'_>) {
     if npix == 0 {
         return;
     }
@@ -78,20 +125,25 @@ pub(super) fn to_planes(
     assert!(ld.is_multiple_of(LANES) && lanes <= ld && out.len() >= npix * ld && y.len() == lanes * npix);
     assert!(bias.is_none_or(|b| b.len() >= lanes));
     // SAFETY: the asserts bound `planes_avx512`'s reads and writes, which
-    // only store (never read) `y`. AVX-512F: see `avx512::usable`.
-    unsafe { planes_avx512(out, npix, ld, lanes, bias, y.as_mut_ptr().cast::<f32>()) }
+    // only store (never read) `y`. AVX-512F/BW/VL: see `avx512::usable`.
+    unsafe {
+        match y {
+            Planes::F32(y) => planes_avx512(out, npix, ld, lanes, bias, y.as_mut_ptr().cast::<f32>()),
+            Planes::F16(y) => planes_avx512(out, npix, ld, lanes, bias, y.as_mut_ptr()),
+        }
+    }
 }
 
 /// [`to_planes`] once checked: reads `out[p * ld + l]` for `p < npix`, `l <
 /// ld` (rounded to vectors), writes `y[l * npix + p]` for `l < lanes`.
-#[target_feature(enable = "avx512f")]
-unsafe fn planes_avx512(
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn planes_avx512<D: Store16>(
     out: &[f32],
     npix: usize,
     ld: usize,
     lanes: usize,
     bias: Option<&[f32]>,
-    y: *mut f32,
+    y: *mut D,
 ) {
     for p0 in (0..npix).step_by(LANES) {
         let np = (npix - p0).min(LANES);
@@ -107,8 +159,7 @@ unsafe fn planes_avx512(
             for (l, v) in m.iter().enumerate() {
                 if l < nl {
                     let b = bias.map_or(0.0, |b| b[l0 + l]);
-                    let dst = y.add((l0 + l) * npix + p0);
-                    _mm512_mask_storeu_ps(dst, mask, _mm512_add_ps(*v, _mm512_set1_ps(b)));
+                    D::store16(y.add((l0 + l) * npix + p0), mask, _mm512_add_ps(*v, _mm512_set1_ps(b)));
                 }
             }
         }

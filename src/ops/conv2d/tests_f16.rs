@@ -10,28 +10,44 @@ fn h(shape: &[usize], v: Vec<f32>) -> Tensor {
     Tensor::from_f32_as(shape, v, DType::F16).unwrap()
 }
 
-#[test]
-fn f16_forward_and_backward_match_f32_on_the_same_values_rounded_once() {
-    let (x, w, b) = (
-        h(&[2, 3, 5, 5], rand_vec_f32(150, 1)),
-        h(&[4, 3, 3, 3], rand_vec_f32(108, 2)),
-        h(&[4], rand_vec_f32(4, 3)),
+/// f16 conv2d of `x` and `w` (`[O, C, K, K]`) forward and backward equals
+/// the f32 conv2d of the same values with its results rounded once.
+fn same_as_f32_rounded_once(x: &[usize], w: &[usize], args: Conv2dArgs, seed: u64) {
+    let len = |s: &[usize]| s.iter().product::<usize>();
+    let (xt, wt, bt) = (
+        h(x, rand_vec_f32(len(x), seed)),
+        h(w, rand_vec_f32(len(w), seed + 1)),
+        h(&w[..1], rand_vec_f32(w[0], seed + 2)),
     );
     let f = |t: &Tensor| t.to_dtype(DType::F32);
-    let y = forward(&x, &w, Some(&b), ARGS).unwrap();
-    let y32 = forward(&f(&x), &f(&w), Some(&f(&b)), ARGS).unwrap();
+    let y = forward(&xt, &wt, Some(&bt), args).unwrap();
+    let y32 = forward(&f(&xt), &f(&wt), Some(&f(&bt)), args).unwrap();
     assert_eq!(y.dtype(), DType::F16);
-    assert_eq!(y.as_f16().unwrap(), y32.to_dtype(DType::F16).as_f16().unwrap());
+    assert_eq!(y.as_f16().unwrap(), y32.to_dtype(DType::F16).as_f16().unwrap(), "y of {x:?} * {w:?}");
 
-    let dy = h(&[2, 4, 5, 5], rand_vec_f32(200, 4));
-    let (mut dw, mut db) =
-        (Tensor::zeros_dtype(&[4, 3, 3, 3], DType::F16), Tensor::zeros_dtype(&[4], DType::F16));
-    let dx = backward(&x, &w, &dy, ARGS, &mut dw, Some(&mut db), true).unwrap().unwrap();
-    let (mut dw32, mut db32) = (Tensor::zeros(&[4, 3, 3, 3]), Tensor::zeros(&[4]));
-    let dx32 = backward(&f(&x), &f(&w), &f(&dy), ARGS, &mut dw32, Some(&mut db32), true).unwrap().unwrap();
-    assert_eq!(dx.as_f16().unwrap(), dx32.to_dtype(DType::F16).as_f16().unwrap());
-    assert_eq!(dw.as_f16().unwrap(), dw32.to_dtype(DType::F16).as_f16().unwrap());
-    assert_eq!(db.as_f16().unwrap(), db32.to_dtype(DType::F16).as_f16().unwrap());
+    let dy = h(y.shape(), rand_vec_f32(y.numel(), seed + 3));
+    let (mut dw, mut db) = (Tensor::zeros_dtype(w, DType::F16), Tensor::zeros_dtype(&w[..1], DType::F16));
+    let dx = backward(&xt, &wt, &dy, args, &mut dw, Some(&mut db), true).unwrap().unwrap();
+    let (mut dw32, mut db32) = (Tensor::zeros(w), Tensor::zeros(&w[..1]));
+    let dx32 = backward(&f(&xt), &f(&wt), &f(&dy), args, &mut dw32, Some(&mut db32), true).unwrap().unwrap();
+    assert_eq!(dx.as_f16().unwrap(), dx32.to_dtype(DType::F16).as_f16().unwrap(), "dx of {x:?} * {w:?}");
+    assert_eq!(dw.as_f16().unwrap(), dw32.to_dtype(DType::F16).as_f16().unwrap(), "dw of {x:?} * {w:?}");
+    assert_eq!(db.as_f16().unwrap(), db32.to_dtype(DType::F16).as_f16().unwrap(), "db of {x:?} * {w:?}");
+}
+
+#[test]
+fn f16_forward_and_backward_match_f32_on_the_same_values_rounded_once() {
+    same_as_f32_rounded_once(&[2, 3, 5, 5], &[4, 3, 3, 3], ARGS, 1);
+}
+
+#[test]
+fn f16_kernels_that_widen_in_their_loads_and_round_in_their_stores_match_f32_rounded_once() {
+    // MNIST's conv1 and conv2 shapes (on AVX-512: the wide-layout GEMM with
+    // the pixel-lane weight gradient, and Winograd), whose f16 activations
+    // are converted inside the kernels' loads and stores.
+    let args = Conv2dArgs { stride: 1, padding: 2 };
+    same_as_f32_rounded_once(&[3, 1, 28, 28], &[16, 1, 5, 5], args, 10);
+    same_as_f32_rounded_once(&[3, 16, 14, 14], &[32, 16, 5, 5], args, 20);
 }
 
 #[test]

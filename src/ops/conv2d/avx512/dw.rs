@@ -4,6 +4,7 @@
 
 use super::{XLayout, LANES};
 use crate::ops::conv2d::cpu::ConvGeom;
+use crate::ops::half_emu::{widen_into, Pixels};
 use std::arch::x86_64::*;
 
 /// `dst[p * ld + o] = src[o * cols + p]` for `o < rows`, `p < cols`: a
@@ -210,11 +211,36 @@ pub(super) fn lane_sum(v: &[f32]) -> f32 {
     let mut acc = [0f32; LANES];
     let chunks = v.chunks_exact(LANES);
     let tail: f32 = chunks.remainder().iter().sum();
+    add_lanes(&mut acc, chunks);
+    acc.iter().sum::<f32>() + tail
+}
+
+fn add_lanes<'a>(acc: &mut [f32; LANES], chunks: impl Iterator<Item = &'a [f32]>) {
     for c in chunks {
         for (a, x) in acc.iter_mut().zip(c) {
             *a += *x;
         }
     }
+}
+
+/// [`lane_sum`] of `v` (f16 widened a block at a time on the stack, the
+/// same sums bit for bit).
+pub(super) fn pixels_sum(v: Pixels<'_>) -> f32 {
+    let h = match v {
+        Pixels::F32(v) => return lane_sum(v),
+        Pixels::F16(h) => h,
+    };
+    const BLOCK: usize = 256;
+    let (mut acc, mut buf) = ([0f32; LANES], [0f32; BLOCK]);
+    let whole = h.len() - h.len() % LANES;
+    for blk in h[..whole].chunks(BLOCK) {
+        let b = &mut buf[..blk.len()];
+        widen_into(blk, b);
+        add_lanes(&mut acc, b.chunks_exact(LANES));
+    }
+    let t = &mut buf[..h.len() - whole];
+    widen_into(&h[whole..], t);
+    let tail: f32 = t.iter().sum();
     acc.iter().sum::<f32>() + tail
 }
 

@@ -22,12 +22,12 @@
 
 mod kernels;
 
-use super::dw::lane_sum;
+use super::dw::pixels_sum;
 use super::{add_partials, backward_tasks, per_forward_task};
 use crate::ops::conv2d::avx512_direct::to_planes;
 use crate::ops::conv2d::cpu::ConvGeom;
 use crate::ops::conv2d::lines::Lines;
-use crate::ops::half_emu::Act;
+use crate::ops::half_emu::{Act, Pixels};
 use kernels::{point_len, TileGrid, AT5, G5, INV_F, LANES, M, T, TT};
 use rayon::prelude::*;
 use std::cell::RefCell;
@@ -59,20 +59,19 @@ impl PixelMajor {
     }
 
     /// Writes the pixels of `src[ch][h][w]` into `buf` (whose border stays
-    /// as it is: zero).
-    fn fill(&self, src: &[f32], buf: &mut [f32]) {
+    /// as it is: zero), f16 widened as it is read.
+    fn fill(&self, src: Pixels<'_>, buf: &mut [f32]) {
         assert!(
             src.len() >= self.ch * self.h * self.w && self.ch <= self.ld && self.ld.is_multiple_of(LANES)
         );
         assert!(self.pad + self.h <= self.rows && self.pad + self.w <= self.cols && buf.len() >= self.len());
-        // SAFETY: the asserts are `to_pixel_major`'s contract. AVX-512F: see `fits`.
+        let (dims, at) = ((self.ch, self.h, self.w), (self.pad, self.cols, self.ld));
+        // SAFETY: the asserts are `to_pixel_major`'s contract. AVX-512F/BW/VL: see `fits`.
         unsafe {
-            kernels::to_pixel_major(
-                src.as_ptr(),
-                (self.ch, self.h, self.w),
-                buf.as_mut_ptr(),
-                (self.pad, self.cols, self.ld),
-            )
+            match src {
+                Pixels::F32(s) => kernels::to_pixel_major(s.as_ptr(), dims, buf.as_mut_ptr(), at),
+                Pixels::F16(s) => kernels::to_pixel_major(s.as_ptr(), dims, buf.as_mut_ptr(), at),
+            }
         }
     }
 
@@ -248,9 +247,8 @@ pub(super) fn forward<X: Act>(g: &ConvGeom, x: &[X], w: &[f32], bias: Option<&[f
     y.par_chunks_mut(pt * g.y_len()).zip(x.par_chunks(pt * g.x_len())).for_each(|(yc, xc)| {
         let lens = [plan.x.len(), TT * point_len(nt, ldc), TT * point_len(nt, ldo), hw * ldo];
         with_scratch(lens, 1, |[xt, v, m, out]| {
-            let (mut xb, mut yb) = (Vec::new(), Vec::new());
             for (yi, xi) in yc.chunks_exact_mut(g.y_len()).zip(xc.chunks_exact(g.x_len())) {
-                plan.x.fill(X::widened(xi, &mut xb), xt);
+                plan.x.fill(X::pixels(xi), xt);
                 // SAFETY: the patches of `plan.out` lie inside `xt` (Plan::new
                 // sizes it to their reach), and v, u, m, out have the lengths
                 // the kernels' contracts ask for (cut from the scratch above). `fits`
@@ -265,7 +263,7 @@ pub(super) fn forward<X: Act>(g: &ConvGeom, x: &[X], w: &[f32], bias: Option<&[f
                         out.as_mut_ptr(),
                     );
                 }
-                X::store(yi, &mut yb, |yo| to_planes(out, hw, ldo, bias, yo));
+                to_planes(out, hw, ldo, bias, X::planes(yi));
             }
         });
     });
@@ -306,11 +304,10 @@ pub(super) fn backward<X: Act>(
             dx_len(g.h * g.w * ldc),
         ];
         with_scratch(lens, 2, |[xt, dyt, v, d, vdy, mdx, outdx]| {
-            let (mut xb, mut dyb, mut dxb) = (Vec::new(), Vec::new(), Vec::new());
             for i in 0..imgs {
                 let img = first + i;
-                plan.x.fill(X::widened(&x[img * g.x_len()..(img + 1) * g.x_len()], &mut xb), xt);
-                let dyi = X::widened(&dy[img * g.y_len()..(img + 1) * g.y_len()], &mut dyb);
+                plan.x.fill(X::pixels(&x[img * g.x_len()..(img + 1) * g.x_len()]), xt);
+                let dyi = X::pixels(&dy[img * g.y_len()..(img + 1) * g.y_len()]);
                 plan.dy.fill(dyi, dyt);
                 let q = plan.dy.pad;
                 // SAFETY: the patches of `plan.out` lie inside `xt` and the
@@ -326,8 +323,8 @@ pub(super) fn backward<X: Act>(
                     );
                     kernels::point_dw(nt, v.as_ptr(), ldc, d.as_ptr(), ldo, acc.as_mut_ptr());
                 }
-                for (s, dyo) in db_t.iter_mut().zip(dyi.chunks_exact(hw)) {
-                    *s += lane_sum(dyo);
+                for (o, s) in db_t.iter_mut().enumerate() {
+                    *s += pixels_sum(dyi.slice(o * hw..(o + 1) * hw));
                 }
                 if let (Some(dxt), Some(udx)) = (dxt.as_deref_mut(), udx.as_deref()) {
                     // SAFETY: the patches of `plan.dx` lie inside `dyt`; vdy,
@@ -351,7 +348,7 @@ pub(super) fn backward<X: Act>(
                         );
                     }
                     let dxi = &mut dxt[i * g.x_len()..(i + 1) * g.x_len()];
-                    X::store(dxi, &mut dxb, |d| to_planes(outdx, g.h * g.w, ldc, None, d));
+                    to_planes(outdx, g.h * g.w, ldc, None, X::planes(dxi));
                 }
             }
         });

@@ -8,7 +8,7 @@
 //! (21/4, 17/4, 5/2, ...); the other fractions live in the filter transform,
 //! done once per call in f64, and in the weight gradient's final transform.
 
-use crate::ops::conv2d::avx512_direct::transpose16;
+use crate::ops::conv2d::avx512_direct::{transpose16, Load16};
 use std::arch::x86_64::*;
 
 pub(super) const LANES: usize = 16;
@@ -120,15 +120,15 @@ fn g4(u: [__m512; M]) -> [__m512; T] {
 /// `dst[((pad + y) * cols + pad + x) * ld + c] = src[(c * h + y) * w + x]`
 /// for `c < ch`, and zero for `ch <= c < ld`: planes to pixel-major, in
 /// 16 x 16 blocks transposed in registers (a gather per pixel took a tenth
-/// of a training step).
+/// of a training step); f16 sources are widened as they are loaded.
 ///
 /// # Safety
-/// `src` has `ch * h * w` floats; `dst` holds the pixels up to
+/// `src` has `ch * h * w` elements; `dst` holds the pixels up to
 /// `(pad + h - 1) * cols + pad + w - 1` (`ld` floats each); `ch <= ld`,
-/// `ld` a multiple of 16; AVX-512F.
-#[target_feature(enable = "avx512f")]
-pub(super) unsafe fn to_pixel_major(
-    src: *const f32,
+/// `ld` a multiple of 16; AVX-512F/BW/VL.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+pub(super) unsafe fn to_pixel_major<S: Load16>(
+    src: *const S,
     (ch, h, w): (usize, usize, usize),
     dst: *mut f32,
     (pad, cols, ld): (usize, usize, usize),
@@ -143,7 +143,7 @@ pub(super) unsafe fn to_pixel_major(
             let nc = ch.saturating_sub(c0);
             let mut m: [__m512; LANES] = std::array::from_fn(|i| {
                 let k = if i < nc { mask } else { 0 };
-                _mm512_maskz_loadu_ps(k, src.add((c0 + i.min(ch.max(1) - 1)) * hw + p0))
+                S::load16(src.add((c0 + i.min(ch.max(1) - 1)) * hw + p0), k)
             });
             transpose16(&mut m);
             for (i, v) in m.iter().enumerate() {
@@ -219,28 +219,30 @@ unsafe fn patch_transform<const N: usize>(
     f: impl Fn([__m512; N]) -> [__m512; T],
 ) {
     let ps = point_len(g.count(), g.ld);
-    // cols[x][a] = (F x)[a] of source column x of a run of up to TX tiles:
+    // cols[a][x] = (F x)[a] of source column x of a run of up to TX tiles:
     // neighbouring 8 x 8 patches share four columns, whose pass then runs
     // once. (As arrays moved through `from_fn` and a transpose, the compiler
     // copied them around the stack: 1.5x the time.)
     const TX: usize = 4;
-    let mut cols = [[_mm512_setzero_ps(); T]; TX * M + T - M];
+    let mut cols = [[_mm512_setzero_ps(); TX * M + T - M]; T];
     for ty in 0..g.ty {
         for l0 in (0..g.ld).step_by(LANES) {
             for tx0 in (0..g.tx).step_by(TX) {
                 let run = (g.tx - tx0).min(TX);
                 let base = src.add((M * ty * g.cols + M * tx0) * g.ld + l0);
-                for (x, col) in cols.iter_mut().enumerate().take(M * run + N - M) {
+                for x in 0..M * run + N - M {
                     let mut v = [_mm512_setzero_ps(); N];
                     for (i, e) in v.iter_mut().enumerate() {
                         *e = _mm512_loadu_ps(base.add((i * g.cols + x) * g.ld));
                     }
-                    *col = f(v);
+                    for (row, e) in cols.iter_mut().zip(f(v)) {
+                        row[x] = e;
+                    }
                 }
                 for k in 0..run {
                     let t = ty * g.tx + tx0 + k;
-                    for a in 0..T {
-                        let row: [__m512; N] = std::array::from_fn(|j| cols[M * k + j][a]);
+                    for (a, ca) in cols.iter().enumerate() {
+                        let row: [__m512; N] = std::array::from_fn(|j| ca[M * k + j]);
                         for (b, v) in f(row).into_iter().enumerate() {
                             _mm512_storeu_ps(out.add((a * T + b) * ps + t * g.ld + l0), v);
                         }
