@@ -3,8 +3,10 @@
 //! input channels, the output pixels along the lanes ([`PixelDw`]).
 
 use super::{XLayout, LANES};
+use crate::ops::conv2d::avx512_direct::Load16;
 use crate::ops::conv2d::cpu::ConvGeom;
-use crate::ops::half_emu::{widen_into, Pixels};
+use crate::ops::half_emu::Pixels;
+use half::f16;
 use std::arch::x86_64::*;
 
 /// `dst[p * ld + o] = src[o * cols + p]` for `o < rows`, `p < cols`: a
@@ -211,37 +213,37 @@ pub(super) fn lane_sum(v: &[f32]) -> f32 {
     let mut acc = [0f32; LANES];
     let chunks = v.chunks_exact(LANES);
     let tail: f32 = chunks.remainder().iter().sum();
-    add_lanes(&mut acc, chunks);
-    acc.iter().sum::<f32>() + tail
-}
-
-fn add_lanes<'a>(acc: &mut [f32; LANES], chunks: impl Iterator<Item = &'a [f32]>) {
     for c in chunks {
         for (a, x) in acc.iter_mut().zip(c) {
             *a += *x;
         }
     }
+    acc.iter().sum::<f32>() + tail
 }
 
-/// [`lane_sum`] of `v` (f16 widened a block at a time on the stack, the
-/// same sums bit for bit).
+/// [`lane_sum`] of `v`, f16 widened in the loads (the same sums, bit for
+/// bit: lane `l` of the vector sum is `acc[l]`).
 pub(super) fn pixels_sum(v: Pixels<'_>) -> f32 {
-    let h = match v {
-        Pixels::F32(v) => return lane_sum(v),
-        Pixels::F16(h) => h,
-    };
-    const BLOCK: usize = 256;
-    let (mut acc, mut buf) = ([0f32; LANES], [0f32; BLOCK]);
-    let whole = h.len() - h.len() % LANES;
-    for blk in h[..whole].chunks(BLOCK) {
-        let b = &mut buf[..blk.len()];
-        widen_into(blk, b);
-        add_lanes(&mut acc, b.chunks_exact(LANES));
+    match v {
+        Pixels::F32(v) => lane_sum(v),
+        // SAFETY: reads `h.len()` f16; AVX-512F/BW/VL: see `super::usable`.
+        Pixels::F16(h) => unsafe { f16_lane_sum(h.as_ptr(), h.len()) },
     }
-    let t = &mut buf[..h.len() - whole];
-    widen_into(&h[whole..], t);
-    let tail: f32 = t.iter().sum();
-    acc.iter().sum::<f32>() + tail
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn f16_lane_sum(p: *const f16, n: usize) -> f32 {
+    let whole = n - n % LANES;
+    let mut acc = _mm512_setzero_ps();
+    for i in (0..whole).step_by(LANES) {
+        acc = _mm512_add_ps(acc, f16::load16(p.add(i), !0));
+    }
+    let (mut lanes, mut rest) = ([0f32; LANES], [0f32; LANES]);
+    _mm512_storeu_ps(lanes.as_mut_ptr(), acc);
+    let tail = ((1u32 << (n - whole)) - 1) as __mmask16;
+    _mm512_storeu_ps(rest.as_mut_ptr(), f16::load16(p.add(whole), tail));
+    let tail: f32 = rest[..n - whole].iter().sum();
+    lanes.iter().sum::<f32>() + tail
 }
 
 /// Whether the weight gradient goes through [`PixelDw`] rather than
