@@ -136,7 +136,11 @@ pub(crate) fn round_to_vec(src: &[f32]) -> Vec<f16> {
 /// instructions the `half` crate uses (exact widening, round-to-nearest-even
 /// by the immediate, not MXCSR), so the bits are the same, in fewer passes.
 #[cfg(target_arch = "x86_64")]
+pub(crate) use x86::{Load16, Store16};
+
+#[cfg(target_arch = "x86_64")]
 mod x86 {
+    use half::f16;
     use std::arch::x86_64::*;
     use std::mem::MaybeUninit;
 
@@ -194,6 +198,58 @@ mod x86 {
             let m = tail(len, i);
             let h = _mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm512_maskz_loadu_ps(m, src.add(i)));
             _mm256_mask_storeu_epi16(dst.add(i), m, h);
+        }
+    }
+
+    /// An element the kernels load 16 at a time as f32: f16 is widened in the
+    /// load (exactly, as `widen_into` does).
+    pub(crate) trait Load16: Copy {
+        /// The lanes in `m` from `p`, the others zero.
+        ///
+        /// # Safety
+        /// The lanes in `m` lie inside one allocation; AVX-512F/BW/VL.
+        unsafe fn load16(p: *const Self, m: __mmask16) -> __m512;
+    }
+
+    /// An element the kernels store 16 at a time from f32: f16 is rounded to
+    /// nearest-even in the store (as `round_into` does).
+    pub(crate) trait Store16: Copy {
+        /// Stores the lanes in `m` at `p`.
+        ///
+        /// # Safety
+        /// The lanes in `m` lie inside one allocation; AVX-512F/BW/VL.
+        unsafe fn store16(p: *mut Self, m: __mmask16, v: __m512);
+    }
+
+    impl Load16 for f32 {
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+        unsafe fn load16(p: *const f32, m: __mmask16) -> __m512 {
+            _mm512_maskz_loadu_ps(m, p)
+        }
+    }
+
+    impl Load16 for f16 {
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+        unsafe fn load16(p: *const f16, m: __mmask16) -> __m512 {
+            _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p.cast()))
+        }
+    }
+
+    impl Store16 for f32 {
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+        unsafe fn store16(p: *mut f32, m: __mmask16, v: __m512) {
+            _mm512_mask_storeu_ps(p, m, v)
+        }
+    }
+
+    impl Store16 for f16 {
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+        unsafe fn store16(p: *mut f16, m: __mmask16, v: __m512) {
+            _mm256_mask_storeu_epi16(p.cast(), m, _mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v))
         }
     }
 }
@@ -269,8 +325,6 @@ pub(crate) trait Act: Copy + Send + Sync + 'static {
     type Out: Send;
     /// `v` as f32: itself, or widened into `buf`.
     fn widened<'a>(v: &'a [Self], buf: &'a mut Vec<f32>) -> &'a [f32];
-    /// `v` itself when it is f16, for kernels that widen as they load.
-    fn as_f16(v: &[Self]) -> Option<&[f16]>;
     /// `v` as the kernels' loads take it.
     fn pixels(v: &[Self]) -> Pixels<'_>;
     /// `dst` as the kernels' stores take it.
@@ -330,9 +384,6 @@ impl Act for f32 {
     fn widened<'a>(v: &'a [f32], _: &'a mut Vec<f32>) -> &'a [f32] {
         v
     }
-    fn as_f16(_: &[f32]) -> Option<&[f16]> {
-        None
-    }
     fn pixels(v: &[f32]) -> Pixels<'_> {
         Pixels::F32(v)
     }
@@ -352,9 +403,6 @@ impl Act for f16 {
         let s = &mut buf[..v.len()];
         widen_into(v, s);
         s
-    }
-    fn as_f16(v: &[f16]) -> Option<&[f16]> {
-        Some(v)
     }
     fn pixels(v: &[f16]) -> Pixels<'_> {
         Pixels::F16(v)

@@ -7,6 +7,7 @@
 
 use super::avx512::{lanes_to_f64, load_codes, masks};
 use super::fused_cpu::KILLED;
+use crate::ops::half_emu::{Load16, Store16};
 use half::f16;
 use std::arch::x86_64::*;
 
@@ -19,20 +20,6 @@ const BLOCK: usize = 1024;
 #[target_feature(enable = "avx512f")]
 fn round_trip(v: __m512) -> __m512 {
     _mm512_cvtph_ps(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v))
-}
-
-/// Up to 16 f16 at `p` (lanes past `m` read as 0), widened.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn load_f16(p: *const f16, m: __mmask16) -> __m512 {
-    _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p.cast()))
-}
-
-/// Rounds `v` to f16 and stores the lanes in `m` at `p`.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn store_f16(p: *mut f16, m: __mmask16, v: __m512) {
-    _mm256_mask_storeu_epi16(p.cast(), m, _mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v));
 }
 
 /// `(sum (x - shift), sum (x - shift)^2)` of one f16 plane, bit for bit
@@ -63,7 +50,7 @@ unsafe fn block_sums(p: *const f16, nv: usize, shift: f32) -> (f64, f64) {
     let k = _mm512_set1_ps(shift);
     let (mut sv, mut qv) = (_mm512_setzero_ps(), _mm512_setzero_ps());
     for v in 0..nv {
-        let d = _mm512_sub_ps(load_f16(p.add(v * LANES), 0xffff), k);
+        let d = _mm512_sub_ps(f16::load16(p.add(v * LANES), 0xffff), k);
         sv = _mm512_add_ps(sv, d);
         qv = _mm512_add_ps(qv, _mm512_mul_ps(d, d));
     }
@@ -77,7 +64,7 @@ fn widen_tail(t: &[f16]) -> [f32; LANES] {
     let mut out = [0.0f32; LANES];
     // SAFETY: loads the `t.len()` elements of `t` (masked) and stores one
     // vector into `out`; AVX-512F/BW/VL are checked by the caller.
-    unsafe { _mm512_storeu_ps(out.as_mut_ptr(), load_f16(t.as_ptr(), masks(t.len()).0)) };
+    unsafe { _mm512_storeu_ps(out.as_mut_ptr(), f16::load16(t.as_ptr(), masks(t.len()).0)) };
     out
 }
 
@@ -122,9 +109,9 @@ unsafe fn forward_plane_avx512(
     // is `0 > v ? 0 : v`, which keeps NaN and -0 as `v < 0 ? 0 : v` does.
     let bn_relu = |v: __m512| _mm512_max_ps(zero, round_trip(_mm512_add_ps(_mm512_mul_ps(v, sc), sh)));
     let row = |p: *const f16, lo: __mmask16, hi: __mmask16| {
-        let a = bn_relu(load_f16(p, lo));
+        let a = bn_relu(f16::load16(p, lo));
         // Rows of up to 16 values (MNIST's 14x14 planes) fit in `a`.
-        let b = if hi == 0 { zero } else { bn_relu(load_f16(p.wrapping_add(LANES), hi)) };
+        let b = if hi == 0 { zero } else { bn_relu(f16::load16(p.wrapping_add(LANES), hi)) };
         deinterleave(a, b)
     };
     let mut nan: __mmask16 = 0;
@@ -147,7 +134,7 @@ unsafe fn forward_plane_avx512(
             let live = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(mx, zero);
             let code = _mm512_mask_mov_epi32(_mm512_set1_epi32(i32::from(KILLED)), live, c);
             let at = oy * ow + ox;
-            store_f16(y.add(at), m, mx);
+            f16::store16(y.add(at), m, mx);
             _mm512_mask_cvtepi32_storeu_epi8(codes.add(at).cast(), m, code);
         }
     }
@@ -177,7 +164,7 @@ unsafe fn dz_plane_avx512(g: *const f16, codes: &[u8], w: usize, dz: *mut f32) {
             let at = oy * ow + ox;
             let code = load_codes(codes.as_ptr().add(at), m);
             // The max-pool's backward adds g into a zeroed gradient.
-            let zg = _mm512_add_ps(_mm512_setzero_ps(), load_f16(g.add(at), m));
+            let zg = _mm512_add_ps(_mm512_setzero_ps(), f16::load16(g.add(at), m));
             for r in 0..2 {
                 let pos = 2 * r as i32;
                 let e = _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(code, _mm512_set1_epi32(pos)), zg);
@@ -217,7 +204,7 @@ unsafe fn backward_block_sums(x: *const f16, dz: *const f32, nv: usize, mean: f3
     let (mut sv, mut qv) = (_mm512_setzero_ps(), _mm512_setzero_ps());
     for v in 0..nv {
         let g = _mm512_loadu_ps(dz.add(v * LANES));
-        let xv = load_f16(x.add(v * LANES), 0xffff);
+        let xv = f16::load16(x.add(v * LANES), 0xffff);
         sv = _mm512_add_ps(sv, g);
         qv = _mm512_add_ps(qv, _mm512_mul_ps(g, _mm512_sub_ps(xv, mv)));
     }
@@ -238,8 +225,8 @@ unsafe fn dx_plane_avx512(xdx: *mut f16, dz: *const f32, len: usize, k: f32, p: 
     for i in (0..len).step_by(LANES) {
         let m = masks((len - i).min(LANES)).0;
         let g = _mm512_maskz_loadu_ps(m, dz.add(i));
-        let xv = load_f16(xdx.add(i), m);
+        let xv = f16::load16(xdx.add(i), m);
         let d = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(kv, g), _mm512_mul_ps(pv, xv)), qv);
-        store_f16(xdx.add(i), m, d);
+        f16::store16(xdx.add(i), m, d);
     }
 }

@@ -153,7 +153,7 @@ pub(super) fn dz_plane_generic(g: &[f32], codes: &[u8], w: usize, dz: &mut [f32]
 
 fn dz_plane<G: Act>(dy: &[G], codes: &[u8], w: usize, dz: &mut [f32], buf: &mut Vec<f32>) {
     #[cfg(target_arch = "x86_64")]
-    if let Some(g) = G::as_f16(dy).filter(|_| avx512()) {
+    if let (crate::ops::half_emu::Pixels::F16(g), true) = (G::pixels(dy), avx512()) {
         return super::avx512_f16::dz_plane(g, codes, w, dz);
     }
     dz_plane_generic(G::widened(dy, buf), codes, w, dz);

@@ -21,9 +21,9 @@
 mod dw;
 mod winograd;
 
-use super::avx512_direct::{self as direct, Grid, LaneWeights, Load16, Store16};
+use super::avx512_direct::{self as direct, Grid, LaneWeights};
 use super::cpu::ConvGeom;
-use crate::ops::half_emu::{Act, Pixels, Planes};
+use crate::ops::half_emu::{Act, Load16, Pixels, Planes, Store16};
 use dw::{dw_blocks, pixel_dw, pixels_sum, transpose_to, PixelDw, PO};
 use rayon::prelude::*;
 use std::arch::x86_64::*;

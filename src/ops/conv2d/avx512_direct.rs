@@ -13,8 +13,7 @@
 //! taps in increasing source order).
 
 use super::lines::Lines;
-use crate::ops::half_emu::Planes;
-use half::f16;
+use crate::ops::half_emu::{Planes, Store16};
 use std::arch::x86_64::*;
 
 const LANES: usize = 16;
@@ -59,58 +58,6 @@ pub(super) struct Grid {
 /// `n` (it recomputes some pixels of its neighbour, with identical sums).
 fn starts(n: usize, t: usize) -> impl Iterator<Item = usize> {
     (0..n.div_ceil(t)).map(move |i| (i * t).min(n - t))
-}
-
-/// An element the kernels load 16 at a time as f32: f16 is widened in the
-/// load (exactly, as `widen_into` does).
-pub(super) trait Load16: Copy {
-    /// The lanes in `m` from `p`, the others zero.
-    ///
-    /// # Safety
-    /// The lanes in `m` lie inside one allocation; AVX-512F/BW/VL.
-    unsafe fn load16(p: *const Self, m: __mmask16) -> __m512;
-}
-
-/// An element the kernels store 16 at a time from f32: f16 is rounded to
-/// nearest-even in the store (as `round_into` does).
-pub(super) trait Store16: Copy {
-    /// Stores the lanes in `m` at `p`.
-    ///
-    /// # Safety
-    /// The lanes in `m` lie inside one allocation; AVX-512F/BW/VL.
-    unsafe fn store16(p: *mut Self, m: __mmask16, v: __m512);
-}
-
-impl Load16 for f32 {
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    unsafe fn load16(p: *const f32, m: __mmask16) -> __m512 {
-        _mm512_maskz_loadu_ps(m, p)
-    }
-}
-
-impl Load16 for f16 {
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    unsafe fn load16(p: *const f16, m: __mmask16) -> __m512 {
-        _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p.cast()))
-    }
-}
-
-impl Store16 for f32 {
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    unsafe fn store16(p: *mut f32, m: __mmask16, v: __m512) {
-        _mm512_mask_storeu_ps(p, m, v)
-    }
-}
-
-impl Store16 for f16 {
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    unsafe fn store16(p: *mut f16, m: __mmask16, v: __m512) {
-        _mm256_mask_storeu_epi16(p.cast(), m, _mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v))
-    }
 }
 
 /// `y[l][p] = out[p * ld + l] (+ bias[l])` for `l < lanes`, `p < npix`: the

@@ -3,9 +3,8 @@
 //! input channels, the output pixels along the lanes ([`PixelDw`]).
 
 use super::{XLayout, LANES};
-use crate::ops::conv2d::avx512_direct::Load16;
 use crate::ops::conv2d::cpu::ConvGeom;
-use crate::ops::half_emu::Pixels;
+use crate::ops::half_emu::{Load16, Pixels};
 use half::f16;
 use std::arch::x86_64::*;
 

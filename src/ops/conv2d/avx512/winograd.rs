@@ -135,9 +135,9 @@ impl Plan {
 
 /// The transformed filters `u[p][i][ld]` (`ld` = `nout` rounded up to
 /// lanes) of `at(o, i, ki, kj)`, `G w G^T` in f64 and rounded once. The
-/// output channel runs innermost so the f64 loops vectorize: this runs once
-/// per pass on one thread while the other waits. Each sum starts from its
-/// first term, as `Iterator::sum` (from -0.0) does, bit for bit.
+/// output channel runs innermost so the f64 loops vectorize, one input
+/// channel per rayon job. Each sum starts from its first term, as
+/// `Iterator::sum` (from -0.0) does, bit for bit.
 fn filters(nin: usize, nout: usize, at: impl Fn(usize, usize, usize, usize) -> f32 + Sync) -> Lines {
     let ld = nout.next_multiple_of(LANES);
     // Input channels in parallel, each its `[p][o]` block (the rest of the

@@ -8,7 +8,8 @@
 //! (21/4, 17/4, 5/2, ...); the other fractions live in the filter transform,
 //! done once per call in f64, and in the weight gradient's final transform.
 
-use crate::ops::conv2d::avx512_direct::{transpose16, Load16};
+use crate::ops::conv2d::avx512_direct::transpose16;
+use crate::ops::half_emu::Load16;
 use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
 
