@@ -176,6 +176,16 @@ fn junk_on_the_master_port_neither_crashes_nor_hangs_rank_zero() {
         }
     };
     junk.write_all(&[0xff; 64]).unwrap();
+    // Rank 0 closes the junk connection once it has turned it away (and said
+    // so): wait for that before rank 1 exists. Otherwise, on a loaded machine,
+    // the job could form before the junk's handshake thread reports, and the
+    // rendezvous ends without reading its report.
+    junk.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let closed = junk.read(&mut [0u8; 1]);
+    assert!(
+        !matches!(&closed, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock || e.kind() == std::io::ErrorKind::TimedOut),
+        "rank 0 held the junk connection for 10 s: {closed:?}"
+    );
     // A silent one is held open while the real rank joins.
     let _silent = TcpStream::connect(("127.0.0.1", port)).unwrap();
     let b = rank(1, 2, port, &[]).spawn().unwrap();
