@@ -47,6 +47,10 @@ pub enum Error {
     #[error("run.out_dir {} is in use by another ddptrain run ({holder}); wait for it to end, or set run.out_dir to another directory", dir.display())]
     OutDirInUse { dir: PathBuf, holder: String },
 
+    /// A broken invariant inside ddptrain (a bug, not something a user did).
+    #[error("internal error: {0}")]
+    Internal(String),
+
     #[error("{context}: {source}")]
     Io {
         context: String,
@@ -70,6 +74,9 @@ impl Error {
     }
     pub fn shape(msg: impl Into<String>) -> Self {
         Error::Shape(msg.into())
+    }
+    pub fn internal(msg: impl Into<String>) -> Self {
+        Error::Internal(msg.into())
     }
 }
 

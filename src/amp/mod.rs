@@ -18,7 +18,8 @@ pub use policy::Policy;
 pub use scaler::{LossScaler, Overflow, ScalerConfig, ScalerState};
 
 use crate::error::Result;
-use crate::nn::{Layer, Model, Param, Precision, StateEntry, StateValue};
+use crate::nn::layers::{AmpClass, BufferValue};
+use crate::nn::{Model, Param, Precision, StateEntry, StateValue};
 use crate::optim::{step_in_place, MasterWeights, Optimizer};
 use crate::tensor::{DType, Tensor};
 
@@ -48,22 +49,19 @@ pub fn cast_model(model: &mut Model, policy: &Policy) {
         patch_conv_linear: policy.patch_torch_functions.then_some(DType::F16),
     };
     for layer in &mut model.layers {
-        match layer {
-            Layer::Conv2d { weight, bias, .. } | Layer::Linear { weight, bias } => {
-                let dt = policy.param_dtype(false);
-                cast_param(weight, dt);
-                if let Some(b) = bias {
-                    cast_param(b, dt);
-                }
+        let dt = match layer.kind.amp_class() {
+            AmpClass::Fp16 => policy.param_dtype(false),
+            AmpClass::BatchNorm => policy.param_dtype(true),
+            // No parameters; nothing to cast.
+            AmpClass::Passthrough => continue,
+        };
+        for p in &mut layer.weights.params {
+            cast_param(p, dt);
+        }
+        for b in &mut layer.weights.buffers {
+            if let BufferValue::Tensor(t) = &mut b.value {
+                cast_tensor(t, dt);
             }
-            Layer::BatchNorm2d(bn) => {
-                let dt = policy.param_dtype(true);
-                cast_param(&mut bn.weight, dt);
-                cast_param(&mut bn.bias, dt);
-                cast_tensor(&mut bn.running_mean, dt);
-                cast_tensor(&mut bn.running_var, dt);
-            }
-            Layer::Relu | Layer::MaxPool2d { .. } | Layer::Flatten => {}
         }
     }
 }

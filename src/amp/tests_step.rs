@@ -4,7 +4,8 @@
 
 use super::*;
 use crate::config::OptLevel;
-use crate::nn::{Layer, Model, Param};
+use crate::nn::layers::{LayerKind, Weights};
+use crate::nn::{Model, Node, Param};
 use crate::optim::{Optimizer, OptimizerConfig};
 use crate::tensor::{DType, Tensor};
 
@@ -13,9 +14,20 @@ fn linear(w: Vec<f32>, b: Vec<f32>) -> Model {
     let inp = w.len() / out;
     let param = |name: &str, v: Tensor| Param { name: name.into(), grad: Tensor::zeros(v.shape()), value: v };
     Model {
-        layers: vec![Layer::Linear {
-            weight: param("fc.weight", Tensor::from_vec(&[out, inp], w).unwrap()),
-            bias: Some(param("fc.bias", Tensor::from_vec(&[out], b).unwrap())),
+        layers: vec![Node {
+            kind: LayerKind::Linear(crate::nn::layers::Linear {
+                in_features: inp,
+                out_features: out,
+                bias: true,
+            }),
+            weights: Weights {
+                params: vec![
+                    param("fc.weight", Tensor::from_vec(&[out, inp], w).unwrap()),
+                    param("fc.bias", Tensor::from_vec(&[out], b).unwrap()),
+                ],
+                buffers: Vec::new(),
+            },
+            sync: None,
         }],
         resolved: Vec::new(),
         precision: Default::default(),
@@ -149,14 +161,19 @@ fn cast_model_follows_the_policy() {
         let mut model = Model::new(&resolved, 1).unwrap();
         cast_model(&mut model, &Policy::for_level(level));
         for layer in &model.layers {
-            match layer {
-                Layer::Conv2d { weight, .. } | Layer::Linear { weight, .. } => {
+            let w = &layer.weights;
+            match layer.kind {
+                LayerKind::Conv2d(_) | LayerKind::Linear(_) => {
+                    let weight = &w.params[0];
                     assert_eq!((weight.value.dtype(), weight.grad.dtype()), (conv, conv), "{level}")
                 }
-                Layer::BatchNorm2d(b) => {
-                    assert_eq!((b.weight.value.dtype(), b.running_var.dtype()), (bn, bn), "{level}")
+                LayerKind::BatchNorm2d(_) => {
+                    let running_var = w.tensor(1, "batchnorm2d").unwrap();
+                    assert_eq!((w.params[0].value.dtype(), running_var.dtype()), (bn, bn), "{level}")
                 }
-                _ => {}
+                LayerKind::Relu(_) | LayerKind::MaxPool2d(_) | LayerKind::Flatten(_) => {
+                    assert!(w.params.is_empty() && w.buffers.is_empty())
+                }
             }
         }
     }

@@ -1,83 +1,57 @@
 //! `[[model.layers]]` entries: tables tagged by `type`, PyTorch module names
-//! and defaults.
+//! and defaults. A layer type's own keys, defaults and checks live in its
+//! file under `nn/layers/`; this file reads the tables.
 //!
 //! Deserialization is hand-written rather than serde's internally tagged
 //! derive: that derive buffers the table first, which loses the key path of
 //! any error inside it. Reading the keys directly keeps errors pointing at
 //! e.g. `model.layers[0].layers[1].kernel_size`, and lets an unknown key be
-//! reported against the fields of that layer type only.
+//! reported against the fields of that layer type only. Every key any layer
+//! type takes has its slot in [`RawLayer`] with its type, so a wrongly typed
+//! value is reported at its own key.
 
 use std::fmt;
+use std::sync::LazyLock;
 
-use serde::de::{self, IgnoredAny, MapAccess, Visitor};
-use serde::{Deserialize, Deserializer, Serialize};
+use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, Visitor};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use super::schema::short_f32;
+use crate::nn::layers::{LayerSpec, TYPES};
 
 /// One entry of `model.layers` (or of a `sequential`'s `layers`).
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(tag = "type")]
+#[derive(Debug, Clone, PartialEq)]
 pub enum LayerConfig {
-    #[serde(rename = "conv2d")]
-    Conv2d {
-        #[serde(skip_serializing_if = "Option::is_none")]
-        name: Option<String>,
-        out_channels: usize,
-        kernel_size: usize,
-        stride: usize,
-        padding: usize,
-        bias: bool,
-    },
-    #[serde(rename = "batchnorm2d")]
-    BatchNorm2d {
-        #[serde(skip_serializing_if = "Option::is_none")]
-        name: Option<String>,
-        #[serde(serialize_with = "short_f32::one")]
-        eps: f32,
-        #[serde(serialize_with = "short_f32::one")]
-        momentum: f32,
-    },
-    #[serde(rename = "relu")]
-    Relu {
-        #[serde(skip_serializing_if = "Option::is_none")]
-        name: Option<String>,
-    },
-    #[serde(rename = "maxpool2d")]
-    MaxPool2d {
-        #[serde(skip_serializing_if = "Option::is_none")]
-        name: Option<String>,
-        kernel_size: usize,
-        /// Defaults to `kernel_size`, as in PyTorch.
-        stride: usize,
-    },
-    #[serde(rename = "flatten")]
-    Flatten {
-        #[serde(skip_serializing_if = "Option::is_none")]
-        name: Option<String>,
-    },
-    #[serde(rename = "linear")]
-    Linear {
-        #[serde(skip_serializing_if = "Option::is_none")]
-        name: Option<String>,
-        out_features: usize,
-        bias: bool,
-    },
+    /// A layer of one of the registered types (`nn::layers`).
+    Layer { name: Option<String>, spec: LayerSpec },
     /// A named block, like `self.layer1 = nn.Sequential(...)`: its entries are
     /// `layer1.0`, `layer1.1`, ...
-    #[serde(rename = "sequential")]
     Sequential { name: String, layers: Vec<LayerConfig> },
+}
+
+const SEQUENTIAL: &str = "sequential";
+const SEQUENTIAL_KEYS: &[&str] = &["type", "name", "layers"];
+
+/// Every `type` an entry may have: the layer types, then the blocks.
+pub(crate) static ENTRY_TYPES: LazyLock<Vec<&'static str>> =
+    LazyLock::new(|| TYPES.iter().copied().chain([SEQUENTIAL]).collect());
+
+fn entry_types() -> &'static [&'static str] {
+    &ENTRY_TYPES
+}
+
+/// `conv2d, batchnorm2d, ..., linear or sequential`.
+pub(crate) fn entry_types_list() -> String {
+    match ENTRY_TYPES.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
+        _ => ENTRY_TYPES.join(", "),
+    }
 }
 
 impl LayerConfig {
     /// The `name` key, if the entry has one.
     pub fn name(&self) -> Option<&str> {
         match self {
-            LayerConfig::Conv2d { name, .. }
-            | LayerConfig::BatchNorm2d { name, .. }
-            | LayerConfig::Relu { name }
-            | LayerConfig::MaxPool2d { name, .. }
-            | LayerConfig::Flatten { name }
-            | LayerConfig::Linear { name, .. } => name.as_deref(),
+            LayerConfig::Layer { name, .. } => name.as_deref(),
             LayerConfig::Sequential { name, .. } => Some(name),
         }
     }
@@ -85,63 +59,43 @@ impl LayerConfig {
     /// The `type` value as written in the config.
     pub fn type_name(&self) -> &'static str {
         match self {
-            LayerConfig::Conv2d { .. } => "conv2d",
-            LayerConfig::BatchNorm2d { .. } => "batchnorm2d",
-            LayerConfig::Relu { .. } => "relu",
-            LayerConfig::MaxPool2d { .. } => "maxpool2d",
-            LayerConfig::Flatten { .. } => "flatten",
-            LayerConfig::Linear { .. } => "linear",
-            LayerConfig::Sequential { .. } => "sequential",
+            LayerConfig::Layer { spec, .. } => spec.type_name(),
+            LayerConfig::Sequential { .. } => SEQUENTIAL,
         }
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-enum LayerType {
-    #[serde(rename = "conv2d")]
-    Conv2d,
-    #[serde(rename = "batchnorm2d")]
-    BatchNorm2d,
-    #[serde(rename = "relu")]
-    Relu,
-    #[serde(rename = "maxpool2d")]
-    MaxPool2d,
-    #[serde(rename = "flatten")]
-    Flatten,
-    #[serde(rename = "linear")]
-    Linear,
-    #[serde(rename = "sequential")]
-    Sequential,
-}
-
-impl LayerType {
-    /// The keys this layer type accepts (used in "unknown key" messages).
-    fn fields(self) -> &'static [&'static str] {
+impl Serialize for LayerConfig {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        struct Sequential<'a> {
+            #[serde(rename = "type")]
+            ty: &'static str,
+            name: &'a str,
+            layers: &'a [LayerConfig],
+        }
         match self {
-            LayerType::Conv2d => {
-                &["type", "name", "out_channels", "kernel_size", "kernel", "stride", "padding", "bias"]
+            LayerConfig::Layer { name, spec } => spec.serialize_table(name.as_deref(), s),
+            LayerConfig::Sequential { name, layers } => {
+                Sequential { ty: SEQUENTIAL, name, layers }.serialize(s)
             }
-            LayerType::BatchNorm2d => &["type", "name", "eps", "momentum"],
-            LayerType::Relu | LayerType::Flatten => &["type", "name"],
-            LayerType::MaxPool2d => &["type", "name", "kernel_size", "kernel", "stride"],
-            LayerType::Linear => &["type", "name", "out_features", "bias"],
-            LayerType::Sequential => &["type", "name", "layers"],
         }
     }
 }
 
+/// The keys of one table as read, each typed once for every layer type.
 #[derive(Default)]
-struct RawLayer {
-    ty: Option<LayerType>,
+pub struct RawLayer {
+    ty: Option<String>,
     name: Option<String>,
-    out_channels: Option<usize>,
-    kernel_size: Option<usize>,
-    stride: Option<usize>,
-    padding: Option<usize>,
-    bias: Option<bool>,
-    eps: Option<f32>,
-    momentum: Option<f32>,
-    out_features: Option<usize>,
+    pub out_channels: Option<usize>,
+    pub kernel_size: Option<usize>,
+    pub stride: Option<usize>,
+    pub padding: Option<usize>,
+    pub bias: Option<bool>,
+    pub eps: Option<f32>,
+    pub momentum: Option<f32>,
+    pub out_features: Option<usize>,
     layers: Option<Vec<LayerConfig>>,
     /// Keys as written, in order, to check against the type afterwards.
     keys: Vec<String>,
@@ -159,6 +113,22 @@ fn set<'de, A: MapAccess<'de>, T: Deserialize<'de>>(
     Ok(())
 }
 
+/// The `type` value, refused at its own key when it names no entry type.
+struct TypeSeed;
+
+impl<'de> DeserializeSeed<'de> for TypeSeed {
+    type Value = String;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<String, D::Error> {
+        let ty = String::deserialize(d)?;
+        if ENTRY_TYPES.contains(&ty.as_str()) {
+            Ok(ty)
+        } else {
+            Err(de::Error::unknown_variant(&ty, entry_types()))
+        }
+    }
+}
+
 struct LayerVisitor;
 
 impl<'de> Visitor<'de> for LayerVisitor {
@@ -172,7 +142,12 @@ impl<'de> Visitor<'de> for LayerVisitor {
         let mut raw = RawLayer::default();
         while let Some(key) = map.next_key::<String>()? {
             match key.as_str() {
-                "type" => set(&mut map, &mut raw.ty, "type")?,
+                "type" => {
+                    if raw.ty.is_some() {
+                        return Err(de::Error::duplicate_field("type"));
+                    }
+                    raw.ty = Some(map.next_value_seed(TypeSeed)?);
+                }
                 "name" => set(&mut map, &mut raw.name, "name")?,
                 "out_channels" => set(&mut map, &mut raw.out_channels, "out_channels")?,
                 "kernel_size" | "kernel" => set(&mut map, &mut raw.kernel_size, "kernel_size")?,
@@ -194,42 +169,20 @@ impl<'de> Visitor<'de> for LayerVisitor {
 }
 
 fn build<E: de::Error>(raw: RawLayer) -> Result<LayerConfig, E> {
-    let ty = raw.ty.ok_or_else(|| E::missing_field("type"))?;
-    let fields = ty.fields();
+    let ty = raw.ty.as_deref().ok_or_else(|| E::missing_field("type"))?;
+    let fields = if ty == SEQUENTIAL { Some(SEQUENTIAL_KEYS) } else { LayerSpec::keys(ty) };
+    let fields = fields.ok_or_else(|| E::unknown_variant(ty, entry_types()))?;
     if let Some(bad) = raw.keys.iter().find(|k| !fields.contains(&k.as_str())) {
         return Err(E::unknown_field(bad, fields));
     }
-    let name = raw.name;
-    Ok(match ty {
-        LayerType::Conv2d => LayerConfig::Conv2d {
-            name,
-            out_channels: raw.out_channels.ok_or_else(|| E::missing_field("out_channels"))?,
-            kernel_size: raw.kernel_size.ok_or_else(|| E::missing_field("kernel_size"))?,
-            stride: raw.stride.unwrap_or(1),
-            padding: raw.padding.unwrap_or(0),
-            bias: raw.bias.unwrap_or(true),
-        },
-        LayerType::BatchNorm2d => LayerConfig::BatchNorm2d {
-            name,
-            eps: raw.eps.unwrap_or(1e-5),
-            momentum: raw.momentum.unwrap_or(0.1),
-        },
-        LayerType::Relu => LayerConfig::Relu { name },
-        LayerType::MaxPool2d => {
-            let kernel_size = raw.kernel_size.ok_or_else(|| E::missing_field("kernel_size"))?;
-            LayerConfig::MaxPool2d { name, kernel_size, stride: raw.stride.unwrap_or(kernel_size) }
-        }
-        LayerType::Flatten => LayerConfig::Flatten { name },
-        LayerType::Linear => LayerConfig::Linear {
-            name,
-            out_features: raw.out_features.ok_or_else(|| E::missing_field("out_features"))?,
-            bias: raw.bias.unwrap_or(true),
-        },
-        LayerType::Sequential => LayerConfig::Sequential {
-            name: name.ok_or_else(|| E::missing_field("name"))?,
+    if ty == SEQUENTIAL {
+        return Ok(LayerConfig::Sequential {
+            name: raw.name.ok_or_else(|| E::missing_field("name"))?,
             layers: raw.layers.ok_or_else(|| E::missing_field("layers"))?,
-        },
-    })
+        });
+    }
+    let spec = LayerSpec::from_raw(ty, &raw).ok_or_else(|| E::unknown_variant(ty, entry_types()))??;
+    Ok(LayerConfig::Layer { name: raw.name, spec })
 }
 
 impl<'de> Deserialize<'de> for LayerConfig {

@@ -303,9 +303,10 @@ fn convert_error(e: figment::Error, file: &str) -> Error {
                 format!("missing required section [{field}]")
             } else if field == "type" {
                 // Only layer tables have a `type`.
-                "missing required key (every layer needs a type: conv2d, batchnorm2d, relu, maxpool2d, \
-                 flatten, linear or sequential)"
-                    .to_owned()
+                format!(
+                    "missing required key (every layer needs a type: {})",
+                    super::layers::entry_types_list()
+                )
             } else {
                 "missing required key".to_owned()
             }

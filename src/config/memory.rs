@@ -18,9 +18,10 @@
 
 use std::fmt;
 
-use super::model::{LayerKind, ResolvedLayer};
+use super::model::ResolvedLayer;
 use super::schema::{Config, DatasetKind, Device, OptimizerName};
 use crate::error::{Error, Result};
+use crate::nn::layers::{AmpClass, MemoryArgs};
 use crate::tensor::DType;
 
 /// What a process holds besides the model and the data: the binary, its
@@ -105,7 +106,7 @@ pub fn bytes(n: u128) -> String {
 
 /// Sums and products that cannot overflow silently: `None` is a size past
 /// 2^128 bytes, which the caller reports as a config error on its key.
-fn mul(xs: &[u128]) -> Option<u128> {
+pub(crate) fn mul(xs: &[u128]) -> Option<u128> {
     xs.iter().try_fold(1u128, |a, &b| a.checked_mul(b))
 }
 
@@ -170,28 +171,19 @@ pub fn estimate(cfg: &Config, layers: &[ResolvedLayer], m: &Machine) -> Result<E
         let numel_in = mul(&l.in_shape.iter().map(|&d| d as u128).collect::<Vec<_>>()).ok_or_else(err)?;
         let numel_out = mul(&l.out_shape.iter().map(|&d| d as u128).collect::<Vec<_>>()).ok_or_else(err)?;
         let params = l.kind.num_params() as u128;
-        let dt_bytes = match l.kind {
-            LayerKind::BatchNorm2d { .. } if keep_bn_fp32 => 4,
+        let dt_bytes = match l.kind.amp_class() {
+            AmpClass::BatchNorm if keep_bn_fp32 => 4,
             _ => width(model_dt),
         };
         // Value and gradient in the model's dtype; masters and optimizer state in fp32.
         let param_bytes = mul(&[params, 2 * dt_bytes]).ok_or_else(err)?;
         let fp32_state = u128::from(masters) + state_per_param;
         let state_bytes = mul(&[params, 4, fp32_state]).ok_or_else(err)?;
-        // What backward needs from forward: the input (conv, linear,
-        // batchnorm), the output (relu), the argmax indices (maxpool, u32).
-        let per_sample = match l.kind {
-            LayerKind::Conv2d { .. } | LayerKind::Linear { .. } | LayerKind::BatchNorm2d { .. } => {
-                mul(&[numel_in, act])
-            }
-            LayerKind::Relu => mul(&[numel_out, act]),
-            LayerKind::MaxPool2d { .. } => mul(&[numel_out, 4]),
-            LayerKind::Flatten => Some(0),
-        }
-        .ok_or_else(err)?;
-        let saved_bytes = mul(&[per_sample, batch]).ok_or_else(err)?;
+        let sizes =
+            MemoryArgs { in_shape: &l.in_shape, out_shape: &l.out_shape, act, batch, threads, on_gpu };
+        let saved_bytes = l.kind.saved_bytes(&sizes).and_then(|s| mul(&[s, batch])).ok_or_else(err)?;
         let io = numel_in.max(numel_out);
-        let scratch_bytes = conv_scratch(&l.kind, l, batch, threads, on_gpu).ok_or_else(err)?;
+        let scratch_bytes = l.kind.scratch_bytes(&sizes).ok_or_else(err)?;
         let share = [param_bytes, state_bytes, saved_bytes, scratch_bytes]
             .iter()
             .try_fold(0u128, |a, &b| a.checked_add(b))
@@ -264,35 +256,6 @@ pub fn estimate(cfg: &Config, layers: &[ResolvedLayer], m: &Machine) -> Result<E
         None
     };
     Ok(Estimate { host, device, largest_layer: largest })
-}
-
-/// The im2col scratch of a conv layer: on the CPU each of `threads` tasks
-/// holds its columns, output and (backward) column gradient and weight
-/// gradient (see ops/conv2d/cpu.rs); on the GPU the columns of the whole batch.
-fn conv_scratch(
-    kind: &LayerKind,
-    l: &ResolvedLayer,
-    batch: u128,
-    threads: u128,
-    on_gpu: bool,
-) -> Option<u128> {
-    let LayerKind::Conv2d { in_channels, out_channels, kernel_size, padding, .. } = *kind else {
-        return Some(0);
-    };
-    let (c, o, k, p) = (in_channels as u128, out_channels as u128, kernel_size as u128, padding as u128);
-    let (h, w) = (*l.in_shape.get(1)? as u128, *l.in_shape.get(2)? as u128);
-    let (ho, wo) = (*l.out_shape.get(1)? as u128, *l.out_shape.get(2)? as u128);
-    let ckk = mul(&[c, k, k])?;
-    if on_gpu {
-        return mul(&[batch, ckk, ho, wo, 4]);
-    }
-    // Columns span the padded row pitch (the "wide" layout), at most W + 2P per output row.
-    let cols = mul(&[ho, w.checked_add(p.checked_mul(2)?)?])?.max(wo);
-    let padded = mul(&[c, h.checked_add(p.checked_mul(2)?)?, w.checked_add(p.checked_mul(2)?)?])?;
-    let per_task = [mul(&[ckk, cols, 2])?, mul(&[o, cols, 2])?, mul(&[ckk, o])?, mul(&[padded, 2])?]
-        .iter()
-        .try_fold(0u128, |a, &b| a.checked_add(b))?;
-    mul(&[per_task, threads, 4])
 }
 
 /// The limit an estimate is held to, and where it comes from.

@@ -5,12 +5,12 @@
 //! so a PyTorch user can read a config without a manual.
 
 mod diff;
-mod layers;
+pub(crate) mod layers;
 mod load;
 pub mod memory;
 pub mod model;
 mod preflight;
-mod schema;
+pub(crate) mod schema;
 mod validate;
 
 #[cfg(test)]

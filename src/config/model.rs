@@ -3,11 +3,11 @@
 //! shapes. Used by validation, by `ddptrain check` and by the model builder.
 
 use std::collections::HashSet;
-use std::fmt;
 
 use super::layers::LayerConfig;
 use super::schema::ModelConfig;
 use crate::error::{Error, Result};
+pub use crate::nn::layers::LayerKind;
 
 /// Errors from [`resolve`] carry this as their file; `Config::validate` and
 /// `load` replace it with the config file (or env / --set source).
@@ -24,107 +24,6 @@ pub struct ResolvedLayer {
     pub out_shape: Vec<usize>,
     /// The config key of the entry, e.g. `model.layers[0].layers[1]`, for errors.
     pub key: String,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub enum LayerKind {
-    Conv2d {
-        in_channels: usize,
-        out_channels: usize,
-        kernel_size: usize,
-        stride: usize,
-        padding: usize,
-        bias: bool,
-    },
-    BatchNorm2d {
-        num_features: usize,
-        eps: f32,
-        momentum: f32,
-    },
-    Relu,
-    MaxPool2d {
-        kernel_size: usize,
-        stride: usize,
-    },
-    Flatten,
-    Linear {
-        in_features: usize,
-        out_features: usize,
-        bias: bool,
-    },
-}
-
-impl LayerKind {
-    /// Learnable parameters as (name, shape), in PyTorch registration order.
-    pub fn params(&self) -> Vec<(&'static str, Vec<usize>)> {
-        match *self {
-            LayerKind::Conv2d { in_channels, out_channels, kernel_size, bias, .. } => {
-                let mut p = vec![("weight", vec![out_channels, in_channels, kernel_size, kernel_size])];
-                if bias {
-                    p.push(("bias", vec![out_channels]));
-                }
-                p
-            }
-            LayerKind::BatchNorm2d { num_features, .. } => {
-                vec![("weight", vec![num_features]), ("bias", vec![num_features])]
-            }
-            LayerKind::Linear { in_features, out_features, bias } => {
-                let mut p = vec![("weight", vec![out_features, in_features])];
-                if bias {
-                    p.push(("bias", vec![out_features]));
-                }
-                p
-            }
-            LayerKind::Relu | LayerKind::MaxPool2d { .. } | LayerKind::Flatten => Vec::new(),
-        }
-    }
-
-    /// Non-learnable state saved in the state_dict, in PyTorch order.
-    pub fn buffers(&self) -> Vec<(&'static str, Vec<usize>)> {
-        match *self {
-            LayerKind::BatchNorm2d { num_features, .. } => vec![
-                ("running_mean", vec![num_features]),
-                ("running_var", vec![num_features]),
-                ("num_batches_tracked", vec![]),
-            ],
-            _ => Vec::new(),
-        }
-    }
-
-    /// Number of learnable scalars.
-    pub fn num_params(&self) -> usize {
-        self.params().iter().map(|(_, s)| s.iter().product::<usize>()).sum()
-    }
-}
-
-/// PyTorch's module repr, e.g. `Conv2d(1, 16, kernel_size=(5, 5), stride=(1, 1), padding=(2, 2))`.
-impl fmt::Display for LayerKind {
-    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        match *self {
-            LayerKind::Conv2d { in_channels, out_channels, kernel_size: k, stride: s, padding: p, bias } => {
-                write!(f, "Conv2d({in_channels}, {out_channels}, kernel_size=({k}, {k}), stride=({s}, {s})")?;
-                if p != 0 {
-                    write!(f, ", padding=({p}, {p})")?;
-                }
-                if !bias {
-                    write!(f, ", bias=False")?;
-                }
-                write!(f, ")")
-            }
-            LayerKind::BatchNorm2d { num_features, eps, momentum } => {
-                write!(f, "BatchNorm2d({num_features}, eps={eps:?}, momentum={momentum:?})")
-            }
-            LayerKind::Relu => write!(f, "ReLU()"),
-            LayerKind::MaxPool2d { kernel_size, stride } => {
-                write!(f, "MaxPool2d(kernel_size={kernel_size}, stride={stride})")
-            }
-            LayerKind::Flatten => write!(f, "Flatten()"),
-            LayerKind::Linear { in_features, out_features, bias } => {
-                let b = if bias { "True" } else { "False" };
-                write!(f, "Linear(in_features={in_features}, out_features={out_features}, bias={b})")
-            }
-        }
-    }
 }
 
 /// Flattens `model.layers` into execution order and infers every shape.
@@ -263,7 +162,13 @@ fn walk(
             walk(layers, &path, &format!("{key}.layers"), shape, out)?;
             continue;
         }
-        let (kind, out_shape) = infer(entry, shape, &key)?;
+        let LayerConfig::Layer { spec, .. } = entry else {
+            return Err(Error::internal(format!(
+                "{key}: a {} entry reached shape inference",
+                entry.type_name()
+            )));
+        };
+        let (kind, out_shape) = spec.resolve(shape, &key)?;
         out.push(ResolvedLayer {
             name: path,
             kind,
@@ -279,123 +184,4 @@ fn walk(
 /// The element count of `shape`, or `None` when it does not fit in a usize.
 pub fn numel(shape: &[usize]) -> Option<usize> {
     shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d))
-}
-
-fn positive(v: usize, key: &str, field: &str) -> Result<()> {
-    if v == 0 {
-        return Err(err(format!("{key}.{field}"), "must be at least 1"));
-    }
-    Ok(())
-}
-
-/// `[C, H, W]` or an error naming the layer type that needs it.
-fn chw(shape: &[usize], ty: &str, key: &str) -> Result<(usize, usize, usize)> {
-    match *shape {
-        [c, h, w] => Ok((c, h, w)),
-        _ => Err(err(key, format!("{ty} needs a [C, H, W] input, but its input is {shape:?}"))),
-    }
-}
-
-fn infer(entry: &LayerConfig, shape: &[usize], key: &str) -> Result<(LayerKind, Vec<usize>)> {
-    Ok(match *entry {
-        LayerConfig::Conv2d { out_channels, kernel_size: k, stride: s, padding: p, bias, .. } => {
-            let (c, h, w) = chw(shape, "conv2d", key)?;
-            positive(out_channels, key, "out_channels")?;
-            positive(k, key, "kernel_size")?;
-            positive(s, key, "stride")?;
-            let padded = |side: usize| p.checked_mul(2).and_then(|pp| side.checked_add(pp));
-            let (Some(hp), Some(wp)) = (padded(h), padded(w)) else {
-                return Err(err(
-                    format!("{key}.padding"),
-                    format!("padding {p} is too large: the padded input {h}x{w} (+2*padding) does not fit in 64 bits"),
-                ));
-            };
-            if hp < k || wp < k {
-                return Err(err(
-                    format!("{key}.kernel_size"),
-                    format!("kernel_size {k} is larger than the input {h}x{w} (+2*padding {p})"),
-                ));
-            }
-            let (ho, wo) = ((hp - k) / s + 1, (wp - k) / s + 1);
-            let out_shape = vec![out_channels, ho, wo];
-            if numel(&out_shape).is_none() {
-                // Name what made it large: the channels, or the padding that grew the image.
-                let field = if out_channels > ho.max(wo) || p == 0 { "out_channels" } else { "padding" };
-                return Err(err(
-                    format!("{key}.{field}"),
-                    format!("the output {out_shape:?} has more elements than fit in 64 bits"),
-                ));
-            }
-            if numel(&[out_channels, c, k, k]).is_none() {
-                let field = if out_channels >= k.saturating_mul(k) { "out_channels" } else { "kernel_size" };
-                return Err(err(
-                    format!("{key}.{field}"),
-                    format!(
-                        "the weight [{out_channels}, {c}, {k}, {k}] has more elements than fit in 64 bits"
-                    ),
-                ));
-            }
-            let kind = LayerKind::Conv2d {
-                in_channels: c,
-                out_channels,
-                kernel_size: k,
-                stride: s,
-                padding: p,
-                bias,
-            };
-            (kind, out_shape)
-        }
-        LayerConfig::BatchNorm2d { eps, momentum, .. } => {
-            let (c, _, _) = chw(shape, "batchnorm2d", key)?;
-            if !(eps.is_finite() && eps > 0.0) {
-                return Err(err(format!("{key}.eps"), format!("must be a positive number, got {eps}")));
-            }
-            if !(0.0..=1.0).contains(&momentum) {
-                return Err(err(format!("{key}.momentum"), format!("must be in [0, 1], got {momentum}")));
-            }
-            (LayerKind::BatchNorm2d { num_features: c, eps, momentum }, shape.to_vec())
-        }
-        LayerConfig::Relu { .. } => (LayerKind::Relu, shape.to_vec()),
-        LayerConfig::MaxPool2d { kernel_size: k, stride: s, .. } => {
-            let (c, h, w) = chw(shape, "maxpool2d", key)?;
-            positive(k, key, "kernel_size")?;
-            positive(s, key, "stride")?;
-            if h < k || w < k {
-                return Err(err(
-                    format!("{key}.kernel_size"),
-                    format!("kernel_size {k} is larger than the input {h}x{w}"),
-                ));
-            }
-            (LayerKind::MaxPool2d { kernel_size: k, stride: s }, vec![c, (h - k) / s + 1, (w - k) / s + 1])
-        }
-        LayerConfig::Flatten { .. } => {
-            // Every shape reaching here was checked to fit by the layer that made it.
-            let n = numel(shape)
-                .ok_or_else(|| err(key, format!("its input {shape:?} does not fit in 64 bits")))?;
-            (LayerKind::Flatten, vec![n])
-        }
-        LayerConfig::Linear { out_features, bias, .. } => {
-            let [in_features] = *shape else {
-                return Err(err(
-                    key,
-                    format!(
-                        "linear needs a 1-D input, but its input is {shape:?}: add a flatten layer before it"
-                    ),
-                ));
-            };
-            positive(out_features, key, "out_features")?;
-            if numel(&[out_features, in_features]).is_none() {
-                return Err(err(
-                    format!("{key}.out_features"),
-                    format!(
-                        "the weight [{out_features}, {in_features}] has more elements than fit in 64 bits"
-                    ),
-                ));
-            }
-            (LayerKind::Linear { in_features, out_features, bias }, vec![out_features])
-        }
-        LayerConfig::Sequential { .. } => {
-            return Err(Error::shape(format!("{key}: sequential blocks are expanded by walk()")));
-        }
-    })
 }

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use super::*;
 use crate::error::Error;
+use crate::nn::layers::LayerSpec;
 
 pub(crate) const MINIMAL: &str = r#"
 [model]
@@ -173,7 +174,13 @@ fn set_values_parse_as_toml_else_plain_string() {
     )
     .0
     .unwrap();
-    assert!(matches!(c.model.layers[1], LayerConfig::Linear { bias: false, .. }));
+    assert!(matches!(
+        c.model.layers[1],
+        LayerConfig::Layer {
+            spec: LayerSpec::Linear(crate::nn::layers::linear::Config { bias: false, .. }),
+            ..
+        }
+    ));
 }
 
 #[test]
@@ -347,11 +354,16 @@ fn kernel_is_an_alias_of_kernel_size_but_not_both() {
         r#"{ type = "conv2d", out_channels = 2, kernel = 3 }, { type = "maxpool2d", kernel = 2 }, { type = "flatten" }"#,
     );
     let c = load_text(&text, &[], &[]).0.unwrap();
-    assert!(matches!(
-        c.model.layers[0],
-        LayerConfig::Conv2d { kernel_size: 3, stride: 1, padding: 0, bias: true, .. }
-    ));
-    assert!(matches!(c.model.layers[1], LayerConfig::MaxPool2d { kernel_size: 2, stride: 2, .. }));
+    let conv = crate::nn::layers::conv2d::Config {
+        out_channels: 2,
+        kernel_size: 3,
+        stride: 1,
+        padding: 0,
+        bias: true,
+    };
+    assert_eq!(c.model.layers[0], LayerConfig::Layer { name: None, spec: LayerSpec::Conv2d(conv) });
+    let pool = crate::nn::layers::maxpool2d::Config { kernel_size: 2, stride: 2 };
+    assert_eq!(c.model.layers[1], LayerConfig::Layer { name: None, spec: LayerSpec::MaxPool2d(pool) });
     let text = text.replace("kernel = 3", "kernel = 3, kernel_size = 3");
     let (_, key, msg) = config_err(load_text(&text, &[], &[]).0);
     assert_eq!(key, "model.layers[0].kernel_size");

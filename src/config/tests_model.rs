@@ -2,6 +2,7 @@
 
 use super::tests_load::{config_err, load_text, mnist_path, MINIMAL};
 use super::*;
+use crate::nn::layers::{BatchNorm2d, Conv2d, Linear, MaxPool2d};
 
 fn mnist() -> Config {
     load_with_env(&mnist_path(), &[], &[]).unwrap()
@@ -43,23 +44,26 @@ fn mnist_resolves_to_pytorch_names_and_shapes() {
         ("fc", vec![10]),
     ];
     assert_eq!(got, want);
-    assert_eq!(layers[9].kind, LayerKind::Linear { in_features: 1568, out_features: 10, bias: true });
+    assert_eq!(layers[9].kind, LayerKind::Linear(Linear { in_features: 1568, out_features: 10, bias: true }));
     assert_eq!(layers[9].in_shape, vec![1568]);
     assert_eq!(layers[9].key, "model.layers[3]");
     assert_eq!(layers[4].key, "model.layers[1].layers[0]");
     assert_eq!(
         layers[4].kind,
-        LayerKind::Conv2d {
+        LayerKind::Conv2d(Conv2d {
             in_channels: 16,
             out_channels: 32,
             kernel_size: 5,
             stride: 1,
             padding: 2,
             bias: true
-        }
+        })
     );
-    assert_eq!(layers[1].kind, LayerKind::BatchNorm2d { num_features: 16, eps: 1e-5, momentum: 0.1 });
-    assert_eq!(layers[7].kind, LayerKind::MaxPool2d { kernel_size: 2, stride: 2 });
+    assert_eq!(
+        layers[1].kind,
+        LayerKind::BatchNorm2d(BatchNorm2d { num_features: 16, eps: 1e-5, momentum: 0.1 })
+    );
+    assert_eq!(layers[7].kind, LayerKind::MaxPool2d(MaxPool2d { kernel_size: 2, stride: 2 }));
 
     let mut state: Vec<(String, Vec<usize>)> = Vec::new();
     for l in &layers {
@@ -137,7 +141,7 @@ fn unnamed_and_named_entries_get_nn_sequential_names() {
     assert_eq!(names, ["0", "block.act", "block.1", "flat", "3"]);
     assert_eq!(layers[0].kind.params(), vec![("weight", vec![2, 1, 3, 3])]);
     assert_eq!(layers[0].out_shape, vec![2, 2, 2]);
-    assert_eq!(layers[4].kind, LayerKind::Linear { in_features: 8, out_features: 10, bias: true });
+    assert_eq!(layers[4].kind, LayerKind::Linear(Linear { in_features: 8, out_features: 10, bias: true }));
 }
 
 /// Loads MINIMAL with `layers`; returns (file ends with exp.toml, key, msg).

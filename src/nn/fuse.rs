@@ -2,7 +2,10 @@
 //! ReLU + MaxPool2d(2, 2) on f32 activations and on f16 ones with f32
 //! BatchNorm state (O2), BatchNorm2d + ReLU on other f16 ones.
 
-use super::{BatchNorm2d, Layer};
+use super::layers::batchnorm2d::{parts, BatchNorm2d, Parts};
+use super::layers::maxpool2d::MaxPool2d;
+use super::layers::LayerKind;
+use super::Node;
 use crate::tensor::{CpuStorage, DType, Storage, Tensor};
 
 fn is_cpu_f32(t: &Tensor) -> bool {
@@ -17,30 +20,46 @@ fn is_cpu_f16(t: &Tensor) -> bool {
 /// MaxPool2d(2, 2) and the fused kernel takes `x` (host f32, or f16 with f32
 /// BatchNorm state; even H and W, more than one value per channel);
 /// otherwise the layers run one by one.
-pub(super) fn fusable_bn_relu_pool<'a>(layers: &'a mut [Layer], x: &Tensor) -> Option<&'a mut BatchNorm2d> {
-    let [Layer::BatchNorm2d(bn), Layer::Relu, Layer::MaxPool2d { kernel_size: 2, stride: 2 }, ..] = layers
+pub(super) fn fusable_bn_relu_pool<'a>(
+    layers: &'a mut [Node],
+    x: &Tensor,
+) -> Option<(&'a BatchNorm2d, Parts<'a>)> {
+    let [Node { kind: LayerKind::BatchNorm2d(bn), weights, sync }, Node { kind: LayerKind::Relu(_), .. }, Node { kind: LayerKind::MaxPool2d(MaxPool2d { kernel_size: 2, stride: 2 }), .. }, ..] =
+        layers
     else {
         return None;
     };
     let &[n, _, h, w] = x.shape() else {
         return None;
     };
+    // SyncBatchNorm reduces its statistics across ranks: the fused kernel does not.
+    if sync.is_some() {
+        return None;
+    }
+    let p = parts(weights).ok()?;
     let fits = h % 2 == 0 && w % 2 == 0 && n * h * w > 1;
-    let f32_params = is_cpu_f32(&bn.weight.value) && is_cpu_f32(&bn.bias.value);
+    let f32_params = is_cpu_f32(&p.weight.value) && is_cpu_f32(&p.bias.value);
     // f16 activations with f32 BatchNorm state (O2); O3's f16 BatchNorm runs
     // as the f16 BN + ReLU pair below.
-    let f16_o2 = is_cpu_f16(x) && f32_params && is_cpu_f32(&bn.running_mean) && is_cpu_f32(&bn.running_var);
+    let f16_o2 = is_cpu_f16(x) && f32_params && is_cpu_f32(p.running_mean) && is_cpu_f32(p.running_var);
     let supported = (is_cpu_f32(x) && f32_params) || f16_o2;
-    // SyncBatchNorm reduces its statistics across ranks: the fused kernel does not.
-    (fits && supported && bn.sync.is_none()).then_some(&mut **bn)
+    (fits && supported).then_some((&*bn, p))
 }
 
 /// The BatchNorm2d heading `layers` when ReLU follows it and `x` is f16 (O2,
 /// O3): one pass writes ReLU's output, and the layers save what they would
 /// have saved one by one. SyncBatchNorm runs on its own.
-pub(super) fn fusable_bn_relu_f16<'a>(layers: &'a mut [Layer], x: &Tensor) -> Option<&'a mut BatchNorm2d> {
-    let [Layer::BatchNorm2d(bn), Layer::Relu, ..] = layers else {
+pub(super) fn fusable_bn_relu_f16<'a>(
+    layers: &'a mut [Node],
+    x: &Tensor,
+) -> Option<(&'a BatchNorm2d, Parts<'a>)> {
+    let [Node { kind: LayerKind::BatchNorm2d(bn), weights, sync }, Node { kind: LayerKind::Relu(_), .. }, ..] =
+        layers
+    else {
         return None;
     };
-    (x.dtype() == DType::F16 && bn.sync.is_none()).then_some(&mut **bn)
+    if x.dtype() != DType::F16 || sync.is_some() {
+        return None;
+    }
+    Some((&*bn, parts(weights).ok()?))
 }

@@ -1,6 +1,7 @@
-//! O1's patched conv and linear (apex's per-call casts to f16): operands
+//! O1's patched layers, conv and linear (apex's per-call casts to f16): operands
 //! and results rounded to f16, gradients accumulated into the fp32 `.grad`.
 
+use super::layers::{Ctx, LayerKind, LayerSaved, Weights};
 use super::Param;
 use crate::error::Result;
 use crate::ops;
@@ -34,21 +35,32 @@ pub(super) fn cast_round_trip(t: Tensor, dt: DType) -> Result<Tensor> {
     }
 }
 
-/// O1's backward of a conv/linear run in `dt`: grads computed as in `dt` (so
+/// A layer's parameters cast to `dt` and back for one call (O1), with
+/// zeroed f32 gradients for the call's own.
+pub(super) fn cast_weights(w: &Weights, dt: DType) -> Result<Weights> {
+    let params = w
+        .params
+        .iter()
+        .map(|p| Ok(Param::new(p.name.clone(), cast_round_trip(p.value.clone(), dt)?)))
+        .collect::<Result<_>>()?;
+    Ok(Weights { params, buffers: w.buffers.clone() })
+}
+
+/// O1's backward of a layer run in `dt`: gradients computed as in `dt` (so
 /// they overflow where the GPU's would), then accumulated into the fp32 `.grad`.
-pub(super) fn patched_backward(
-    weight: &mut Param,
-    bias: Option<&mut Param>,
+pub(super) fn backward(
+    kind: &LayerKind,
+    w: &mut Weights,
+    saved: LayerSaved,
+    dy: Tensor,
+    need_dx: bool,
     dt: DType,
-    run: impl FnOnce(&Tensor, &mut Tensor, Option<&mut Tensor>) -> Result<Option<Tensor>>,
+    cx: Ctx<'_>,
 ) -> Result<Option<Tensor>> {
-    let w = cast_round_trip(weight.value.clone(), dt)?;
-    let mut dw = Tensor::zeros(weight.value.shape());
-    let mut db = bias.as_ref().map(|b| Tensor::zeros(b.value.shape()));
-    let dx = run(&w, &mut dw, db.as_mut())?;
-    accumulate_grad(&mut weight.grad, &cast_round_trip(dw, dt)?)?;
-    if let (Some(b), Some(db)) = (bias, db) {
-        accumulate_grad(&mut b.grad, &cast_round_trip(db, dt)?)?;
+    let mut call = cast_weights(w, dt)?;
+    let dx = kind.backward(&mut call, saved, cast_round_trip(dy, dt)?, need_dx, cx)?;
+    for (p, g) in w.params.iter_mut().zip(call.params) {
+        accumulate_grad(&mut p.grad, &cast_round_trip(g.grad, dt)?)?;
     }
     dx.map(|d| cast_round_trip(d, dt)).transpose()
 }

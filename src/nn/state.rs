@@ -1,7 +1,8 @@
 //! `state_dict()` / `load_state_dict(strict=True)` with PyTorch's names, order
 //! and dtypes (f32 tensors; `num_batches_tracked` an i64 scalar).
 
-use super::{Layer, Model};
+use super::layers::BufferValue;
+use super::Model;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 use std::collections::HashMap;
@@ -32,17 +33,16 @@ impl Model {
     /// Parameters and buffers, module by module, parameters before buffers (PyTorch's order).
     pub fn state_dict(&self) -> Result<Vec<StateEntry>> {
         let mut out = Vec::new();
-        for (layer, r) in self.layers.iter().zip(&self.resolved) {
-            for p in layer.params() {
+        for layer in &self.layers {
+            for p in &layer.weights.params {
                 out.push(f32_entry(&p.name, &p.value)?);
             }
-            if let Layer::BatchNorm2d(bn) = layer {
-                out.push(f32_entry(&format!("{}.running_mean", r.name), &bn.running_mean)?);
-                out.push(f32_entry(&format!("{}.running_var", r.name), &bn.running_var)?);
-                out.push(StateEntry {
-                    name: format!("{}.num_batches_tracked", r.name),
-                    shape: Vec::new(),
-                    value: StateValue::I64(bn.num_batches_tracked),
+            for b in &layer.weights.buffers {
+                out.push(match &b.value {
+                    BufferValue::Tensor(t) => f32_entry(&b.name, t)?,
+                    BufferValue::Count(c) => {
+                        StateEntry { name: b.name.clone(), shape: Vec::new(), value: StateValue::I64(*c) }
+                    }
                 });
             }
         }
@@ -95,20 +95,22 @@ impl Model {
                     }),
                 }
             };
-        for (layer, r) in self.layers.iter_mut().zip(&self.resolved) {
-            for p in layer.params_mut() {
+        for layer in &mut self.layers {
+            for p in &mut layer.weights.params {
                 take_f32(&p.name, &mut p.value, &mut by_name)?;
             }
-            if let Layer::BatchNorm2d(bn) = layer {
-                take_f32(&format!("{}.running_mean", r.name), &mut bn.running_mean, &mut by_name)?;
-                take_f32(&format!("{}.running_var", r.name), &mut bn.running_var, &mut by_name)?;
-                let key = format!("{}.num_batches_tracked", r.name);
-                bn.num_batches_tracked = match by_name.remove(&key).map(|e| e.value) {
-                    Some(StateValue::I64(v)) => v,
-                    // Files converted from other frameworks sometimes store it as a float.
-                    Some(StateValue::F32(v)) if v.len() == 1 => v[0] as i64,
-                    _ => return Err(err(format!("tensor `{key}` must be an integer scalar"))),
-                };
+            for b in &mut layer.weights.buffers {
+                match &mut b.value {
+                    BufferValue::Tensor(t) => take_f32(&b.name, t, &mut by_name)?,
+                    BufferValue::Count(c) => {
+                        *c = match by_name.remove(&b.name).map(|e| e.value) {
+                            Some(StateValue::I64(v)) => v,
+                            // Files converted from other frameworks sometimes store it as a float.
+                            Some(StateValue::F32(v)) if v.len() == 1 => v[0] as i64,
+                            _ => return Err(err(format!("tensor `{}` must be an integer scalar", b.name))),
+                        }
+                    }
+                }
             }
         }
         Ok(())

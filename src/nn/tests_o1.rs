@@ -23,10 +23,12 @@ fn input(shape: &[usize], seed: u64, scale: f32) -> Tensor {
     Tensor::from_vec(shape, v).unwrap()
 }
 
-fn f16_op_reference(layer: &Layer, x: &Tensor, dy: &Tensor) -> (Tensor, Tensor, Tensor, Option<Tensor>) {
+fn f16_op_reference(layer: &Node, x: &Tensor, dy: &Tensor) -> (Tensor, Tensor, Tensor, Option<Tensor>) {
     let h = |t: &Tensor| t.to_dtype(DType::F16);
-    match layer {
-        Layer::Conv2d { weight, bias, args } => {
+    let (weight, bias) = (&layer.weights.params[0], layer.weights.params.get(1));
+    match &layer.kind {
+        LayerKind::Conv2d(conv) => {
+            let args = &conv.args();
             let (w, b) = (h(&weight.value), bias.as_ref().map(|b| h(&b.value)));
             let y = ops::conv2d::forward(&h(x), &w, b.as_ref(), *args).unwrap();
             let mut dw = Tensor::zeros_dtype(w.shape(), DType::F16);
@@ -35,7 +37,7 @@ fn f16_op_reference(layer: &Layer, x: &Tensor, dy: &Tensor) -> (Tensor, Tensor, 
             let f = |t: Tensor| t.into_dtype(DType::F32);
             (f(y), f(dx.unwrap()), f(dw), db.map(f))
         }
-        Layer::Linear { weight, bias } => {
+        LayerKind::Linear(_) => {
             let (w, b) = (h(&weight.value), bias.as_ref().map(|b| h(&b.value)));
             let y = ops::linear::forward(&h(x), &w, b.as_ref()).unwrap();
             let mut dw = Tensor::zeros_dtype(w.shape(), DType::F16);
@@ -71,7 +73,7 @@ fn o1_conv_and_linear_equal_the_f16_ops_bit_for_bit() {
         assert_eq!(bits(&y), bits(&y0), "layer {at}: y");
         let dx = layer.backward(saved, dy, true, prec).unwrap().unwrap();
         assert_eq!(bits(&dx), bits(&dx0), "layer {at}: dx");
-        let params = layer.params();
+        let params = &layer.weights.params;
         assert_eq!(bits(&params[0].grad), bits(&dw0), "layer {at}: weight grad");
         if let Some(db0) = db0 {
             assert_eq!(bits(&params[1].grad), bits(&db0), "layer {at}: bias grad");

@@ -14,7 +14,8 @@ use crate::config::Config;
 use crate::dist::reducer::{Reducer, ReducerOptions};
 use crate::dist::{self, Buffer, Communicator, DistEnv, ReduceOp};
 use crate::error::{Error, Result};
-use crate::nn::{Layer, Model, Saved, StateEntry, StateValue};
+use crate::nn::layers::BufferValue;
+use crate::nn::{Model, Saved, StateEntry, StateValue};
 use crate::tensor::Tensor;
 use std::sync::Arc;
 
@@ -119,29 +120,19 @@ impl Ddp {
         self.rank() == 0
     }
 
-    /// Rank 0's parameters (when `params`) and BatchNorm buffers, to every rank.
+    /// Rank 0's parameters (when `params`) and buffers (BatchNorm's), to every rank.
     fn broadcast_state(&self, model: &mut Model, params: bool) -> Result<()> {
         let mut tensors: Vec<&mut Tensor> = Vec::new();
         let mut counters: Vec<&mut i64> = Vec::new();
         for layer in &mut model.layers {
-            match layer {
-                Layer::BatchNorm2d(bn) => {
-                    let bn = &mut **bn;
-                    if params {
-                        tensors.push(&mut bn.weight.value);
-                        tensors.push(&mut bn.bias.value);
-                    }
-                    tensors.push(&mut bn.running_mean);
-                    tensors.push(&mut bn.running_var);
-                    counters.push(&mut bn.num_batches_tracked);
+            if params {
+                tensors.extend(layer.weights.params.iter_mut().map(|p| &mut p.value));
+            }
+            for b in &mut layer.weights.buffers {
+                match &mut b.value {
+                    BufferValue::Tensor(t) => tensors.push(t),
+                    BufferValue::Count(c) => counters.push(c),
                 }
-                Layer::Conv2d { weight, bias, .. } | Layer::Linear { weight, bias } if params => {
-                    tensors.push(&mut weight.value);
-                    if let Some(b) = bias {
-                        tensors.push(&mut b.value);
-                    }
-                }
-                _ => {}
             }
         }
         if tensors.is_empty() {

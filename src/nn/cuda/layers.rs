@@ -12,7 +12,9 @@ use super::plan::{LayerPlan, Step};
 use crate::cuda::blas::Blas;
 use crate::cuda::{cast, Gpu};
 use crate::error::{Error, Result};
-use crate::nn::BatchNorm2d;
+use crate::nn::layers::batchnorm2d::{parts, BatchNorm2d};
+use crate::nn::layers::{BufferValue, LayerKind};
+use crate::nn::Node;
 use crate::ops::batch_norm::cuda as bnk;
 use crate::ops::conv2d::cpu::ConvGeom;
 use crate::ops::conv2d::cuda as convk;
@@ -20,11 +22,12 @@ use crate::ops::linear::cuda as lin;
 use crate::ops::max_pool2d::cuda as pool;
 use crate::ops::relu::cuda as relu;
 use crate::tensor::DType;
+use crate::tensor::Tensor;
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
 use half::f16;
 
 pub(super) fn internal(msg: impl std::fmt::Display) -> Error {
-    Error::Training(format!("internal error: device model: {msg}"))
+    Error::internal(format!("device model: {msg}"))
 }
 
 /// What the layers of one step share: the device, cuBLAS, the parameters
@@ -65,9 +68,18 @@ pub(super) struct BnState {
     channels: usize,
 }
 
+/// The BatchNorm2d of `node`, or an internal error.
+fn batchnorm(node: &Node) -> Result<&BatchNorm2d> {
+    match &node.kind {
+        LayerKind::BatchNorm2d(bn) => Ok(bn),
+        other => Err(internal(format!("{} holds no BatchNorm statistics", other.type_name()))),
+    }
+}
+
 impl BnState {
-    pub fn new(gpu: &Gpu, bn: &BatchNorm2d, channels: usize) -> Result<BnState> {
-        let dt = bn.running_mean.dtype();
+    pub fn new(gpu: &Gpu, node: &Node, channels: usize) -> Result<BnState> {
+        let bn = batchnorm(node)?;
+        let dt = node.weights.tensor(0, "batchnorm2d")?.dtype();
         let alloc = |e| Error::cuda("allocating BatchNorm statistics", e);
         let mut s = BnState {
             running_mean: DevBuf::zeros(gpu, dt, channels)?,
@@ -79,12 +91,12 @@ impl BnState {
             momentum: bn.momentum,
             channels,
         };
-        s.upload(gpu, bn)?;
+        s.upload(gpu, node)?;
         Ok(s)
     }
 
-    fn check(&self, bn: &BatchNorm2d) -> Result<()> {
-        for t in [&bn.running_mean, &bn.running_var] {
+    fn check(&self, running: [&Tensor; 2]) -> Result<()> {
+        for t in running {
             if t.dtype() != self.running_mean.dtype() || t.numel() != self.channels {
                 return Err(internal(format!(
                     "BatchNorm running statistics {:?} {:?} do not match the device's {} {:?}",
@@ -98,11 +110,18 @@ impl BnState {
         Ok(())
     }
 
-    pub fn upload(&mut self, gpu: &Gpu, bn: &BatchNorm2d) -> Result<()> {
-        self.check(bn)?;
-        self.running_mean.write_f32(gpu, 0, &bn.running_mean.to_f32_vec())?;
-        self.running_var.write_f32(gpu, 0, &bn.running_var.to_f32_vec())?;
-        (self.num_batches_tracked, self.eps, self.momentum) = (bn.num_batches_tracked, bn.eps, bn.momentum);
+    pub fn upload(&mut self, gpu: &Gpu, node: &Node) -> Result<()> {
+        let bn = batchnorm(node)?;
+        let w = &node.weights;
+        let (rm, rv) = (w.tensor(0, "batchnorm2d")?, w.tensor(1, "batchnorm2d")?);
+        self.check([rm, rv])?;
+        self.running_mean.write_f32(gpu, 0, &rm.to_f32_vec())?;
+        self.running_var.write_f32(gpu, 0, &rv.to_f32_vec())?;
+        let count = match w.buffers.get(2).map(|b| &b.value) {
+            Some(BufferValue::Count(c)) => *c,
+            _ => return Err(internal("BatchNorm without num_batches_tracked")),
+        };
+        (self.num_batches_tracked, self.eps, self.momentum) = (count, bn.eps, bn.momentum);
         Ok(())
     }
 
@@ -112,11 +131,12 @@ impl BnState {
         [&mut self.running_mean, &mut self.running_var]
     }
 
-    pub fn download(&self, gpu: &Gpu, bn: &mut BatchNorm2d) -> Result<()> {
-        self.check(bn)?;
-        bn.running_mean.copy_from_f32(&self.running_mean.read_f32(gpu, 0, self.channels)?)?;
-        bn.running_var.copy_from_f32(&self.running_var.read_f32(gpu, 0, self.channels)?)?;
-        bn.num_batches_tracked = self.num_batches_tracked;
+    pub fn download(&self, gpu: &Gpu, node: &mut Node) -> Result<()> {
+        let p = parts(&mut node.weights)?;
+        self.check([&*p.running_mean, &*p.running_var])?;
+        p.running_mean.copy_from_f32(&self.running_mean.read_f32(gpu, 0, self.channels)?)?;
+        p.running_var.copy_from_f32(&self.running_var.read_f32(gpu, 0, self.channels)?)?;
+        *p.num_batches_tracked = self.num_batches_tracked;
         Ok(())
     }
 }

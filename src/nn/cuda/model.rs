@@ -10,7 +10,8 @@ use super::plan::{activation_dtype, Plan, Step};
 use crate::cuda::blas::{Blas, BlasElem};
 use crate::cuda::Gpu;
 use crate::error::{Error, Result};
-use crate::nn::{Layer, Model};
+use crate::nn::layers::LayerKind;
+use crate::nn::Model;
 use crate::ops::cross_entropy::cuda::{self as xent, CrossEntropyTotals};
 use crate::tensor::DType;
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
@@ -135,8 +136,8 @@ impl GpuModel {
         let mut states = Vec::with_capacity(plan.layers.len());
         for (lp, layer) in plan.layers.iter().zip(&host.layers) {
             states.push(match (&lp.step, layer) {
-                (Step::BatchNorm { channels, .. }, Layer::BatchNorm2d(bn)) => {
-                    LayerState::BatchNorm(Box::new(layers::BnState::new(g, bn, *channels)?))
+                (Step::BatchNorm { channels, .. }, node) => {
+                    LayerState::BatchNorm(Box::new(layers::BnState::new(g, node, *channels)?))
                 }
                 (Step::MaxPool { .. }, _) => LayerState::MaxPool(alloc(g, lp.out_numel * max_batch)?),
                 (Step::Conv { .. } | Step::Linear { .. }, _) if o1 => {
@@ -200,8 +201,8 @@ impl GpuModel {
         self.check_layers(host)?;
         self.params.upload(&self.gpu, host)?;
         for (state, layer) in self.states.iter_mut().zip(&host.layers) {
-            if let (LayerState::BatchNorm(s), Layer::BatchNorm2d(bn)) = (state, layer) {
-                s.upload(&self.gpu, bn)?;
+            if let LayerState::BatchNorm(s) = state {
+                s.upload(&self.gpu, layer)?;
             }
         }
         Ok(())
@@ -212,25 +213,22 @@ impl GpuModel {
         self.check_layers(host)?;
         self.params.download(&self.gpu, host)?;
         for (state, layer) in self.states.iter().zip(&mut host.layers) {
-            if let (LayerState::BatchNorm(s), Layer::BatchNorm2d(bn)) = (state, layer) {
-                s.download(&self.gpu, bn)?;
+            if let LayerState::BatchNorm(s) = state {
+                s.download(&self.gpu, layer)?;
             }
         }
         Ok(())
     }
 
     fn check_layers(&self, host: &Model) -> Result<()> {
-        let same =
-            host.layers.len() == self.states.len()
-                && host.layers.iter().zip(&self.states).all(|(l, s)| {
-                    matches!(l, Layer::BatchNorm2d(_)) == matches!(s, LayerState::BatchNorm(_))
-                });
+        let same = host.layers.len() == self.states.len()
+            && host.layers.iter().zip(&self.states).all(|(l, s)| {
+                matches!(l.kind, LayerKind::BatchNorm2d(_)) == matches!(s, LayerState::BatchNorm(_))
+            });
         if same {
             Ok(())
         } else {
-            Err(Error::Training(
-                "internal error: the host model does not match its device copy's layers".into(),
-            ))
+            Err(Error::internal("the host model does not match its device copy's layers"))
         }
     }
 

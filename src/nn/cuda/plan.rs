@@ -5,7 +5,8 @@
 //! per-layer state backward needs. Pure, so it is tested without a GPU.
 
 use crate::error::{Error, Result};
-use crate::nn::{Layer, Model};
+use crate::nn::layers::{AmpClass, LayerKind};
+use crate::nn::Model;
 use crate::ops::conv2d::cpu::ConvGeom;
 use crate::ops::conv2d::out_size;
 use crate::tensor::DType;
@@ -82,7 +83,7 @@ pub struct Plan {
 }
 
 fn internal(msg: String) -> Error {
-    Error::Training(format!("internal error: device model plan: {msg}"))
+    Error::internal(format!("device model plan: {msg}"))
 }
 
 fn chw(name: &str, shape: &[usize]) -> Result<[usize; 3]> {
@@ -128,25 +129,19 @@ impl Plan {
                     r.name, r.in_shape, plan.acts[src]
                 )));
             }
-            let count = layer.params().len();
+            let count = layer.weights.params.len();
             let params: Vec<usize> = (next_param..next_param + count).collect();
             next_param += count;
             let (weight, bias) = (params.first().copied(), params.get(1).copied());
-            let step = match layer {
-                Layer::Conv2d { weight: w, args, .. } => {
+            let step = match &layer.kind {
+                LayerKind::Conv2d(conv) => {
                     let [c, h, wd] = chw(&r.name, &r.in_shape)?;
-                    let &[o, wc, k, _] = w.value.shape() else {
-                        return Err(internal(format!("conv {} weight {:?}", r.name, w.value.shape())));
-                    };
-                    let (s, p) = (args.stride, args.padding);
+                    let (o, k, s, p) = (conv.out_channels, conv.kernel_size, conv.stride, conv.padding);
                     let (ho, wo) = (out_size(h, k, s, p), out_size(wd, k, s, p));
-                    if wc != c || ho * wo == 0 || r.out_shape != [o, ho, wo] {
+                    if conv.in_channels != c || ho * wo == 0 || r.out_shape != [o, ho, wo] {
                         return Err(internal(format!(
-                            "conv {} weight {:?} does not take {:?} to {:?}",
-                            r.name,
-                            w.value.shape(),
-                            r.in_shape,
-                            r.out_shape
+                            "conv {} ({conv}) does not take {:?} to {:?}",
+                            r.name, r.in_shape, r.out_shape
                         )));
                     }
                     let geom = ConvGeom { n: 0, c, h, w: wd, o, k, stride: s, padding: p, ho, wo };
@@ -156,11 +151,16 @@ impl Plan {
                     let weight = weight.ok_or_else(|| internal(format!("conv {} has no weight", r.name)))?;
                     Step::Conv { geom, weight, bias }
                 }
-                Layer::BatchNorm2d(bn) => {
+                LayerKind::BatchNorm2d(_) => {
                     let [c, h, w] = chw(&r.name, &r.in_shape)?;
-                    let dt = bn.weight.value.dtype();
-                    let same = [bn.bias.value.dtype(), bn.running_mean.dtype(), bn.running_var.dtype()];
-                    if same.iter().any(|&d| d != dt) || bn.weight.value.numel() != c {
+                    let w_ = &layer.weights;
+                    let dt = w_.param(0, "batchnorm2d")?.value.dtype();
+                    let same = [
+                        w_.param(1, "batchnorm2d")?.value.dtype(),
+                        w_.tensor(0, "batchnorm2d")?.dtype(),
+                        w_.tensor(1, "batchnorm2d")?.dtype(),
+                    ];
+                    if same.iter().any(|&d| d != dt) || w_.param(0, "batchnorm2d")?.value.numel() != c {
                         return Err(internal(format!(
                             "BatchNorm {} parameters and running statistics must be {c} values of one dtype",
                             r.name
@@ -175,36 +175,31 @@ impl Plan {
                         hw: h * w,
                         weight,
                         bias,
-                        sync: bn.sync.is_some(),
+                        sync: layer.sync.is_some(),
                         param_dtype: dt,
                     }
                 }
-                Layer::Relu => Step::Relu,
-                Layer::MaxPool2d { kernel_size, stride } => {
+                LayerKind::Relu(_) => Step::Relu,
+                LayerKind::MaxPool2d(pool) => {
                     let shape = chw(&r.name, &r.in_shape)?;
                     let [c, h, w] = shape;
-                    let out =
-                        crate::ops::max_pool2d::cuda::out_shape([max_batch, c, h, w], *kernel_size, *stride)?;
+                    let (kernel, stride) = (pool.kernel_size, pool.stride);
+                    let out = crate::ops::max_pool2d::cuda::out_shape([max_batch, c, h, w], kernel, stride)?;
                     if out[1..] != r.out_shape[..] {
                         return Err(internal(format!(
                             "max_pool {} gives {:?}, not {:?}",
                             r.name, out, r.out_shape
                         )));
                     }
-                    Step::MaxPool { shape, kernel: *kernel_size, stride: *stride }
+                    Step::MaxPool { shape, kernel, stride }
                 }
-                Layer::Flatten => Step::Flatten,
-                Layer::Linear { weight: w, .. } => {
-                    let &[out_features, in_features] = w.value.shape() else {
-                        return Err(internal(format!("linear {} weight {:?}", r.name, w.value.shape())));
-                    };
+                LayerKind::Flatten(_) => Step::Flatten,
+                LayerKind::Linear(lin) => {
+                    let (in_features, out_features) = (lin.in_features, lin.out_features);
                     if in_features != in_numel || out_features != out_numel {
                         return Err(internal(format!(
-                            "linear {} weight {:?} does not take {:?} to {:?}",
-                            r.name,
-                            w.value.shape(),
-                            r.in_shape,
-                            r.out_shape
+                            "linear {} ({lin}) does not take {:?} to {:?}",
+                            r.name, r.in_shape, r.out_shape
                         )));
                     }
                     let weight =
@@ -213,7 +208,7 @@ impl Plan {
                 }
             };
             if let Step::Conv { .. } | Step::Linear { .. } = step {
-                for (i, p) in layer.params().iter().enumerate() {
+                for (i, p) in layer.weights.params.iter().enumerate() {
                     let slot = if i == 0 { &mut plan.weight } else { &mut plan.bias };
                     *slot = (*slot).max(p.value.numel());
                 }
@@ -253,16 +248,17 @@ pub fn activation_dtype(model: &Model) -> Result<DType> {
         }
     }
     for layer in &model.layers {
-        if let Layer::Conv2d { weight, bias, .. } | Layer::Linear { weight, bias } = layer {
-            for p in std::iter::once(weight).chain(bias.as_ref()) {
-                if p.value.dtype() != act {
-                    return Err(Error::Unsupported(format!(
-                        "device model: {} is {:?} but the model's inputs are {:?} (amp casts them together)",
-                        p.name,
-                        p.value.dtype(),
-                        act
-                    )));
-                }
+        if layer.kind.amp_class() != AmpClass::Fp16 {
+            continue;
+        }
+        for p in &layer.weights.params {
+            if p.value.dtype() != act {
+                return Err(Error::Unsupported(format!(
+                    "device model: {} is {:?} but the model's inputs are {:?} (amp casts them together)",
+                    p.name,
+                    p.value.dtype(),
+                    act
+                )));
             }
         }
     }

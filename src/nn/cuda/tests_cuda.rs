@@ -14,7 +14,9 @@ use crate::dist::{Buffer, Communicator, LocalCommunicator, ReduceOp, Work};
 use crate::error::Result;
 use crate::nn::cuda::params::DeviceParams;
 use crate::nn::cuda::plan::tests_plan::{mnist_layers, tiny_layers};
-use crate::nn::{Layer, Model};
+use crate::nn::layers::batchnorm2d::parts;
+use crate::nn::layers::LayerKind;
+use crate::nn::Model;
 use crate::ops::cross_entropy::{self, cuda::CrossEntropyTotals};
 use crate::ops::testing::rand_vec_f32;
 use crate::tensor::Tensor;
@@ -70,14 +72,15 @@ fn close(what: &str, got: &[f32], want: &[f32], tol: f32) {
 fn host_model(layers: &[ResolvedLayer], level: OptLevel, seed: u64) -> Model {
     let mut m = Model::new(layers, seed).unwrap();
     for (i, layer) in m.layers.iter_mut().enumerate() {
-        if let Layer::BatchNorm2d(bn) = layer {
+        if let LayerKind::BatchNorm2d(_) = layer.kind {
+            let bn = parts(&mut layer.weights).unwrap();
             let c = bn.weight.value.numel();
             let r = |k: u64| rand_vec_f32(c, seed * 100 + i as u64 * 10 + k);
             let set = |t: &mut Tensor, v: Vec<f32>| t.copy_from_f32(&v).unwrap();
             set(&mut bn.weight.value, r(1).iter().map(|v| 1.0 + 0.3 * v).collect());
             set(&mut bn.bias.value, r(2).iter().map(|v| 0.2 * v).collect());
-            set(&mut bn.running_mean, r(3).iter().map(|v| 0.1 * v).collect());
-            set(&mut bn.running_var, r(4).iter().map(|v| 1.0 + 0.5 * v.abs()).collect());
+            set(bn.running_mean, r(3).iter().map(|v| 0.1 * v).collect());
+            set(bn.running_var, r(4).iter().map(|v| 1.0 + 0.5 * v.abs()).collect());
         }
     }
     cast_model(&mut m, &Policy::for_level(level));
@@ -139,9 +142,9 @@ fn compare_state(what: &str, gpu: &Gpu, d: &GpuModel, cpu: &Model, tol: f32) {
     // normalization removes any per-channel shift), so both sides compute
     // rounding noise there, which only the layer's scale bounds.
     for (g, w) in got.layers.iter().zip(&cpu.layers) {
-        let (g, w) = (g.params(), w.params());
+        let (g, w) = (&g.weights.params, &w.weights.params);
         let scale = w.iter().map(|p| peak(&p.grad.to_f32_vec())).fold(0f32, f32::max);
-        for (g, w) in g.iter().zip(&w) {
+        for (g, w) in g.iter().zip(w) {
             close_at(
                 &format!("{what}: {} grad", w.name),
                 &g.grad.to_f32_vec(),
@@ -153,7 +156,9 @@ fn compare_state(what: &str, gpu: &Gpu, d: &GpuModel, cpu: &Model, tol: f32) {
         }
     }
     for (i, (g, w)) in got.layers.iter().zip(&cpu.layers).enumerate() {
-        if let (Layer::BatchNorm2d(g), Layer::BatchNorm2d(w)) = (g, w) {
+        if let (LayerKind::BatchNorm2d(_), LayerKind::BatchNorm2d(_)) = (&g.kind, &w.kind) {
+            let (mut g, mut w) = (g.clone(), w.clone());
+            let (g, w) = (parts(&mut g.weights).unwrap(), parts(&mut w.weights).unwrap());
             close(
                 &format!("{what}: layer {i} running_mean"),
                 &g.running_mean.to_f32_vec(),

@@ -4,6 +4,7 @@ use super::{activation_dtype, Plan, Step};
 use crate::amp::{cast_model, Policy};
 use crate::config::model::{LayerKind, ResolvedLayer};
 use crate::config::OptLevel;
+use crate::nn::layers::{BatchNorm2d, Conv2d, Flatten, Linear, MaxPool2d, Relu};
 use crate::nn::Model;
 use crate::ops::conv2d::out_size;
 use crate::tensor::DType;
@@ -15,15 +16,15 @@ pub(crate) fn resolved(input: [usize; 3], kinds: &[LayerKind]) -> Vec<ResolvedLa
     let mut out = Vec::new();
     for (i, kind) in kinds.iter().enumerate() {
         let next = match *kind {
-            LayerKind::Conv2d { out_channels, kernel_size: k, stride: s, padding: p, .. } => {
+            LayerKind::Conv2d(Conv2d { out_channels, kernel_size: k, stride: s, padding: p, .. }) => {
                 vec![out_channels, out_size(shape[1], k, s, p), out_size(shape[2], k, s, p)]
             }
-            LayerKind::MaxPool2d { kernel_size: k, stride: s } => {
+            LayerKind::MaxPool2d(MaxPool2d { kernel_size: k, stride: s }) => {
                 vec![shape[0], (shape[1] - k) / s + 1, (shape[2] - k) / s + 1]
             }
-            LayerKind::Flatten => vec![shape.iter().product()],
-            LayerKind::Linear { out_features, .. } => vec![out_features],
-            LayerKind::BatchNorm2d { .. } | LayerKind::Relu => shape.clone(),
+            LayerKind::Flatten(Flatten {}) => vec![shape.iter().product()],
+            LayerKind::Linear(Linear { out_features, .. }) => vec![out_features],
+            LayerKind::BatchNorm2d(BatchNorm2d { .. }) | LayerKind::Relu(Relu {}) => shape.clone(),
         };
         out.push(ResolvedLayer {
             name: i.to_string(),
@@ -44,19 +45,19 @@ pub(crate) fn tiny_layers() -> Vec<ResolvedLayer> {
     resolved(
         [1, 13, 13],
         &[
-            LayerKind::Conv2d {
+            LayerKind::Conv2d(Conv2d {
                 in_channels: 1,
                 out_channels: 3,
                 kernel_size: 3,
                 stride: 1,
                 padding: 1,
                 bias: true,
-            },
-            LayerKind::BatchNorm2d { num_features: 3, eps: 1e-5, momentum: 0.1 },
-            LayerKind::Relu,
-            LayerKind::MaxPool2d { kernel_size: 2, stride: 2 },
-            LayerKind::Flatten,
-            LayerKind::Linear { in_features: 108, out_features: 5, bias: true },
+            }),
+            LayerKind::BatchNorm2d(BatchNorm2d { num_features: 3, eps: 1e-5, momentum: 0.1 }),
+            LayerKind::Relu(Relu {}),
+            LayerKind::MaxPool2d(MaxPool2d { kernel_size: 2, stride: 2 }),
+            LayerKind::Flatten(Flatten {}),
+            LayerKind::Linear(Linear { in_features: 108, out_features: 5, bias: true }),
         ],
     )
 }

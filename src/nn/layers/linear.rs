@@ -1,0 +1,140 @@
+//! `nn.Linear` over `[N, in_features]`.
+//!
+//! Gradients: `weight.grad += dy^T x`, `bias.grad += sum(dy)`, dx `=`.
+
+use std::fmt;
+
+use rand_chacha::ChaCha8Rng;
+use serde::Serialize;
+
+use super::{config_err, mul, positive, AmpClass, BufferValue, Ctx, Layer, MemoryArgs, Weights};
+use crate::config::layers::RawLayer;
+use crate::config::model::numel;
+use crate::error::{Error, Result};
+use crate::nn::{init, Param};
+use crate::ops;
+use crate::tensor::Tensor;
+
+/// `{ type = "linear", out_features, bias = true }`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Config {
+    pub out_features: usize,
+    pub bias: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Linear {
+    pub in_features: usize,
+    pub out_features: usize,
+    pub bias: bool,
+}
+
+/// The weight and the optional bias of a conv or linear layer, both mutable.
+pub(super) fn weight_and_bias<'w>(
+    w: &'w mut Weights,
+    ty: &str,
+) -> Result<(&'w mut Param, Option<&'w mut Param>)> {
+    match w.params.as_mut_slice() {
+        [weight] => Ok((weight, None)),
+        [weight, bias] => Ok((weight, Some(bias))),
+        other => {
+            Err(Error::internal(format!("{ty} holds {} parameters, not a weight and a bias", other.len())))
+        }
+    }
+}
+
+impl Linear {
+    fn apply(&self, w: &Weights, x: &Tensor) -> Result<Tensor> {
+        let weight = &w.param(0, Self::TYPE)?.value;
+        ops::linear::forward(x, weight, w.params.get(1).map(|b| &b.value))
+    }
+}
+
+impl Layer for Linear {
+    type Config = Config;
+    /// The input.
+    type Saved = Tensor;
+
+    const TYPE: &'static str = "linear";
+    const KEYS: &'static [&'static str] = &["type", "name", "out_features", "bias"];
+
+    fn config<E: serde::de::Error>(raw: &RawLayer) -> Result<Config, E> {
+        Ok(Config {
+            out_features: raw.out_features.ok_or_else(|| E::missing_field("out_features"))?,
+            bias: raw.bias.unwrap_or(true),
+        })
+    }
+
+    fn resolve(cfg: &Config, shape: &[usize], key: &str) -> Result<(Self, Vec<usize>)> {
+        let &Config { out_features, bias } = cfg;
+        let [in_features] = *shape else {
+            return Err(config_err(
+                key,
+                format!(
+                    "linear needs a 1-D input, but its input is {shape:?}: add a flatten layer before it"
+                ),
+            ));
+        };
+        positive(out_features, key, "out_features")?;
+        if numel(&[out_features, in_features]).is_none() {
+            return Err(config_err(
+                format!("{key}.out_features"),
+                format!("the weight [{out_features}, {in_features}] has more elements than fit in 64 bits"),
+            ));
+        }
+        Ok((Linear { in_features, out_features, bias }, vec![out_features]))
+    }
+
+    fn params(&self) -> Vec<(&'static str, Vec<usize>)> {
+        let mut p = vec![("weight", vec![self.out_features, self.in_features])];
+        if self.bias {
+            p.push(("bias", vec![self.out_features]));
+        }
+        p
+    }
+
+    fn init(&self, rng: &mut ChaCha8Rng) -> Result<(Vec<Tensor>, Vec<BufferValue>)> {
+        let fan_in = self.in_features;
+        let mut values = vec![init::kaiming_uniform(rng, &[self.out_features, fan_in], fan_in)?];
+        if self.bias {
+            values.push(init::fan_in_uniform(rng, &[self.out_features], fan_in)?);
+        }
+        Ok((values, Vec::new()))
+    }
+
+    fn amp_class(&self) -> AmpClass {
+        AmpClass::Fp16
+    }
+
+    fn saved_bytes(&self, m: &MemoryArgs<'_>) -> Option<u128> {
+        mul(&[super::numel128(m.in_shape)?, m.act])
+    }
+
+    fn forward_train(&self, w: &mut Weights, x: Tensor, _cx: Ctx<'_>) -> Result<(Tensor, Tensor)> {
+        Ok((self.apply(w, &x)?, x))
+    }
+
+    fn forward_eval(&self, w: &Weights, x: Tensor) -> Result<Tensor> {
+        self.apply(w, &x)
+    }
+
+    fn backward(
+        &self,
+        w: &mut Weights,
+        x: Tensor,
+        dy: Tensor,
+        need_dx: bool,
+        _cx: Ctx<'_>,
+    ) -> Result<Option<Tensor>> {
+        let (weight, bias) = weight_and_bias(w, Self::TYPE)?;
+        ops::linear::backward(&x, &weight.value, &dy, &mut weight.grad, bias.map(|b| &mut b.grad), need_dx)
+    }
+}
+
+/// PyTorch's repr, e.g. `Linear(in_features=1568, out_features=10, bias=True)`.
+impl fmt::Display for Linear {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        let b = if self.bias { "True" } else { "False" };
+        write!(f, "Linear(in_features={}, out_features={}, bias={b})", self.in_features, self.out_features)
+    }
+}

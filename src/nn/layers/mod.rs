@@ -1,0 +1,409 @@
+//! Every layer type, one file each, holding everything about it: its config
+//! keys and defaults, shape inference and checks, its parameters and buffers
+//! under PyTorch's `state_dict()` suffixes with PyTorch's initialization,
+//! apex's precision class, its share of the memory estimate, and its CPU
+//! forward and backward. The [`registry!`] at the bottom turns the list of
+//! types into the enums the rest of the code matches on ([`LayerKind`],
+//! [`LayerSpec`], [`LayerSaved`]), with every dispatch written once here and
+//! no arm that a new type could fall into silently: a type that lacks any
+//! part of [`Layer`] does not compile.
+//!
+//! Adding a layer: its file here implementing [`Layer`], its line in
+//! `registry!`, its device twin (`nn/cuda/plan.rs` and `nn/cuda/layers.rs`,
+//! the kernel in `kernels/`), and any new config key in `config/layers.rs`.
+
+pub mod batchnorm2d;
+pub mod conv2d;
+pub mod flatten;
+pub mod linear;
+pub mod maxpool2d;
+pub mod relu;
+
+pub use batchnorm2d::BatchNorm2d;
+pub use conv2d::Conv2d;
+pub use flatten::Flatten;
+pub use linear::Linear;
+pub use maxpool2d::MaxPool2d;
+pub use relu::Relu;
+
+use std::fmt;
+
+use rand_chacha::ChaCha8Rng;
+use serde::Serialize;
+
+use super::{Param, SyncGroup};
+use crate::config::layers::RawLayer;
+use crate::error::{Error, Result};
+use crate::tensor::Tensor;
+
+/// A `state_dict()` entry that is not learned (BatchNorm's running statistics
+/// and its `num_batches_tracked`).
+#[derive(Debug, Clone)]
+pub enum BufferValue {
+    /// Floating point; cast with the layer's parameters by amp.
+    Tensor(Tensor),
+    /// An i64 scalar, never cast.
+    Count(i64),
+}
+
+#[derive(Debug, Clone)]
+pub struct Buffer {
+    /// Full `state_dict()` name, e.g. `layer1.1.running_mean`.
+    pub name: String,
+    pub value: BufferValue,
+}
+
+/// A layer's parameters and buffers as the model holds them, each in
+/// PyTorch's registration order. Everything that walks a model's state
+/// (state_dict, DDP's broadcast, amp's cast, device upload and download,
+/// checkpoints) walks these, whatever the layer type.
+#[derive(Debug, Clone, Default)]
+pub struct Weights {
+    pub params: Vec<Param>,
+    pub buffers: Vec<Buffer>,
+}
+
+impl Weights {
+    /// Parameter `i`, or an internal error naming the layer type.
+    pub fn param(&self, i: usize, ty: &str) -> Result<&Param> {
+        self.params.get(i).ok_or_else(|| Error::internal(format!("{ty} has no parameter {i}")))
+    }
+
+    /// Float buffer `i`.
+    pub fn tensor(&self, i: usize, ty: &str) -> Result<&Tensor> {
+        match self.buffers.get(i).map(|b| &b.value) {
+            Some(BufferValue::Tensor(t)) => Ok(t),
+            _ => Err(Error::internal(format!("{ty} has no tensor buffer {i}"))),
+        }
+    }
+}
+
+/// apex's view of a layer (its FP16_FUNCS / FP32_FUNCS lists and
+/// `keep_batchnorm_fp32`): what O1 patches and what O2/O3 cast.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AmpClass {
+    /// Conv and linear: O1 runs them in f16 (inputs and weights cast per
+    /// call); O2 and O3 cast their weights with the model.
+    Fp16,
+    /// Batch normalization: weights and running statistics stay f32 under
+    /// `keep_batchnorm_fp32`, else are cast with the model.
+    BatchNorm,
+    /// No parameters; computes in the dtype that reaches it.
+    Passthrough,
+}
+
+/// What a layer sees of the run besides its weights.
+#[derive(Clone, Copy, Default)]
+pub struct Ctx<'a> {
+    /// Set for SyncBatchNorm: the ranks its statistics are reduced over.
+    pub sync: Option<&'a SyncGroup>,
+}
+
+/// Sizes a layer's share of the memory estimate is computed from (bytes
+/// and counts as u128; `None` from a method means the figure overflowed).
+#[derive(Debug, Clone, Copy)]
+pub struct MemoryArgs<'a> {
+    pub in_shape: &'a [usize],
+    pub out_shape: &'a [usize],
+    /// Bytes per activation value (2 or 4).
+    pub act: u128,
+    pub batch: u128,
+    /// CPU tasks that hold their own scratch.
+    pub threads: u128,
+    pub on_gpu: bool,
+}
+
+/// One layer type. The type itself is the resolved layer (its PyTorch
+/// constructor arguments, input sizes included), made from its config table
+/// by [`Layer::resolve`].
+pub trait Layer: Clone + fmt::Debug + PartialEq + fmt::Display + Serialize {
+    /// The keys of a `[[model.layers]]` table of this type, defaults filled in.
+    type Config: Clone + fmt::Debug + PartialEq + Serialize;
+    /// What backward needs from the training forward.
+    type Saved;
+
+    /// `type = "..."` in the config.
+    const TYPE: &'static str;
+    /// The keys a table of this type accepts (unknown-key messages list them).
+    const KEYS: &'static [&'static str];
+
+    /// The config from the table's keys, with PyTorch's defaults.
+    fn config<E: serde::de::Error>(raw: &RawLayer) -> Result<Self::Config, E>;
+
+    /// The layer taking per-sample inputs of `shape`, and its output shape;
+    /// errors name `key` (the table's config key) or one of its fields.
+    fn resolve(cfg: &Self::Config, shape: &[usize], key: &str) -> Result<(Self, Vec<usize>)>;
+
+    /// Learnable parameters as (suffix, shape), in registration order.
+    fn params(&self) -> Vec<(&'static str, Vec<usize>)> {
+        Vec::new()
+    }
+
+    /// Buffers as (suffix, shape), in `state_dict()` order.
+    fn buffers(&self) -> Vec<(&'static str, Vec<usize>)> {
+        Vec::new()
+    }
+
+    /// PyTorch's initial parameter values (in [`Layer::params`] order) and
+    /// buffers, drawn from `rng`.
+    fn init(&self, rng: &mut ChaCha8Rng) -> Result<(Vec<Tensor>, Vec<BufferValue>)>;
+
+    fn amp_class(&self) -> AmpClass;
+
+    /// Whether SyncBatchNorm's conversion applies (its statistics are
+    /// reduced across ranks).
+    fn syncs_statistics(&self) -> bool {
+        false
+    }
+
+    /// Bytes per sample that the training forward keeps for backward.
+    fn saved_bytes(&self, m: &MemoryArgs<'_>) -> Option<u128>;
+
+    /// Scratch the layer's kernels hold while it runs.
+    fn scratch_bytes(&self, _m: &MemoryArgs<'_>) -> Option<u128> {
+        Some(0)
+    }
+
+    /// Training-mode forward over a batch `[N, ...]`.
+    fn forward_train(&self, w: &mut Weights, x: Tensor, cx: Ctx<'_>) -> Result<(Tensor, Self::Saved)>;
+
+    /// Evaluation-mode forward.
+    fn forward_eval(&self, w: &Weights, x: Tensor) -> Result<Tensor>;
+
+    /// Accumulates the parameters' gradients (`+=` into `.grad`) and
+    /// returns dx when `need_dx`.
+    fn backward(
+        &self,
+        w: &mut Weights,
+        saved: Self::Saved,
+        dy: Tensor,
+        need_dx: bool,
+        cx: Ctx<'_>,
+    ) -> Result<Option<Tensor>>;
+}
+
+/// `{ type = "...", name = "...", <the config's keys> }`, as written back by
+/// `ddptrain check` and hashed into the config fingerprint.
+#[derive(Serialize)]
+struct Table<'a, C: Serialize> {
+    #[serde(rename = "type")]
+    ty: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    name: Option<&'a str>,
+    #[serde(flatten)]
+    cfg: &'a C,
+}
+
+macro_rules! registry {
+    ($($module:ident :: $Ty:ident),+ $(,)?) => {
+        /// A resolved layer of any registered type.
+        #[derive(Debug, Clone, PartialEq, Serialize)]
+        #[serde(untagged)]
+        pub enum LayerKind {
+            $($Ty($module::$Ty)),+
+        }
+
+        /// The config table of a layer of any registered type.
+        #[derive(Debug, Clone, PartialEq)]
+        pub enum LayerSpec {
+            $($Ty(<$module::$Ty as Layer>::Config)),+
+        }
+
+        /// What the backward of a layer of any registered type needs.
+        pub enum LayerSaved {
+            $($Ty(<$module::$Ty as Layer>::Saved)),+
+        }
+
+        /// Every layer `type`, in registry order (error messages list them).
+        pub const TYPES: &[&str] = &[$(<$module::$Ty as Layer>::TYPE),+];
+
+        impl LayerSpec {
+            /// The keys a table of layer type `ty` accepts; `None` for no layer type.
+            pub fn keys(ty: &str) -> Option<&'static [&'static str]> {
+                $(if ty == <$module::$Ty as Layer>::TYPE {
+                    return Some(<$module::$Ty as Layer>::KEYS);
+                })+
+                None
+            }
+
+            /// The config of layer type `ty` from a table's keys; `None` for no layer type.
+            pub fn from_raw<E: serde::de::Error>(ty: &str, raw: &RawLayer) -> Option<Result<Self, E>> {
+                $(if ty == <$module::$Ty as Layer>::TYPE {
+                    return Some(<$module::$Ty as Layer>::config(raw).map(LayerSpec::$Ty));
+                })+
+                None
+            }
+
+            pub fn type_name(&self) -> &'static str {
+                match self {
+                    $(LayerSpec::$Ty(_) => <$module::$Ty as Layer>::TYPE),+
+                }
+            }
+
+            /// The layer for per-sample inputs of `shape`, and its output shape.
+            pub fn resolve(&self, shape: &[usize], key: &str) -> Result<(LayerKind, Vec<usize>)> {
+                match self {
+                    $(LayerSpec::$Ty(c) => {
+                        let (l, out) = <$module::$Ty as Layer>::resolve(c, shape, key)?;
+                        Ok((LayerKind::$Ty(l), out))
+                    })+
+                }
+            }
+
+            /// The table as written back, `name` included.
+            pub fn serialize_table<S: serde::Serializer>(&self, name: Option<&str>, s: S) -> Result<S::Ok, S::Error> {
+                match self {
+                    $(LayerSpec::$Ty(cfg) => Table { ty: <$module::$Ty as Layer>::TYPE, name, cfg }.serialize(s)),+
+                }
+            }
+        }
+
+        impl LayerKind {
+            pub fn type_name(&self) -> &'static str {
+                match self {
+                    $(LayerKind::$Ty(_) => <$module::$Ty as Layer>::TYPE),+
+                }
+            }
+
+            pub fn params(&self) -> Vec<(&'static str, Vec<usize>)> {
+                match self {
+                    $(LayerKind::$Ty(l) => l.params()),+
+                }
+            }
+
+            pub fn buffers(&self) -> Vec<(&'static str, Vec<usize>)> {
+                match self {
+                    $(LayerKind::$Ty(l) => l.buffers()),+
+                }
+            }
+
+            pub fn amp_class(&self) -> AmpClass {
+                match self {
+                    $(LayerKind::$Ty(l) => l.amp_class()),+
+                }
+            }
+
+            pub fn syncs_statistics(&self) -> bool {
+                match self {
+                    $(LayerKind::$Ty(l) => l.syncs_statistics()),+
+                }
+            }
+
+            pub fn saved_bytes(&self, m: &MemoryArgs<'_>) -> Option<u128> {
+                match self {
+                    $(LayerKind::$Ty(l) => l.saved_bytes(m)),+
+                }
+            }
+
+            pub fn scratch_bytes(&self, m: &MemoryArgs<'_>) -> Option<u128> {
+                match self {
+                    $(LayerKind::$Ty(l) => l.scratch_bytes(m)),+
+                }
+            }
+
+            /// Parameters and buffers named under module path `path`, initialized from `rng`.
+            pub fn init_weights(&self, path: &str, rng: &mut ChaCha8Rng) -> Result<Weights> {
+                let (values, buffers) = match self {
+                    $(LayerKind::$Ty(l) => l.init(rng)?),+
+                };
+                let (pspec, bspec) = (self.params(), self.buffers());
+                if values.len() != pspec.len() || buffers.len() != bspec.len() {
+                    return Err(Error::internal(format!("{} initialized the wrong number of tensors", self.type_name())));
+                }
+                Ok(Weights {
+                    params: pspec.iter().zip(values).map(|((s, _), v)| Param::new(format!("{path}.{s}"), v)).collect(),
+                    buffers: bspec
+                        .iter()
+                        .zip(buffers)
+                        .map(|((s, _), value)| Buffer { name: format!("{path}.{s}"), value })
+                        .collect(),
+                })
+            }
+
+            pub fn forward_train(&self, w: &mut Weights, x: Tensor, cx: Ctx<'_>) -> Result<(Tensor, LayerSaved)> {
+                match self {
+                    $(LayerKind::$Ty(l) => {
+                        let (y, s) = l.forward_train(w, x, cx)?;
+                        Ok((y, LayerSaved::$Ty(s)))
+                    })+
+                }
+            }
+
+            pub fn forward_eval(&self, w: &Weights, x: Tensor) -> Result<Tensor> {
+                match self {
+                    $(LayerKind::$Ty(l) => l.forward_eval(w, x)),+
+                }
+            }
+
+            pub fn backward(
+                &self,
+                w: &mut Weights,
+                saved: LayerSaved,
+                dy: Tensor,
+                need_dx: bool,
+                cx: Ctx<'_>,
+            ) -> Result<Option<Tensor>> {
+                match (self, saved) {
+                    $((LayerKind::$Ty(l), LayerSaved::$Ty(s)) => l.backward(w, s, dy, need_dx, cx),)+
+                    #[allow(unreachable_patterns)]
+                    (kind, _) => Err(Error::internal(format!(
+                        "{} backward was handed another layer type's saved state", kind.type_name()
+                    ))),
+                }
+            }
+        }
+
+        /// PyTorch's module repr, e.g. `Conv2d(1, 16, kernel_size=(5, 5), stride=(1, 1))`.
+        impl fmt::Display for LayerKind {
+            fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                match self {
+                    $(LayerKind::$Ty(l) => fmt::Display::fmt(l, f)),+
+                }
+            }
+        }
+    };
+}
+
+registry! {
+    conv2d::Conv2d,
+    batchnorm2d::BatchNorm2d,
+    relu::Relu,
+    maxpool2d::MaxPool2d,
+    flatten::Flatten,
+    linear::Linear,
+}
+
+impl LayerKind {
+    /// Number of learnable scalars.
+    pub fn num_params(&self) -> usize {
+        self.params().iter().map(|(_, s)| s.iter().product::<usize>()).sum()
+    }
+}
+
+/// `v` must be at least 1, else an error naming `key.field`.
+pub(crate) fn positive(v: usize, key: &str, field: &str) -> Result<()> {
+    if v == 0 {
+        return Err(config_err(format!("{key}.{field}"), "must be at least 1"));
+    }
+    Ok(())
+}
+
+/// A `[model]` error; `config::model` replaces the placeholder file with the real source.
+pub(crate) fn config_err(key: impl Into<String>, msg: impl Into<String>) -> Error {
+    Error::config(crate::config::model::MODEL_FILE, key, msg)
+}
+
+/// `[C, H, W]`, or an error naming the layer type that needs it.
+pub(crate) fn chw(shape: &[usize], ty: &str, key: &str) -> Result<(usize, usize, usize)> {
+    match *shape {
+        [c, h, w] => Ok((c, h, w)),
+        _ => Err(config_err(key, format!("{ty} needs a [C, H, W] input, but its input is {shape:?}"))),
+    }
+}
+
+pub(crate) use crate::config::memory::mul;
+
+/// The element count of `shape` as u128.
+pub(crate) fn numel128(shape: &[usize]) -> Option<u128> {
+    mul(&shape.iter().map(|&d| d as u128).collect::<Vec<_>>())
+}
