@@ -53,7 +53,7 @@ pub fn cast_model(model: &mut Model, policy: &Policy) {
             AmpClass::Fp16 => policy.param_dtype(false),
             AmpClass::BatchNorm => policy.param_dtype(true),
             // No parameters; nothing to cast.
-            AmpClass::Passthrough => continue,
+            AmpClass::Passthrough | AmpClass::Promote => continue,
         };
         for p in &mut layer.weights.params {
             cast_param(p, dt);

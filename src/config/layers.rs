@@ -23,17 +23,25 @@ use crate::nn::layers::{LayerSpec, TYPES};
 pub enum LayerConfig {
     /// A layer of one of the registered types (`nn::layers`).
     Layer { name: Option<String>, spec: LayerSpec },
-    /// A named block, like `self.layer1 = nn.Sequential(...)`: its entries are
-    /// `layer1.0`, `layer1.1`, ...
-    Sequential { name: String, layers: Vec<LayerConfig> },
+    /// A block, like `self.layer1 = nn.Sequential(...)`: its entries are
+    /// `layer1.0`, `layer1.1`, ... Unnamed, it takes its position in the
+    /// block around it (`layer1.0` holding a ResNet block's `conv1`, ...).
+    Sequential { name: Option<String>, layers: Vec<LayerConfig> },
+    /// `layers(x) + shortcut(x)`, as a ResNet block's `forward()` writes it
+    /// (`out += identity`): wiring, not a module, so it has no name and its
+    /// entries are named in the block around it (`conv1`, `downsample.0`,
+    /// ...). An empty `shortcut` is the identity.
+    Residual { layers: Vec<LayerConfig>, shortcut: Vec<LayerConfig> },
 }
 
 const SEQUENTIAL: &str = "sequential";
 const SEQUENTIAL_KEYS: &[&str] = &["type", "name", "layers"];
+const RESIDUAL: &str = "residual";
+const RESIDUAL_KEYS: &[&str] = &["type", "layers", "shortcut"];
 
 /// Every `type` an entry may have: the layer types, then the blocks.
 pub(crate) static ENTRY_TYPES: LazyLock<Vec<&'static str>> =
-    LazyLock::new(|| TYPES.iter().copied().chain([SEQUENTIAL]).collect());
+    LazyLock::new(|| TYPES.iter().copied().chain([SEQUENTIAL, RESIDUAL]).collect());
 
 fn entry_types() -> &'static [&'static str] {
     &ENTRY_TYPES
@@ -52,7 +60,8 @@ impl LayerConfig {
     pub fn name(&self) -> Option<&str> {
         match self {
             LayerConfig::Layer { name, .. } => name.as_deref(),
-            LayerConfig::Sequential { name, .. } => Some(name),
+            LayerConfig::Sequential { name, .. } => name.as_deref(),
+            LayerConfig::Residual { .. } => None,
         }
     }
 
@@ -61,6 +70,7 @@ impl LayerConfig {
         match self {
             LayerConfig::Layer { spec, .. } => spec.type_name(),
             LayerConfig::Sequential { .. } => SEQUENTIAL,
+            LayerConfig::Residual { .. } => RESIDUAL,
         }
     }
 }
@@ -71,13 +81,24 @@ impl Serialize for LayerConfig {
         struct Sequential<'a> {
             #[serde(rename = "type")]
             ty: &'static str,
-            name: &'a str,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            name: Option<&'a str>,
             layers: &'a [LayerConfig],
+        }
+        #[derive(Serialize)]
+        struct Residual<'a> {
+            #[serde(rename = "type")]
+            ty: &'static str,
+            layers: &'a [LayerConfig],
+            shortcut: &'a [LayerConfig],
         }
         match self {
             LayerConfig::Layer { name, spec } => spec.serialize_table(name.as_deref(), s),
             LayerConfig::Sequential { name, layers } => {
-                Sequential { ty: SEQUENTIAL, name, layers }.serialize(s)
+                Sequential { ty: SEQUENTIAL, name: name.as_deref(), layers }.serialize(s)
+            }
+            LayerConfig::Residual { layers, shortcut } => {
+                Residual { ty: RESIDUAL, layers, shortcut }.serialize(s)
             }
         }
     }
@@ -96,7 +117,9 @@ pub struct RawLayer {
     pub eps: Option<f32>,
     pub momentum: Option<f32>,
     pub out_features: Option<usize>,
+    pub output_size: Option<usize>,
     layers: Option<Vec<LayerConfig>>,
+    shortcut: Option<Vec<LayerConfig>>,
     /// Keys as written, in order, to check against the type afterwards.
     keys: Vec<String>,
 }
@@ -157,7 +180,9 @@ impl<'de> Visitor<'de> for LayerVisitor {
                 "eps" => set(&mut map, &mut raw.eps, "eps")?,
                 "momentum" => set(&mut map, &mut raw.momentum, "momentum")?,
                 "out_features" => set(&mut map, &mut raw.out_features, "out_features")?,
+                "output_size" => set(&mut map, &mut raw.output_size, "output_size")?,
                 "layers" => set(&mut map, &mut raw.layers, "layers")?,
+                "shortcut" => set(&mut map, &mut raw.shortcut, "shortcut")?,
                 _ => {
                     map.next_value::<IgnoredAny>()?;
                 }
@@ -170,15 +195,25 @@ impl<'de> Visitor<'de> for LayerVisitor {
 
 fn build<E: de::Error>(raw: RawLayer) -> Result<LayerConfig, E> {
     let ty = raw.ty.as_deref().ok_or_else(|| E::missing_field("type"))?;
-    let fields = if ty == SEQUENTIAL { Some(SEQUENTIAL_KEYS) } else { LayerSpec::keys(ty) };
+    let fields = match ty {
+        SEQUENTIAL => Some(SEQUENTIAL_KEYS),
+        RESIDUAL => Some(RESIDUAL_KEYS),
+        _ => LayerSpec::keys(ty),
+    };
     let fields = fields.ok_or_else(|| E::unknown_variant(ty, entry_types()))?;
     if let Some(bad) = raw.keys.iter().find(|k| !fields.contains(&k.as_str())) {
         return Err(E::unknown_field(bad, fields));
     }
     if ty == SEQUENTIAL {
         return Ok(LayerConfig::Sequential {
-            name: raw.name.ok_or_else(|| E::missing_field("name"))?,
+            name: raw.name,
             layers: raw.layers.ok_or_else(|| E::missing_field("layers"))?,
+        });
+    }
+    if ty == RESIDUAL {
+        return Ok(LayerConfig::Residual {
+            layers: raw.layers.ok_or_else(|| E::missing_field("layers"))?,
+            shortcut: raw.shortcut.unwrap_or_default(),
         });
     }
     let spec = LayerSpec::from_raw(ty, &raw).ok_or_else(|| E::unknown_variant(ty, entry_types()))??;

@@ -14,6 +14,8 @@ pub(crate) mod schema;
 mod validate;
 
 #[cfg(test)]
+mod tests_graph;
+#[cfg(test)]
 mod tests_limits;
 #[cfg(test)]
 pub(crate) mod tests_load;

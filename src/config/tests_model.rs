@@ -246,11 +246,11 @@ fn names_must_be_identifiers_and_unique() {
     assert_eq!(key, "model.layers[0].name");
     assert!(msg.contains("not a valid module name"), "{msg}");
     let (key, msg) = model_err(
-        r#"[{ type = "sequential", name = "b", layers = [{ type = "relu", name = "a" }, { type = "relu", name = "a" }] },
+        r#"[{ type = "sequential", name = "b", layers = [{ type = "batchnorm2d", name = "a" }, { type = "batchnorm2d", name = "a" }] },
             { type = "flatten" }, { type = "linear", out_features = 10 }]"#,
     );
     assert_eq!(key, "model.layers[0].layers[1].name");
-    assert!(msg.contains("\"a\" is used twice"), "{msg}");
+    assert!(msg.contains("\"a\" is used twice") && msg.contains("cannot be used twice"), "{msg}");
 }
 
 #[test]

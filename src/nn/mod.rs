@@ -85,43 +85,40 @@ pub enum Saved {
 }
 
 impl Node {
-    fn cx(&self) -> Ctx<'_> {
-        Ctx { sync: self.sync.as_ref() }
-    }
-
     /// O1 patches this layer to `dt` (apex's FP16_FUNCS).
     fn patched(&self, prec: Precision) -> Option<DType> {
         prec.patch_conv_linear.filter(|_| self.kind.amp_class() == AmpClass::Fp16)
     }
 
-    fn forward_train(&mut self, x: Tensor, prec: Precision) -> Result<(Tensor, Saved)> {
+    fn forward_train(&mut self, xs: Vec<Tensor>, prec: Precision) -> Result<(Tensor, Saved)> {
+        let cx = Ctx { sync: self.sync.as_ref() };
         if let Some(dt) = self.patched(prec) {
-            let x = cast_round_trip(x, dt)?;
+            let xs = xs.into_iter().map(|x| cast_round_trip(x, dt)).collect::<Result<_>>()?;
             let mut w = patch::cast_weights(&self.weights, dt)?;
-            let (y, s) = self.kind.forward_train(&mut w, x, self.cx())?;
+            let (y, s) = self.kind.forward_train(&mut w, xs, cx)?;
             return Ok((cast_round_trip(y, dt)?, Saved::Layer(s)));
         }
-        let cx = Ctx { sync: self.sync.as_ref() };
-        let (y, s) = self.kind.forward_train(&mut self.weights, x, cx)?;
+        let (y, s) = self.kind.forward_train(&mut self.weights, xs, cx)?;
         Ok((y, Saved::Layer(s)))
     }
 
-    fn forward_eval(&self, x: Tensor, prec: Precision) -> Result<Tensor> {
+    fn forward_eval(&self, xs: Vec<Tensor>, prec: Precision) -> Result<Tensor> {
         if let Some(dt) = self.patched(prec) {
             let w = patch::cast_weights(&self.weights, dt)?;
-            return cast_round_trip(self.kind.forward_eval(&w, cast_round_trip(x, dt)?)?, dt);
+            let xs = xs.into_iter().map(|x| cast_round_trip(x, dt)).collect::<Result<_>>()?;
+            return cast_round_trip(self.kind.forward_eval(&w, xs)?, dt);
         }
-        self.kind.forward_eval(&self.weights, x)
+        self.kind.forward_eval(&self.weights, xs)
     }
 
-    /// Accumulates parameter gradients; returns dx when `need_dx`.
+    /// Accumulates parameter gradients; returns each input's dx where `need_dx` asks.
     fn backward(
         &mut self,
         saved: Saved,
         dy: Tensor,
-        need_dx: bool,
+        need_dx: &[bool],
         prec: Precision,
-    ) -> Result<Option<Tensor>> {
+    ) -> Result<Vec<Option<Tensor>>> {
         let cx = Ctx { sync: self.sync.as_ref() };
         match saved {
             Saved::Layer(s) => match self.patched(prec) {
@@ -138,10 +135,49 @@ impl Node {
                     &mut p.weight.grad,
                     &mut p.bias.grad,
                 )?;
-                Ok(Some(dx))
+                Ok(vec![Some(dx)])
             }
-            Saved::Fused => Ok(Some(dy)),
+            Saved::Fused => Ok(vec![Some(dy)]),
         }
+    }
+}
+
+/// The activations of one forward pass: each value until its last reader
+/// has taken it (moved to the last, cloned for the others).
+struct Values {
+    values: Vec<Option<Tensor>>,
+    readers: Vec<usize>,
+}
+
+impl Values {
+    fn new(x: Tensor, readers: Vec<usize>) -> Self {
+        let mut values: Vec<Option<Tensor>> = readers.iter().map(|_| None).collect();
+        if let Some(v) = values.first_mut() {
+            *v = Some(x);
+        }
+        Values { values, readers }
+    }
+
+    fn take(&mut self, v: usize) -> Result<Tensor> {
+        let missing =
+            || Error::internal(format!("value {v} read before it was made, or after its last reader"));
+        let left = self.readers.get_mut(v).ok_or_else(missing)?;
+        *left = left.checked_sub(1).ok_or_else(missing)?;
+        let slot = self.values.get_mut(v).ok_or_else(missing)?;
+        if *left == 0 {
+            slot.take().ok_or_else(missing)
+        } else {
+            slot.clone().ok_or_else(missing)
+        }
+    }
+
+    fn inputs(&mut self, ids: &[usize]) -> Result<Vec<Tensor>> {
+        ids.iter().map(|&v| self.take(v)).collect()
+    }
+
+    fn put(&mut self, v: usize, t: Tensor) -> Result<()> {
+        *self.values.get_mut(v).ok_or_else(|| Error::internal(format!("no value {v}")))? = Some(t);
+        Ok(())
     }
 }
 
@@ -208,64 +244,104 @@ impl Model {
         Ok(())
     }
 
+    /// The values node `i` reads (0 is the model input, `j + 1` node `j`'s output).
+    fn inputs(&self, i: usize) -> Result<&[usize]> {
+        self.resolved
+            .get(i)
+            .map(|r| r.inputs.as_slice())
+            .ok_or_else(|| Error::internal(format!("layer {i} has no resolved description")))
+    }
+
+    /// How many nodes read each value.
+    fn readers(&self) -> Result<Vec<usize>> {
+        let mut readers = vec![0usize; self.layers.len() + 1];
+        for i in 0..self.layers.len() {
+            for &v in self.inputs(i)? {
+                *readers
+                    .get_mut(v)
+                    .ok_or_else(|| Error::internal(format!("layer {i} reads value {v}")))? += 1;
+            }
+        }
+        Ok(readers)
+    }
+
+    /// Nodes `i + 1 .. i + len` each read only the previous node's output,
+    /// which nothing else reads: a chain a fused kernel may take whole.
+    fn chain(&self, i: usize, len: usize, readers: &[usize]) -> bool {
+        (i + 1..i + len).all(|j| {
+            j < self.layers.len() && self.inputs(j).is_ok_and(|ins| ins == [j]) && readers.get(j) == Some(&1)
+        })
+    }
+
     /// Training-mode forward: logits and the saved state of every layer.
     pub fn forward_train(&mut self, x: Tensor) -> Result<(Tensor, Vec<Saved>)> {
-        let mut saved = Vec::with_capacity(self.layers.len());
         let prec = self.precision;
-        let mut cur = x.into_dtype(prec.input);
+        let readers = self.readers()?;
+        let n = self.layers.len();
+        let mut values = Values::new(x.into_dtype(prec.input), readers.clone());
+        let mut saved = Vec::with_capacity(n);
         let mut i = 0;
-        while i < self.layers.len() {
-            if let Some((bn, p)) = fusable_bn_relu_pool(&mut self.layers[i..], &cur) {
-                let (y, s) = ops::batch_norm::forward_train_relu_maxpool2(
-                    &cur,
-                    &p.weight.value,
-                    &p.bias.value,
-                    p.running_mean,
-                    p.running_var,
-                    bn.momentum,
-                    bn.eps,
-                )?;
-                *p.num_batches_tracked += 1;
-                saved.extend([Saved::BnReluPool { x: cur, saved: s }, Saved::Fused, Saved::Fused]);
-                cur = y;
-                i += 3;
-                continue;
+        while i < n {
+            let mut xs = values.inputs(self.inputs(i)?)?;
+            let single = xs.len() == 1;
+            if single && self.chain(i, 3, &readers) {
+                if let Some((bn, p)) = fusable_bn_relu_pool(&mut self.layers[i..], &xs[0]) {
+                    let cur = xs.remove(0);
+                    let (y, s) = ops::batch_norm::forward_train_relu_maxpool2(
+                        &cur,
+                        &p.weight.value,
+                        &p.bias.value,
+                        p.running_mean,
+                        p.running_var,
+                        bn.momentum,
+                        bn.eps,
+                    )?;
+                    *p.num_batches_tracked += 1;
+                    saved.extend([Saved::BnReluPool { x: cur, saved: s }, Saved::Fused, Saved::Fused]);
+                    values.put(i + 3, y)?;
+                    i += 3;
+                    continue;
+                }
             }
-            if let Some((bn, p)) = fusable_bn_relu_f16(&mut self.layers[i..], &cur) {
-                let (y, stats) = ops::batch_norm::forward_train_relu(
-                    &cur,
-                    &p.weight.value,
-                    &p.bias.value,
-                    p.running_mean,
-                    p.running_var,
-                    bn.momentum,
-                    bn.eps,
-                )?;
-                *p.num_batches_tracked += 1;
-                let bn_saved = layers::batchnorm2d::Saved { x: cur, stats, global_count: None };
-                saved.extend([
-                    Saved::Layer(LayerSaved::BatchNorm2d(bn_saved)),
-                    Saved::Layer(LayerSaved::Relu(y.clone())),
-                ]);
-                cur = y;
-                i += 2;
-                continue;
+            if single && self.chain(i, 2, &readers) {
+                if let Some((bn, p)) = fusable_bn_relu_f16(&mut self.layers[i..], &xs[0]) {
+                    let cur = xs.remove(0);
+                    let (y, stats) = ops::batch_norm::forward_train_relu(
+                        &cur,
+                        &p.weight.value,
+                        &p.bias.value,
+                        p.running_mean,
+                        p.running_var,
+                        bn.momentum,
+                        bn.eps,
+                    )?;
+                    *p.num_batches_tracked += 1;
+                    let bn_saved = layers::batchnorm2d::Saved { x: cur, stats, global_count: None };
+                    saved.extend([
+                        Saved::Layer(LayerSaved::BatchNorm2d(bn_saved)),
+                        Saved::Layer(LayerSaved::Relu(y.clone())),
+                    ]);
+                    values.put(i + 2, y)?;
+                    i += 2;
+                    continue;
+                }
             }
-            let (y, s) = self.layers[i].forward_train(cur, prec)?;
+            let (y, s) = self.layers[i].forward_train(xs, prec)?;
             saved.push(s);
-            cur = y;
+            values.put(i + 1, y)?;
             i += 1;
         }
-        Ok((cur, saved))
+        Ok((values.take(n)?, saved))
     }
 
     /// Evaluation-mode forward (BatchNorm uses running statistics).
     pub fn forward_eval(&self, x: Tensor) -> Result<Tensor> {
-        let mut cur = x.into_dtype(self.precision.input);
-        for layer in &self.layers {
-            cur = layer.forward_eval(cur, self.precision)?;
+        let mut values = Values::new(x.into_dtype(self.precision.input), self.readers()?);
+        for (i, layer) in self.layers.iter().enumerate() {
+            let xs = values.inputs(self.inputs(i)?)?;
+            values.put(i + 1, layer.forward_eval(xs, self.precision)?)?;
         }
-        Ok(cur)
+        values.take(self.layers.len())
     }
 
     /// Backward from dlogits, accumulating into every parameter's grad.
@@ -276,31 +352,50 @@ impl Model {
 
     /// [`Model::backward`] that calls `on_ready(param_index, grad)` for each
     /// parameter (registration order) as soon as its layer's backward is done,
-    /// so DDP can start reducing a bucket while backward goes on.
+    /// so DDP can start reducing a bucket while backward goes on. A value
+    /// read by several nodes gets the sum of their gradients (`+=`, in the
+    /// order backward reaches them).
     pub fn backward_hooked(
         &mut self,
         saved: Vec<Saved>,
         dlogits: Tensor,
         on_ready: &mut dyn FnMut(usize, &Tensor) -> Result<()>,
     ) -> Result<()> {
-        if saved.len() != self.layers.len() {
+        let n = self.layers.len();
+        if saved.len() != n {
             return Err(Error::internal(format!(
-                "backward of {} layers given {} saved states",
-                self.layers.len(),
+                "backward of {n} layers given {} saved states",
                 saved.len()
             )));
         }
-        let mut first_param = Vec::with_capacity(self.layers.len());
+        let inputs: Vec<Vec<usize>> =
+            (0..n).map(|i| self.inputs(i).map(<[usize]>::to_vec)).collect::<Result<_>>()?;
+        let mut first_param = Vec::with_capacity(n);
         let mut count = 0;
         for layer in &self.layers {
             first_param.push(count);
             count += layer.weights.params.len();
         }
         let prec = self.precision;
-        let mut dy = Some(dlogits);
+        let mut grads: Vec<Option<Tensor>> = (0..=n).map(|_| None).collect();
+        grads[n] = Some(dlogits);
         for (i, (layer, s)) in self.layers.iter_mut().zip(saved).enumerate().rev() {
-            let Some(g) = dy.take() else { break };
-            dy = layer.backward(s, g, i > 0, prec)?;
+            // A value nothing downstream needed a gradient for (a fused
+            // layer's, or one the graph never reads back to) has none.
+            if let Some(dy) = grads[i + 1].take() {
+                // The model input needs no gradient.
+                let need: Vec<bool> = inputs[i].iter().map(|&v| v > 0).collect();
+                let dxs = layer.backward(s, dy, &need, prec)?;
+                for (&v, dx) in inputs[i].iter().zip(dxs) {
+                    let (Some(dx), true) = (dx, v > 0) else { continue };
+                    match &mut grads[v] {
+                        Some(g) => ops::add::accumulate_(g, &dx)?,
+                        slot => *slot = Some(dx),
+                    }
+                }
+            }
+            // Even a layer no gradient reached reports its (zero) gradients:
+            // DDP's buckets wait for every parameter.
             for (k, p) in layer.weights.params.iter().enumerate() {
                 on_ready(first_param[i] + k, &p.grad)?;
             }

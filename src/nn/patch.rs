@@ -53,14 +53,14 @@ pub(super) fn backward(
     w: &mut Weights,
     saved: LayerSaved,
     dy: Tensor,
-    need_dx: bool,
+    need_dx: &[bool],
     dt: DType,
     cx: Ctx<'_>,
-) -> Result<Option<Tensor>> {
+) -> Result<Vec<Option<Tensor>>> {
     let mut call = cast_weights(w, dt)?;
-    let dx = kind.backward(&mut call, saved, cast_round_trip(dy, dt)?, need_dx, cx)?;
+    let dxs = kind.backward(&mut call, saved, cast_round_trip(dy, dt)?, need_dx, cx)?;
     for (p, g) in w.params.iter_mut().zip(call.params) {
         accumulate_grad(&mut p.grad, &cast_round_trip(g.grad, dt)?)?;
     }
-    dx.map(|d| cast_round_trip(d, dt)).transpose()
+    dxs.into_iter().map(|dx| dx.map(|d| cast_round_trip(d, dt)).transpose()).collect()
 }

@@ -15,6 +15,8 @@ use crate::error::{Error, Result};
 use crate::nn::layers::batchnorm2d::{parts, BatchNorm2d};
 use crate::nn::layers::{BufferValue, LayerKind};
 use crate::nn::Node;
+use crate::ops::add::cuda as addk;
+use crate::ops::avg_pool2d::cuda as avgk;
 use crate::ops::batch_norm::cuda as bnk;
 use crate::ops::conv2d::cpu::ConvGeom;
 use crate::ops::conv2d::cuda as convk;
@@ -240,6 +242,22 @@ pub(super) fn forward<A: Elem>(
             let (x, mut y) = io::<A>(acts, lp, n)?;
             relu::forward(gpu, &x, &mut y)
         }
+        (&Step::AvgPool { shape: [c, h, w], args }, _) => {
+            let (x, mut y) = io::<A>(acts, lp, n)?;
+            avgk::forward(gpu, &x, [n, c, h, w], args, &mut y)
+        }
+        (Step::Add, _) => {
+            let &[a, b] = lp.srcs.as_slice() else {
+                return Err(internal(format!("add {} reads {:?}", lp.name, lp.srcs)));
+            };
+            if a >= lp.dst || b >= lp.dst || lp.dst >= acts.len() {
+                return Err(internal(format!("add {} reads {:?} and writes {}", lp.name, lp.srcs, lp.dst)));
+            }
+            let len = n * lp.out_numel;
+            let (lo, hi) = acts.split_at_mut(lp.dst);
+            let (a, b) = (view::<A>(&lo[a], len)?, view::<A>(&lo[b], len)?);
+            addk::forward(gpu, &a, &b, &mut view_mut::<A>(&mut hi[0], len)?)
+        }
         (&Step::MaxPool { shape: [c, h, w], kernel, stride }, LayerState::MaxPool(indices)) => {
             let (x, mut y) = io::<A>(acts, lp, n)?;
             let mut indices = slice_mut(indices, n * lp.out_numel)?;
@@ -309,6 +327,11 @@ pub(super) fn backward<A: Elem>(
         (Step::BatchNorm { .. }, LayerState::BatchNorm(bn)) => {
             bn_backward(ctx, &lp.step, bn, &x, &dy, dx.as_mut(), n, hooks)
         }
+        (&Step::AvgPool { shape: [c, h, w], args }, _) => {
+            let dx = dx.as_mut().ok_or_else(|| internal("avg_pool backward without dx"))?;
+            avgk::backward(gpu, &dy, [n, c, h, w], args, dx)
+        }
+        (Step::Add, _) => Err(internal(format!("add {}: its gradients are routed by the model", lp.name))),
         (step, _) => Err(internal(format!("layer {} ({step:?}) has no state for its backward", lp.name))),
     }
 }

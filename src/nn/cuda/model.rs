@@ -12,6 +12,7 @@ use crate::cuda::Gpu;
 use crate::error::{Error, Result};
 use crate::nn::layers::LayerKind;
 use crate::nn::Model;
+use crate::ops::add::cuda as addk;
 use crate::ops::cross_entropy::cuda::{self as xent, CrossEntropyTotals};
 use crate::tensor::DType;
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
@@ -95,8 +96,12 @@ pub struct GpuModel {
     states: Vec<LayerState>,
     /// Activation buffers (plan.acts; 0 is the input), in `act`.
     acts: Vec<DevBuf>,
-    /// dlogits, then each layer's dx, alternating, in `act`.
-    grads: [DevBuf; 2],
+    /// The gradient of each activation buffer (plan.acts; 0, the input's,
+    /// is never written), in `act`.
+    grads: Vec<DevBuf>,
+    /// A dx on its way into the gradient of a value with several readers
+    /// (one element when no value has several).
+    dx_scratch: DevBuf,
     /// Conv's im2col and swapped-dy scratch, in the conv compute dtype.
     col: DevBuf,
     dy_t: DevBuf,
@@ -131,8 +136,13 @@ impl GpuModel {
         let params = DeviceParams::new(&gpu, host, first_bucket_bytes, bucket_cap_bytes)?;
         let g = &*gpu;
         let acts = plan.acts.iter().map(|&k| DevBuf::zeros(g, act, k * max_batch)).collect::<Result<_>>()?;
-        let grads =
-            [DevBuf::zeros(g, act, plan.grad * max_batch)?, DevBuf::zeros(g, act, plan.grad * max_batch)?];
+        let grads = plan
+            .acts
+            .iter()
+            .enumerate()
+            .map(|(i, &k)| DevBuf::zeros(g, act, if i == 0 { 1 } else { k * max_batch }))
+            .collect::<Result<_>>()?;
+        let dx_scratch = DevBuf::zeros(g, act, if shared_reads(&plan) { plan.grad * max_batch } else { 1 })?;
         let mut states = Vec::with_capacity(plan.layers.len());
         for (lp, layer) in plan.layers.iter().zip(&host.layers) {
             states.push(match (&lp.step, layer) {
@@ -173,7 +183,22 @@ impl GpuModel {
         };
         let col = DevBuf::zeros(g, compute, plan.col)?;
         let dy_t = DevBuf::zeros(g, compute, plan.dy_t)?;
-        Ok(GpuModel { params, gpu, blas, plan, act, o1, states, acts, grads, col, dy_t, bn, half })
+        Ok(GpuModel {
+            params,
+            gpu,
+            blas,
+            plan,
+            act,
+            o1,
+            states,
+            acts,
+            grads,
+            dx_scratch,
+            col,
+            dy_t,
+            bn,
+            half,
+        })
     }
 
     /// Every buffer a DDP replica keeps in step (BatchNorm running statistics).
@@ -298,10 +323,25 @@ impl GpuModel {
 
     /// The step's shared context and the buffers the layers read and write.
     #[allow(clippy::type_complexity)]
-    fn parts(&mut self) -> (Ctx<'_>, &mut [DevBuf], &mut [DevBuf; 2], &mut [LayerState], &Plan) {
-        let GpuModel { params, gpu, blas, plan, o1, states, acts, grads, col, dy_t, bn, half, .. } = self;
+    fn parts(&mut self) -> (Ctx<'_>, &mut [DevBuf], Grads<'_>, &mut [LayerState], &Plan) {
+        let GpuModel {
+            params,
+            gpu,
+            blas,
+            plan,
+            o1,
+            states,
+            acts,
+            grads,
+            dx_scratch,
+            col,
+            dy_t,
+            bn,
+            half,
+            ..
+        } = self;
         let ctx = Ctx { gpu, blas, params, o1: *o1, col, dy_t, bn, half: half.as_mut() };
-        (ctx, acts, grads, states, &*plan)
+        (ctx, acts, Grads { bufs: grads, scratch: dx_scratch }, states, &*plan)
     }
 
     /// The model input: `x` converted to the activation dtype into buffer 0.
@@ -331,20 +371,63 @@ impl GpuModel {
             layers::forward::<A>(&mut ctx, lp, state, acts, n, true, hooks)?;
         }
         let classes = plan.classes;
+        let Grads { bufs: grads, scratch } = grads;
         {
             let logits = layers::view::<A>(&acts[plan.logits()], n * classes)?;
-            let mut dlogits = layers::view_mut::<A>(&mut grads[0], n * classes)?;
+            let mut dlogits = layers::view_mut::<A>(&mut grads[plan.logits()], n * classes)?;
             xent::forward_backward(ctx.gpu, &logits, labels, [n, classes], grad_scale, &mut dlogits, totals)?;
         }
-        // dy is in grads[cur]; each layer's dx goes to the other buffer.
-        let mut cur = 0;
-        for (i, (lp, state)) in plan.layers.iter().zip(states.iter()).enumerate().rev() {
-            let need_dx = i > 0;
-            if lp.step != Step::Flatten && (need_dx || !lp.params.is_empty()) {
-                let [g0, g1] = &mut *grads;
-                let io = if cur == 0 { (&*g0, g1) } else { (&*g1, g0) };
-                layers::backward::<A>(&mut ctx, lp, state, acts, io, n, need_dx, hooks)?;
-                cur = 1 - cur;
+        // Which gradient buffers hold a value's gradient yet: the first dx
+        // into a buffer is written (`=`), a later reader's is added (`+=`).
+        let mut written = vec![false; grads.len()];
+        written[plan.logits()] = true;
+        for (lp, state) in plan.layers.iter().zip(states.iter()).rev() {
+            let len = n * lp.in_numel;
+            match lp.step {
+                // dx is dy, in the same buffer.
+                Step::Flatten => {}
+                Step::Add => {
+                    for &s in lp.srcs.iter().filter(|&&s| s > 0) {
+                        let (dy, dx) = pair(grads, lp.dst, s)?;
+                        let dy = layers::view::<A>(dy, len)?;
+                        let mut dx = layers::view_mut::<A>(dx, len)?;
+                        if written[s] {
+                            addk::accumulate(ctx.gpu, &mut dx, &dy)?;
+                        } else {
+                            ctx.gpu
+                                .stream()
+                                .memcpy_dtod(&dy, &mut dx)
+                                .map_err(|e| Error::cuda(format!("add {} backward", lp.name), e))?;
+                            written[s] = true;
+                        }
+                    }
+                }
+                _ => {
+                    // The model input needs no gradient.
+                    let need_dx = lp.src > 0;
+                    if need_dx && written[lp.src] {
+                        let (dy, _) = pair(grads, lp.dst, lp.src)?;
+                        layers::backward::<A>(
+                            &mut ctx,
+                            lp,
+                            state,
+                            acts,
+                            (dy, &mut *scratch),
+                            n,
+                            true,
+                            hooks,
+                        )?;
+                        let (from, mut to) = (
+                            layers::view::<A>(scratch, len)?,
+                            layers::view_mut::<A>(&mut grads[lp.src], len)?,
+                        );
+                        addk::accumulate(ctx.gpu, &mut to, &from)?;
+                    } else if need_dx || !lp.params.is_empty() {
+                        let io = pair(grads, lp.dst, lp.src)?;
+                        layers::backward::<A>(&mut ctx, lp, state, acts, io, n, need_dx, hooks)?;
+                        written[lp.src] |= need_dx;
+                    }
+                }
             }
             if !lp.params.is_empty() {
                 hooks.grads_ready(ctx.params, &lp.params)?;
@@ -368,6 +451,36 @@ impl GpuModel {
         let logits = layers::view::<A>(&acts[plan.logits()], n * plan.classes)?;
         xent::forward(ctx.gpu, &logits, labels, [n, plan.classes], totals)
     }
+}
+
+/// The gradient buffers of one step and the dx scratch.
+struct Grads<'a> {
+    bufs: &'a mut [DevBuf],
+    scratch: &'a mut DevBuf,
+}
+
+/// Gradient buffer `read` (a node's dy) and `write` (its input's), which
+/// comes before it.
+fn pair(bufs: &mut [DevBuf], read: usize, write: usize) -> Result<(&DevBuf, &mut DevBuf)> {
+    if write >= read || read >= bufs.len() {
+        return Err(Error::internal(format!("device model: dy in gradient buffer {read}, dx in {write}")));
+    }
+    let (lo, hi) = bufs.split_at_mut(read);
+    Ok((&hi[0], &mut lo[write]))
+}
+
+/// Whether some activation buffer has several readers (a residual's input),
+/// so that a dx may need adding into a gradient instead of writing it.
+fn shared_reads(plan: &Plan) -> bool {
+    let mut reads = vec![0usize; plan.acts.len()];
+    for lp in plan.layers.iter().filter(|lp| lp.step != Step::Flatten) {
+        for &s in &lp.srcs {
+            if let Some(r) = reads.get_mut(s) {
+                *r += 1;
+            }
+        }
+    }
+    reads.iter().any(|&r| r > 1)
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@
 use crate::error::{Error, Result};
 use crate::nn::layers::{AmpClass, LayerKind};
 use crate::nn::Model;
+use crate::ops::avg_pool2d::AvgPool2dArgs;
 use crate::ops::conv2d::cpu::ConvGeom;
 use crate::ops::conv2d::out_size;
 use crate::tensor::DType;
@@ -37,7 +38,15 @@ pub enum Step {
         kernel: usize,
         stride: usize,
     },
+    /// `shape` is the input's `[C, H, W]`; average pooling and global
+    /// average pooling alike.
+    AvgPool {
+        shape: [usize; 3],
+        args: AvgPool2dArgs,
+    },
     Flatten,
+    /// The residual add of its inputs (`srcs`), same shape.
+    Add,
     Linear {
         in_features: usize,
         out_features: usize,
@@ -51,8 +60,10 @@ pub struct LayerPlan {
     pub name: String,
     pub step: Step,
     /// The activation buffers read and written (0 is the model input); the
-    /// same buffer for Flatten, which only renames the shape.
+    /// same buffer for Flatten, which only renames the shape. `src` is the
+    /// first of `srcs` (the one input of every layer but the add).
     pub src: usize,
+    pub srcs: Vec<usize>,
     pub dst: usize,
     /// Elements per sample of the input and the output.
     pub in_numel: usize,
@@ -67,8 +78,10 @@ pub struct Plan {
     pub layers: Vec<LayerPlan>,
     /// Elements per sample of each activation buffer; 0 is the input.
     pub acts: Vec<usize>,
-    /// Elements per sample of each of the two gradient buffers (dlogits,
-    /// then every layer's dx, alternating): the largest activation.
+    /// Elements per sample of the largest activation: the scratch a dx is
+    /// written to before it is added (`+=`) into the gradient of a value
+    /// with several readers (each activation buffer has its gradient
+    /// buffer, of its own size).
     pub grad: usize,
     /// The im2col scratch and conv's swapped-dy scratch for `max_batch`,
     /// sized for the largest conv (0 without convs).
@@ -91,6 +104,17 @@ fn chw(name: &str, shape: &[usize]) -> Result<[usize; 3]> {
         [c, h, w] => Ok([c, h, w]),
         _ => Err(internal(format!("layer {name} needs a [C, H, W] input, got {shape:?}"))),
     }
+}
+
+/// An average pooling's step, its output checked against the resolved shape.
+fn avg_pool(name: &str, in_shape: &[usize], out_shape: &[usize], args: AvgPool2dArgs) -> Result<Step> {
+    let shape = chw(name, in_shape)?;
+    let [c, h, w] = shape;
+    let (oh, ow) = args.out_hw(h, w)?;
+    if out_shape != [c, oh, ow] {
+        return Err(internal(format!("avg_pool {name} gives {:?}, not {out_shape:?}", [c, oh, ow])));
+    }
+    Ok(Step::AvgPool { shape, args })
 }
 
 impl Plan {
@@ -120,14 +144,27 @@ impl Plan {
             classes: 0,
         };
         let mut next_param = 0;
-        let mut src = 0;
+        // The activation buffer of each value (0 the input, i + 1 node i's output).
+        let mut buffer_of = vec![0usize];
         for (layer, r) in model.layers.iter().zip(&model.resolved) {
             let (in_numel, out_numel) = (numel(&r.in_shape), numel(&r.out_shape));
-            if in_numel != plan.acts[src] {
-                return Err(internal(format!(
-                    "layer {} takes {:?} but the previous layer gives {} values",
-                    r.name, r.in_shape, plan.acts[src]
-                )));
+            let srcs = r
+                .inputs
+                .iter()
+                .map(|&v| {
+                    buffer_of.get(v).copied().ok_or_else(|| {
+                        internal(format!("layer {} reads value {v}, which is not made before it", r.name))
+                    })
+                })
+                .collect::<Result<Vec<usize>>>()?;
+            let src = *srcs.first().ok_or_else(|| internal(format!("layer {} reads nothing", r.name)))?;
+            for &s in &srcs {
+                if in_numel != plan.acts[s] {
+                    return Err(internal(format!(
+                        "layer {} takes {:?} but its input holds {} values",
+                        r.name, r.in_shape, plan.acts[s]
+                    )));
+                }
             }
             let count = layer.weights.params.len();
             let params: Vec<usize> = (next_param..next_param + count).collect();
@@ -193,7 +230,22 @@ impl Plan {
                     }
                     Step::MaxPool { shape, kernel, stride }
                 }
+                LayerKind::AvgPool2d(pool) => avg_pool(&r.name, &r.in_shape, &r.out_shape, pool.args())?,
+                LayerKind::AdaptiveAvgPool2d(pool) => {
+                    avg_pool(&r.name, &r.in_shape, &r.out_shape, pool.args())?
+                }
                 LayerKind::Flatten(_) => Step::Flatten,
+                LayerKind::Add(_) => {
+                    if srcs.len() != 2 || out_numel != in_numel {
+                        return Err(internal(format!(
+                            "add {} of {} inputs {:?}",
+                            r.name,
+                            srcs.len(),
+                            r.in_shape
+                        )));
+                    }
+                    Step::Add
+                }
                 LayerKind::Linear(lin) => {
                     let (in_features, out_features) = (lin.in_features, lin.out_features);
                     if in_features != in_numel || out_features != out_numel {
@@ -219,11 +271,20 @@ impl Plan {
                 plan.acts.push(out_numel);
                 plan.acts.len() - 1
             };
-            plan.layers.push(LayerPlan { name: r.name.clone(), step, src, dst, in_numel, out_numel, params });
-            src = dst;
+            plan.layers.push(LayerPlan {
+                name: r.name.clone(),
+                step,
+                src,
+                srcs,
+                dst,
+                in_numel,
+                out_numel,
+                params,
+            });
+            buffer_of.push(dst);
         }
         plan.grad = plan.acts.iter().copied().max().unwrap_or(0);
-        plan.classes = plan.acts[src];
+        plan.classes = plan.acts[plan.logits()];
         Ok(plan)
     }
 

@@ -22,12 +22,20 @@ pub(crate) fn resolved(input: [usize; 3], kinds: &[LayerKind]) -> Vec<ResolvedLa
             LayerKind::MaxPool2d(MaxPool2d { kernel_size: k, stride: s }) => {
                 vec![shape[0], (shape[1] - k) / s + 1, (shape[2] - k) / s + 1]
             }
+            LayerKind::AvgPool2d(ref p) => {
+                let (oh, ow) = p.args().out_hw(shape[1], shape[2]).unwrap();
+                vec![shape[0], oh, ow]
+            }
+            LayerKind::AdaptiveAvgPool2d(_) => vec![shape[0], 1, 1],
             LayerKind::Flatten(Flatten {}) => vec![shape.iter().product()],
             LayerKind::Linear(Linear { out_features, .. }) => vec![out_features],
-            LayerKind::BatchNorm2d(BatchNorm2d { .. }) | LayerKind::Relu(Relu {}) => shape.clone(),
+            LayerKind::BatchNorm2d(BatchNorm2d { .. }) | LayerKind::Relu(Relu {}) | LayerKind::Add(_) => {
+                shape.clone()
+            }
         };
         out.push(ResolvedLayer {
             name: i.to_string(),
+            inputs: vec![i],
             kind: kind.clone(),
             in_shape: shape.clone(),
             out_shape: next.clone(),

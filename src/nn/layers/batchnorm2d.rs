@@ -30,7 +30,9 @@ pub struct Config {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct BatchNorm2d {
     pub num_features: usize,
+    #[serde(serialize_with = "short_f32::one")]
     pub eps: f32,
+    #[serde(serialize_with = "short_f32::one")]
     pub momentum: f32,
 }
 

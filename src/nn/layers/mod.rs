@@ -12,6 +12,9 @@
 //! `registry!`, its device twin (`nn/cuda/plan.rs` and `nn/cuda/layers.rs`,
 //! the kernel in `kernels/`), and any new config key in `config/layers.rs`.
 
+pub mod adaptive_avgpool2d;
+pub mod add;
+pub mod avgpool2d;
 pub mod batchnorm2d;
 pub mod conv2d;
 pub mod flatten;
@@ -19,6 +22,9 @@ pub mod linear;
 pub mod maxpool2d;
 pub mod relu;
 
+pub use adaptive_avgpool2d::AdaptiveAvgPool2d;
+pub use add::Add;
+pub use avgpool2d::AvgPool2d;
 pub use batchnorm2d::BatchNorm2d;
 pub use conv2d::Conv2d;
 pub use flatten::Flatten;
@@ -90,6 +96,9 @@ pub enum AmpClass {
     BatchNorm,
     /// No parameters; computes in the dtype that reaches it.
     Passthrough,
+    /// apex's promote functions (add): operands of different dtypes meet
+    /// in the widest.
+    Promote,
 }
 
 /// What a layer sees of the run besides its weights.
@@ -182,6 +191,39 @@ pub trait Layer: Clone + fmt::Debug + PartialEq + fmt::Display + Serialize {
     ) -> Result<Option<Tensor>>;
 }
 
+/// An op of the graph's wiring that reads several values (the residual
+/// add): no parameters, no config table, not a PyTorch module.
+pub trait Join: Clone + fmt::Debug + PartialEq + fmt::Display + Serialize {
+    type Saved;
+    /// The node type `ddptrain check` shows.
+    const TYPE: &'static str;
+
+    /// How many values it reads.
+    fn arity(&self) -> usize;
+
+    fn amp_class(&self) -> AmpClass;
+
+    /// Bytes per sample that the training forward keeps for backward.
+    fn saved_bytes(&self, m: &MemoryArgs<'_>) -> Option<u128>;
+
+    fn forward_train(&self, xs: Vec<Tensor>) -> Result<(Tensor, Self::Saved)>;
+
+    fn forward_eval(&self, xs: Vec<Tensor>) -> Result<Tensor>;
+
+    /// Each operand's dx, where `need_dx` asks for it.
+    fn backward(&self, saved: Self::Saved, dy: Tensor, need_dx: &[bool]) -> Result<Vec<Option<Tensor>>>;
+}
+
+/// The one input of a layer that reads one value.
+fn one(xs: Vec<Tensor>, ty: &str) -> Result<Tensor> {
+    let n = xs.len();
+    let mut xs = xs.into_iter();
+    match (xs.next(), xs.next()) {
+        (Some(x), None) => Ok(x),
+        _ => Err(Error::internal(format!("{ty} given {n} inputs"))),
+    }
+}
+
 /// `{ type = "...", name = "...", <the config's keys> }`, as written back by
 /// `ddptrain check` and hashed into the config fingerprint.
 #[derive(Serialize)]
@@ -195,12 +237,13 @@ struct Table<'a, C: Serialize> {
 }
 
 macro_rules! registry {
-    ($($module:ident :: $Ty:ident),+ $(,)?) => {
-        /// A resolved layer of any registered type.
+    (layers: [$($module:ident :: $Ty:ident),+ $(,)?], joins: [$($jmodule:ident :: $J:ident),+ $(,)?] $(,)?) => {
+        /// A resolved node of any registered type: a layer, or a join of the graph.
         #[derive(Debug, Clone, PartialEq, Serialize)]
         #[serde(untagged)]
         pub enum LayerKind {
-            $($Ty($module::$Ty)),+
+            $($Ty($module::$Ty),)+
+            $($J($jmodule::$J),)+
         }
 
         /// The config table of a layer of any registered type.
@@ -209,9 +252,10 @@ macro_rules! registry {
             $($Ty(<$module::$Ty as Layer>::Config)),+
         }
 
-        /// What the backward of a layer of any registered type needs.
+        /// What the backward of a node of any registered type needs.
         pub enum LayerSaved {
-            $($Ty(<$module::$Ty as Layer>::Saved)),+
+            $($Ty(<$module::$Ty as Layer>::Saved),)+
+            $($J(<$jmodule::$J as Join>::Saved),)+
         }
 
         /// Every layer `type`, in registry order (error messages list them).
@@ -261,50 +305,66 @@ macro_rules! registry {
         impl LayerKind {
             pub fn type_name(&self) -> &'static str {
                 match self {
-                    $(LayerKind::$Ty(_) => <$module::$Ty as Layer>::TYPE),+
+                    $(LayerKind::$Ty(_) => <$module::$Ty as Layer>::TYPE,)+
+                    $(LayerKind::$J(_) => <$jmodule::$J as Join>::TYPE,)+
+                }
+            }
+
+            /// How many values the node reads.
+            pub fn arity(&self) -> usize {
+                match self {
+                    $(LayerKind::$Ty(_) => 1,)+
+                    $(LayerKind::$J(j) => j.arity(),)+
                 }
             }
 
             pub fn params(&self) -> Vec<(&'static str, Vec<usize>)> {
                 match self {
-                    $(LayerKind::$Ty(l) => l.params()),+
+                    $(LayerKind::$Ty(l) => l.params(),)+
+                    $(LayerKind::$J(_) => Vec::new(),)+
                 }
             }
 
             pub fn buffers(&self) -> Vec<(&'static str, Vec<usize>)> {
                 match self {
-                    $(LayerKind::$Ty(l) => l.buffers()),+
+                    $(LayerKind::$Ty(l) => l.buffers(),)+
+                    $(LayerKind::$J(_) => Vec::new(),)+
                 }
             }
 
             pub fn amp_class(&self) -> AmpClass {
                 match self {
-                    $(LayerKind::$Ty(l) => l.amp_class()),+
+                    $(LayerKind::$Ty(l) => l.amp_class(),)+
+                    $(LayerKind::$J(j) => j.amp_class(),)+
                 }
             }
 
             pub fn syncs_statistics(&self) -> bool {
                 match self {
-                    $(LayerKind::$Ty(l) => l.syncs_statistics()),+
+                    $(LayerKind::$Ty(l) => l.syncs_statistics(),)+
+                    $(LayerKind::$J(_) => false,)+
                 }
             }
 
             pub fn saved_bytes(&self, m: &MemoryArgs<'_>) -> Option<u128> {
                 match self {
-                    $(LayerKind::$Ty(l) => l.saved_bytes(m)),+
+                    $(LayerKind::$Ty(l) => l.saved_bytes(m),)+
+                    $(LayerKind::$J(j) => j.saved_bytes(m),)+
                 }
             }
 
             pub fn scratch_bytes(&self, m: &MemoryArgs<'_>) -> Option<u128> {
                 match self {
-                    $(LayerKind::$Ty(l) => l.scratch_bytes(m)),+
+                    $(LayerKind::$Ty(l) => l.scratch_bytes(m),)+
+                    $(LayerKind::$J(_) => Some(0),)+
                 }
             }
 
             /// Parameters and buffers named under module path `path`, initialized from `rng`.
             pub fn init_weights(&self, path: &str, rng: &mut ChaCha8Rng) -> Result<Weights> {
                 let (values, buffers) = match self {
-                    $(LayerKind::$Ty(l) => l.init(rng)?),+
+                    $(LayerKind::$Ty(l) => l.init(rng)?,)+
+                    $(LayerKind::$J(_) => (Vec::new(), Vec::new()),)+
                 };
                 let (pspec, bspec) = (self.params(), self.buffers());
                 if values.len() != pspec.len() || buffers.len() != bspec.len() {
@@ -320,34 +380,44 @@ macro_rules! registry {
                 })
             }
 
-            pub fn forward_train(&self, w: &mut Weights, x: Tensor, cx: Ctx<'_>) -> Result<(Tensor, LayerSaved)> {
+            pub fn forward_train(&self, w: &mut Weights, xs: Vec<Tensor>, cx: Ctx<'_>) -> Result<(Tensor, LayerSaved)> {
                 match self {
                     $(LayerKind::$Ty(l) => {
-                        let (y, s) = l.forward_train(w, x, cx)?;
+                        let (y, s) = l.forward_train(w, one(xs, <$module::$Ty as Layer>::TYPE)?, cx)?;
                         Ok((y, LayerSaved::$Ty(s)))
+                    })+
+                    $(LayerKind::$J(j) => {
+                        let (y, s) = j.forward_train(xs)?;
+                        Ok((y, LayerSaved::$J(s)))
                     })+
                 }
             }
 
-            pub fn forward_eval(&self, w: &Weights, x: Tensor) -> Result<Tensor> {
+            pub fn forward_eval(&self, w: &Weights, xs: Vec<Tensor>) -> Result<Tensor> {
                 match self {
-                    $(LayerKind::$Ty(l) => l.forward_eval(w, x)),+
+                    $(LayerKind::$Ty(l) => l.forward_eval(w, one(xs, <$module::$Ty as Layer>::TYPE)?),)+
+                    $(LayerKind::$J(j) => j.forward_eval(xs),)+
                 }
             }
 
+            /// The parameters' gradients accumulated, and each input's dx where `need_dx` asks.
             pub fn backward(
                 &self,
                 w: &mut Weights,
                 saved: LayerSaved,
                 dy: Tensor,
-                need_dx: bool,
+                need_dx: &[bool],
                 cx: Ctx<'_>,
-            ) -> Result<Option<Tensor>> {
+            ) -> Result<Vec<Option<Tensor>>> {
                 match (self, saved) {
-                    $((LayerKind::$Ty(l), LayerSaved::$Ty(s)) => l.backward(w, s, dy, need_dx, cx),)+
+                    $((LayerKind::$Ty(l), LayerSaved::$Ty(s)) => {
+                        let need = need_dx.first().copied().unwrap_or(false);
+                        Ok(vec![l.backward(w, s, dy, need, cx)?])
+                    })+
+                    $((LayerKind::$J(j), LayerSaved::$J(s)) => j.backward(s, dy, need_dx),)+
                     #[allow(unreachable_patterns)]
                     (kind, _) => Err(Error::internal(format!(
-                        "{} backward was handed another layer type's saved state", kind.type_name()
+                        "{} backward was handed another node type's saved state", kind.type_name()
                     ))),
                 }
             }
@@ -357,7 +427,8 @@ macro_rules! registry {
         impl fmt::Display for LayerKind {
             fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
                 match self {
-                    $(LayerKind::$Ty(l) => fmt::Display::fmt(l, f)),+
+                    $(LayerKind::$Ty(l) => fmt::Display::fmt(l, f),)+
+                    $(LayerKind::$J(j) => fmt::Display::fmt(j, f),)+
                 }
             }
         }
@@ -365,12 +436,17 @@ macro_rules! registry {
 }
 
 registry! {
-    conv2d::Conv2d,
-    batchnorm2d::BatchNorm2d,
-    relu::Relu,
-    maxpool2d::MaxPool2d,
-    flatten::Flatten,
-    linear::Linear,
+    layers: [
+        conv2d::Conv2d,
+        batchnorm2d::BatchNorm2d,
+        relu::Relu,
+        maxpool2d::MaxPool2d,
+        avgpool2d::AvgPool2d,
+        adaptive_avgpool2d::AdaptiveAvgPool2d,
+        flatten::Flatten,
+        linear::Linear,
+    ],
+    joins: [add::Add],
 }
 
 impl LayerKind {
