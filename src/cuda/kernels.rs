@@ -16,6 +16,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("linear.cu", include_str!("../../kernels/linear.cu")),
     ("data.cu", include_str!("../../kernels/data.cu")),
     ("ddp.cu", include_str!("../../kernels/ddp.cu")),
+    ("avg_pool2d.cu", include_str!("../../kernels/avg_pool2d.cu")),
 ];
 
 /// (include name, source) of the headers the kernel files `#include "..."`.
