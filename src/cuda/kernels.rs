@@ -17,6 +17,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("data.cu", include_str!("../../kernels/data.cu")),
     ("ddp.cu", include_str!("../../kernels/ddp.cu")),
     ("avg_pool2d.cu", include_str!("../../kernels/avg_pool2d.cu")),
+    ("add.cu", include_str!("../../kernels/add.cu")),
 ];
 
 /// (include name, source) of the headers the kernel files `#include "..."`.

@@ -8,6 +8,7 @@ use crate::tensor::{CpuStorage, Storage, Tensor};
 pub mod elem;
 pub use elem::Elem;
 
+pub mod add;
 pub mod avg_pool2d;
 pub mod batch_norm;
 pub mod conv2d;
