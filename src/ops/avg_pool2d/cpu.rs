@@ -88,38 +88,37 @@ fn backward_plane<T: Elem>(dy: &[T], g: Geometry, dx: &mut [T]) {
     }
 }
 
+/// `f` on each plane of `src` (`sp` elements) and the matching plane of
+/// `dst` (`dp` elements), across cores when there is enough work.
+fn per_plane<T: Elem>(src: &[T], sp: usize, dst: &mut [T], dp: usize, f: impl Fn(&[T], &mut [T]) + Sync) {
+    debug_assert_eq!(src.len() / sp, dst.len() / dp);
+    let run = |(s, d): (&[T], &mut [T])| f(s, d);
+    if src.len().max(dst.len()) >= PAR_MIN_ELEMS {
+        src.par_chunks(sp).zip(dst.par_chunks_mut(dp)).for_each(run);
+    } else {
+        src.chunks(sp).zip(dst.chunks_mut(dp)).for_each(run);
+    }
+}
+
 /// `x` holds whole `h * w` planes; `y` (fully overwritten) the matching
 /// `oh * ow` planes.
 pub fn forward<T: Elem>(x: &[T], g: Geometry, y: &mut [T]) {
     let (ip, op) = (g.h * g.w, g.oh * g.ow);
     if ip == 0 || op == 0 {
+        // No input: every window holds only padding.
+        y.fill(T::zero());
         return;
     }
-    debug_assert_eq!(x.len() / ip, y.len() / op);
-    let run = |(xp, yp): (&[T], &mut [T])| forward_plane(xp, g, yp);
-    if x.len() >= PAR_MIN_ELEMS {
-        x.par_chunks(ip).zip(y.par_chunks_mut(op)).for_each(run);
-    } else {
-        x.chunks(ip).zip(y.chunks_mut(op)).for_each(run);
-    }
+    per_plane(x, ip, y, op, |xp, yp| forward_plane(xp, g, yp));
 }
 
 /// `dx` (whole `h * w` planes, fully overwritten) from `dy` (`oh * ow`
 /// planes): a gather, so no zeroing and no shared writes between planes.
 pub fn backward<T: Elem>(dy: &[T], g: Geometry, dx: &mut [T]) {
     let (ip, op) = (g.h * g.w, g.oh * g.ow);
-    if ip == 0 {
-        return;
-    }
-    if op == 0 {
+    if ip == 0 || op == 0 {
         dx.fill(T::zero());
         return;
     }
-    debug_assert_eq!(dx.len() / ip, dy.len() / op);
-    let run = |(gp, dxp): (&[T], &mut [T])| backward_plane(gp, g, dxp);
-    if dx.len() >= PAR_MIN_ELEMS {
-        dy.par_chunks(op).zip(dx.par_chunks_mut(ip)).for_each(run);
-    } else {
-        dy.chunks(op).zip(dx.chunks_mut(ip)).for_each(run);
-    }
+    per_plane(dy, op, dx, ip, |gp, dxp| backward_plane(gp, g, dxp));
 }

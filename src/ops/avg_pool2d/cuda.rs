@@ -29,6 +29,31 @@ fn sizes(x_shape: [usize; 4], out: [usize; 4], args: AvgPool2dArgs) -> [i64; 11]
     [n * c, h, w, out[2], out[3], kh, kw, sh, sw, ph, pw].map(|v| v as i64)
 }
 
+/// Launches `kernel` over `threads` threads with (`src`, `dst`, the sizes),
+/// the parameter list both kernels share.
+fn launch<T: DeviceFloat>(
+    gpu: &Gpu,
+    op: &str,
+    kernel: &'static TypedKernelFn,
+    src: &impl DevicePtr<T>,
+    dst: &mut impl DevicePtrMut<T>,
+    sizes: [i64; 11],
+    threads: usize,
+) -> Result<()> {
+    let f = gpu.kernel(T::pick(kernel))?;
+    let stream = gpu.stream();
+    let (sp, _s) = src.device_ptr(stream);
+    let (dp, _d) = dst.device_ptr_mut(stream);
+    let mut b = f.launch_on(stream);
+    b.arg(&sp).arg(&dp);
+    for v in &sizes {
+        b.arg(v);
+    }
+    // SAFETY: the callers checked both buffers' lengths against the
+    // geometry in `sizes`; the kernels read only inside the unpadded input.
+    unsafe { b.launch(launch_1d(threads)) }.map_err(|e| Error::cuda(op, e))
+}
+
 /// Pools `x` (`[N, C, H, W]`) into `y` (`[N, C, OH, OW]`, overwritten).
 pub fn forward<T: DeviceFloat>(
     gpu: &Gpu,
@@ -44,18 +69,7 @@ pub fn forward<T: DeviceFloat>(
     if len == 0 {
         return Ok(());
     }
-    let f = gpu.kernel(T::pick(&AVG_POOL2D_FORWARD))?;
-    let stream = gpu.stream();
-    let (xp, _x) = x.device_ptr(stream);
-    let (yp, _y) = y.device_ptr_mut(stream);
-    let [planes, h, w, oh, ow, kh, kw, sh, sw, ph, pw] = sizes(x_shape, out, args);
-    let mut b = f.launch_on(stream);
-    b.arg(&xp).arg(&yp).arg(&planes).arg(&h).arg(&w).arg(&oh).arg(&ow);
-    b.arg(&kh).arg(&kw).arg(&sh).arg(&sw).arg(&ph).arg(&pw);
-    // SAFETY: both buffers' lengths were checked against the geometry above,
-    // and the kernel reads only inside the unpadded input.
-    unsafe { b.launch(launch_1d(len)) }.map_err(|e| Error::cuda("avg_pool2d forward", e))?;
-    Ok(())
+    launch(gpu, "avg_pool2d forward", &AVG_POOL2D_FORWARD, x, y, sizes(x_shape, out, args), len)
 }
 
 /// `dx` (`[N, C, H, W]`, every element overwritten) from `dy`
@@ -74,17 +88,7 @@ pub fn backward<T: DeviceFloat>(
     if x_len == 0 {
         return Ok(());
     }
-    let f = gpu.kernel(T::pick(&AVG_POOL2D_BACKWARD))?;
-    let stream = gpu.stream();
-    let (gp, _g) = dy.device_ptr(stream);
-    let (dxp, _dx) = dx.device_ptr_mut(stream);
-    let [planes, h, w, oh, ow, kh, kw, sh, sw, ph, pw] = sizes(x_shape, out, args);
-    let mut b = f.launch_on(stream);
-    b.arg(&gp).arg(&dxp).arg(&planes).arg(&h).arg(&w).arg(&oh).arg(&ow);
-    b.arg(&kh).arg(&kw).arg(&sh).arg(&sw).arg(&ph).arg(&pw);
-    // SAFETY: both buffers' lengths were checked against the geometry above.
-    unsafe { b.launch(launch_1d(x_len)) }.map_err(|e| Error::cuda("avg_pool2d backward", e))?;
-    Ok(())
+    launch(gpu, "avg_pool2d backward", &AVG_POOL2D_BACKWARD, dy, dx, sizes(x_shape, out, args), x_len)
 }
 
 #[cfg(test)]
