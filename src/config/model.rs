@@ -5,8 +5,10 @@
 use std::collections::HashSet;
 use std::fmt;
 
+use serde::Serialize;
+
 use super::layers::LayerConfig;
-use super::schema::ModelConfig;
+use super::schema::{short_f32, ModelConfig};
 use crate::error::{Error, Result};
 
 /// Errors from [`resolve`] carry this as their file; `Config::validate` and
@@ -26,7 +28,9 @@ pub struct ResolvedLayer {
     pub key: String,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+/// Serialized as the PyTorch constructor's keyword arguments (`ddptrain check --json`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(untagged)]
 pub enum LayerKind {
     Conv2d {
         in_channels: usize,
@@ -38,7 +42,9 @@ pub enum LayerKind {
     },
     BatchNorm2d {
         num_features: usize,
+        #[serde(serialize_with = "short_f32::one")]
         eps: f32,
+        #[serde(serialize_with = "short_f32::one")]
         momentum: f32,
     },
     Relu,
