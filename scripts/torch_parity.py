@@ -17,10 +17,12 @@ way. ddptrain checkpoints every step. Three checks:
    takes step k on the same batch and must land on ddptrain's checkpoint of
    step k. Both sides start each step from the same bits, so one step of fp32
    rounding is all that separates them:
-   - the loss, the gradient norm and the BatchNorm running statistics come
-     from the forward pass and are compared to FORWARD_TOL of their scale
-     (seen: 2e-7 for the loss, 2e-6 for the gradient norm);
-     num_batches_tracked must be equal;
+   - the loss and the BatchNorm running statistics come from the forward
+     pass and are compared to FORWARD_TOL of their scale (seen: 2e-7 for
+     the loss); num_batches_tracked must be equal;
+   - the gradient norm is compared to NORM_TOL (seen: 2e-6, and 1.2e-5 at
+     the step where a max-pool window's gradient went to another pixel on
+     each side, below);
    - each parameter's update (its change over the step) and the optimizer
      state come from the gradients and are compared to GRAD_TOL of their
      scale. PyTorch's own fp32 gradients differ by up to 3e-4 of their scale
@@ -31,8 +33,12 @@ way. ddptrain checkpoints every step. Three checks:
      can route that window's gradient to a different pixel: with conv2 as
      Winograd F(4x4, 5x5) (~2e-6 rms rounding against ~4e-7 direct), AdamW's
      step 20 measured 1.7e-3 in layer2.0.weight.exp_avg and step 5 4.3e-4,
-     every other step and tensor at most 2.2e-4. GRAD_TOL is 3e-3: a 1%
-     error in the learning rate moves every update by 1e-2 and still fails it.
+     every other step and tensor at most 2.2e-4; configs/ci_smoke.toml's
+     AdamW step 10 3.4e-3 in layer2.0.weight.exp_avg, whose gradient there
+     differs from PyTorch's float64 one by 9e-3 in output channel 26 and by
+     at most 4e-6 in every other channel: one window routed differently.
+     GRAD_TOL is 5e-3: a 1% error in the learning rate moves every update
+     by 1e-2 and still fails it.
 2. Free running. PyTorch trains alone from the shared init; ddptrain's final
    checkpoint and per-step losses are compared against it. Over 20 steps the
    training itself amplifies step 1's rounding differences (about 10x a step
@@ -97,7 +103,8 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 from torch_model import build, describe  # noqa: E402
 
 FORWARD_TOL = 1e-5
-GRAD_TOL = 3e-3
+NORM_TOL = 1e-4
+GRAD_TOL = 5e-3
 FREE_TOL = 0.5
 FREE_LOSS_TOL = 0.05
 MARGIN = 1e-3
@@ -151,6 +158,9 @@ def bn_cancelled(desc):
 DESC = describe(a.bin, a.config, [f"data.path={a.data}", f'run.device="{a.device}"'], env=ddptrain_env())
 if DESC["input_shape"] != [1, 28, 28]:
     sys.exit(f"{a.config}: the model takes {DESC['input_shape']} inputs; this check feeds it 1x28x28 digits")
+if DESC["nodes"][DESC["output"] - 1]["out_shape"] != [10]:
+    sys.exit(f"{a.config}: the model outputs {DESC['nodes'][DESC['output'] - 1]['out_shape']}; "
+             "this check scores 10 digit classes")
 PARAM_NAMES = [n for n, _ in build(DESC).named_parameters()]
 BN_CANCELLED = bn_cancelled(DESC)
 with open(a.config, "rb") as f:
@@ -339,12 +349,13 @@ if len(trace) != a.steps:
 
 # 1. Step by step, each from ddptrain's previous checkpoint.
 torch.set_num_threads(2)
-print(f"check 1: step k from ddptrain's checkpoint k-1 (forward {FORWARD_TOL:g}, gradients {GRAD_TOL:g})")
+print(f"check 1: step k from ddptrain's checkpoint k-1 (forward {FORWARD_TOL:g}, gradient norm {NORM_TOL:g}, "
+      f"gradients {GRAD_TOL:g})")
 print(f"{'step':>4} {'lr':>10} {'loss ddptrain':>14} {'loss pytorch':>14} {'rel':>9} {'grad norm':>9} "
       f"{'buffers':>9} {'updates':>9} {'optim':>9}  worst gradient tensor")
 stepper = build(DESC)
 step_opt = make_optimizer(stepper)
-worst_step = {"forward": 0.0, "grad": 0.0}
+worst_step = {"forward": 0.0, "norm": 0.0, "grad": 0.0}
 for k in range(1, min(a.steps, len(trace)) + 1):
     load_into(stepper, step_opt, ckpts[k - 1], k - 1)
     loss, grad_norm = train_step(stepper, step_opt, k - 1)
@@ -356,10 +367,11 @@ for k in range(1, min(a.steps, len(trace)) + 1):
             failures.append(f"step {k}: {name} differs by {r:.2e} of its scale (tolerance {tol:g})")
         per_kind[kd] = max(per_kind[kd], (r, name))
     dl, dg = rel(float(trace[k - 1]["loss"]), loss), rel(float(trace[k - 1]["grad_norm"]), grad_norm)
-    for what, r in (("loss", dl), ("gradient norm", dg)):
-        if not r <= FORWARD_TOL:
-            failures.append(f"step {k}: the {what} differs by {r:.2e} (tolerance {FORWARD_TOL:g})")
-    worst_step["forward"] = max(worst_step["forward"], dl, dg, per_kind["buffer"][0])
+    for what, r, tol in (("loss", dl, FORWARD_TOL), ("gradient norm", dg, NORM_TOL)):
+        if not r <= tol:
+            failures.append(f"step {k}: the {what} differs by {r:.2e} (tolerance {tol:g})")
+    worst_step["forward"] = max(worst_step["forward"], dl, per_kind["buffer"][0])
+    worst_step["norm"] = max(worst_step["norm"], dg)
     worst_step["grad"] = max(worst_step["grad"], per_kind["param"][0], per_kind["optim"][0])
     print(f"{k:4} {lr_at(k - 1):10.3e} {float(trace[k - 1]['loss']):14.8f} {loss:14.8f} {dl:9.2e} {dg:9.2e} "
           f"{per_kind['buffer'][0]:9.2e} {per_kind['param'][0]:9.2e} {per_kind['optim'][0]:9.2e}  "
@@ -408,7 +420,8 @@ else:
 
 print(
     f"\n{a.steps} {a.optimizer} steps: step by step worst forward {worst_step['forward']:.2e} (tolerance "
-    f"{FORWARD_TOL:g}), gradients {worst_step['grad']:.2e} (tolerance {GRAD_TOL:g}); free running worst "
+    f"{FORWARD_TOL:g}), gradient norm {worst_step['norm']:.2e} (tolerance {NORM_TOL:g}), gradients "
+    f"{worst_step['grad']:.2e} (tolerance {GRAD_TOL:g}); free running worst "
     f"{free_worst:.2e} (tolerance {FREE_TOL:g}), loss {free_loss:.2e} (tolerance {FREE_LOSS_TOL:g})"
 )
 for f in failures:

@@ -465,3 +465,44 @@ fn torch_model_names_what_keeps_it_from_a_description() {
     assert_eq!(code, Some(2), "{t}");
     assert!(t.contains("give --json FILE, or --bin and --config"), "{t}");
 }
+
+/// The oracle feeds MNIST digits and scores 10 classes: a config whose
+/// model takes other inputs or gives other outputs is named as such rather
+/// than trained.
+#[test]
+fn the_oracle_refuses_a_model_it_cannot_feed() {
+    let test = "the_oracle_refuses_a_model_it_cannot_feed";
+    let Some(python) = torch_python(test) else { return };
+    let seed = std::fs::read_to_string(repo_root().join(SEED_CONFIG)).expect("read the seed config");
+    let tmp = tempfile::tempdir().expect("temp dir");
+    for (from, to, why) in [
+        (
+            "input_shape = [1, 28, 28]",
+            "input_shape = [1, 32, 32]",
+            "takes [1, 32, 32] inputs; this check feeds it 1x28x28 digits",
+        ),
+        ("out_features = 10", "out_features = 5", "outputs [5]; this check scores 10 digit classes"),
+    ] {
+        assert!(seed.contains(from), "{SEED_CONFIG} has no `{from}`");
+        let config = tmp.path().join("other.toml");
+        // ddptrain itself refuses a model whose logits are not data.num_classes.
+        let classes = if to.starts_with("out_features") { "[data]\nnum_classes = 5\n" } else { "[data]\n" };
+        std::fs::write(&config, seed.replace(from, to).replace("[data]\n", classes))
+            .expect("write the config");
+        let o = Command::new(&python)
+            .arg("scripts/torch_parity.py")
+            .arg("--bin")
+            .arg(ddptrain_bin())
+            .arg("--config")
+            .arg(&config)
+            .arg("--data")
+            .arg(mnist_dir())
+            .env(HIDE_GPUS.0, HIDE_GPUS.1)
+            .current_dir(repo_root())
+            .output()
+            .expect("run scripts/torch_parity.py");
+        let t = text(&o);
+        assert_eq!(o.status.code(), Some(1), "{t}");
+        assert!(t.contains(&format!("other.toml: the model {why}")), "{t}");
+    }
+}
