@@ -93,10 +93,23 @@ class DescribedModel(nn.Module):
                 continue
             if ty not in MODULES:
                 raise ValueError(f"node {name}: no PyTorch module for type {ty!r}")
-            module = MODULES[ty](**node["args"])
-            parent, _, local = name.rpartition(".")
-            self._block(parent, desc).add_module(local, module)
-            self._graph.append((ty, module, node["inputs"]))
+            self._graph.append((ty, MODULES[ty](**node["args"]), node["inputs"]))
+        # state_dict() lists modules in the order they were registered, which
+        # need not be the order they run in (a shortcut may run before the
+        # branch it joins): register them in the order of the description's
+        # state_dict, each module without state after the one before it.
+        first_key = {}
+        for i, e in enumerate(desc["state_dict"]):
+            first_key.setdefault(e["name"].rpartition(".")[0], i)
+        place, rank = [], -1
+        for i, node in enumerate(desc["nodes"]):
+            rank = first_key.get(node["name"], rank)
+            place.append((rank, i))
+        for _, i in sorted(place):
+            name, module = desc["nodes"][i]["name"], self._graph[i][1]
+            if module is not None:
+                parent, _, local = name.rpartition(".")
+                self._block(parent, desc).add_module(local, module)
         self._output = desc["output"]
 
     def _block(self, path, desc):

@@ -276,8 +276,9 @@ fn check_json_refuses_a_bad_config_with_the_usual_message() {
 }
 
 /// A graph of the kind configs will describe next, written by hand: a
-/// residual sum, a projection in a numbered block, average and global
-/// average pooling, blocks with named children.
+/// residual block (named children) whose projection shortcut (a numbered
+/// block) runs before its branch but comes after it in the state_dict, as in
+/// torchvision's BasicBlock; average and global average pooling.
 fn residual_description() -> Value {
     let conv = |name: &str, inp: usize, shapes: ([usize; 3], [usize; 3]), k: usize, s: usize, p: usize| {
         json!({"name": name, "type": "conv2d", "inputs": [inp], "in_shapes": [shapes.0], "out_shape": shapes.1,
@@ -300,11 +301,11 @@ fn residual_description() -> Value {
         conv("stem.0", 0, ([1, 8, 8], s8), 3, 1, 1),
         bn("stem.1", 1, s8),
         unary("stem.2", "relu", 2, json!(s8), json!(s8), json!({})),
-        conv("block.conv1", 3, (s8, s8), 3, 1, 1),
-        bn("block.bn1", 4, s8),
-        json!({"name": "block.add", "type": "add", "inputs": [5, 3], "in_shapes": [s8, s8], "out_shape": s8, "args": {}}),
-        conv("block.down.0", 6, (s8, s4), 1, 2, 0),
-        bn("block.down.1", 7, s4),
+        conv("block.down.0", 3, (s8, s4), 1, 2, 0),
+        bn("block.down.1", 4, s4),
+        conv("block.conv1", 3, (s8, s4), 3, 2, 1),
+        bn("block.bn1", 6, s4),
+        json!({"name": "block.add", "type": "add", "inputs": [7, 5], "in_shapes": [s4, s4], "out_shape": s4, "args": {}}),
         unary(
             "pool",
             "avgpool2d",
@@ -331,7 +332,7 @@ fn residual_description() -> Value {
     };
     for (conv, bn, cin, c, k) in [
         ("stem.0", "stem.1", 1, 4, 3),
-        ("block.conv1", "block.bn1", 4, 4, 3),
+        ("block.conv1", "block.bn1", 4, 8, 3),
         ("block.down.0", "block.down.1", 4, 8, 1),
     ] {
         key(format!("{conv}.weight"), json!([c, cin, k, k]));
@@ -343,7 +344,7 @@ fn residual_description() -> Value {
     key("fc.weight".into(), json!([3, 8]));
     key("fc.bias".into(), json!([3]));
     json!({"input_shape": [1, 8, 8], "opt_level": "O0", "nodes": nodes, "output": 12, "state_dict": state,
-           "num_params": 4 * 9 + 8 + 16 * 9 + 8 + 32 + 16 + 24 + 3})
+           "num_params": 4 * 9 + 8 + 8 * 4 * 9 + 16 + 32 + 16 + 24 + 3})
 }
 
 /// Runs `python` with `args`, then the path of a file holding `desc`, from
@@ -375,11 +376,14 @@ desc = torch_model.read_description(sys.argv[1])
 m = torch_model.build(desc)
 assert type(m.stem) is nn.Sequential and type(m.block) is nn.Module, m
 assert type(m.block.down) is nn.Sequential and type(m.block.down[0]) is nn.Conv2d, m
+assert [n for n, _ in m.named_children()] == ["stem", "block", "pool", "gap", "flat", "fc"], m
+assert [n for n, _ in m.block.named_children()] == ["conv1", "bn1", "down"], m
 assert list(m.state_dict()) == [k["name"] for k in desc["state_dict"]]
 m.load_state_dict({k: v.clone() for k, v in m.state_dict().items()}, strict=True)
 torch.manual_seed(0)
 v = m.values(torch.randn(2, 1, 8, 8))
-assert torch.equal(v[6], v[5] + v[3]), "add"
+assert torch.equal(v[5], m.block.down(v[3])), "the shortcut reads the stem"
+assert torch.equal(v[8], v[7] + v[5]), "add"
 assert torch.equal(v[9], nn.functional.avg_pool2d(v[8], 2)), "avgpool2d"
 assert torch.allclose(v[10], v[9].mean((2, 3), keepdim=True)), "adaptive_avgpool2d"
 assert torch.equal(m(torch.zeros(2, 1, 8, 8)), m.values(torch.zeros(2, 1, 8, 8))[12])
