@@ -46,8 +46,8 @@ if [ "$DEVICE" = cuda ]; then
   printf '%-28s %12s\n' "trainer" "images/s"
   printf '%-28s %12s\n' "ddptrain O0" "$ours" "ddptrain O2" "$ours_o2"
   if "$PYTHON" -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
-    fp32=$("$PYTHON" scripts/bench_torch.py --steps "$STEPS" --batch "$BATCH" --device cuda)
-    amp=$("$PYTHON" scripts/bench_torch.py --steps "$STEPS" --batch "$BATCH" --device cuda --amp)
+    fp32=$("$PYTHON" scripts/bench_torch.py --bin "$BIN" --steps "$STEPS" --batch "$BATCH" --device cuda)
+    amp=$("$PYTHON" scripts/bench_torch.py --bin "$BIN" --steps "$STEPS" --batch "$BATCH" --device cuda --amp)
     printf '%-28s %12s\n' "pytorch fp32" "$fp32" "pytorch autocast+GradScaler" "$amp"
     echo "ratio ddptrain O0/pytorch fp32: $(ratio "$ours" "$fp32")"
     echo "ratio ddptrain O2/pytorch autocast+GradScaler: $(ratio "$ours_o2" "$amp")"

@@ -30,7 +30,7 @@ ours() {
   python3 -c "import json,sys; print(round(json.load(open(sys.argv[1]))['images_per_s']))" "$out/o0/summary.json"
 }
 theirs() {
-  "$PYTHON" scripts/bench_torch.py --steps "$STEPS" --threads "$THREADS" --batch "$BATCH"
+  "$PYTHON" scripts/bench_torch.py --bin "$BIN" --steps "$STEPS" --threads "$THREADS" --batch "$BATCH"
 }
 
 ratios=()

@@ -91,7 +91,8 @@ torch_alloc() {
 # torch_ips CFG THREADS BATCH STEPS [ARG...]: PyTorch's images/s on the CPU
 # (scripts/bench_torch.py) in configuration CFG (nchw, channels_last or
 # compile), THREADS threads, batch BATCH, STEPS timed steps, ARGs appended,
-# under torch_alloc's allocator.
+# under torch_alloc's allocator; the model is the one $BIN describes for
+# configs/mnist_o0.toml (scripts/torch_model.py).
 # A CFG of layouts with commas (channels_last,nchw) measures them one after
 # the other in one process and prints a "LAYOUT images/s" line for each.
 torch_ips() {
@@ -108,7 +109,8 @@ torch_ips() {
   local alloc
   alloc=$(torch_alloc) || return 2
   # shellcheck disable=SC2086 # alloc is NAME=VALUE words
-  env $alloc "$PYTHON" scripts/bench_torch.py --steps "$steps" --threads "$threads" --batch "$batch" "${extra[@]}" "$@"
+  env $alloc "$PYTHON" scripts/bench_torch.py --bin "$BIN" --steps "$steps" --threads "$threads" --batch "$batch" \
+    "${extra[@]}" "$@"
 }
 
 # cpu_model: the CPU's model name.

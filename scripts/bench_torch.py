@@ -1,5 +1,8 @@
-"""PyTorch twin of scripts/bench.sh: the seed ConvNet, SGD(momentum 0.9, wd 5e-4),
-synthetic data, the same batch and thread count. Prints training images/s.
+"""PyTorch twin of scripts/bench.sh: the model of --config (default the seed
+ConvNet, configs/mnist_o0.toml, as scripts/torch_model.py builds it from
+`BIN check --json`, BIN being --bin, else $BIN, else target/release/ddptrain;
+or --json FILE, a saved description), SGD(momentum 0.9, wd 5e-4), synthetic
+data, the same batch and thread count. Prints training images/s.
 --device cuda runs it on the GPU (data on the device, as ddptrain keeps it);
 --amp adds autocast(float16) + GradScaler, PyTorch's own mixed precision.
 On the CPU, --layout channels_last keeps the model and the images in NHWC
@@ -15,12 +18,13 @@ left out).
 one process (each from a fresh model, optimizer and data, with its own warmup)
 and prints one "LAYOUT images/s" line per layout, in the order given."""
 import argparse
+import os
 import socket
 import time
 
 import torch
 import torch.nn as nn
-from torch_convnet import ConvNet
+from torch_model import add_description_args, build, description_from_args
 
 
 def parse_args():
@@ -36,7 +40,14 @@ def parse_args():
     p.add_argument("--bucket-cap-mb", type=float, default=None)
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--layouts", type=lambda v: v.split(","), default=None)
+    add_description_args(p)
+    p.set_defaults(
+        bin=os.environ.get("BIN") or os.path.join(os.environ.get("CARGO_TARGET_DIR") or "target", "release", "ddptrain"),
+        config="configs/mnist_o0.toml",
+    )
     a = p.parse_args()
+    # Described once, here: the ranks of --world fork from this process.
+    a.desc = description_from_args(p, a)
     if a.layouts and not set(a.layouts) <= {"nchw", "channels_last"}:
         p.error(f"--layouts {','.join(a.layouts)}: each must be nchw or channels_last")
     if a.world < 1:
@@ -56,7 +67,7 @@ def train(a, layout, rank=0, world=1):
 
     dev = torch.device(a.device)
     fmt = torch.channels_last if layout == "channels_last" else torch.contiguous_format
-    model = ConvNet().to(dev, memory_format=fmt)
+    model = build(a.desc).to(dev, memory_format=fmt)
     if world > 1:
         model = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=a.bucket_cap_mb)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
@@ -64,8 +75,9 @@ def train(a, layout, rank=0, world=1):
     loss_fn = nn.CrossEntropyLoss()
     scaler = torch.amp.GradScaler(a.device, enabled=a.amp)
     n = 50 * batch
-    images = torch.randn(n, 1, 28, 28, device=dev).contiguous(memory_format=fmt)
-    labels = torch.randint(0, 10, (n,), device=dev)
+    images = torch.randn(n, *a.desc["input_shape"], device=dev).contiguous(memory_format=fmt)
+    classes = a.desc["nodes"][a.desc["output"] - 1]["out_shape"][0]
+    labels = torch.randint(0, classes, (n,), device=dev)
 
     def step(i):
         j = (i * batch) % n

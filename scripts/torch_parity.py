@@ -1,20 +1,28 @@
-"""ddptrain vs PyTorch on the seed ConvNet (configs/mnist_o0.toml), tensor by tensor.
+"""ddptrain vs PyTorch on the model of --config (default configs/mnist_o0.toml),
+tensor by tensor.
 
-Both start from the same weights (PyTorch's default init, handed to ddptrain
-through model.init_from), see the same digits in the same order and take
---steps optimizer steps (SGD with the seed config's momentum and weight decay,
-or AdamW) under the same warmup + cosine learning rate. ddptrain checkpoints
-every step. Three checks:
+PyTorch's model is built from ddptrain's description of the config
+(`ddptrain check --json`, scripts/torch_model.py). Both start from the same
+weights (PyTorch's default init, handed to ddptrain through
+model.init_from), see the same MNIST digits in the same order and take
+--steps optimizer steps (SGD with the seed config's momentum and weight
+decay, or AdamW) under the same warmup + cosine learning rate, in fp32, at
+batch 100. The config contributes its model, its seed (through --order) and
+its gradient clipping; the rest of the recipe is set on ddptrain's command
+line, so any config with 1x28x28 inputs and 10 classes is checked the same
+way. ddptrain checkpoints every step. Three checks:
 
 1. Step by step. For each step k, PyTorch loads ddptrain's checkpoint of step
    k-1 (model with load_state_dict(strict=True), optimizer state, step count),
    takes step k on the same batch and must land on ddptrain's checkpoint of
    step k. Both sides start each step from the same bits, so one step of fp32
    rounding is all that separates them:
-   - the loss, the gradient norm and the BatchNorm running statistics come
-     from the forward pass and are compared to FORWARD_TOL of their scale
-     (seen: 2e-7 for the loss, 2e-6 for the gradient norm);
-     num_batches_tracked must be equal;
+   - the loss and the BatchNorm running statistics come from the forward
+     pass and are compared to FORWARD_TOL of their scale (seen: 2e-7 for
+     the loss); num_batches_tracked must be equal;
+   - the gradient norm is compared to NORM_TOL (seen: 2e-6, and 1.2e-5 at
+     the step where a max-pool window's gradient went to another pixel on
+     each side, below);
    - each parameter's update (its change over the step) and the optimizer
      state come from the gradients and are compared to GRAD_TOL of their
      scale. PyTorch's own fp32 gradients differ by up to 3e-4 of their scale
@@ -25,8 +33,12 @@ every step. Three checks:
      can route that window's gradient to a different pixel: with conv2 as
      Winograd F(4x4, 5x5) (~2e-6 rms rounding against ~4e-7 direct), AdamW's
      step 20 measured 1.7e-3 in layer2.0.weight.exp_avg and step 5 4.3e-4,
-     every other step and tensor at most 2.2e-4. GRAD_TOL is 3e-3: a 1%
-     error in the learning rate moves every update by 1e-2 and still fails it.
+     every other step and tensor at most 2.2e-4; configs/ci_smoke.toml's
+     AdamW step 10 3.4e-3 in layer2.0.weight.exp_avg, whose gradient there
+     differs from PyTorch's float64 one by 9e-3 in output channel 26 and by
+     at most 4e-6 in every other channel: one window routed differently.
+     GRAD_TOL is 5e-3: a 1% error in the learning rate moves every update
+     by 1e-2 and still fails it.
 2. Free running. PyTorch trains alone from the shared init; ddptrain's final
    checkpoint and per-step losses are compared against it. Over 20 steps the
    training itself amplifies step 1's rounding differences (about 10x a step
@@ -45,7 +57,7 @@ every step. Three checks:
    within MARGIN (1e-3) is allowed to (seen: 0 or 1 such digits, and equal
    counts every time).
 
-A conv bias that feeds BatchNorm (BN_CANCELLED) has a gradient of exactly 0 in
+A conv bias that only BatchNorm reads (BN_CANCELLED) has a gradient of exactly 0 in
 real arithmetic (BatchNorm subtracts the batch mean), so what either side
 computes for it is rounding noise: its gradient-derived tensors are measured
 against its layer's weight's scale, and under AdamW, which divides that noise
@@ -62,7 +74,8 @@ them (tests/torch_parity.rs writes it from ddptrain's DistributedSampler);
 without it both sides read the digits in file order (data.shuffle = false).
 Exit 0 when everything agrees, 1 otherwise (each mismatch on a MISMATCH line).
 
-    PYTHON_WITH_TORCH scripts/torch_parity.py --bin target/release/ddptrain --optimizer adamw --steps 20
+    PYTHON_WITH_TORCH scripts/torch_parity.py --bin target/release/ddptrain --config configs/mnist_o2.toml \
+        --optimizer adamw --steps 20
 """
 import argparse
 import json
@@ -71,6 +84,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import tomllib
 import warnings
 
 # PyTorch runs on the CPU: keep it from opening a device (the emulated
@@ -86,14 +100,15 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
-from torch_convnet import ConvNet  # noqa: E402
+from torch_model import build, describe  # noqa: E402
 
 FORWARD_TOL = 1e-5
-GRAD_TOL = 3e-3
+NORM_TOL = 1e-4
+GRAD_TOL = 5e-3
 FREE_TOL = 0.5
 FREE_LOSS_TOL = 0.05
 MARGIN = 1e-3
-BATCH = 100  # the seed config's data.batch_size
+BATCH = 100  # the seed config's data.batch_size, set on ddptrain's command line for every config
 WARMUP = 5
 # The seed config's SGD, and torch.optim.AdamW's defaults but for the learning rate.
 OPTIMIZERS = {
@@ -101,10 +116,12 @@ OPTIMIZERS = {
     "adamw": dict(lr=2e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01),
 }
 STATE_KEYS = {"sgd": ["momentum_buffer"], "adamw": ["exp_avg", "exp_avg_sq"]}
-BN_CANCELLED = {"layer1.0.bias": "layer1.0.weight", "layer2.0.bias": "layer2.0.weight"}
+# The MNIST normalization the data is read with here (the seed configs' data.mean / data.std).
+MEAN, STD = 0.1307, 0.3081
 
 p = argparse.ArgumentParser()
 p.add_argument("--bin", required=True)
+p.add_argument("--config", default="configs/mnist_o0.toml", help="the config whose model is checked")
 p.add_argument("--data", default="data/mnist")
 p.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="sgd")
 p.add_argument("--steps", type=int, default=1)
@@ -113,7 +130,43 @@ p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where d
 p.add_argument("--lr-scale", type=float, default=1.0, help="multiplies PyTorch's lr only (to see the checks fail)")
 a = p.parse_args()
 hp = OPTIMIZERS[a.optimizer]
-PARAM_NAMES = [n for n, _ in ConvNet().named_parameters()]
+
+
+def ddptrain_env():
+    """This process's environment with the devices it was given restored."""
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    if DEVICES is not None:
+        env["CUDA_VISIBLE_DEVICES"] = DEVICES
+    return env
+
+
+def bn_cancelled(desc):
+    """{conv bias: its weight} for each conv2d whose output only a batchnorm2d reads."""
+    readers = {}
+    for node in desc["nodes"]:
+        for v in node["inputs"]:
+            readers.setdefault(v, []).append(node["type"])
+    return {
+        f"{n['name']}.bias": f"{n['name']}.weight"
+        for i, n in enumerate(desc["nodes"])
+        if n["type"] == "conv2d" and n["args"]["bias"] and readers.get(i + 1) == ["batchnorm2d"]
+        and desc["output"] != i + 1
+    }
+
+
+# The data ddptrain trains on, on the device it trains on: check's preflight looks for both.
+DESC = describe(a.bin, a.config, [f"data.path={a.data}", f'run.device="{a.device}"'], env=ddptrain_env())
+if DESC["input_shape"] != [1, 28, 28]:
+    sys.exit(f"{a.config}: the model takes {DESC['input_shape']} inputs; this check feeds it 1x28x28 digits")
+if DESC["nodes"][DESC["output"] - 1]["out_shape"] != [10]:
+    sys.exit(f"{a.config}: the model outputs {DESC['nodes'][DESC['output'] - 1]['out_shape']}; "
+             "this check scores 10 digit classes")
+PARAM_NAMES = [n for n, _ in build(DESC).named_parameters()]
+BN_CANCELLED = bn_cancelled(DESC)
+with open(a.config, "rb") as f:
+    # Gradient clipping is part of a config's recipe that --set cannot turn
+    # off (train.grad_clip_norm has no "none" value), so PyTorch clips as it does.
+    GRAD_CLIP = tomllib.load(f).get("train", {}).get("grad_clip_norm")
 
 
 def idx(path, offset):
@@ -124,7 +177,7 @@ def idx(path, offset):
 def mnist(split):
     images = idx(os.path.join(a.data, f"{split}-images-idx3-ubyte"), 16).reshape(-1, 1, 28, 28)
     labels = idx(os.path.join(a.data, f"{split}-labels-idx1-ubyte"), 8).astype(np.int64)
-    x = (torch.from_numpy(images.astype(np.float32)) / 255.0 - 0.1307) / 0.3081
+    x = (torch.from_numpy(images.astype(np.float32)) / 255.0 - MEAN) / STD
     return x, torch.from_numpy(labels)
 
 
@@ -143,22 +196,26 @@ def lr_at(step):
 
 
 def run_ddptrain(init, out, trace_path):
+    # Everything of the recipe but the model, the seed and the clipping, whatever the config says.
     sets = [
-        f"model.init_from={init}", f"data.path={a.data}", f"data.shuffle={'true' if a.order else 'false'}",
+        f"model.init_from={init}", 'data.dataset="mnist"', f"data.path={a.data}",
+        f"data.shuffle={'true' if a.order else 'false'}", f"data.batch_size={BATCH}", f"data.mean=[{MEAN}]",
+        f"data.std=[{STD}]", 'amp.opt_level="O0"', "train.grad_accum_steps=1",
         f"train.max_steps={a.steps}", 'scheduler.name="cosine"', f"scheduler.warmup_steps={WARMUP}",
-        f'optimizer.name="{a.optimizer}"', f"optimizer.lr={hp['lr']}", f"optimizer.weight_decay={hp['weight_decay']}",
+        "scheduler.eta_min=0.0", f'optimizer.name="{a.optimizer}"', f"optimizer.lr={hp['lr']}",
+        f"optimizer.weight_decay={hp['weight_decay']}", f"optimizer.momentum={hp.get('momentum', 0.0)}",
+        "optimizer.dampening=0.0", "optimizer.nesterov=false",
         f"run.out_dir={out}", f'run.device="{a.device}"', "checkpoint.every_steps=1", f"checkpoint.keep_last={a.steps + 1}",
-        "expect.min_test_accuracy=0.0", "logging.progress=never", "logging.tensorboard=false",
+        "logging.progress=never", "logging.tensorboard=false",
     ]
     if a.optimizer == "adamw":
-        sets += [f"optimizer.betas=[{hp['betas'][0]}, {hp['betas'][1]}]", f"optimizer.eps={hp['eps']}",
-                 "optimizer.momentum=0.0"]
-    cmd = [a.bin, "--config", "configs/mnist_o0.toml", "--record-trace", trace_path]
-    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
-    if DEVICES is not None:
-        env["CUDA_VISIBLE_DEVICES"] = DEVICES
-    r = subprocess.run(cmd + [x for s in sets for x in ("--set", s)], capture_output=True, text=True, env=env)
-    if r.returncode != 0:
+        sets += [f"optimizer.betas=[{hp['betas'][0]}, {hp['betas'][1]}]", f"optimizer.eps={hp['eps']}"]
+    cmd = [a.bin, "--config", a.config, "--record-trace", trace_path]
+    r = subprocess.run(cmd + [x for s in sets for x in ("--set", s)], capture_output=True, text=True,
+                       env=ddptrain_env())
+    # 3: the run finished, but a gate of the config's [expect] (set for its
+    # own recipe, not 20 steps of this one) was missed; that is no failure here.
+    if r.returncode not in (0, 3):
         sys.exit(f"ddptrain failed ({r.returncode}):\n{r.stdout}{r.stderr}")
 
 
@@ -178,6 +235,8 @@ def train_step(model, opt, s):
     opt.zero_grad()
     loss.backward()
     grad_norm = math.sqrt(sum(p.grad.double().pow(2).sum().item() for p in model.parameters()))
+    if GRAD_CLIP is not None:
+        nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP, foreach=False)
     opt.step()
     return loss.item(), grad_norm
 
@@ -267,7 +326,7 @@ if len(order) < a.steps * BATCH:
     sys.exit(f"{a.steps} steps of {BATCH} need {a.steps * BATCH} indices, --order has {len(order)}")
 
 torch.manual_seed(0)
-model = ConvNet()
+model = build(DESC)
 init_state = {k: v.clone() for k, v in model.state_dict().items()}
 with tempfile.TemporaryDirectory() as tmp:
     init = os.path.join(tmp, "init.safetensors")
@@ -290,12 +349,13 @@ if len(trace) != a.steps:
 
 # 1. Step by step, each from ddptrain's previous checkpoint.
 torch.set_num_threads(2)
-print(f"check 1: step k from ddptrain's checkpoint k-1 (forward {FORWARD_TOL:g}, gradients {GRAD_TOL:g})")
+print(f"check 1: step k from ddptrain's checkpoint k-1 (forward {FORWARD_TOL:g}, gradient norm {NORM_TOL:g}, "
+      f"gradients {GRAD_TOL:g})")
 print(f"{'step':>4} {'lr':>10} {'loss ddptrain':>14} {'loss pytorch':>14} {'rel':>9} {'grad norm':>9} "
       f"{'buffers':>9} {'updates':>9} {'optim':>9}  worst gradient tensor")
-stepper = ConvNet()
+stepper = build(DESC)
 step_opt = make_optimizer(stepper)
-worst_step = {"forward": 0.0, "grad": 0.0}
+worst_step = {"forward": 0.0, "norm": 0.0, "grad": 0.0}
 for k in range(1, min(a.steps, len(trace)) + 1):
     load_into(stepper, step_opt, ckpts[k - 1], k - 1)
     loss, grad_norm = train_step(stepper, step_opt, k - 1)
@@ -307,17 +367,18 @@ for k in range(1, min(a.steps, len(trace)) + 1):
             failures.append(f"step {k}: {name} differs by {r:.2e} of its scale (tolerance {tol:g})")
         per_kind[kd] = max(per_kind[kd], (r, name))
     dl, dg = rel(float(trace[k - 1]["loss"]), loss), rel(float(trace[k - 1]["grad_norm"]), grad_norm)
-    for what, r in (("loss", dl), ("gradient norm", dg)):
-        if not r <= FORWARD_TOL:
-            failures.append(f"step {k}: the {what} differs by {r:.2e} (tolerance {FORWARD_TOL:g})")
-    worst_step["forward"] = max(worst_step["forward"], dl, dg, per_kind["buffer"][0])
+    for what, r, tol in (("loss", dl, FORWARD_TOL), ("gradient norm", dg, NORM_TOL)):
+        if not r <= tol:
+            failures.append(f"step {k}: the {what} differs by {r:.2e} (tolerance {tol:g})")
+    worst_step["forward"] = max(worst_step["forward"], dl, per_kind["buffer"][0])
+    worst_step["norm"] = max(worst_step["norm"], dg)
     worst_step["grad"] = max(worst_step["grad"], per_kind["param"][0], per_kind["optim"][0])
     print(f"{k:4} {lr_at(k - 1):10.3e} {float(trace[k - 1]['loss']):14.8f} {loss:14.8f} {dl:9.2e} {dg:9.2e} "
           f"{per_kind['buffer'][0]:9.2e} {per_kind['param'][0]:9.2e} {per_kind['optim'][0]:9.2e}  "
           f"{max(per_kind['param'], per_kind['optim'])[1]}")
 
 # 2. Free running from the shared init.
-free = ConvNet()
+free = build(DESC)
 free.load_state_dict(init_state, strict=True)
 free_opt = make_optimizer(free)
 free_losses = [train_step(free, free_opt, s)[0] for s in range(a.steps)]
@@ -335,7 +396,7 @@ if not free_loss <= FREE_LOSS_TOL:
     failures.append(f"free running: a step's loss differs by {free_loss:.2e} (tolerance {FREE_LOSS_TOL:g})")
 
 # 3. The final checkpoint scored in PyTorch.
-scored = ConvNet()
+scored = build(DESC)
 scored.load_state_dict({k: v for k, v in ckpts[-1].items() if k in scored.state_dict()}, strict=True)
 scored.eval()
 with torch.no_grad():
@@ -359,7 +420,8 @@ else:
 
 print(
     f"\n{a.steps} {a.optimizer} steps: step by step worst forward {worst_step['forward']:.2e} (tolerance "
-    f"{FORWARD_TOL:g}), gradients {worst_step['grad']:.2e} (tolerance {GRAD_TOL:g}); free running worst "
+    f"{FORWARD_TOL:g}), gradient norm {worst_step['norm']:.2e} (tolerance {NORM_TOL:g}), gradients "
+    f"{worst_step['grad']:.2e} (tolerance {GRAD_TOL:g}); free running worst "
     f"{free_worst:.2e} (tolerance {FREE_TOL:g}), loss {free_loss:.2e} (tolerance {FREE_LOSS_TOL:g})"
 )
 for f in failures:

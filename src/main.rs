@@ -61,6 +61,16 @@ struct EvalArgs {
 }
 
 #[derive(Args, Clone)]
+struct CheckArgs {
+    #[command(flatten)]
+    config: ConfigArgs,
+    /// Print only the resolved model as one JSON document (nodes with their inputs, shapes and
+    /// PyTorch constructor arguments; state_dict keys with shapes and dtypes), for other tools.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Clone)]
 struct ConfigArgs {
     /// The run's TOML config file.
     #[arg(long, required = true)]
@@ -77,7 +87,7 @@ enum Command {
     /// Score a checkpoint or a model file on the test split: print accuracy and loss.
     Eval(EvalArgs),
     /// Validate the config; print the resolved config and the model summary.
-    Check(ConfigArgs),
+    Check(CheckArgs),
     /// Start this node's ranks with torchrun's environment: `launch --nproc-per-node N -- <ddptrain args>`.
     Launch(ddptrain::launch::LaunchArgs),
     /// Rendezvous and collectives self-test of the distributed layer (for tests and cluster checks).
@@ -101,10 +111,16 @@ fn load(args: &ConfigArgs) -> anyhow::Result<config::Config> {
     Ok(config::load(path, &args.sets)?)
 }
 
-fn check(args: &ConfigArgs) -> anyhow::Result<u8> {
-    let cfg = load(args)?;
+fn check(args: &CheckArgs) -> anyhow::Result<u8> {
+    let cfg = load(&args.config)?;
     let layers = config::model::resolve(&cfg.model)?;
     let estimate = config::preflight(&cfg)?;
+    if args.json {
+        let policy = ddptrain::amp::Policy::resolve(&cfg.amp)?;
+        let desc = config::describe::describe(&cfg.model.input_shape, &layers, &policy);
+        println!("{}", serde_json::to_string(&desc)?);
+        return Ok(0);
+    }
     println!("# resolved config ({})\n{}", cfg.config_path.display(), cfg.to_toml_string());
     println!("# model\n{}", config::model::summary(&layers));
     println!("{estimate}");

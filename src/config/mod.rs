@@ -4,6 +4,7 @@
 //! Names and defaults follow PyTorch (torch.optim, nn modules, DDP) and apex,
 //! so a PyTorch user can read a config without a manual.
 
+pub mod describe;
 mod diff;
 pub(crate) mod layers;
 mod load;

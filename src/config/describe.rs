@@ -1,0 +1,90 @@
+//! The resolved model as one JSON document (`ddptrain check --json`): enough
+//! for another tool (scripts/torch_model.py) to rebuild the same network with
+//! the same `state_dict()` keys. Values are numbered: 0 is the model's input,
+//! `i + 1` the output of node `i`; a node lists the values it reads, so a
+//! graph with branches has the same form as today's chains. `args` use
+//! PyTorch's constructor argument names.
+
+use serde::{Serialize, Serializer};
+
+use super::model::{param_count, LayerKind, ResolvedLayer};
+use super::schema::OptLevel;
+use crate::amp::Policy;
+use crate::nn::layers::AmpClass;
+use crate::tensor::DType;
+
+#[derive(Debug, Serialize)]
+pub struct Description {
+    pub input_shape: Vec<usize>,
+    pub opt_level: OptLevel,
+    pub nodes: Vec<Node>,
+    /// The value the model returns.
+    pub output: usize,
+    pub state_dict: Vec<StateKey>,
+    pub num_params: usize,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Node {
+    pub name: String,
+    #[serde(rename = "type")]
+    pub ty: &'static str,
+    pub inputs: Vec<usize>,
+    pub in_shapes: Vec<Vec<usize>>,
+    pub out_shape: Vec<usize>,
+    #[serde(serialize_with = "args")]
+    pub args: LayerKind,
+}
+
+/// A node's constructor arguments: [`LayerKind`]'s fields, which are
+/// PyTorch's names, in its order (`{}` for the layers that take none).
+fn args<S: Serializer>(kind: &LayerKind, s: S) -> Result<S::Ok, S::Error> {
+    kind.serialize(s)
+}
+
+/// One `state_dict()` entry: its key, shape and the dtype ddptrain holds it
+/// in at the opt level (what `model.half()` under apex leaves it as).
+#[derive(Debug, Serialize)]
+pub struct StateKey {
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub dtype: &'static str,
+}
+
+fn torch_dtype(dt: DType) -> &'static str {
+    match dt {
+        DType::F32 => "float32",
+        DType::F16 => "float16",
+    }
+}
+
+/// The description of `layers` (from [`super::resolve`]) at `policy`'s opt level.
+pub fn describe(input_shape: &[usize], layers: &[ResolvedLayer], policy: &Policy) -> Description {
+    let mut nodes = Vec::with_capacity(layers.len());
+    let mut state_dict = Vec::new();
+    for l in layers {
+        // apex casts BatchNorm's parameters and running statistics together
+        // (src/amp: cast_model); num_batches_tracked stays an integer.
+        let dtype = torch_dtype(policy.param_dtype(l.kind.amp_class() == AmpClass::BatchNorm));
+        for (suffix, shape) in l.kind.params().into_iter().chain(l.kind.buffers()) {
+            let dtype = if suffix == "num_batches_tracked" { "int64" } else { dtype };
+            state_dict.push(StateKey { name: format!("{}.{suffix}", l.name), shape, dtype });
+        }
+        nodes.push(Node {
+            name: l.name.clone(),
+            ty: l.kind.type_name(),
+            inputs: l.inputs.clone(),
+            in_shapes: vec![l.in_shape.clone(); l.inputs.len()],
+            out_shape: l.out_shape.clone(),
+            args: l.kind.clone(),
+        });
+    }
+    Description {
+        input_shape: input_shape.to_vec(),
+        opt_level: policy.opt_level,
+        output: nodes.len(),
+        nodes,
+        state_dict,
+        num_params: param_count(layers),
+    }
+}
