@@ -75,7 +75,12 @@ fn ddptrain_cmd() -> Command {
 /// The seed ConvNet (two BatchNorms) on small synthetic data: each run is a
 /// few steps of a 120-image global batch, all on the device.
 fn config(dir: &Path, opt_level: &str) -> PathBuf {
-    let seed = std::fs::read_to_string(repo_root().join("configs/mnist_o0.toml")).unwrap();
+    config_of("configs/mnist_o0.toml", dir, opt_level)
+}
+
+/// The 3-step synthetic run of [`config`] with the model of `model_config`.
+fn config_of(model_config: &str, dir: &Path, opt_level: &str) -> PathBuf {
+    let seed = std::fs::read_to_string(repo_root().join(model_config)).unwrap();
     let model = &seed[seed.find("[model]").unwrap()..seed.find("[data]").unwrap()];
     let body = format!(
         r#"{model}
@@ -160,7 +165,8 @@ fn run(
     let summary: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
     assert_eq!(summary["world_size"], world, "{summary}");
-    assert!(summary["device"].as_str().is_some_and(|d| d.starts_with("cuda:")), "{how:?}: {summary}");
+    let device = if sets.contains(&"run.device=cpu") { "cpu" } else { "cuda:" };
+    assert!(summary["device"].as_str().is_some_and(|d| d.starts_with(device)), "{how:?}: {summary}");
     (ddptrain::checkpoint::load_safetensors(&out.join("model.safetensors")).unwrap(), out)
 }
 
@@ -240,6 +246,30 @@ fn o0_two_and_three_ranks_nccl_tcp_and_mpirun_equal_one_rank_on_the_gpu() {
     }
     // Buckets started on the communication stream before backward ended.
     assert!(h2 > 0.0 && h3 > 0.0, "no all-reduce overlapped backward: {h2} {h3}");
+}
+
+/// The residual graph (configs/resnet_mnist_o2.toml's model) at O0: the
+/// device equals the CPU, and 2 ranks over NCCL and over TCP equal 1 rank.
+#[test]
+fn the_resnet_on_the_gpu_equals_the_cpu_and_two_ranks_equal_one() {
+    let test = "the_resnet_on_the_gpu_equals_the_cpu_and_two_ranks_equal_one";
+    if !have_gpu_and_nccl(test) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config_of("configs/resnet_mnist_o2.toml", dir.path(), "O0");
+    let (one, _) = run(dir.path(), &cfg, Starter::One, "one", &[]);
+    let (cpu, _) = run(dir.path(), &cfg, Starter::One, "cpu", &["run.device=cpu"]);
+    let (tcp, _) = run(dir.path(), &cfg, Starter::Launch(2), "tcp2", &["parallel.backend=tcp"]);
+    let mut r = vec![("the CPU", max_abs_diff(&one, &cpu)), ("tcp 2 ranks", max_abs_diff(&one, &tcp))];
+    if nccl_ranks_fit(test, 2) {
+        let (two, _) = run(dir.path(), &cfg, Starter::Launch(2), "nccl2", &[]);
+        r.push(("nccl 2 ranks", max_abs_diff(&one, &two)));
+    }
+    println!("ResNet O0 on the GPU: max |dw| vs one rank {r:?}");
+    for (what, dw) in r {
+        assert!(dw < 1e-5, "{what}: max |dw| {dw:e}");
+    }
 }
 
 #[test]

@@ -39,8 +39,8 @@ fn the_resnet_config_has_torchvisions_names_and_wiring() {
     assert_eq!(layers[at("layer3.0.downsample.0")].inputs, vec![block_in]);
     let add3 = &layers[at("layer3.0.add")];
     assert_eq!(add3.inputs, vec![at("layer3.0.bn2") + 1, at("layer3.0.downsample.1") + 1]);
-    assert_eq!(add3.out_shape, vec![32, 7, 7]);
-    assert_eq!(layers[at("avgpool")].out_shape, vec![32, 1, 1]);
+    assert_eq!(add3.out_shape, vec![64, 7, 7]);
+    assert_eq!(layers[at("avgpool")].out_shape, vec![64, 1, 1]);
     assert_eq!(layers.last().map(|l| l.out_shape.clone()), Some(vec![10]));
 
     let mut keys = Vec::new();
@@ -63,7 +63,7 @@ fn the_resnet_config_has_torchvisions_names_and_wiring() {
     let s = summary(&layers);
     assert!(s.contains("layer3.0.add") && s.contains("add <- layer3.0.bn2 + layer3.0.downsample.1"), "{s}");
     assert!(
-        s.contains("Conv2d(16, 32, kernel_size=(1, 1), stride=(2, 2), bias=False) <- layer2.0.relu"),
+        s.contains("Conv2d(16, 64, kernel_size=(1, 1), stride=(2, 2), bias=False) <- layer2.0.relu"),
         "{s}"
     );
 }

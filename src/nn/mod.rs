@@ -252,9 +252,13 @@ impl Model {
             .ok_or_else(|| Error::internal(format!("layer {i} has no resolved description")))
     }
 
-    /// How many nodes read each value.
+    /// How many nodes read each value; the last node's output is read once,
+    /// as the model's output.
     fn readers(&self) -> Result<Vec<usize>> {
         let mut readers = vec![0usize; self.layers.len() + 1];
+        if let Some(out) = readers.last_mut() {
+            *out = 1;
+        }
         for i in 0..self.layers.len() {
             for &v in self.inputs(i)? {
                 *readers

@@ -96,8 +96,8 @@ pub struct GpuModel {
     states: Vec<LayerState>,
     /// Activation buffers (plan.acts; 0 is the input), in `act`.
     acts: Vec<DevBuf>,
-    /// The gradient of each activation buffer (plan.acts; 0, the input's,
-    /// is never written), in `act`.
+    /// The gradient buffers (`plan.grad_buffer` says which holds the
+    /// gradient of each activation), in `act`.
     grads: Vec<DevBuf>,
     /// A dx on its way into the gradient of a value with several readers
     /// (one element when no value has several).
@@ -136,11 +136,8 @@ impl GpuModel {
         let params = DeviceParams::new(&gpu, host, first_bucket_bytes, bucket_cap_bytes)?;
         let g = &*gpu;
         let acts = plan.acts.iter().map(|&k| DevBuf::zeros(g, act, k * max_batch)).collect::<Result<_>>()?;
-        let grads = plan
-            .acts
-            .iter()
-            .enumerate()
-            .map(|(i, &k)| DevBuf::zeros(g, act, if i == 0 { 1 } else { k * max_batch }))
+        let grads = (0..plan.grad_buffers)
+            .map(|_| DevBuf::zeros(g, act, plan.grad * max_batch))
             .collect::<Result<_>>()?;
         let dx_scratch = DevBuf::zeros(g, act, if shared_reads(&plan) { plan.grad * max_batch } else { 1 })?;
         let mut states = Vec::with_capacity(plan.layers.len());
@@ -372,9 +369,15 @@ impl GpuModel {
         }
         let classes = plan.classes;
         let Grads { bufs: grads, scratch } = grads;
+        let count = grads.len();
+        let slot = |b: usize| {
+            plan.grad_buffer.get(b).copied().filter(|&s| s < count).ok_or_else(|| {
+                Error::internal(format!("device model: activation {b} has no gradient buffer"))
+            })
+        };
         {
             let logits = layers::view::<A>(&acts[plan.logits()], n * classes)?;
-            let mut dlogits = layers::view_mut::<A>(&mut grads[plan.logits()], n * classes)?;
+            let mut dlogits = layers::view_mut::<A>(&mut grads[slot(plan.logits())?], n * classes)?;
             xent::forward_backward(ctx.gpu, &logits, labels, [n, classes], grad_scale, &mut dlogits, totals)?;
         }
         // Which gradient buffers hold a value's gradient yet: the first dx
@@ -388,7 +391,7 @@ impl GpuModel {
                 Step::Flatten => {}
                 Step::Add => {
                     for &s in lp.srcs.iter().filter(|&&s| s > 0) {
-                        let (dy, dx) = pair(grads, lp.dst, s)?;
+                        let (dy, dx) = pair(grads, slot(lp.dst)?, slot(s)?)?;
                         let dy = layers::view::<A>(dy, len)?;
                         let mut dx = layers::view_mut::<A>(dx, len)?;
                         if written[s] {
@@ -405,27 +408,22 @@ impl GpuModel {
                 _ => {
                     // The model input needs no gradient.
                     let need_dx = lp.src > 0;
+                    let dst = slot(lp.dst)?;
                     if need_dx && written[lp.src] {
-                        let (dy, _) = pair(grads, lp.dst, lp.src)?;
-                        layers::backward::<A>(
-                            &mut ctx,
-                            lp,
-                            state,
-                            acts,
-                            (dy, &mut *scratch),
-                            n,
-                            true,
-                            hooks,
-                        )?;
-                        let (from, mut to) = (
-                            layers::view::<A>(scratch, len)?,
-                            layers::view_mut::<A>(&mut grads[lp.src], len)?,
-                        );
+                        let src = slot(lp.src)?;
+                        let io = (&grads[dst], &mut *scratch);
+                        layers::backward::<A>(&mut ctx, lp, state, acts, io, n, true, hooks)?;
+                        let (from, mut to) =
+                            (layers::view::<A>(scratch, len)?, layers::view_mut::<A>(&mut grads[src], len)?);
                         addk::accumulate(ctx.gpu, &mut to, &from)?;
-                    } else if need_dx || !lp.params.is_empty() {
-                        let io = pair(grads, lp.dst, lp.src)?;
-                        layers::backward::<A>(&mut ctx, lp, state, acts, io, n, need_dx, hooks)?;
-                        written[lp.src] |= need_dx;
+                    } else if need_dx {
+                        let io = pair(grads, dst, slot(lp.src)?)?;
+                        layers::backward::<A>(&mut ctx, lp, state, acts, io, n, true, hooks)?;
+                        written[lp.src] = true;
+                    } else if !lp.params.is_empty() {
+                        // No dx: the buffer passed for it is never touched.
+                        let io = (&grads[dst], &mut *scratch);
+                        layers::backward::<A>(&mut ctx, lp, state, acts, io, n, false, hooks)?;
                     }
                 }
             }
@@ -459,14 +457,19 @@ struct Grads<'a> {
     scratch: &'a mut DevBuf,
 }
 
-/// Gradient buffer `read` (a node's dy) and `write` (its input's), which
-/// comes before it.
+/// Gradient buffer `read` (a node's dy) and `write` (its input's dx): two
+/// gradients live at once, so two different buffers.
 fn pair(bufs: &mut [DevBuf], read: usize, write: usize) -> Result<(&DevBuf, &mut DevBuf)> {
-    if write >= read || read >= bufs.len() {
+    if read == write || read.max(write) >= bufs.len() {
         return Err(Error::internal(format!("device model: dy in gradient buffer {read}, dx in {write}")));
     }
-    let (lo, hi) = bufs.split_at_mut(read);
-    Ok((&hi[0], &mut lo[write]))
+    if write < read {
+        let (lo, hi) = bufs.split_at_mut(read);
+        Ok((&hi[0], &mut lo[write]))
+    } else {
+        let (lo, hi) = bufs.split_at_mut(write);
+        Ok((&lo[read], &mut hi[0]))
+    }
 }
 
 /// Whether some activation buffer has several readers (a residual's input),

@@ -78,11 +78,18 @@ pub struct Plan {
     pub layers: Vec<LayerPlan>,
     /// Elements per sample of each activation buffer; 0 is the input.
     pub acts: Vec<usize>,
-    /// Elements per sample of the largest activation: the scratch a dx is
-    /// written to before it is added (`+=`) into the gradient of a value
-    /// with several readers (each activation buffer has its gradient
-    /// buffer, of its own size).
+    /// Elements per sample of the largest activation: the size of every
+    /// gradient buffer, and of the scratch a dx is written to before it is
+    /// added (`+=`) into the gradient of a value with several readers.
     pub grad: usize,
+    /// The gradient buffer of each activation buffer (`usize::MAX` for
+    /// the input's, which is never computed), reused by liveness: a
+    /// gradient lives from its last reader's backward to its producer's,
+    /// so a chain ping-pongs between two buffers and each open residual
+    /// holds one more.
+    pub grad_buffer: Vec<usize>,
+    /// How many gradient buffers that takes.
+    pub grad_buffers: usize,
     /// The im2col scratch and conv's swapped-dy scratch for `max_batch`,
     /// sized for the largest conv (0 without convs).
     pub col: usize,
@@ -136,6 +143,8 @@ impl Plan {
             layers: Vec::with_capacity(model.layers.len()),
             acts: vec![numel(&model.resolved[0].in_shape)],
             grad: 0,
+            grad_buffer: Vec::new(),
+            grad_buffers: 0,
             col: 0,
             dy_t: 0,
             weight: 0,
@@ -285,7 +294,39 @@ impl Plan {
         }
         plan.grad = plan.acts.iter().copied().max().unwrap_or(0);
         plan.classes = plan.acts[plan.logits()];
+        plan.assign_grad_buffers();
         Ok(plan)
+    }
+
+    /// [`Plan::grad_buffer`]: walks backward's order, giving each gradient
+    /// a free buffer when its first dx is written and freeing it once its
+    /// producer has read it as dy.
+    fn assign_grad_buffers(&mut self) {
+        let mut of = vec![usize::MAX; self.acts.len()];
+        let (mut free, mut count) = (Vec::new(), 0usize);
+        let mut take = |free: &mut Vec<usize>| {
+            free.pop().unwrap_or_else(|| {
+                count += 1;
+                count - 1
+            })
+        };
+        of[self.logits()] = take(&mut free);
+        for lp in self.layers.iter().rev() {
+            // Flatten's dx is its dy, in the same buffer.
+            if lp.step == Step::Flatten {
+                continue;
+            }
+            for &s in lp.srcs.iter().filter(|&&s| s > 0) {
+                if of[s] == usize::MAX {
+                    of[s] = take(&mut free);
+                }
+            }
+            if of[lp.dst] != usize::MAX {
+                free.push(of[lp.dst]);
+            }
+        }
+        self.grad_buffer = of;
+        self.grad_buffers = count;
     }
 
     /// The activation buffer holding the logits.

@@ -147,7 +147,7 @@ fn a_model_whose_descriptions_do_not_match_is_refused() {
     let mut model = Model::new(&tiny_layers(), 1).unwrap();
     model.resolved[5].in_shape = vec![107];
     let e = Plan::new(&model, 2).unwrap_err().to_string();
-    assert!(e.contains("layer 5 takes [107] but the previous layer gives 108 values"), "{e}");
+    assert!(e.contains("layer 5 takes [107] but its input holds 108 values"), "{e}");
 }
 
 #[test]
