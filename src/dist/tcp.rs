@@ -10,15 +10,14 @@
 //! instead of leaving some of them waiting.
 
 use super::junk::JunkLog;
+use super::queue::{check_root, Job, OpKind, Queue};
 use super::rendezvous::Membership;
 use super::wire::{self, Dec, Enc, MAGIC, MAX_CONTROL_FRAME, PROTOCOL_VERSION};
-use super::{Buffer, Communicator, ReduceOp, Work, WorkCompleter};
+use super::{Buffer, Communicator, ReduceOp, Work};
 use crate::error::{Error, Result};
 use std::io;
 use std::net::{Shutdown, TcpStream};
 use std::sync::mpsc;
-use std::sync::Mutex;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 mod collectives;
@@ -29,40 +28,6 @@ pub const RING_MIN_BYTES: usize = 64 * 1024;
 const MESH_HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// An ABORT is a courtesy to the peers; it must not delay the failing rank's exit.
 const ABORT_WRITE_TIMEOUT: Duration = Duration::from_secs(1);
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum OpKind {
-    AllReduce(ReduceOp),
-    Broadcast(usize),
-    AllGather,
-    Barrier,
-}
-
-impl OpKind {
-    fn name(self) -> &'static str {
-        match self {
-            OpKind::AllReduce(_) => "all_reduce",
-            OpKind::Broadcast(_) => "broadcast",
-            OpKind::AllGather => "all_gather",
-            OpKind::Barrier => "barrier",
-        }
-    }
-    fn code(self) -> u8 {
-        match self {
-            OpKind::AllReduce(_) => 1,
-            OpKind::Broadcast(_) => 2,
-            OpKind::AllGather => 3,
-            OpKind::Barrier => 4,
-        }
-    }
-}
-
-struct Job {
-    kind: OpKind,
-    buf: Buffer,
-    label: String,
-    done: WorkCompleter,
-}
 
 /// Why an operation failed, kept so later operations can report it too.
 #[derive(Debug, Clone)]
@@ -82,8 +47,7 @@ impl Fail {
 pub struct TcpCommunicator {
     rank: usize,
     world: usize,
-    tx: Mutex<Option<mpsc::Sender<Job>>>,
-    thread: Option<JoinHandle<()>>,
+    queue: Queue,
 }
 
 impl TcpCommunicator {
@@ -174,43 +138,9 @@ impl TcpCommunicator {
                 .and_then(|_| s.set_write_timeout(Some(timeout)));
             setup.map_err(|e| Error::io(format!("rank {rank}: mesh socket"), e))?;
         }
-        let (tx, rx) = mpsc::channel::<Job>();
-        let thread = std::thread::Builder::new()
-            .name(format!("ddp-comm-{rank}"))
-            .spawn(move || comm_thread(rank, world, peers, timeout, rx))
-            .map_err(|e| Error::io("cannot start the communication thread", e))?;
-        Ok(TcpCommunicator { rank, world, tx: Mutex::new(Some(tx)), thread: Some(thread) })
-    }
-
-    fn submit(&self, kind: OpKind, buf: Buffer, label: &str) -> Work {
-        let (work, done) = Work::pending(format!("{} ({label})", kind.name()));
-        let job = Job { kind, buf, label: label.to_string(), done };
-        let sent = match self.tx.lock() {
-            Ok(tx) => match tx.as_ref() {
-                Some(tx) => tx.send(job).map_err(|e| e.0),
-                None => Err(job),
-            },
-            Err(_) => Err(job),
-        };
-        if let Err(job) = sent {
-            job.done.complete(Err(Error::Training(format!(
-                "{}: the communication thread has stopped",
-                kind.name()
-            ))));
-        }
-        work
-    }
-}
-
-impl Drop for TcpCommunicator {
-    fn drop(&mut self) {
-        // Closing the queue lets the thread finish what was issued, then exit.
-        if let Ok(mut tx) = self.tx.lock() {
-            tx.take();
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        let queue =
+            Queue::spawn(format!("ddp-comm-{rank}"), move |rx| comm_thread(rank, world, peers, timeout, rx))?;
+        Ok(TcpCommunicator { rank, world, queue })
     }
 }
 
@@ -222,22 +152,19 @@ impl Communicator for TcpCommunicator {
         self.world
     }
     fn all_reduce_async(&self, buf: Buffer, op: ReduceOp, label: &str) -> Work {
-        self.submit(OpKind::AllReduce(op), buf, label)
+        self.queue.submit(OpKind::AllReduce(op), buf, label)
     }
     fn broadcast_async(&self, buf: Buffer, root: usize, label: &str) -> Work {
-        if root >= self.world {
-            return Work::ready(Err(Error::shape(format!(
-                "broadcast root {root} is not a rank of a world of {}",
-                self.world
-            ))));
+        if let Err(e) = check_root(root, self.world) {
+            return Work::ready(Err(e));
         }
-        self.submit(OpKind::Broadcast(root), buf, label)
+        self.queue.submit(OpKind::Broadcast(root), buf, label)
     }
     fn all_gather_async(&self, buf: Buffer, label: &str) -> Work {
-        self.submit(OpKind::AllGather, buf, label)
+        self.queue.submit(OpKind::AllGather, buf, label)
     }
     fn barrier_async(&self, label: &str) -> Work {
-        self.submit(OpKind::Barrier, Buffer::F32(Vec::new()), label)
+        self.queue.submit(OpKind::Barrier, Buffer::F32(Vec::new()), label)
     }
 }
 
@@ -252,11 +179,7 @@ fn comm_thread(
     let mut failed: Option<Fail> = None;
     while let Ok(job) = rx.recv() {
         seq += 1;
-        let desc = if job.label.is_empty() {
-            format!("{} #{seq}", job.kind.name())
-        } else {
-            format!("{} #{seq} ({})", job.kind.name(), job.label)
-        };
+        let desc = job.describe(seq);
         job.done.start();
         if let Some(f) = &failed {
             let e = Error::io(
