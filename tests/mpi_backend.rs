@@ -10,10 +10,8 @@
 
 mod common;
 use common::*;
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
 /// A small config: the synthetic set and a few steps, so refusals come fast.
 fn small_config(dir: &Path) -> std::path::PathBuf {
@@ -24,7 +22,7 @@ fn small_config(dir: &Path) -> std::path::PathBuf {
         "small.toml",
         &format!(
             "{model}\n[data]\ndataset = \"synthetic\"\nsynthetic_train_size = 240\nsynthetic_test_size = 40\n\
-             batch_size = 40\n[train]\nmax_steps = 2\n[logging]\nprogress = \"never\"\ntensorboard = false\n"
+             batch_size = 40\n[optimizer]\nname = \"sgd\"\nlr = 0.05\n[train]\nmax_steps = 2\n[logging]\nprogress = \"never\"\ntensorboard = false\n"
         ),
     )
 }

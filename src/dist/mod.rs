@@ -22,6 +22,8 @@ pub mod tcp;
 mod wire;
 
 #[cfg(test)]
+mod tests_agree;
+#[cfg(test)]
 mod tests_env;
 #[cfg(test)]
 mod tests_reducer;
@@ -32,6 +34,7 @@ mod tests_tcp;
 
 pub use agree::check_same_config;
 pub use env::{DistEnv, Launcher, JOB_TOKEN_VAR};
+pub use queue::Queued;
 pub use rendezvous::{rendezvous, Membership, RendezvousOpts};
 pub use tcp::TcpCommunicator;
 

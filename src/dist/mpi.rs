@@ -23,8 +23,8 @@
 //! operations; a mismatch in length or type is an MPI error, and MPI's default
 //! error handler aborts the job.
 
-use super::queue::{check_root, Job, OpKind, Queue};
-use super::{Buffer, Communicator, DType, ReduceOp, Work, WorkCompleter};
+use super::queue::{Job, OpKind, Queue, Queued};
+use super::{Buffer, DType, ReduceOp, WorkCompleter};
 use crate::error::{Error, Result};
 use half::f16;
 use mpi::ffi;
@@ -42,48 +42,23 @@ const POLL: Duration = Duration::from_micros(50);
 /// The exit status `MPI_Abort` asks `mpirun` to report.
 const ABORT_CODE: c_int = 1;
 
-/// Collectives over MPI; see the module docs.
-pub struct MpiCommunicator {
-    rank: usize,
-    world: usize,
-    queue: Queue,
-}
+/// The MPI transport, as [`Queued`]'s marker.
+pub enum Mpi {}
 
-impl MpiCommunicator {
+/// Collectives over MPI; see the module docs.
+pub type MpiCommunicator = Queued<Mpi>;
+
+impl Queued<Mpi> {
     /// Initializes MPI on a new communication thread; `timeout` bounds every
     /// collective (see the module docs).
     pub fn init(timeout: Duration) -> Result<MpiCommunicator> {
         let (ready_tx, ready_rx) = mpsc::channel();
         let queue = Queue::spawn("ddp-comm-mpi".into(), move |rx| comm_thread(ready_tx, rx, timeout))?;
         match ready_rx.recv() {
-            Ok(Ok((rank, world))) => Ok(MpiCommunicator { rank, world, queue }),
+            Ok(Ok((rank, world))) => Ok(Queued::new(rank, world, queue)),
             Ok(Err(e)) => Err(e),
             Err(_) => Err(Error::Training("MPI initialization: the communication thread is gone".into())),
         }
-    }
-}
-
-impl Communicator for MpiCommunicator {
-    fn rank(&self) -> usize {
-        self.rank
-    }
-    fn world_size(&self) -> usize {
-        self.world
-    }
-    fn all_reduce_async(&self, buf: Buffer, op: ReduceOp, label: &str) -> Work {
-        self.queue.submit(OpKind::AllReduce(op), buf, label)
-    }
-    fn broadcast_async(&self, buf: Buffer, root: usize, label: &str) -> Work {
-        if let Err(e) = check_root(root, self.world) {
-            return Work::ready(Err(e));
-        }
-        self.queue.submit(OpKind::Broadcast(root), buf, label)
-    }
-    fn all_gather_async(&self, buf: Buffer, label: &str) -> Work {
-        self.queue.submit(OpKind::AllGather, buf, label)
-    }
-    fn barrier_async(&self, label: &str) -> Work {
-        self.queue.submit(OpKind::Barrier, Buffer::F32(Vec::new()), label)
     }
 }
 
@@ -199,6 +174,13 @@ fn comm_thread(ready: mpsc::Sender<Result<(usize, usize)>>, rx: mpsc::Receiver<J
     e.run(&rx);
     // SAFETY: no operation uses the op any more (the queue is drained).
     unsafe { ffi::MPI_Op_free(&mut e.sum_f16) };
+    if crate::train::stop::requested().is_some() {
+        // A SIGTERM may come from mpirun tearing the job down; its daemon then
+        // sleeps until it sends SIGKILL and never answers MPI_Finalize's fence.
+        // The ranks have agreed on the step and saved it: they exit without it.
+        std::mem::forget(universe);
+        return;
+    }
     // Dropping the universe calls MPI_Finalize, on the thread that initialized MPI.
     drop(universe);
 }
@@ -236,9 +218,10 @@ impl Engine {
     /// Names the operation and ends the whole job: a collective that cannot
     /// finish on one rank cannot finish on the others either.
     fn abort(&self, desc: &str, why: &str) -> ! {
-        let mut err = std::io::stderr().lock();
-        let _ = writeln!(err, "rank {}: {desc}: {why}; aborting the job (MPI_Abort)", self.rank);
-        let _ = err.flush();
+        // One write: mpirun forwards each write as it comes, tagged, so a line
+        // written in pieces could be split by another rank's output.
+        let line = format!("rank {}: {desc}: {why}; aborting the job (MPI_Abort)\n", self.rank);
+        let _ = std::io::stderr().write_all(line.as_bytes());
         // SAFETY: MPI is initialized and this is the thread that initialized it.
         unsafe { ffi::MPI_Abort(self.comm, ABORT_CODE) };
         std::process::exit(ABORT_CODE)

@@ -3,8 +3,9 @@
 //! sockets, or MPI, whose calls must all come from the thread that
 //! initialized it) and runs the operations in issue order.
 
-use super::{Buffer, ReduceOp, Work, WorkCompleter};
+use super::{Buffer, Communicator, ReduceOp, Work, WorkCompleter};
 use crate::error::{Error, Result};
+use std::marker::PhantomData;
 use std::sync::mpsc;
 use std::sync::Mutex;
 use std::thread::JoinHandle;
@@ -105,4 +106,44 @@ pub(crate) fn check_root(root: usize, world: usize) -> Result<()> {
         return Err(Error::shape(format!("broadcast root {root} is not a rank of a world of {world}")));
     }
     Ok(())
+}
+
+/// A communicator whose collectives run on the communication thread of the
+/// transport `T`, a marker type (`tcp::Tcp`, `mpi::Mpi`) whose module
+/// implements joining the job.
+pub struct Queued<T> {
+    rank: usize,
+    world: usize,
+    queue: Queue,
+    transport: PhantomData<fn() -> T>,
+}
+
+impl<T> Queued<T> {
+    pub(crate) fn new(rank: usize, world: usize, queue: Queue) -> Self {
+        Queued { rank, world, queue, transport: PhantomData }
+    }
+}
+
+impl<T> Communicator for Queued<T> {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn world_size(&self) -> usize {
+        self.world
+    }
+    fn all_reduce_async(&self, buf: Buffer, op: ReduceOp, label: &str) -> Work {
+        self.queue.submit(OpKind::AllReduce(op), buf, label)
+    }
+    fn broadcast_async(&self, buf: Buffer, root: usize, label: &str) -> Work {
+        if let Err(e) = check_root(root, self.world) {
+            return Work::ready(Err(e));
+        }
+        self.queue.submit(OpKind::Broadcast(root), buf, label)
+    }
+    fn all_gather_async(&self, buf: Buffer, label: &str) -> Work {
+        self.queue.submit(OpKind::AllGather, buf, label)
+    }
+    fn barrier_async(&self, label: &str) -> Work {
+        self.queue.submit(OpKind::Barrier, Buffer::F32(Vec::new()), label)
+    }
 }

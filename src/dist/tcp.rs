@@ -10,10 +10,9 @@
 //! instead of leaving some of them waiting.
 
 use super::junk::JunkLog;
-use super::queue::{check_root, Job, OpKind, Queue};
+use super::queue::{Job, OpKind, Queue, Queued};
 use super::rendezvous::Membership;
 use super::wire::{self, Dec, Enc, MAGIC, MAX_CONTROL_FRAME, PROTOCOL_VERSION};
-use super::{Buffer, Communicator, ReduceOp, Work};
 use crate::error::{Error, Result};
 use std::io;
 use std::net::{Shutdown, TcpStream};
@@ -43,14 +42,13 @@ impl Fail {
     }
 }
 
-/// Collectives over TCP; see the module docs.
-pub struct TcpCommunicator {
-    rank: usize,
-    world: usize,
-    queue: Queue,
-}
+/// The TCP transport, as [`Queued`]'s marker.
+pub enum Tcp {}
 
-impl TcpCommunicator {
+/// Collectives over TCP; see the module docs.
+pub type TcpCommunicator = Queued<Tcp>;
+
+impl Queued<Tcp> {
     /// Connects the mesh after a rendezvous: each rank dials the lower ranks and
     /// accepts the higher ones. `timeout` bounds this and every later receive.
     pub fn connect(m: Membership, timeout: Duration) -> Result<TcpCommunicator> {
@@ -140,31 +138,7 @@ impl TcpCommunicator {
         }
         let queue =
             Queue::spawn(format!("ddp-comm-{rank}"), move |rx| comm_thread(rank, world, peers, timeout, rx))?;
-        Ok(TcpCommunicator { rank, world, queue })
-    }
-}
-
-impl Communicator for TcpCommunicator {
-    fn rank(&self) -> usize {
-        self.rank
-    }
-    fn world_size(&self) -> usize {
-        self.world
-    }
-    fn all_reduce_async(&self, buf: Buffer, op: ReduceOp, label: &str) -> Work {
-        self.queue.submit(OpKind::AllReduce(op), buf, label)
-    }
-    fn broadcast_async(&self, buf: Buffer, root: usize, label: &str) -> Work {
-        if let Err(e) = check_root(root, self.world) {
-            return Work::ready(Err(e));
-        }
-        self.queue.submit(OpKind::Broadcast(root), buf, label)
-    }
-    fn all_gather_async(&self, buf: Buffer, label: &str) -> Work {
-        self.queue.submit(OpKind::AllGather, buf, label)
-    }
-    fn barrier_async(&self, label: &str) -> Work {
-        self.queue.submit(OpKind::Barrier, Buffer::F32(Vec::new()), label)
+        Ok(Queued::new(rank, world, queue))
     }
 }
 
