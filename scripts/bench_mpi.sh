@@ -5,6 +5,8 @@
 # (O0, synthetic data, global batch 100, STEPS steps), REPS rounds with the
 # four measurements interleaved in each; prints every round and the medians.
 # BIN must be built with the feature: cargo build --release --features mpi.
+# MPIRUN_ARGS goes to mpirun, e.g. "--mca btl tcp,self" to make Open MPI use
+# loopback TCP between the ranks as tcp does, not shared memory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,7 +16,8 @@ ITERS=${ITERS:-50}
 STEPS=${STEPS:-60}
 # The seed ConvNet's gradients (29,034 f32), ResNet-20's (272,474), 10 MB.
 SIZES=${SIZES:-29034,272474,2621440}
-MPIRUN=(mpirun --allow-run-as-root --oversubscribe -np 2 -x RAYON_NUM_THREADS=1)
+# shellcheck disable=SC2206 # MPIRUN_ARGS is split into words on purpose
+MPIRUN=(mpirun --allow-run-as-root --oversubscribe -np 2 -x RAYON_NUM_THREADS=1 ${MPIRUN_ARGS:-})
 export CUDA_VISIBLE_DEVICES= RAYON_NUM_THREADS=1
 unset RANK WORLD_SIZE MASTER_ADDR MASTER_PORT
 TRAIN=(--config configs/mnist_o0.toml --set data.dataset=synthetic --set data.synthetic_train_size=12000
@@ -23,7 +26,7 @@ TRAIN=(--config configs/mnist_o0.toml --set data.dataset=synthetic --set data.sy
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
-echo "# $0 REPS=$REPS ITERS=$ITERS STEPS=$STEPS SIZES=$SIZES; $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)"
+echo "# $0 REPS=$REPS ITERS=$ITERS STEPS=$STEPS SIZES=$SIZES MPIRUN_ARGS=${MPIRUN_ARGS:-}; $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)"
 echo "# load at start: $(cut -d' ' -f1-3 /proc/loadavg)"
 rows=()
 for r in $(seq "$REPS"); do
