@@ -76,6 +76,10 @@ fn outside_an_mpi_launch_asking_for_mpi_says_to_use_mpirun() {
     let (code, t) = run_mpi_backend(dir.path(), &torchrun);
     assert_eq!(code, Some(2), "{t}");
     assert!(t.contains("started by Torchrun's variables (no OMPI_COMM_WORLD_RANK or PMI_RANK)"), "{t}");
+    // MPICH's variables, but Open MPI (this build's library) starts as a world of one.
+    let (code, t) = run_mpi_backend(dir.path(), &[("PMI_RANK", "1"), ("PMI_SIZE", "2")]);
+    assert_eq!(code, Some(2), "{t}");
+    assert!(t.contains("MPI says this is rank 0 of 1, but the launcher's variables say rank 1 of 2 (Pmi): start the job with the mpirun of the MPI library ddptrain was built against"), "{t}");
     assert!(!dir.path().join("out").exists(), "a refused run wrote its out_dir");
 }
 
