@@ -40,10 +40,14 @@ CUDA_WHEEL_LIB=$(ls -d "$PWD"/.venv/lib/python3*/site-packages/nvidia/cu13/lib |
 export LD_LIBRARY_PATH="$CUDA_WHEEL_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 # tests/tensorboard_events.rs reads the events with this interpreter.
 export DDPTRAIN_TB_PYTHON="$PWD/.venv/bin/python"
-# Open MPI for the mpirun launch test (tests/dist_processes.rs); a no-op once installed.
-if ! command -v mpirun >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
-    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openmpi-bin >/dev/null; } \
-        || echo "warning: could not install openmpi-bin; the mpirun test will be skipped"
+# Open MPI: mpirun for the launch tests (tests/dist_processes.rs), its headers
+# for the `mpi` feature, and libclang, with which rsmpi generates its bindings
+# from them (tests/mpi_backend.rs); a no-op once installed.
+have_mpi() { command -v mpirun && command -v mpicc && ls /usr/lib/llvm-*/lib/libclang.so; }
+if ! have_mpi >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+        openmpi-bin libopenmpi-dev libclang-dev >/dev/null; } \
+        || echo "warning: could not install Open MPI and libclang; the mpi feature will not build"
 fi
 # The kernel compile test against the real NVRTC from the wheels (sm_80, sm_90).
 cargo test --test kernels_compile "$@"
@@ -52,3 +56,6 @@ cargo test --test kernels_compile "$@"
 # on it (under CI=true a GPU test that finds no device fails instead of skipping).
 scripts/emulated-gpu.sh make -s -C tests/cuda_emu check
 scripts/emulated-gpu.sh cargo test --all-targets "$@"
+# The MPI backend: the `mpi` feature built and its tests run under mpirun
+# (without the feature, the run above checks that asking for it is refused).
+cargo test --features mpi --test mpi_backend "$@"

@@ -93,24 +93,6 @@ fn run(
     ddptrain::checkpoint::load_safetensors(&out.join("model.safetensors")).unwrap()
 }
 
-fn max_abs_diff(a: &[ddptrain::nn::StateEntry], b: &[ddptrain::nn::StateEntry]) -> f32 {
-    use ddptrain::nn::StateValue::*;
-    let mut worst = 0.0f32;
-    for ea in a {
-        let eb = b.iter().find(|e| e.name == ea.name).expect("same tensors");
-        match (&ea.value, &eb.value) {
-            (F32(x), F32(y)) => {
-                for (p, q) in x.iter().zip(y) {
-                    worst = worst.max((p - q).abs());
-                }
-            }
-            (I64(x), I64(y)) => assert_eq!(x, y, "{}", ea.name),
-            _ => panic!("{}: dtype differs", ea.name),
-        }
-    }
-    worst
-}
-
 #[test]
 fn two_and_three_ranks_with_sync_batchnorm_equal_one_rank() {
     let dir = tempfile::tempdir().unwrap();

@@ -460,7 +460,7 @@ fn mpirun_launches_ranks_that_rendezvous_and_all_reduce() {
         .unwrap();
     let (out, err) = text(&o);
     assert!(o.status.success(), "{out}\n{err}");
-    assert_eq!(out.matches("joined world 2 (OpenMpi launcher)").count(), 2, "{out}");
+    assert_eq!(out.matches("joined world 2 (OpenMpi launcher, tcp backend)").count(), 2, "{out}");
     let sums: Vec<&str> = out.lines().filter(|l| l.contains("ok checksum")).map(checksum).collect();
     assert!(sums.len() == 2 && sums[0] == sums[1], "{out}");
 }

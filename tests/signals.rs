@@ -31,48 +31,9 @@ fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
-/// A small conv net under O2 (f16 and f32 gradient buckets, fp32 masters,
-/// the dynamic loss scaler) on `train_size` synthetic 8x8 images in batches
-/// of 16 per rank, with no periodic checkpoint: the one the stop writes is
-/// the only one.
+/// tests/common's small O2 conv net for this file's runs.
 fn config(dir: &Path, device: &str, train_size: usize) -> PathBuf {
-    let body = format!(
-        r#"[run]
-seed = 3
-device = "{device}"
-[model]
-input_shape = [1, 8, 8]
-layers = [
-  {{ type = "sequential", name = "layer1", layers = [
-      {{ type = "conv2d", out_channels = 4, kernel_size = 3, padding = 1 }},
-      {{ type = "batchnorm2d" }}, {{ type = "relu" }} ] }},
-  {{ type = "flatten" }},
-  {{ type = "linear", name = "fc", out_features = 10 }},
-]
-[data]
-dataset = "synthetic"
-synthetic_train_size = {train_size}
-synthetic_test_size = 32
-batch_size = 16
-[optimizer]
-name = "sgd"
-lr = 0.05
-momentum = 0.9
-[amp]
-opt_level = "O2"
-[train]
-max_steps = {TOTAL_STEPS}
-[logging]
-progress = "never"
-every_steps = 1
-tensorboard = false
-[checkpoint]
-every_steps = 0
-[parallel]
-timeout_s = 120
-"#
-    );
-    write(dir, &format!("{device}-{train_size}.toml"), &body)
+    stop_config(dir, device, train_size, TOTAL_STEPS)
 }
 
 /// `ddptrain` (through `launch` of `world` ranks when > 1) on `cfg` into `out`.

@@ -363,6 +363,8 @@ pub enum Backend {
     Auto,
     Nccl,
     Tcp,
+    /// The collectives of the MPI library `mpirun` belongs to (cargo feature `mpi`; src/dist/mpi.rs).
+    Mpi,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -8,15 +8,21 @@
 //! caller computes. Operations complete in the order they are issued, and their
 //! results are bitwise equal on every rank.
 
+mod agree;
 pub mod cuda;
 pub mod env;
 mod junk;
+#[cfg(feature = "mpi")]
+pub mod mpi;
+mod queue;
 pub mod reducer;
 pub mod rendezvous;
 pub mod selftest;
 pub mod tcp;
 mod wire;
 
+#[cfg(test)]
+mod tests_agree;
 #[cfg(test)]
 mod tests_env;
 #[cfg(test)]
@@ -26,11 +32,13 @@ mod tests_rendezvous;
 #[cfg(test)]
 mod tests_tcp;
 
+pub use agree::check_same_config;
 pub use env::{DistEnv, Launcher, JOB_TOKEN_VAR};
+pub use queue::Queued;
 pub use rendezvous::{rendezvous, Membership, RendezvousOpts};
 pub use tcp::TcpCommunicator;
 
-use crate::config::Config;
+use crate::config::{Backend, Config};
 use crate::error::{Error, Result};
 use half::f16;
 use std::sync::mpsc;
@@ -232,10 +240,8 @@ impl Communicator for LocalCommunicator {
         Work::ready(Ok(buf))
     }
     fn broadcast_async(&self, buf: Buffer, root: usize, _label: &str) -> Work {
-        if root != 0 {
-            return Work::ready(Err(Error::shape(format!(
-                "broadcast root {root} is not a rank of a world of 1"
-            ))));
+        if let Err(e) = queue::check_root(root, 1) {
+            return Work::ready(Err(e));
         }
         Work::ready(Ok(buf))
     }
@@ -247,16 +253,85 @@ impl Communicator for LocalCommunicator {
     }
 }
 
-/// Joins the job this process was launched into: reads the environment, runs
-/// the rendezvous and connects the TCP mesh. A single process (no launcher
-/// variables, or WORLD_SIZE=1) gets a [`LocalCommunicator`] and touches no port.
+/// Joins the job this process was launched into: reads the environment, then
+/// runs the rendezvous and connects the TCP mesh, or (`parallel.backend =
+/// "mpi"`) initializes MPI. A single process (no launcher variables, or a
+/// world size of 1) gets a [`LocalCommunicator`] and touches no port.
 pub fn init(cfg: &Config) -> Result<(DistEnv, Box<dyn Communicator>)> {
     let env = DistEnv::from_process(&cfg.parallel)?;
+    let backend = cfg.parallel.backend;
+    check_backend(backend, &env)?;
     if env.world_size == 1 {
         return Ok((env, Box::new(LocalCommunicator)));
     }
     let timeout = Duration::from_secs(cfg.parallel.timeout_s.max(1));
     let opts = RendezvousOpts::for_config(cfg, env.job_token.clone(), timeout);
-    let comm = TcpCommunicator::connect(rendezvous(&env, &opts)?, opts.timeout)?;
-    Ok((env, Box::new(comm)))
+    let comm = connect(&env, &opts, backend)?;
+    Ok((env, comm))
+}
+
+/// Refuses `backend` where it cannot work: "mpi" in a build without the
+/// feature, or in a process that no MPI launcher started.
+pub fn check_backend(backend: Backend, env: &DistEnv) -> Result<()> {
+    if backend != Backend::Mpi {
+        return Ok(());
+    }
+    let bad = |msg: String| Err(Error::config("[parallel]", "parallel.backend", msg));
+    if !cfg!(feature = "mpi") {
+        return bad(
+            "\"mpi\" needs a ddptrain built with the `mpi` feature (`cargo build --release --features mpi`, \
+             with the MPI development headers and libclang installed; see the README), or use \"tcp\""
+                .into(),
+        );
+    }
+    match env.launcher {
+        Launcher::OpenMpi | Launcher::Pmi => Ok(()),
+        Launcher::None => {
+            bad("\"mpi\" takes the ranks from MPI, and this process was not started by an MPI launcher: \
+             run it under `mpirun -np N ddptrain ...` (or srun with PMI), or use \"tcp\""
+                .into())
+        }
+        other => bad(format!(
+            "\"mpi\" takes the ranks from MPI, but this process was started by {other:?}'s variables \
+             (no OMPI_COMM_WORLD_RANK or PMI_RANK): start the job with `mpirun -np N ddptrain ...`, \
+             or use \"tcp\" with this launcher"
+        )),
+    }
+}
+
+/// The communicator of `backend` for a job of several ranks: the TCP
+/// rendezvous and mesh, or MPI, whose ranks then compare config fingerprints.
+pub fn connect(env: &DistEnv, opts: &RendezvousOpts, backend: Backend) -> Result<Box<dyn Communicator>> {
+    if backend != Backend::Mpi {
+        return Ok(Box::new(TcpCommunicator::connect(rendezvous(env, opts)?, opts.timeout)?));
+    }
+    connect_mpi(env, opts)
+}
+
+#[cfg(feature = "mpi")]
+fn connect_mpi(env: &DistEnv, opts: &RendezvousOpts) -> Result<Box<dyn Communicator>> {
+    let comm = mpi::MpiCommunicator::init(opts.timeout)?;
+    if (comm.rank(), comm.world_size()) != (env.rank, env.world_size) {
+        return Err(Error::config(
+            "the environment",
+            "parallel.backend",
+            format!(
+                "MPI says this is rank {} of {}, but the launcher's variables say rank {} of {} ({:?}): \
+                 start the job with the mpirun of the MPI library ddptrain was built against",
+                comm.rank(),
+                comm.world_size(),
+                env.rank,
+                env.world_size,
+                env.launcher
+            ),
+        ));
+    }
+    check_same_config(&comm, opts)?;
+    Ok(Box::new(comm))
+}
+
+#[cfg(not(feature = "mpi"))]
+fn connect_mpi(env: &DistEnv, _opts: &RendezvousOpts) -> Result<Box<dyn Communicator>> {
+    check_backend(Backend::Mpi, env)?;
+    Err(Error::Unsupported("this ddptrain was built without the `mpi` feature".into()))
 }

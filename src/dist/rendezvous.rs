@@ -48,7 +48,7 @@ impl RendezvousOpts {
     }
 
     /// The config as sent in the handshake: empty when there is none or it is too large.
-    fn config_text(&self) -> String {
+    pub(crate) fn config_text(&self) -> String {
         if self.config.is_null() {
             return String::new();
         }
@@ -170,9 +170,15 @@ fn refuse(key: &str, msg: String) -> Error {
 /// The keys whose values differ between rank 0's config and a joiner's, or,
 /// when either side has no config to compare, where to look.
 fn config_differences(opts: &RendezvousOpts, h: &Hello) -> String {
-    let theirs = serde_json::from_str::<serde_json::Value>(&h.config).ok();
-    let ours = Some(&opts.config).filter(|c| !c.is_null());
-    let joiner = format!("rank {}", h.rank);
+    describe_config_differences(&opts.config, &h.config, h.rank)
+}
+
+/// [`config_differences`] from rank 0's config and rank `joiner`'s as sent
+/// (JSON, empty when it sent none); shared with the MPI backend's check.
+pub(crate) fn describe_config_differences(ours: &serde_json::Value, theirs: &str, joiner: usize) -> String {
+    let theirs = serde_json::from_str::<serde_json::Value>(theirs).ok();
+    let ours = Some(ours).filter(|c| !c.is_null());
+    let joiner = format!("rank {joiner}");
     match (ours, theirs) {
         (Some(ours), Some(theirs)) => {
             match crate::config::describe_diff(ours, &theirs, ("rank 0", &joiner)) {

@@ -2,12 +2,12 @@
 //! collectives through the real binary, for the multi-process tests and for
 //! checking a cluster's network before a long run.
 
-use super::{Buffer, Communicator, DistEnv, ReduceOp, RendezvousOpts, TcpCommunicator};
-use crate::config::ParallelConfig;
+use super::{Buffer, Communicator, DistEnv, ReduceOp, RendezvousOpts};
+use crate::config::{Backend, ParallelConfig};
 use crate::error::{Error, Result};
 use half::f16;
 use std::io::Write;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct SelftestArgs {
@@ -36,6 +36,15 @@ pub struct SelftestArgs {
     pub exit_code: u8,
     #[arg(long, default_value_t = 60)]
     pub hang_s: u64,
+    /// The transport, as `parallel.backend` names it.
+    #[arg(long, default_value = "tcp", value_parser = ["tcp", "mpi"])]
+    pub backend: String,
+    /// After the checks, time this many all-reduces of each --bench-numel size
+    /// (rank 0 prints the median and the throughput).
+    #[arg(long, default_value_t = 0)]
+    pub bench_iters: usize,
+    #[arg(long, value_delimiter = ',', default_value = "100003")]
+    pub bench_numel: Vec<usize>,
 }
 
 const ENV_VARS: [&str; 9] = [
@@ -98,8 +107,16 @@ pub fn run(args: &SelftestArgs) -> Result<u8> {
         job_token: env.job_token.clone(),
         timeout: Duration::from_secs(args.timeout_s.max(1)),
     };
-    let comm = TcpCommunicator::connect(super::rendezvous(&env, &opts)?, opts.timeout)?;
-    say(format!("selftest rank {r}: joined world {w} ({:?} launcher)", env.launcher));
+    let backend = if args.backend == "mpi" { Backend::Mpi } else { Backend::Tcp };
+    super::check_backend(backend, &env)?;
+    let comm = super::connect(&env, &opts, backend)?;
+    let comm = &*comm;
+    say(format!(
+        "selftest rank {r}: joined world {w} ({:?} launcher, {} backend), pid {}",
+        env.launcher,
+        args.backend,
+        std::process::id()
+    ));
     let make = |rank: usize, n: usize| -> Buffer {
         let v: Vec<f32> = (0..n).map(|i| value(rank, i)).collect();
         if args.dtype == "f16" {
@@ -149,5 +166,36 @@ pub fn run(args: &SelftestArgs) -> Result<u8> {
         }
     }
     say(format!("selftest rank {r}/{w}: ok checksum {h:016x}"));
+    for &n in &args.bench_numel {
+        if args.bench_iters > 0 {
+            bench(comm, make(r, n), args.bench_iters)?;
+        }
+    }
     Ok(0)
+}
+
+/// Times `iters` all-reduces of `buf` after one warm-up; rank 0 reports the
+/// median and the algorithm bandwidth (bytes of the buffer per second), as
+/// nccl-tests' `algbw` does.
+fn bench(comm: &dyn Communicator, buf: Buffer, iters: usize) -> Result<()> {
+    let bytes = buf.len() * buf.dtype().size();
+    comm.all_reduce(buf.clone(), ReduceOp::Sum, "bench")?;
+    let mut times = Vec::with_capacity(iters);
+    for _ in 0..iters {
+        let t = Instant::now();
+        comm.all_reduce(buf.clone(), ReduceOp::Sum, "bench")?;
+        times.push(t.elapsed().as_secs_f64());
+    }
+    times.sort_by(f64::total_cmp);
+    let med = times[iters / 2];
+    if comm.rank() == 0 {
+        say(format!(
+            "bench all_reduce {} x {}: {bytes} bytes, median {:.3} ms, {:.1} MB/s over {iters} runs",
+            buf.len(),
+            buf.dtype().name(),
+            med * 1e3,
+            bytes as f64 / med / 1e6
+        ));
+    }
+    Ok(())
 }

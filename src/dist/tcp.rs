@@ -10,15 +10,13 @@
 //! instead of leaving some of them waiting.
 
 use super::junk::JunkLog;
+use super::queue::{Job, OpKind, Queue, Queued};
 use super::rendezvous::Membership;
 use super::wire::{self, Dec, Enc, MAGIC, MAX_CONTROL_FRAME, PROTOCOL_VERSION};
-use super::{Buffer, Communicator, ReduceOp, Work, WorkCompleter};
 use crate::error::{Error, Result};
 use std::io;
 use std::net::{Shutdown, TcpStream};
 use std::sync::mpsc;
-use std::sync::Mutex;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 mod collectives;
@@ -29,40 +27,6 @@ pub const RING_MIN_BYTES: usize = 64 * 1024;
 const MESH_HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// An ABORT is a courtesy to the peers; it must not delay the failing rank's exit.
 const ABORT_WRITE_TIMEOUT: Duration = Duration::from_secs(1);
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum OpKind {
-    AllReduce(ReduceOp),
-    Broadcast(usize),
-    AllGather,
-    Barrier,
-}
-
-impl OpKind {
-    fn name(self) -> &'static str {
-        match self {
-            OpKind::AllReduce(_) => "all_reduce",
-            OpKind::Broadcast(_) => "broadcast",
-            OpKind::AllGather => "all_gather",
-            OpKind::Barrier => "barrier",
-        }
-    }
-    fn code(self) -> u8 {
-        match self {
-            OpKind::AllReduce(_) => 1,
-            OpKind::Broadcast(_) => 2,
-            OpKind::AllGather => 3,
-            OpKind::Barrier => 4,
-        }
-    }
-}
-
-struct Job {
-    kind: OpKind,
-    buf: Buffer,
-    label: String,
-    done: WorkCompleter,
-}
 
 /// Why an operation failed, kept so later operations can report it too.
 #[derive(Debug, Clone)]
@@ -78,15 +42,13 @@ impl Fail {
     }
 }
 
-/// Collectives over TCP; see the module docs.
-pub struct TcpCommunicator {
-    rank: usize,
-    world: usize,
-    tx: Mutex<Option<mpsc::Sender<Job>>>,
-    thread: Option<JoinHandle<()>>,
-}
+/// The TCP transport, as [`Queued`]'s marker.
+pub enum Tcp {}
 
-impl TcpCommunicator {
+/// Collectives over TCP; see the module docs.
+pub type TcpCommunicator = Queued<Tcp>;
+
+impl Queued<Tcp> {
     /// Connects the mesh after a rendezvous: each rank dials the lower ranks and
     /// accepts the higher ones. `timeout` bounds this and every later receive.
     pub fn connect(m: Membership, timeout: Duration) -> Result<TcpCommunicator> {
@@ -174,70 +136,9 @@ impl TcpCommunicator {
                 .and_then(|_| s.set_write_timeout(Some(timeout)));
             setup.map_err(|e| Error::io(format!("rank {rank}: mesh socket"), e))?;
         }
-        let (tx, rx) = mpsc::channel::<Job>();
-        let thread = std::thread::Builder::new()
-            .name(format!("ddp-comm-{rank}"))
-            .spawn(move || comm_thread(rank, world, peers, timeout, rx))
-            .map_err(|e| Error::io("cannot start the communication thread", e))?;
-        Ok(TcpCommunicator { rank, world, tx: Mutex::new(Some(tx)), thread: Some(thread) })
-    }
-
-    fn submit(&self, kind: OpKind, buf: Buffer, label: &str) -> Work {
-        let (work, done) = Work::pending(format!("{} ({label})", kind.name()));
-        let job = Job { kind, buf, label: label.to_string(), done };
-        let sent = match self.tx.lock() {
-            Ok(tx) => match tx.as_ref() {
-                Some(tx) => tx.send(job).map_err(|e| e.0),
-                None => Err(job),
-            },
-            Err(_) => Err(job),
-        };
-        if let Err(job) = sent {
-            job.done.complete(Err(Error::Training(format!(
-                "{}: the communication thread has stopped",
-                kind.name()
-            ))));
-        }
-        work
-    }
-}
-
-impl Drop for TcpCommunicator {
-    fn drop(&mut self) {
-        // Closing the queue lets the thread finish what was issued, then exit.
-        if let Ok(mut tx) = self.tx.lock() {
-            tx.take();
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-impl Communicator for TcpCommunicator {
-    fn rank(&self) -> usize {
-        self.rank
-    }
-    fn world_size(&self) -> usize {
-        self.world
-    }
-    fn all_reduce_async(&self, buf: Buffer, op: ReduceOp, label: &str) -> Work {
-        self.submit(OpKind::AllReduce(op), buf, label)
-    }
-    fn broadcast_async(&self, buf: Buffer, root: usize, label: &str) -> Work {
-        if root >= self.world {
-            return Work::ready(Err(Error::shape(format!(
-                "broadcast root {root} is not a rank of a world of {}",
-                self.world
-            ))));
-        }
-        self.submit(OpKind::Broadcast(root), buf, label)
-    }
-    fn all_gather_async(&self, buf: Buffer, label: &str) -> Work {
-        self.submit(OpKind::AllGather, buf, label)
-    }
-    fn barrier_async(&self, label: &str) -> Work {
-        self.submit(OpKind::Barrier, Buffer::F32(Vec::new()), label)
+        let queue =
+            Queue::spawn(format!("ddp-comm-{rank}"), move |rx| comm_thread(rank, world, peers, timeout, rx))?;
+        Ok(Queued::new(rank, world, queue))
     }
 }
 
@@ -252,11 +153,7 @@ fn comm_thread(
     let mut failed: Option<Fail> = None;
     while let Ok(job) = rx.recv() {
         seq += 1;
-        let desc = if job.label.is_empty() {
-            format!("{} #{seq}", job.kind.name())
-        } else {
-            format!("{} #{seq} ({})", job.kind.name(), job.label)
-        };
+        let desc = job.describe(seq);
         job.done.start();
         if let Some(f) = &failed {
             let e = Error::io(

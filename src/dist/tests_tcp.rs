@@ -6,7 +6,7 @@ use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
 /// A connected job of `world` ranks on loopback, in rank order.
-fn group(world: usize, timeout_ms: u64) -> Vec<TcpCommunicator> {
+pub(super) fn group(world: usize, timeout_ms: u64) -> Vec<TcpCommunicator> {
     let o = RendezvousOpts {
         fingerprint: "fp".into(),
         config: serde_json::Value::Null,
@@ -28,7 +28,7 @@ fn group(world: usize, timeout_ms: u64) -> Vec<TcpCommunicator> {
 }
 
 /// Runs `f` on every rank at once; results in rank order.
-fn on_all<T: Send>(comms: &[TcpCommunicator], f: impl Fn(&TcpCommunicator) -> T + Sync) -> Vec<T> {
+pub(super) fn on_all<T: Send>(comms: &[TcpCommunicator], f: impl Fn(&TcpCommunicator) -> T + Sync) -> Vec<T> {
     std::thread::scope(|s| {
         let hs: Vec<_> = comms.iter().map(|c| s.spawn(|| f(c))).collect();
         hs.into_iter().map(|h| h.join().unwrap()).collect()

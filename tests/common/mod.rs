@@ -111,3 +111,67 @@ pub fn run_args(a: &[String], cwd: &Path) -> (Option<i32>, String) {
     let o = ddptrain(&refs, cwd);
     (o.status.code(), text(&o))
 }
+
+/// The largest |difference| between two state dicts' f32 values (integer
+/// entries must be equal).
+pub fn max_abs_diff(a: &[ddptrain::nn::StateEntry], b: &[ddptrain::nn::StateEntry]) -> f32 {
+    use ddptrain::nn::StateValue::*;
+    let mut worst = 0.0f32;
+    for ea in a {
+        let eb = b.iter().find(|e| e.name == ea.name).expect("same tensors");
+        match (&ea.value, &eb.value) {
+            (F32(x), F32(y)) => {
+                for (p, q) in x.iter().zip(y) {
+                    worst = worst.max((p - q).abs());
+                }
+            }
+            (I64(x), I64(y)) => assert_eq!(x, y, "{}", ea.name),
+            _ => panic!("{}: dtype differs", ea.name),
+        }
+    }
+    worst
+}
+
+/// A small conv net under O2 (f16 and f32 gradient buckets, fp32 masters,
+/// the dynamic loss scaler) on `train_size` synthetic 8x8 images in batches
+/// of 16 per rank, with no periodic checkpoint: the one the stop writes is
+/// the only one: the runs tests/signals.rs and tests/mpi_backend.rs stop.
+pub fn stop_config(dir: &Path, device: &str, train_size: usize, total_steps: u64) -> PathBuf {
+    let body = format!(
+        r#"[run]
+seed = 3
+device = "{device}"
+[model]
+input_shape = [1, 8, 8]
+layers = [
+  {{ type = "sequential", name = "layer1", layers = [
+      {{ type = "conv2d", out_channels = 4, kernel_size = 3, padding = 1 }},
+      {{ type = "batchnorm2d" }}, {{ type = "relu" }} ] }},
+  {{ type = "flatten" }},
+  {{ type = "linear", name = "fc", out_features = 10 }},
+]
+[data]
+dataset = "synthetic"
+synthetic_train_size = {train_size}
+synthetic_test_size = 32
+batch_size = 16
+[optimizer]
+name = "sgd"
+lr = 0.05
+momentum = 0.9
+[amp]
+opt_level = "O2"
+[train]
+max_steps = {total_steps}
+[logging]
+progress = "never"
+every_steps = 1
+tensorboard = false
+[checkpoint]
+every_steps = 0
+[parallel]
+timeout_s = 120
+"#
+    );
+    write(dir, &format!("{device}-{train_size}.toml"), &body)
+}

@@ -21,6 +21,15 @@ const KIND_ABORT: u8 = 2;
 const HEADER: usize = 24;
 pub(super) const MAX_ABORT_MSG: usize = 4096;
 
+fn op_code(k: OpKind) -> u8 {
+    match k {
+        OpKind::AllReduce(_) => 1,
+        OpKind::Broadcast(_) => 2,
+        OpKind::AllGather => 3,
+        OpKind::Barrier => 4,
+    }
+}
+
 fn dtype_code(d: DType) -> u8 {
     match d {
         DType::F32 => 1,
@@ -98,7 +107,7 @@ impl Ctx<'_> {
     /// A data frame: header for `n` elements of `total` in `dtype`, then the bytes.
     fn frame(&self, dtype: DType, total: usize, payload: &[u8]) -> Vec<u8> {
         let mut f = Vec::with_capacity(HEADER + payload.len());
-        f.extend_from_slice(&[KIND_DATA, self.kind.code(), dtype_code(dtype), 0]);
+        f.extend_from_slice(&[KIND_DATA, op_code(self.kind), dtype_code(dtype), 0]);
         f.extend_from_slice(&self.seq.to_be_bytes());
         f.extend_from_slice(&(total as u64).to_be_bytes());
         f.extend_from_slice(&(payload.len() as u32).to_be_bytes());
@@ -128,7 +137,7 @@ impl Ctx<'_> {
                 detail: String::from_utf8_lossy(&msg).into_owned(),
             });
         }
-        let ok = d.0 == [KIND_DATA, self.kind.code(), dtype_code(dtype), 0]
+        let ok = d.0 == [KIND_DATA, op_code(self.kind), dtype_code(dtype), 0]
             && d.1 == self.seq
             && d.2 == total as u64
             && claimed == len;
