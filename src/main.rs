@@ -115,14 +115,15 @@ fn check(args: &CheckArgs) -> anyhow::Result<u8> {
     let cfg = load(&args.config)?;
     let layers = config::model::resolve(&cfg.model)?;
     let estimate = config::preflight(&cfg)?;
+    let policy = ddptrain::amp::Policy::resolve(&cfg.amp)?;
+    let desc = config::describe::describe(&cfg.model.input_shape, &layers, &policy);
     if args.json {
-        let policy = ddptrain::amp::Policy::resolve(&cfg.amp)?;
-        let desc = config::describe::describe(&cfg.model.input_shape, &layers, &policy);
         println!("{}", serde_json::to_string(&desc)?);
         return Ok(0);
     }
     println!("# resolved config ({})\n{}", cfg.config_path.display(), cfg.to_toml_string());
     println!("# model\n{}", config::model::summary(&layers));
+    println!("# state_dict at {}\n{}", policy.opt_level, desc.state_dict_table());
     println!("{estimate}");
     println!("config OK");
     Ok(0)

@@ -104,4 +104,15 @@ fn check_prints_resolved_config_and_model_summary() {
     for needle in ["epochs = 2", "layer1.0", "layer2.1", "fc", "29034"] {
         assert!(t.contains(needle), "check output should contain {needle:?}:\n{t}");
     }
+    // Every state_dict key with its shape and the dtype the opt level holds it in.
+    let keys: Vec<Vec<&str>> = t
+        .lines()
+        .skip_while(|l| !l.starts_with("# state_dict at "))
+        .skip(1)
+        .take_while(|l| !l.is_empty())
+        .map(|l| l.split("  ").map(str::trim).filter(|c| !c.is_empty()).collect())
+        .collect();
+    assert_eq!(keys.len(), 16, "{t}");
+    assert_eq!(keys[0], ["layer1.0.weight", "[16, 1, 5, 5]", "float32"], "{t}");
+    assert_eq!(keys[6], ["layer1.1.num_batches_tracked", "[]", "int64"], "{t}");
 }

@@ -88,3 +88,17 @@ pub fn describe(input_shape: &[usize], layers: &[ResolvedLayer], policy: &Policy
         num_params: param_count(layers),
     }
 }
+
+impl Description {
+    /// One line per `state_dict` key: name, shape and dtype, aligned.
+    pub fn state_dict_table(&self) -> String {
+        let width = self.state_dict.iter().map(|e| e.name.len()).max().unwrap_or(0);
+        let shape = |s: &[usize]| format!("{s:?}");
+        let swidth = self.state_dict.iter().map(|e| shape(&e.shape).len()).max().unwrap_or(0);
+        let mut out = String::new();
+        for e in &self.state_dict {
+            out.push_str(&format!("{:<width$}  {:<swidth$}  {}\n", e.name, shape(&e.shape), e.dtype));
+        }
+        out
+    }
+}

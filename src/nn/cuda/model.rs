@@ -382,7 +382,7 @@ impl GpuModel {
         }
         // Which gradient buffers hold a value's gradient yet: the first dx
         // into a buffer is written (`=`), a later reader's is added (`+=`).
-        let mut written = vec![false; grads.len()];
+        let mut written = vec![false; plan.acts.len()];
         written[plan.logits()] = true;
         for (lp, state) in plan.layers.iter().zip(states.iter()).rev() {
             let len = n * lp.in_numel;
