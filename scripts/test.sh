@@ -49,6 +49,9 @@ if ! have_mpi >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
         openmpi-bin libopenmpi-dev libclang-dev >/dev/null; } \
         || echo "warning: could not install Open MPI and libclang; the mpi feature will not build"
 fi
+# Style and lints first: a formatting slip or a clippy warning fails fast.
+cargo fmt --check
+cargo clippy --all-targets -- -D warnings
 # The kernel compile test against the real NVRTC from the wheels (sm_80, sm_90).
 cargo test --test kernels_compile "$@"
 # The emulated CUDA device (tests/cuda_emu): its own tests, then every test of

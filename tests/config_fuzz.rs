@@ -139,7 +139,18 @@ fn mutate_value(doc: &mut Value, rng: &mut Rng) {
             t.remove(&last[0]);
         }
         (1, Value::Table(t)) => {
-            let names = ["epochz", "batchsize", "lr", "type", "layers", "kernel", "name", "x"];
+            let names = [
+                "epochz",
+                "batchsize",
+                "lr",
+                "type",
+                "layers",
+                "shortcut",
+                "output_size",
+                "kernel",
+                "name",
+                "x",
+            ];
             t.insert(rng.pick(&names).to_string(), odd_value(rng));
         }
         (_, p) => {

@@ -112,6 +112,24 @@ fn two_and_three_ranks_with_sync_batchnorm_equal_one_rank() {
     assert!(d2 < 1e-5 && d3 < 1e-5, "two ranks {d2:e}, three ranks {d3:e}");
 }
 
+/// The residual graph of configs/resnet_mnist_o2.toml at O0 on the CPU: a
+/// value read by two nodes, gradients summed at the fan-out, buckets
+/// reduced while backward runs through both branches.
+#[test]
+fn the_resnet_on_two_ranks_with_sync_batchnorm_equals_one_rank() {
+    let dir = tempfile::tempdir().unwrap();
+    let seed = std::fs::read_to_string(repo_root().join("configs/resnet_mnist_o2.toml")).unwrap();
+    let model = &seed[seed.find("[model]").unwrap()..seed.find("[data]").unwrap()];
+    let cfg =
+        write(dir.path(), "resnet.toml", &format!("{model}\n{COMMON}\n[parallel]\nsync_batchnorm = true\n"));
+    let steps = ["train.max_steps=3", "parallel.bucket_cap_mb=0.05", "parallel.first_bucket_mb=0.01"];
+    let one = run(dir.path(), &cfg, 1, 120, &steps);
+    let two = run(dir.path(), &cfg, 2, 60, &steps);
+    let d2 = max_abs_diff(&one, &two);
+    println!("ResNet, max |dw| vs one rank: two ranks {d2:.3e}");
+    assert!(d2 < 1e-5, "two ranks {d2:e}");
+}
+
 #[test]
 fn without_batchnorm_two_ranks_and_gradient_accumulation_equal_one_rank() {
     let dir = tempfile::tempdir().unwrap();

@@ -413,7 +413,7 @@ fn optim_entries(
     let mut out = Vec::new();
     for (state, i, values) in opt.state_tensors() {
         let p = params.get(i).ok_or_else(|| {
-            Error::Training(format!("internal error: optimizer state for parameter {i} of {}", params.len()))
+            Error::internal(format!("optimizer state for parameter {i} of {}", params.len()))
         })?;
         out.push(StateEntry {
             name: format!("{}.{state}", p.name),

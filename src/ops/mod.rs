@@ -1,6 +1,7 @@
-//! One folder per op family: `mod.rs` dispatches on the tensor's storage,
+//! One folder per op family: `mod.rs` dispatches on the tensor's dtype,
 //! `cpu.rs` holds the CPU kernels (generic over [`Elem`] so the tests can run
-//! them in f64), and the CUDA twin will sit beside it as `cuda.rs`.
+//! them in f64), and `cuda.rs` its device twin, the launchers of
+//! `kernels/<family>.cu`.
 
 use crate::error::{Error, Result};
 use crate::tensor::{CpuStorage, Storage, Tensor};

@@ -375,9 +375,7 @@ impl NcclComm {
     /// ready buckets at once). The group is closed even when `f` fails.
     pub fn group<R>(&self, f: impl FnOnce(&Self) -> Result<R>) -> Result<R> {
         if self.grouped.borrow().is_some() {
-            return Err(Error::Training(
-                "internal error: NCCL groups of one communicator do not nest here".into(),
-            ));
+            return Err(Error::internal("NCCL groups of one communicator do not nest here"));
         }
         result::group_start().map_err(|e| nccl_err("ncclGroupStart", e, Some(self.comm)))?;
         *self.grouped.borrow_mut() = Some(Vec::new());

@@ -119,7 +119,7 @@ pub fn hidden_fraction(spans: &[(f64, f64)]) -> f64 {
 }
 
 fn internal(msg: impl std::fmt::Display) -> Error {
-    Error::Training(format!("internal error: DDP: {msg}"))
+    Error::internal(format!("DDP: {msg}"))
 }
 
 #[cfg(test)]

@@ -122,7 +122,7 @@ impl ReadyTracker {
 }
 
 fn internal(msg: String) -> Error {
-    Error::Training(format!("internal error: DDP: {msg}"))
+    Error::internal(format!("DDP: {msg}"))
 }
 
 #[cfg(test)]

@@ -162,7 +162,7 @@ pub struct DeviceParams {
 }
 
 fn internal(msg: String) -> Error {
-    Error::Training(format!("internal error: {msg}"))
+    Error::internal(msg)
 }
 
 impl DeviceParams {

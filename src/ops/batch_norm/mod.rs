@@ -25,7 +25,10 @@ pub struct BatchNormSaved {
 }
 
 fn unsupported(op: &str, t: &Tensor) -> Error {
-    Error::Unsupported(format!("batch_norm {op} on {:?} tensors (only CPU f32 is implemented)", t.dtype()))
+    Error::Unsupported(format!(
+        "batch_norm {op} on {:?} tensors: this path takes host f32 (f16 is widened before it)",
+        t.dtype()
+    ))
 }
 
 /// The CPU f32 data of a parameter-like tensor, after checking it is `[c]`.

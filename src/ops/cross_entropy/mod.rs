@@ -52,7 +52,10 @@ fn check(op: &str, logits: &Tensor, labels: &[u32]) -> Result<(usize, usize)> {
 }
 
 fn unsupported(op: &str, t: &Tensor) -> Error {
-    Error::Unsupported(format!("cross_entropy {op} on {:?} tensors (only CPU f32 is implemented)", t.dtype()))
+    Error::Unsupported(format!(
+        "cross_entropy {op} on {:?} tensors: this path takes host f32 (f16 is widened before it)",
+        t.dtype()
+    ))
 }
 
 /// Mean loss, hit count, and `dlogits = grad_scale * (softmax - onehot) / N`.

@@ -9,7 +9,10 @@ use crate::error::{Error, Result};
 use crate::tensor::{CpuStorage, DType, Storage, Tensor};
 
 fn unsupported(op: &str, t: &Tensor) -> Error {
-    Error::Unsupported(format!("relu {op} on {:?} tensors (only CPU f32 is implemented)", t.dtype()))
+    Error::Unsupported(format!(
+        "relu {op} on {:?} tensors: this path takes host f32 (f16 is widened before it)",
+        t.dtype()
+    ))
 }
 
 fn is_cpu_f32(t: &Tensor) -> bool {

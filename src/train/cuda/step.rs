@@ -233,7 +233,7 @@ impl DeviceStep {
                     )?
                 }
                 (None, None, DevBuf::F16(_)) => {
-                    return Err(Error::Training("internal error: f16 group without its f32 scratch".into()))
+                    return Err(Error::internal("f16 group without its f32 scratch"))
                 }
             }
         }
