@@ -5,6 +5,8 @@
 // reads and writes, one element past the end and one before the start: each
 // is caught naming the kernel, block, thread, allocation and byte offset,
 // and the in-bounds launch of the same size is quiet.
+#include <unistd.h>
+
 #include "driver_util.h"
 #include "exec_util.h"
 
@@ -26,6 +28,12 @@ extern "C" __global__ void rd_f16(const __half* x, __half* y, long long n, long 
 extern "C" __global__ void wr_f16(const __half* x, __half* y, long long n, long long off) { wr(x, y, n, off); }
 extern "C" __global__ void sum_into(const float* x, float* out, long long n) {
   for (long long i = threadIdx.x; i < n; i += blockDim.x) atomicAdd(out, x[i]);
+}
+extern "C" __global__ void rotate(float* out, int barrier) {
+  __shared__ float s[64];
+  s[threadIdx.x] = (float)threadIdx.x;
+  if (barrier) __syncthreads();
+  out[threadIdx.x] = s[(threadIdx.x + 32) % 64];
 }
 )";
 
@@ -127,6 +135,69 @@ TEST_CASE(use_after_free) {
                 has(r.message, "use after free: freed by cuMemFree_v2"),
             "%s", r.message);
   CHECK(cuMemFree_v2(y) == 0);
+}
+
+// The counters of checks performed, through real launches.
+TEST_CASE(check_counters) {
+  ctx();
+  CUmodule mod;
+  CHECK(cuModuleLoadData(&mod, emu::compile(kSrc, "memcheck.cu").ptx.c_str()) == 0);
+  CUfunction rd, rot;
+  CHECK(cuModuleGetFunction(&rd, mod, "rd_f32") == 0 && cuModuleGetFunction(&rot, mod, "rotate") == 0);
+  long long n = 64, off = 0;
+  int barrier = 1;
+  CUdeviceptr x = dalloc(n * 4, true), y = dalloc(n * 4, false);
+  void* ra[] = {&x, &y, &n, &off};
+  void* sa[] = {&y, &barrier};
+  cuemuResetCounters();
+  CHECK(cuLaunchKernel(rd, 1, 1, 1, 64, 1, 1, 0, nullptr, ra, nullptr) == 0);
+  CHECK(cuLaunchKernel(rot, 1, 1, 1, 64, 1, 1, 0, nullptr, sa, nullptr) == 0);
+  CHECK(cuCtxSynchronize() == 0);
+  // rd_f32: 64 reads and 64 writes; rotate: 64 writes of out.
+  CHECK_MSG(cuemuGetCounter("bounds_checks") == 192, "bounds_checks %lld", cuemuGetCounter("bounds_checks"));
+  CHECK_MSG(cuemuGetCounter("init_checks") == 64, "init_checks %lld", cuemuGetCounter("init_checks"));
+  // rotate: 64 shared writes and 64 shared reads.
+  CHECK_MSG(cuemuGetCounter("shared_checks") == 128, "shared_checks %lld", cuemuGetCounter("shared_checks"));
+  CHECK(cuMemFree_v2(x) == 0 && cuMemFree_v2(y) == 0);
+  CHECK(cuModuleUnload(mod) == 0);
+}
+
+// Run by each_switch_turns_its_check_off in a child: three faults, each
+// caught by one check; prints which ones went unreported.
+TEST_CASE(faults_under_switches) {
+  if (!getenv("MEMCHECK_CHILD")) return;
+  ctx();
+  long long n = 1, one = 1, zero = 0;
+  int barrier = 0;
+  CUdeviceptr x = dalloc(4, true), y = dalloc(4, true), fresh = dalloc(4, false);
+  std::vector<float> out(64);
+  void *xp = (void*)x, *yp = (void*)y, *fp = (void*)fresh, *op = out.data();
+  const bool bounds = emu::launch(module(), "rd_f32", {1, 1, 1}, {1, 1, 1}, {&xp, &yp, &n, &one}).ok;
+  const bool init = emu::launch(module(), "rd_f32", {1, 1, 1}, {1, 1, 1}, {&fp, &yp, &n, &zero}).ok;
+  const bool shared = emu::launch(module(), "rotate", {1, 1, 1}, {64, 1, 1}, {&op, &barrier}).ok;
+  printf("%d %d %d\n", bounds, init, shared);
+}
+
+TEST_CASE(each_switch_turns_its_check_off) {
+  const struct {
+    const char* env;
+    const char* want;
+  } cases[] = {{"", "0 0 0"},
+               {"CUEMU_MEMCHECK=0", "1 0 0"},
+               {"CUEMU_INITCHECK=0", "0 1 0"},
+               {"CUEMU_SHAREDCHECK=0", "0 0 1"},
+               {"CUEMU_MEMCHECK=0 CUEMU_INITCHECK=0 CUEMU_SHAREDCHECK=0", "1 1 1"}};
+  for (auto& c : cases) {
+    std::string cmd = std::string("MEMCHECK_CHILD=1 ") + c.env + " /proc/" + std::to_string(getpid()) +
+                      "/exe faults_under_switches 2>/dev/null";
+    FILE* f = popen(cmd.c_str(), "r");
+    CHECK(f);
+    char line[64] = {};
+    CHECK(fgets(line, sizeof line, f) != nullptr);
+    pclose(f);
+    CHECK_MSG(std::string(line) == std::string(c.want) + "\n", "%s: got '%s', want '%s'", c.env[0] ? c.env : "all on",
+              line, c.want);
+  }
 }
 
 TEST_MAIN
