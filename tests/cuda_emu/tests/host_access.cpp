@@ -136,14 +136,8 @@ TEST_CASE(unchecked_copies_are_asynchronous) {
 }
 
 TEST_CASE(hostcheck_env_switch) {
-  std::string cmd = "HOST_ACCESS_CHILD=1 CUEMU_HOSTCHECK=0 /proc/" + std::to_string(getpid()) +
-                    "/exe unchecked_copies_are_asynchronous 2>&1";
-  FILE* f = popen(cmd.c_str(), "r");
-  CHECK(f);
-  char line[256] = {};
-  CHECK(fgets(line, sizeof line, f) != nullptr);
-  pclose(f);
-  CHECK_MSG(strcmp(line, "0 1 6 0\n") == 0, "child printed '%s'", line);
+  std::string line = drv::run_child("HOST_ACCESS_CHILD=1 CUEMU_HOSTCHECK=0", "unchecked_copies_are_asynchronous");
+  CHECK_MSG(line == "0 1 6 0\n", "child printed '%s'", line.c_str());
 }
 
 TEST_MAIN

@@ -5,8 +5,6 @@
 // reads and writes, one element past the end and one before the start: each
 // is caught naming the kernel, block, thread, allocation and byte offset,
 // and the in-bounds launch of the same size is quiet.
-#include <unistd.h>
-
 #include "driver_util.h"
 #include "exec_util.h"
 
@@ -188,15 +186,9 @@ TEST_CASE(each_switch_turns_its_check_off) {
                {"CUEMU_SHAREDCHECK=0", "0 0 1"},
                {"CUEMU_MEMCHECK=0 CUEMU_INITCHECK=0 CUEMU_SHAREDCHECK=0", "1 1 1"}};
   for (auto& c : cases) {
-    std::string cmd = std::string("MEMCHECK_CHILD=1 ") + c.env + " /proc/" + std::to_string(getpid()) +
-                      "/exe faults_under_switches 2>/dev/null";
-    FILE* f = popen(cmd.c_str(), "r");
-    CHECK(f);
-    char line[64] = {};
-    CHECK(fgets(line, sizeof line, f) != nullptr);
-    pclose(f);
-    CHECK_MSG(std::string(line) == std::string(c.want) + "\n", "%s: got '%s', want '%s'", c.env[0] ? c.env : "all on",
-              line, c.want);
+    std::string line = drv::run_child(std::string("MEMCHECK_CHILD=1 ") + c.env, "faults_under_switches");
+    CHECK_MSG(line == std::string(c.want) + "\n", "%s: got '%s', want '%s'", c.env[0] ? c.env : "all on",
+              line.c_str(), c.want);
   }
 }
 
