@@ -6,19 +6,20 @@
 #include "exec_util.h"
 
 static const char* kSrc = R"(
-template <bool kBarrier> __device__ void block_sum(const float* x, float* out) {
+template <bool kBarrier, bool kLoopBarrier> __device__ void block_sum(const float* x, float* out) {
   __shared__ float partial[256];
   const unsigned t = threadIdx.x;
   partial[t] = x[blockIdx.x * blockDim.x + t];
   if (kBarrier) __syncthreads();
   for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
     if (t < s) partial[t] += partial[t + s];
-    __syncthreads();
+    if (kLoopBarrier) __syncthreads();
   }
   if (t == 0) out[blockIdx.x] = partial[0];
 }
-extern "C" __global__ void reduce_ok(const float* x, float* out) { block_sum<true>(x, out); }
-extern "C" __global__ void reduce_nobar(const float* x, float* out) { block_sum<false>(x, out); }
+extern "C" __global__ void reduce_ok(const float* x, float* out) { block_sum<true, true>(x, out); }
+extern "C" __global__ void reduce_nobar(const float* x, float* out) { block_sum<false, true>(x, out); }
+extern "C" __global__ void reduce_loop_nobar(const float* x, float* out) { block_sum<true, false>(x, out); }
 
 // Each thread reads its neighbour's slot one warp over.
 extern "C" __global__ void cross_warp(float* out, int barrier) {
@@ -72,8 +73,16 @@ TEST_CASE(block_reduction_missing_barrier) {
   // Thread 0 reads partial[128] before thread 128 has stored it.
   CHECK_MSG(!r.ok && r.cuda_error == 719 &&
                 has(r.message, "shared-memory race in kernel reduce_nobar, block (0,0,0): thread (128,0,0) writes "
-                               "__shared__ block_sum<false>(float const*, float*)::partial + 512 bytes, which thread "
-                               "(0,0,0) read with no __syncthreads between them"),
+                               "__shared__ block_sum<false, true>(float const*, float*)::partial + 512 bytes, which "
+                               "thread (0,0,0) read with no __syncthreads between them"),
+            "%s", r.message);
+  // The barrier inside the loop missing: thread 0's last step reads
+  // partial[1] before thread 1 has added partial[3] into it (a store right
+  // after a load of the same address, which must still be seen).
+  r = emu::launch(module(), "reduce_loop_nobar", {2, 1, 1}, {256, 1, 1}, {&xp, &op});
+  CHECK_MSG(!r.ok && has(r.message, "shared-memory race in kernel reduce_loop_nobar, block (0,0,0): thread (1,0,0) "
+                                    "writes __shared__ block_sum<true, false>(float const*, float*)::partial + 4 "
+                                    "bytes, which thread (0,0,0) read"),
             "%s", r.message);
 }
 

@@ -344,39 +344,25 @@ template <class T> static __forceinline__ T __ldg(const T* p) { return *p; }
 
 // --------------------------------------------------------------- atomics ---
 // Blocks of one grid run one after another on one OS thread, but grids on
-// different streams run on different OS threads: real atomics. The
-// instrumentation that checks every other access skips the __atomic
-// builtins, so each atomic is checked here as the read and the write it is
-// (an atomicAdd into memory nobody initialized is an uninitialized read).
-#ifdef __SANITIZE_ADDRESS__
-extern "C" void __asan_loadN_noabort(uintptr_t, size_t);
-extern "C" void __asan_storeN_noabort(uintptr_t, size_t);
-#define CUEMU_ATOMIC_CHECK(p)                                         \
-  (__asan_loadN_noabort((uintptr_t)(p), sizeof(*(p))), __asan_storeN_noabort((uintptr_t)(p), sizeof(*(p))))
-#else
-#define CUEMU_ATOMIC_CHECK(p) ((void)0)
-#endif
+// different streams run on different OS threads: real atomics.
 #define CUEMU_ATOMIC_INT(T)                                                                                  \
-  static __forceinline__ T atomicAdd(T* p, T v) { CUEMU_ATOMIC_CHECK(p); return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }    \
-  static __forceinline__ T atomicSub(T* p, T v) { CUEMU_ATOMIC_CHECK(p); return __atomic_fetch_sub(p, v, __ATOMIC_SEQ_CST); }    \
-  static __forceinline__ T atomicExch(T* p, T v) { CUEMU_ATOMIC_CHECK(p); return __atomic_exchange_n(p, v, __ATOMIC_SEQ_CST); }  \
-  static __forceinline__ T atomicAnd(T* p, T v) { CUEMU_ATOMIC_CHECK(p); return __atomic_fetch_and(p, v, __ATOMIC_SEQ_CST); }    \
-  static __forceinline__ T atomicOr(T* p, T v) { CUEMU_ATOMIC_CHECK(p); return __atomic_fetch_or(p, v, __ATOMIC_SEQ_CST); }      \
-  static __forceinline__ T atomicXor(T* p, T v) { CUEMU_ATOMIC_CHECK(p); return __atomic_fetch_xor(p, v, __ATOMIC_SEQ_CST); }    \
+  static __forceinline__ T atomicAdd(T* p, T v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }    \
+  static __forceinline__ T atomicSub(T* p, T v) { return __atomic_fetch_sub(p, v, __ATOMIC_SEQ_CST); }    \
+  static __forceinline__ T atomicExch(T* p, T v) { return __atomic_exchange_n(p, v, __ATOMIC_SEQ_CST); }  \
+  static __forceinline__ T atomicAnd(T* p, T v) { return __atomic_fetch_and(p, v, __ATOMIC_SEQ_CST); }    \
+  static __forceinline__ T atomicOr(T* p, T v) { return __atomic_fetch_or(p, v, __ATOMIC_SEQ_CST); }      \
+  static __forceinline__ T atomicXor(T* p, T v) { return __atomic_fetch_xor(p, v, __ATOMIC_SEQ_CST); }    \
   static __forceinline__ T atomicCAS(T* p, T cmp, T v) {                                                   \
-    CUEMU_ATOMIC_CHECK(p);                                                                                 \
     __atomic_compare_exchange_n(p, &cmp, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);                    \
     return cmp;                                                                                            \
   }                                                                                                        \
   static __forceinline__ T atomicMin(T* p, T v) {                                                          \
-    CUEMU_ATOMIC_CHECK(p);                                                                                 \
     T old = __atomic_load_n(p, __ATOMIC_SEQ_CST);                                                          \
     while (v < old && !__atomic_compare_exchange_n(p, &old, v, true, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) { \
     }                                                                                                      \
     return old;                                                                                            \
   }                                                                                                        \
   static __forceinline__ T atomicMax(T* p, T v) {                                                          \
-    CUEMU_ATOMIC_CHECK(p);                                                                                 \
     T old = __atomic_load_n(p, __ATOMIC_SEQ_CST);                                                          \
     while (v > old && !__atomic_compare_exchange_n(p, &old, v, true, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) { \
     }                                                                                                      \
@@ -388,14 +374,12 @@ CUEMU_ATOMIC_INT(long long)
 CUEMU_ATOMIC_INT(unsigned long long)
 #undef CUEMU_ATOMIC_INT
 static __forceinline__ unsigned atomicInc(unsigned* p, unsigned limit) {
-  CUEMU_ATOMIC_CHECK(p);
   unsigned old = __atomic_load_n(p, __ATOMIC_SEQ_CST);
   while (!__atomic_compare_exchange_n(p, &old, old >= limit ? 0u : old + 1u, true, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
   }
   return old;
 }
 static __forceinline__ unsigned atomicDec(unsigned* p, unsigned limit) {
-  CUEMU_ATOMIC_CHECK(p);
   unsigned old = __atomic_load_n(p, __ATOMIC_SEQ_CST);
   while (!__atomic_compare_exchange_n(p, &old, (old == 0u || old > limit) ? limit : old - 1u, true,
                                       __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
@@ -404,7 +388,6 @@ static __forceinline__ unsigned atomicDec(unsigned* p, unsigned limit) {
 }
 namespace cuemu_detail {
 template <class F, class U, class Op> __forceinline__ F atomic_float(F* p, F v, Op op) {
-  CUEMU_ATOMIC_CHECK(p);
   U* up = reinterpret_cast<U*>(p);
   U old = __atomic_load_n(up, __ATOMIC_SEQ_CST);
   for (;;) {

@@ -1,12 +1,12 @@
 // Exact-byte bounds (memcheck) and uninitialized reads (initcheck) of device
 // memory by kernel code.
 //
-// The emulated NVRTC compiles kernels with GCC's -fsanitize=kernel-address
-// in its call form: every load and store of kernel code calls
-// __asan_{load,store}{1,2,4,8,16,N}_noabort(addr) first. No AddressSanitizer
-// runtime is involved; those entry points are defined here. Device memory
-// lives in one reserved region (memory.cpp), and a shadow region maps every
-// byte of it to one state byte:
+// The emulated NVRTC compiles kernels with GCC's ThreadSanitizer
+// instrumentation (every load, store and atomic of kernel code calls an
+// entry point first, reads and writes told apart); the module itself defines
+// those entry points (include/device/cuemu_checks.h) and sends accesses to
+// device memory here. Device memory lives in one reserved region
+// (memory.cpp), and a shadow region maps every byte of it to one state byte:
 //
 //   SH_NONE   not addressable: guard pages, the slack after an allocation's
 //             end up to its page boundary, freed memory;
@@ -16,9 +16,7 @@
 // A kernel touching a SH_NONE byte ends its launch with
 // CUDA_ERROR_ILLEGAL_ADDRESS naming the kernel, block, thread, allocation and
 // byte offset; reading a SH_UNINIT byte ends it with CUDA_ERROR_LAUNCH_FAILED
-// naming the kernel and allocation. Addresses outside the region (the
-// thread's stack, the parameter buffer) are not device memory; shared memory
-// goes to the shared-memory race checker (src/exec/sharedcheck.cpp).
+// naming the kernel and allocation.
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -148,31 +146,14 @@ static inline void device_access(uintptr_t a, size_t n, bool write) {
 
 using namespace cuemu;
 
-static inline void check(uintptr_t a, size_t n, bool write) {
-  if (a - sh_base < sh_len) {
-    device_access(a, n, write);
-    return;
-  }
-  cuemu_exec_shared_access(a, n, write);
+CUEMU_API void cuemu_device_region(uintptr_t* base, size_t* len) {
+  reserve_device_region();
+  *base = sh_base;
+  *len = sh_len;
 }
 
-#define CUEMU_ASAN_ENTRY(kind, n, write)                                                        \
-  CUEMU_API void __asan_##kind##n##_noabort(uintptr_t a) { check(a, n, write); }               \
-  CUEMU_API void __asan_##kind##n(uintptr_t a) { check(a, n, write); }
-CUEMU_ASAN_ENTRY(load, 1, false)
-CUEMU_ASAN_ENTRY(load, 2, false)
-CUEMU_ASAN_ENTRY(load, 4, false)
-CUEMU_ASAN_ENTRY(load, 8, false)
-CUEMU_ASAN_ENTRY(load, 16, false)
-CUEMU_ASAN_ENTRY(store, 1, true)
-CUEMU_ASAN_ENTRY(store, 2, true)
-CUEMU_ASAN_ENTRY(store, 4, true)
-CUEMU_ASAN_ENTRY(store, 8, true)
-CUEMU_ASAN_ENTRY(store, 16, true)
-#undef CUEMU_ASAN_ENTRY
-CUEMU_API void __asan_loadN_noabort(uintptr_t a, size_t n) { check(a, n, false); }
-CUEMU_API void __asan_storeN_noabort(uintptr_t a, size_t n) { check(a, n, true); }
-CUEMU_API void __asan_loadN(uintptr_t a, size_t n) { check(a, n, false); }
-CUEMU_API void __asan_storeN(uintptr_t a, size_t n) { check(a, n, true); }
-// Emitted before calls that do not return (cuemu_trap): nothing to unpoison.
-CUEMU_API void __asan_handle_no_return(void) {}
+CUEMU_API void cuemu_check_device(uintptr_t a, size_t n, int write) {
+  if (n > 0 && a + n - sh_base <= sh_len) device_access(a, n, write != 0);
+}
+
+CUEMU_API void cuemu_check_shared(uintptr_t a, size_t n, int write) { cuemu_exec_shared_access(a, n, write != 0); }

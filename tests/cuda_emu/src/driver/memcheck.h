@@ -26,9 +26,8 @@ void flush_check_counters();
 
 }  // namespace cuemu
 
-// The shared-memory side (src/exec/sharedcheck.cpp): an access outside the
-// device region, checked when it falls in the running module's __shared__
-// variables, ignored otherwise.
+// The shared-memory side (src/exec/sharedcheck.cpp): an access of the
+// running module's __shared__ variables.
 extern "C" void cuemu_exec_shared_access(uintptr_t a, size_t n, bool write);
 // The shared accesses this OS thread checked since the last call.
 extern "C" long long cuemu_exec_take_shared_checks(void);

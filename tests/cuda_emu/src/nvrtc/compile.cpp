@@ -129,14 +129,14 @@ nvrtcResult compile(Program* p, int nopts, const char* const* opts) {
   for (auto& d : o.defines) common.push_back("-D" + d);
   for (auto& u : o.undefs) common.push_back("-U" + u);
   if (o.lineinfo) common.push_back("-g1");
-  // Every load and store of kernel code calls libcuda's checkers first
-  // (src/driver/memcheck.cpp): GCC's kernel-address instrumentation in its
-  // call form, without its stack and global redzones (kernel locals and
-  // globals are not device memory). Left out only when every check that
-  // needs it is off, for speed.
+  // Every load, store and atomic of kernel code calls an entry point first
+  // (include/device/cuemu_checks.h, then libcuda's checkers): GCC's
+  // ThreadSanitizer instrumentation, which tells reads from writes and never
+  // merges a store into an earlier load's check, unlike AddressSanitizer's.
+  // Left out only when every check that needs it is off, for speed.
   if (instrumented()) {
-    for (const char* f : {"-fsanitize=kernel-address", "--param=asan-instrumentation-with-call-threshold=0",
-                          "--param=asan-stack=0", "--param=asan-globals=0"})
+    for (const char* f : {"-fsanitize=thread", "--param=tsan-instrument-func-entry-exit=0",
+                          "--param=tsan-distinguish-volatile=0", "-DCUEMU_CHECKS=1"})
       common.push_back(f);
   }
 
@@ -152,7 +152,7 @@ nvrtcResult compile(Program* p, int nopts, const char* const* opts) {
   h.add(cxx);
   h.add(libdir);
   for (auto& c : common) h.add(c);
-  for (const char* f : {"cuemu_device.h", "cuda_fp16.h", "cuemu/internal.h"}) {
+  for (const char* f : {"cuemu_device.h", "cuda_fp16.h", "cuemu_checks.h", "cuemu/internal.h"}) {
     std::string c;
     read_file(incdir + "/" + f, c);
     h.add(c);

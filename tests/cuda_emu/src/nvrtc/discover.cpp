@@ -240,6 +240,9 @@ template <class... A> struct sig<void (*)(A...) noexcept> : sig_base<A...> {};
 }  // namespace cuemu_gen
 extern "C" char __start_cuemu_shared[] __attribute__((weak, visibility("hidden")));
 extern "C" char __stop_cuemu_shared[] __attribute__((weak, visibility("hidden")));
+#ifdef CUEMU_CHECKS
+#include "cuemu_checks.h"
+#endif
 extern "C" __attribute__((visibility("hidden"), noreturn)) void __assert_fail(const char* a, const char* f, unsigned int l, const char*) noexcept {
   cuemu_trap(a, f, (int)l);
 }
