@@ -212,7 +212,7 @@ TEST_CASE(kernel_races_between_streams) {
 // CUDA_ERROR_ILLEGAL_ADDRESS naming the thread, the allocation and the offset.
 TEST_CASE(kernel_out_of_bounds_read) {
   CUfunction copy = func("shift_copy");
-  long long n = 1024;  // 4096 bytes: x[n] is the first byte of the guard page
+  long long n = 1024;  // 4096 bytes: x[n] is the first byte after the allocation
   CUdeviceptr x = dalloc(n * 4), y = dalloc(n * 4);
   CHECK(cuMemsetD8_v2(x, 0, n * 4) == 0);
   void* ca[] = {&x, &y, &n};

@@ -6,7 +6,7 @@
 // and run their work as stream operations through `cuemu_enqueue`.
 //
 // Device pointers are host virtual addresses (every allocation is its own
-// mapping, end-aligned against a guard page), so the libraries read and write
+// mapping in one reserved region, between guard pages), so the libraries read and write
 // device memory directly, but only from inside an operation that runs on a
 // stream worker and that declared the ranges it touches.
 #pragma once
