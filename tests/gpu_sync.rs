@@ -71,6 +71,10 @@ fn ordinary_steps_block_the_host_a_fixed_number_of_times_and_nothing_races() {
         println!("world 1 counters: {c:?}");
         assert_eq!(emu::counter("races"), Some(0), "{:?}", emu::last_error());
         assert_eq!(emu::counter("errors"), Some(0), "{:?}", emu::last_error());
+        // The trainer's kernels ran under the emulator's device checks.
+        for check in ["bounds_checks", "init_checks", "shared_checks", "host_guards"] {
+            assert!(emu::counter(check) > Some(0), "{check}: {c:?}");
+        }
     }
 
     // World 2: two ranks through `launch`, one device, the tcp backend.

@@ -6,8 +6,9 @@
 use std::ffi::{c_char, CStr};
 
 /// Counter `name` ("host_syncs", "launches", "bytes_htod", "bytes_dtoh",
-/// "bytes_dtod", "allocations", "frees", "races", "errors"), or `None`
-/// when libcuda is not the emulator.
+/// "bytes_dtod", "allocations", "frees", "races", "errors", and the checks
+/// performed: "bounds_checks", "init_checks", "shared_checks",
+/// "host_guards"), or `None` when libcuda is not the emulator.
 pub fn counter(name: &str) -> Option<i64> {
     let name = std::ffi::CString::new(name).ok()?;
     // SAFETY: looks a symbol up in the loaded driver library and calls it
@@ -25,7 +26,7 @@ pub fn counter(name: &str) -> Option<i64> {
 
 /// Every counter, as named in [`counter`], or `None` off the emulator.
 pub fn counters() -> Option<Vec<(&'static str, i64)>> {
-    const NAMES: [&str; 9] = [
+    const NAMES: [&str; 13] = [
         "host_syncs",
         "launches",
         "bytes_htod",
@@ -35,6 +36,10 @@ pub fn counters() -> Option<Vec<(&'static str, i64)>> {
         "frees",
         "races",
         "errors",
+        "bounds_checks",
+        "init_checks",
+        "shared_checks",
+        "host_guards",
     ];
     NAMES.iter().map(|&n| counter(n).map(|v| (n, v))).collect()
 }

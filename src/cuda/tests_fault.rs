@@ -85,5 +85,11 @@ fn a_device_fault_is_reported_once_and_unwinds_without_a_panic() {
         // The emulator names the faulting kernel on stderr, as compute-sanitizer would.
         assert!(text.contains("cuemu: error") && text.contains("relu_forward_f32"), "{text}");
         assert!(text.contains("a later call: Some("), "the fault must be sticky:\n{text}");
+        // And every later error carries the first cause, not only its code.
+        let later = text.lines().find(|l| l.starts_with("a later call: ")).unwrap_or_default();
+        assert!(
+            later.contains("first cause, sticky: invalid global write") && later.contains("relu_forward_f32"),
+            "{text}"
+        );
     }
 }

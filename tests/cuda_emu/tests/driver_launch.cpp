@@ -9,6 +9,7 @@
 
 #include "../src/driver/api_decls.h"
 #include "cuemu/internal.h"
+#include "driver_util.h"
 #include "harness.h"
 
 extern "C" {
@@ -23,6 +24,9 @@ int nvrtcDestroyProgram(nvrtcProgram*);
 }
 
 namespace {
+
+using drv::contains;
+using drv::ctx;
 
 const char* kSource = R"(
 extern "C" __global__ void fill(float* out, long long n, float v) {
@@ -41,7 +45,6 @@ extern "C" __global__ void amp_sumsq_partials(const float* g, long long n, float
 }
 )";
 
-bool contains(const std::string& s, const char* sub) { return s.find(sub) != std::string::npos; }
 
 std::string compile_ptx() {
   static std::string ptx = [] {
@@ -63,15 +66,6 @@ std::string compile_ptx() {
   return ptx;
 }
 
-void ctx() {
-  static CUcontext c = [] {
-    CHECK(cuInit(0) == 0);
-    CUcontext c;
-    CHECK(cuDevicePrimaryCtxRetain(&c, 0) == 0);
-    return c;
-  }();
-  CHECK(cuCtxSetCurrent(c) == 0);
-}
 
 CUfunction func(const char* name) {
   ctx();
@@ -174,13 +168,17 @@ TEST_CASE(swapped_arguments) {
   void* freed[] = {&g, &n, &dead};
   CHECK(cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, nullptr, freed, nullptr) == CUDA_ERROR_INVALID_VALUE);
   CHECK(contains(cuemuLastErrorMessage(), "use after free"));
-  // The right order runs, and sees the 0xFF fill of never-written memory as NaN.
+  // The right order runs, and its read of memory nobody wrote is the
+  // initcheck's error, naming the kernel, the thread and the allocation.
   void* right[] = {&g, &n, &partials};
   CHECK(cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, nullptr, right, nullptr) == 0);
-  float out = 0;
-  CHECK(cuMemcpyDtoH_v2(&out, partials, 4) == 0);
-  CHECK_MSG(std::isnan(out), "sum of squares of unwritten memory: %f", out);
-  CHECK(cuMemFree_v2(g) == 0 && cuMemFree_v2(partials) == 0);
+  CHECK(cuCtxSynchronize() == CUDA_ERROR_LAUNCH_FAILED);
+  m = cuemuLastErrorMessage();
+  CHECK_MSG(contains(m, "uninitialized global read of 4 bytes") && contains(m, "kernel amp_sumsq_partials") &&
+                contains(m, "thread (0,0,0)") && contains(m, "byte offset 0 of allocation #") &&
+                contains(m, "(4000 bytes, cuMemAlloc_v2): never written by a copy, memset or kernel"),
+            "%s", m.c_str());
+  CHECK(cuDevicePrimaryCtxReset_v2(0) == 0);
 }
 
 TEST_CASE(kernel_races_between_streams) {
@@ -210,19 +208,32 @@ TEST_CASE(kernel_races_between_streams) {
   CHECK(cuDevicePrimaryCtxReset_v2(0) == 0);
 }
 
-// Reading one element past the end faults on the guard page: a sticky
-// CUDA_ERROR_ILLEGAL_ADDRESS naming the allocation.
+// Reading one element past the end is reported before the read: a sticky
+// CUDA_ERROR_ILLEGAL_ADDRESS naming the thread, the allocation and the offset.
 TEST_CASE(kernel_out_of_bounds_read) {
   CUfunction copy = func("shift_copy");
-  long long n = 1024;  // 4096 bytes: x[n] is the first byte of the guard page
+  long long n = 1024;  // 4096 bytes: x[n] is the first byte after the allocation
   CUdeviceptr x = dalloc(n * 4), y = dalloc(n * 4);
+  CHECK(cuMemsetD8_v2(x, 0, n * 4) == 0);
   void* ca[] = {&x, &y, &n};
   CHECK(cuLaunchKernel(copy, 8, 1, 1, 128, 1, 1, 0, nullptr, ca, nullptr) == 0);
   CHECK(cuCtxSynchronize() == CUDA_ERROR_ILLEGAL_ADDRESS);
   std::string msg = cuemuLastErrorMessage();
-  CHECK_MSG(contains(msg, "0 bytes past the end of allocation") && contains(msg, "(4096 bytes)"), "%s", msg.c_str());
+  CHECK_MSG(contains(msg, "invalid global read of 4 bytes") && contains(msg, "block (7,0,0), thread (127,0,0)") &&
+                contains(msg, "byte offset 4096 of allocation") && contains(msg, "(4096 bytes, cuMemAlloc_v2): 0 bytes past its end"),
+            "%s", msg.c_str());
   CHECK(cuMemsetD8_v2(y, 0, 4) == CUDA_ERROR_ILLEGAL_ADDRESS);  // sticky
+  // The sticky error keeps its first cause: as the last error, and in the
+  // code's description (all a program printing a DriverError shows).
+  CHECK_MSG(std::string(cuemuLastErrorMessage()) == msg, "last error now: %s", cuemuLastErrorMessage());
+  const char* desc = nullptr;
+  CHECK(cuGetErrorString(CUDA_ERROR_ILLEGAL_ADDRESS, &desc) == 0);
+  CHECK_MSG(contains(desc, "an illegal memory access was encountered (first cause, sticky: invalid global read of 4 "
+                           "bytes") && contains(desc, "thread (127,0,0)"),
+            "%s", desc);
   CHECK(cuDevicePrimaryCtxReset_v2(0) == 0);
+  CHECK(cuGetErrorString(CUDA_ERROR_ILLEGAL_ADDRESS, &desc) == 0);
+  CHECK_MSG(!strcmp(desc, "an illegal memory access was encountered"), "after the reset: %s", desc);
 }
 
 TEST_MAIN

@@ -12,25 +12,15 @@
 
 #include "../src/driver/api_decls.h"
 #include "cuemu/internal.h"
+#include "driver_util.h"
 #include "harness.h"
 
 namespace {
 
-CUcontext ctx() {
-  static CUcontext c = [] {
-    CHECK(cuInit(0) == 0);
-    CUdevice d;
-    CHECK(cuDeviceGet(&d, 0) == 0);
-    CUcontext c;
-    CHECK(cuDevicePrimaryCtxRetain(&c, d) == 0);
-    CHECK(cuCtxSetCurrent(c) == 0);
-    return c;
-  }();
-  CHECK(cuCtxSetCurrent(c) == 0);
-  return c;
-}
+using drv::contains;
+using drv::ctx;
 
-bool contains(const std::string& s, const char* sub) { return s.find(sub) != std::string::npos; }
+
 
 }  // namespace
 

@@ -10,25 +10,18 @@
 
 #include "../src/driver/api_decls.h"
 #include "cuemu/internal.h"
+#include "driver_util.h"
 #include "harness.h"
 
 namespace {
 
-CUcontext ctx() {
-  static CUcontext c = [] {
-    CHECK(cuInit(0) == 0);
-    CUcontext c;
-    CHECK(cuDevicePrimaryCtxRetain(&c, 0) == 0);
-    return c;
-  }();
-  CHECK(cuCtxSetCurrent(c) == 0);
-  return c;
-}
+using drv::contains;
+using drv::ctx;
+
 
 // After a test that poisons the context on purpose: a fresh primary context.
 void reset_ctx() { CHECK(cuDevicePrimaryCtxReset_v2(0) == 0); }
 
-bool contains(const std::string& s, const char* sub) { return s.find(sub) != std::string::npos; }
 
 CUstream stream(unsigned flags = 1) {
   CUstream s;
@@ -76,7 +69,8 @@ TEST_CASE(pinned_dtoh_is_async) {
   *h = 0;
   cuemuResetCounters();
   CHECK(cuMemcpyDtoHAsync_v2(h, p, 4, s) == 0);
-  CHECK_MSG(*(volatile int*)h == 0, "pinned destination already written without a sync");
+  // Not touched before the sync: that is the host-access check's error
+  // (host_access.cpp shows the copy's asynchrony with the check off).
   CHECK(cuemuGetCounter("host_syncs") == 0);
   CHECK(cuStreamSynchronize(s) == 0);
   CHECK(*h == 1);
@@ -115,10 +109,9 @@ TEST_CASE(pageable_htod_snapshots_pinned_does_not) {
   CHECK(cuMemcpyHtoDAsync_v2(q, pin, 4, s) == 0);
   CHECK(cuemuGetCounter("host_syncs") == 1);  // truly asynchronous
   src = 6;
-  *pin = 6;  // before the stream reached the copy: the copy sees it
   CHECK(cuStreamSynchronize(s) == 0);
   CHECK(read_int(p) == 5);
-  CHECK(read_int(q) == 6);
+  CHECK(read_int(q) == 5);
   CHECK(cuemuGetCounter("bytes_htod") == 8);
   CHECK(cuMemFreeHost(pin) == 0);
   CHECK(cuMemFree_v2(p) == 0 && cuMemFree_v2(q) == 0);

@@ -43,11 +43,12 @@ extern "C" __global__ void block_sums(const float* x, long long n, float* out) {
   if (threadIdx.x == 0) out[blockIdx.x] = s;
 }
 
-// Shared memory: what a block sees before writing, and isolation between blocks.
-extern "C" __global__ void shared_probe(unsigned* seen, unsigned* after) {
+// Shared memory: a read before any write is an error (it would read what
+// the block before left), and blocks are isolated.
+extern "C" __global__ void shared_probe(unsigned* seen, unsigned* after, int probe) {
   __shared__ unsigned buf[64];
   __shared__ float fl;
-  if (threadIdx.x == 0) { seen[blockIdx.x * 2] = buf[5]; seen[blockIdx.x * 2 + 1] = isnan(fl) ? 1u : 0u; }
+  if (threadIdx.x == 0 && probe) { seen[blockIdx.x * 2] = buf[5]; seen[blockIdx.x * 2 + 1] = isnan(fl) ? 1u : 0u; }
   __syncthreads();
   buf[threadIdx.x] = blockIdx.x * 1000 + threadIdx.x;
   if (threadIdx.x == 0) fl = 1.f;
@@ -201,12 +202,14 @@ TEST_CASE(shared_memory_poisoned_per_block) {
   std::vector<unsigned> seen(8, 0), after(4 * 64, 0);
   unsigned* sp = seen.data();
   unsigned* ap = after.data();
-  emu::expect_ok(emu::launch(mod(), "shared_probe", {4, 1, 1}, {64, 1, 1}, {&sp, &ap}));
-  for (int b = 0; b < 4; b++) {
-    CHECK_MSG(seen[b * 2] == 0xffffffffu, "block %d saw %08x before writing", b, seen[b * 2]);
-    CHECK_MSG(seen[b * 2 + 1] == 1, "block %d: unwritten float shared is not NaN", b);
+  int probe = 0;
+  emu::expect_ok(emu::launch(mod(), "shared_probe", {4, 1, 1}, {64, 1, 1}, {&sp, &ap, &probe}));
+  for (int b = 0; b < 4; b++)
     for (int t = 0; t < 64; t++) CHECK(after[b * 64 + t] == (unsigned)(b * 1000 + 63 - t));
-  }
+  probe = 1;
+  emu::expect_error(emu::launch(mod(), "shared_probe", {4, 1, 1}, {64, 1, 1}, {&sp, &ap, &probe}), 719,
+                    "uninitialized shared read in kernel shared_probe, block (0,0,0): thread (0,0,0) reads __shared__ "
+                    "shared_probe::buf + 20 bytes, which no thread of the block had written");
   CHECK(mod().info->shared_end - mod().info->shared_begin >= (long)(64 * 4 + 4));
   std::vector<double> in(256);
   double s = 0, out = 0;

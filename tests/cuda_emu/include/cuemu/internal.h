@@ -6,14 +6,14 @@
 // and run their work as stream operations through `cuemu_enqueue`.
 //
 // Device pointers are host virtual addresses (every allocation is its own
-// mapping, end-aligned against a guard page), so the libraries read and write
+// mapping in one reserved region, between guard pages), so the libraries read and write
 // device memory directly, but only from inside an operation that runs on a
 // stream worker and that declared the ranges it touches.
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
 
-#define CUEMU_ABI_VERSION 1
+#define CUEMU_ABI_VERSION 2
 
 #ifdef __cplusplus
 extern "C" {
@@ -73,6 +73,15 @@ uint64_t cuemu_shfl(int kind, uint32_t mask, uint64_t value, int lane_arg, int w
                     const char* file, int line);
 // A device-side failure (assert, __trap): ends the launch with an error.
 void cuemu_trap(const char* what, const char* file, int line);
+
+// The device checks (include/device/cuemu_checks.h calls them from kernel
+// code). Device memory is one region: [*base, *base + *len).
+void cuemu_device_region(uintptr_t* base, size_t* len);
+// An access of n bytes of device memory (write: 1) by the running thread:
+// returns, or ends the launch with an error naming the fault.
+void cuemu_check_device(uintptr_t a, size_t n, int write);
+// The same for the running module's __shared__ variables.
+void cuemu_check_shared(uintptr_t a, size_t n, int write);
 
 // Result of running a grid. ok == 0: `message` says what failed, naming the
 // kernel, block, thread and source line where known.

@@ -45,8 +45,10 @@
 #define __builtin_align__(n) __attribute__((aligned(n)))
 // Static shared memory: one copy per module (the .so), in a section the
 // executor fills with 0xFF (NaN for floats) at the start of every block; one
-// block of a module runs at a time.
-#define __shared__ static __attribute__((section("cuemu_shared")))
+// block of a module runs at a time. `retain` marks the variable in the
+// assembly, where the emulated NVRTC moves those of templates into the
+// section (GCC leaves them in COMDAT sections of their own).
+#define __shared__ static __attribute__((section("cuemu_shared"), retain))
 
 #include "cuda_fp16.h"
 

@@ -13,6 +13,8 @@
 
 #include "api_decls.h"
 #include "driver.h"
+#include "hostcheck.h"
+#include "memcheck.h"
 
 using namespace cuemu;
 
@@ -60,24 +62,27 @@ int htod(CUdeviceptr dst, const void* src, size_t n, CUstream h, bool async, con
   if (n == 0) return 0;
   if (int r = check_host_locked(src, n, call, "source")) return r;
   if (int r = check_dev_locked(dst, n, call, "destination")) return r;
-  bool pinned = is_pinned_locked(src, n);
+  bool pinned = is_pinned(src, n);
+  const char* view = (const char*)host_view(src, n);
   Op op;
   op.name = call;
   if (async && pinned) {
-    op.run = [dst, src, n](char*, size_t) {
-      memcpy((void*)dst, src, n);
+    op.run = [dst, view, n](char*, size_t) {
+      memcpy((void*)dst, view, n);
       return 0;
     };
   } else {
-    auto snap = std::make_shared<std::vector<char>>((const char*)src, (const char*)src + n);
+    auto snap = std::make_shared<std::vector<char>>(view, view + n);
     op.run = [dst, snap](char*, size_t) {
       memcpy((void*)dst, snap->data(), snap->size());
       return 0;
     };
   }
   if (int r = enqueue_locked(t.s, std::move(op), {{dst, n, true}}, call)) return r;
+  shadow_set(dst, n, SH_INIT);
   count(C_HTOD, (long long)n);
   if (!async) return sync_stream_locked(lk, t.s);
+  if (pinned) guard_host_copy(src, n, false, *t.s, call);
   if (!pinned) count(C_HOST_SYNCS);  // the staging copy blocked the host
   return 0;
 }
@@ -89,16 +94,20 @@ int dtoh(void* dst, CUdeviceptr src, size_t n, CUstream h, bool async, const cha
   if (n == 0) return 0;
   if (int r = check_host_locked(dst, n, call, "destination")) return r;
   if (int r = check_dev_locked(src, n, call, "source")) return r;
-  bool pinned = is_pinned_locked(dst, n);
+  bool pinned = is_pinned(dst, n);
+  void* view = host_view(dst, n);
   Op op;
   op.name = call;
-  op.run = [dst, src, n](char*, size_t) {
-    memcpy(dst, (const void*)src, n);
+  op.run = [view, src, n](char*, size_t) {
+    memcpy(view, (const void*)src, n);
     return 0;
   };
   if (int r = enqueue_locked(t.s, std::move(op), {{src, n, false}}, call)) return r;
   count(C_DTOH, (long long)n);
-  if (async && pinned) return 0;
+  if (async && pinned) {
+    guard_host_copy(dst, n, true, *t.s, call);
+    return 0;
+  }
   // Pageable destination (or the synchronous call): the host waits for this
   // copy, which orders it after everything before it on the stream.
   return sync_stream_locked(lk, t.s);
@@ -118,6 +127,7 @@ int dtod(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream h, const char* cal
     return 0;
   };
   if (int r = enqueue_locked(t.s, std::move(op), {{src, n, false}, {dst, n, true}}, call)) return r;
+  shadow_set(dst, n, SH_INIT);
   count(C_DTOD, (long long)n);
   return 0;
 }
@@ -142,7 +152,9 @@ int memset_n(CUdeviceptr dst, T value, size_t count_n, CUstream h, const char* c
       for (size_t i = 0; i < count_n; i++) p[i] = value;
     return 0;
   };
-  return enqueue_locked(t.s, std::move(op), {{dst, n, true}}, call);
+  if (int r = enqueue_locked(t.s, std::move(op), {{dst, n, true}}, call)) return r;
+  shadow_set(dst, n, SH_INIT);
+  return 0;
 }
 
 }  // namespace

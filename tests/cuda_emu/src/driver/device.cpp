@@ -8,6 +8,7 @@
 
 #include "api_decls.h"
 #include "driver.h"
+#include "hostcheck.h"
 
 namespace cuemu {
 
@@ -76,8 +77,21 @@ int call_ctx(CUctx_st** out) {
   if (!c && !g().primary.empty() && g().primary[0] && g().primary[0]->active) c = g().primary[0];
   if (!c) return 201;  // CUDA_ERROR_INVALID_CONTEXT
   if (!c->active) return 709;  // CUDA_ERROR_CONTEXT_IS_DESTROYED
+  take_host_fault_locked();
   *out = c;
+  // The first failure stays the last error a caller can read, not whatever
+  // later call happened to return the sticky code.
+  if (c->sticky) fail_quiet(c->sticky, "%s", c->sticky_msg.c_str());
   return c->sticky;
+}
+
+std::string sticky_cause(int code) {
+  std::lock_guard<std::mutex> lk(g().mu);
+  CUctx_st* c = current_ctx();
+  if (c && c->sticky == code) return c->sticky_msg;
+  for (CUctx_st* p : all_ctxs())
+    if (p->active && p->sticky == code) return p->sticky_msg;
+  return "";
 }
 
 static void activate_locked(CUctx_st* c) {

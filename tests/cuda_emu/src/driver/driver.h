@@ -140,8 +140,8 @@ struct Global {
   int next_stream_id = 1;
   VClock host_clock;             // what the host has synchronized with
   std::map<uintptr_t, Alloc*> allocs;      // by start: live and freed
-  std::map<uintptr_t, size_t> pinned;      // pinned host ranges
   uint64_t alloc_serial = 0;
+  size_t region_used = 0;                  // bytes of the device region handed out
   std::vector<CUctx_st*> primary;          // per device
   std::map<CUstream_st*, bool> stream_handles;
   std::map<CUevent_st*, std::shared_ptr<CUevent_st>> events;
@@ -155,6 +155,9 @@ Global& g();  // never destroyed: stream workers may outlive static destructors
 
 enum Counter {
   C_HOST_SYNCS, C_LAUNCHES, C_HTOD, C_DTOH, C_DTOD, C_ALLOCS, C_FREES, C_RACES, C_ERRORS,
+  // Checks performed: device accesses of kernels bounds-checked, reads
+  // init-checked, shared accesses race-checked, host-access guards armed.
+  C_BOUNDS_CHECKS, C_INIT_CHECKS, C_SHARED_CHECKS, C_HOST_GUARDS,
   // Bumped by libcublas and libnccl through cuemuAddCounter.
   C_BLAS_CALLS, C_ALLREDUCE_CALLS, C_ALLREDUCE_BYTES, C_N
 };
@@ -173,6 +176,9 @@ int fail_quiet(int code, const char* fmt, ...) __attribute__((format(printf, 2, 
 // Makes `code` sticky in ctx (lock held). Prints and records `msg`.
 void set_sticky_locked(CUctx_st* ctx, int code, const std::string& msg);
 const char* error_name(int code);
+// The message of the failure that made `code` sticky in the current context
+// (else in any context), "" if none did.
+std::string sticky_cause(int code);
 
 // Contexts (device.cpp).
 CUctx_st* current_ctx();
@@ -182,10 +188,10 @@ int call_ctx(CUctx_st** out);
 
 // Memory (memory.cpp), lock held.
 Alloc* find_alloc_locked(uintptr_t addr);  // live or freed, [start, start+size]
+Alloc* find_mapping_locked(uintptr_t addr);  // the mapping, guards included
 // Checks [ptr, ptr+bytes) lies in one live allocation; writes a message
 // naming `what` (the call and the operand) otherwise. Returns 0 or a CUresult.
 int check_range_locked(uintptr_t ptr, size_t bytes, const char* what, Alloc** out, std::string* msg);
-bool is_pinned_locked(const void* p, size_t bytes);
 void describe_addr_locked(uintptr_t addr, char* buf, size_t len);  // for the fault handler
 int alloc_device(size_t bytes, const char* who, CUctx_st* ctx, uintptr_t* out);
 void release_alloc_locked(Alloc* a);  // PROT_NONE + DONTNEED (the free's effect)

@@ -236,8 +236,18 @@ CUEMU_API int cuGetErrorString(int error, const char** pStr) {
     *pStr = nullptr;
     return 1;
   }
+  // A sticky error carries its first cause: a program that only prints the
+  // code's description (cudarc's DriverError does) then names the fault,
+  // not the call that happened to report it later.
+  const std::string cause = sticky_cause(error);
   for (const auto& e : kStrings)
     if (e.code == error) {
+      if (!cause.empty()) {
+        static thread_local std::string with_cause;
+        with_cause = std::string(e.name) + " (first cause, sticky: " + cause + ")";
+        *pStr = with_cause.c_str();
+        return 0;
+      }
       *pStr = e.name;
       return 0;
     }
@@ -248,9 +258,10 @@ CUEMU_API int cuGetErrorString(int error, const char** pStr) {
   return 0;
 }
 
-static const char* kCounterNames[C_N] = {"host_syncs", "launches",   "bytes_htod",      "bytes_dtoh",
-                                         "bytes_dtod", "allocations", "frees",           "races",
-                                         "errors",     "blas_calls",  "allreduce_calls", "allreduce_bytes"};
+static const char* kCounterNames[C_N] = {
+    "host_syncs",   "launches",    "bytes_htod",    "bytes_dtoh",  "bytes_dtod", "allocations",
+    "frees",        "races",       "errors",        "bounds_checks", "init_checks", "shared_checks",
+    "host_guards",  "blas_calls",  "allreduce_calls", "allreduce_bytes"};
 
 CUEMU_API long long cuemuGetCounter(const char* name) {
   if (!name) return -1;

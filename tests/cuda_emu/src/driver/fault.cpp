@@ -5,18 +5,21 @@
 // launch ends with CUDA_ERROR_ILLEGAL_ADDRESS (sticky, like a real device
 // fault). Any other fault is not ours: the previous handler (Rust's) is put
 // back and the handler returns, so the instruction faults again and the
-// process dies exactly as it would have without the emulator.
+// process dies exactly as it would have without the emulator. A fault on a
+// guarded pinned buffer (hostcheck.cpp) is the host-access check's, which
+// reports it and lets the access run again.
 #include <signal.h>
+#include <ucontext.h>
 #include <stdio.h>
 
 #include "driver.h"
+#include "hostcheck.h"
 
 namespace cuemu {
 
 static struct sigaction g_old_segv, g_old_bus;
 
 static void on_fault(int sig, siginfo_t* si, void* uctx) {
-  (void)uctx;
   if (cuemu_exec_in_kernel()) {
     char desc[512], where[256], msg[1024];
     {
@@ -30,6 +33,9 @@ static void on_fault(int sig, siginfo_t* si, void* uctx) {
              where[0] ? where : "a kernel", desc);
     cuemu_exec_fault(msg, 700);  // does not return
   }
+  // x86-64: bit 1 of the page-fault error code is set for a write.
+  const bool write = (((ucontext_t*)uctx)->uc_mcontext.gregs[REG_ERR] & 2) != 0;
+  if (host_guard_fault((uintptr_t)si->si_addr, write)) return;  // the access runs again, now allowed
   sigaction(sig, sig == SIGSEGV ? &g_old_segv : &g_old_bus, nullptr);
 }
 

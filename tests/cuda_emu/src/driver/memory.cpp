@@ -1,21 +1,26 @@
-// Device and pinned host memory. Every device allocation is its own mapping:
+// Device and pinned host memory. Every device allocation is carved from one
+// reserved region (memcheck.cpp keeps a shadow byte per byte of it), never
+// reused:
 //
-//   [guard page][ ... 0xFF ... | user bytes ][guard page]
-//                                          ^ page boundary
+//   [guard page][ user bytes | slack ... ][guard page]
+//               ^ page boundary (256-byte aligned, as cuMemAlloc's)
 //
-// The user range ends against the trailing guard page (its start rounded down
-// to 16 bytes, so at most 15 bytes of slack), so a kernel reading one element
-// past the end faults at once, as compute-sanitizer would report it. Fresh
-// memory is 0xFF bytes (a NaN in every float format), never zero, so reading
-// memory nobody wrote shows. A free makes the whole mapping PROT_NONE, drops
-// its pages and keeps the address range forever (quarantine), so a use after
-// free faults and the fault handler can say whose allocation it was.
+// The slack after the user bytes, the guards and freed memory are
+// unaddressable in the shadow, so a kernel touching any byte outside
+// [ptr, ptr + size) is reported at once, whatever the size. Fresh memory is
+// 0xFF bytes (a NaN in every float format) and uninitialized in the shadow,
+// so a kernel reading bytes nobody wrote is reported too (and reads NaN
+// where that check is off). A free makes the whole mapping PROT_NONE, drops
+// its pages and keeps the address range forever (quarantine), so a use
+// after free faults and the messages can say whose allocation it was.
 #include <sys/mman.h>
 #include <unistd.h>
 #include <string.h>
 
 #include "api_decls.h"
 #include "driver.h"
+#include "hostcheck.h"
+#include "memcheck.h"
 
 namespace cuemu {
 
@@ -26,25 +31,31 @@ static size_t page_size() {
 
 int alloc_device(size_t bytes, const char* who, CUctx_st* ctx, uintptr_t* out) {
   size_t page = page_size();
-  size_t data = bytes == 0 ? page : (bytes + page - 1) / page * page;
   if (bytes > (1ull << 46)) return fail(2, "%s: %zu bytes is more than the emulated device has", who, bytes);
+  size_t data = bytes == 0 ? page : (bytes + page - 1) / page * page;
   size_t len = data + 2 * page;
-  void* m = mmap(nullptr, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (m == MAP_FAILED) return fail(2, "%s: mmap of %zu bytes failed", who, len);
-  char* base = (char*)m;
-  if (mprotect(base + page, data, PROT_READ | PROT_WRITE) != 0) {
-    munmap(m, len);
-    return fail(2, "%s: mprotect failed", who);
+  if (!reserve_device_region()) return fail(2, "%s: cannot reserve the emulated device's address space", who);
+  char* base;
+  {
+    std::lock_guard<std::mutex> lk(g().mu);
+    // The region's last page stays unused (see reserve_device_region).
+    if (len > sh_len - page - g().region_used)
+      return fail(2, "%s: out of memory: %zu bytes requested, %zu of the emulated device's %zu bytes of address "
+                  "space left (freed allocations are never reused)", who, bytes,
+                  sh_len - page - g().region_used, sh_len);
+    base = (char*)(sh_base + g().region_used);
+    g().region_used += len;
   }
+  if (mprotect(base + page, data, PROT_READ | PROT_WRITE) != 0) return fail(2, "%s: mprotect failed", who);
   memset(base + page, 0xFF, data);
-  uintptr_t end = (uintptr_t)(base + page + data);
   Alloc* a = new Alloc;
-  a->start = (end - bytes) & ~(uintptr_t)15;
+  a->start = (uintptr_t)(base + page);
   a->size = bytes;
   a->map_base = base;
   a->map_len = len;
   a->ctx = ctx;
   a->allocated_by = who;
+  shadow_set(a->start, bytes, SH_UNINIT);
   {
     std::lock_guard<std::mutex> lk(g().mu);
     a->serial = ++g().alloc_serial;
@@ -58,6 +69,7 @@ int alloc_device(size_t bytes, const char* who, CUctx_st* ctx, uintptr_t* out) {
 void release_alloc_locked(Alloc* a) {
   mprotect(a->map_base, a->map_len, PROT_NONE);
   madvise(a->map_base, a->map_len, MADV_DONTNEED);
+  shadow_drop((uintptr_t)a->map_base, a->map_len);
 }
 
 Alloc* find_alloc_locked(uintptr_t addr) {
@@ -71,7 +83,7 @@ Alloc* find_alloc_locked(uintptr_t addr) {
 }
 
 // The allocation whose mapping (guards included) holds addr, if any.
-static Alloc* find_mapping_locked(uintptr_t addr) {
+Alloc* find_mapping_locked(uintptr_t addr) {
   auto& m = g().allocs;
   auto it = m.upper_bound(addr);
   // The mapping starts before `start`, so look at the next one too.
@@ -93,15 +105,6 @@ static std::string alloc_name(const Alloc* a) {
   return buf;
 }
 
-bool is_pinned_locked(const void* p, size_t bytes) {
-  uintptr_t x = (uintptr_t)p;
-  auto& m = g().pinned;
-  auto it = m.upper_bound(x);
-  if (it == m.begin()) return false;
-  --it;
-  return x >= it->first && x + bytes <= it->first + it->second;
-}
-
 int check_range_locked(uintptr_t ptr, size_t bytes, const char* what, Alloc** out, std::string* msg) {
   char buf[1024];
   Alloc* a = find_alloc_locked(ptr);
@@ -113,7 +116,7 @@ int check_range_locked(uintptr_t ptr, size_t bytes, const char* what, Alloc** ou
     else if (near)
       snprintf(buf, sizeof buf, "%s: 0x%lx is %zu bytes before the start of %s", what, (unsigned long)ptr,
                (size_t)(near->start - ptr), alloc_name(near).c_str());
-    else if (is_pinned_locked((void*)ptr, 1))
+    else if (is_pinned((void*)ptr, 1))
       snprintf(buf, sizeof buf, "%s: 0x%lx is pinned host memory, not a device pointer", what,
                (unsigned long)ptr);
     else
@@ -299,12 +302,7 @@ static int host_alloc(void** pp, size_t bytes, const char* who) {
   if (int r = call_ctx(&c)) return r;
   if (!pp) return fail(1, "%s: pp is NULL", who);
   if (bytes == 0) return fail(1, "%s: 0 bytes requested", who);
-  size_t len = (bytes + page_size() - 1) / page_size() * page_size();
-  void* m = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (m == MAP_FAILED) return fail(2, "%s: out of host memory (%zu bytes)", who, bytes);
-  std::lock_guard<std::mutex> lk(g().mu);
-  g().pinned[(uintptr_t)m] = len;
-  *pp = m;
+  if (pinned_alloc(bytes, c, pp)) return fail(2, "%s: out of host memory (%zu bytes)", who, bytes);
   return 0;
 }
 
@@ -319,16 +317,15 @@ CUEMU_API int cuMemHostAlloc(void** pp, size_t bytes, unsigned flags) {
 CUEMU_API int cuMemFreeHost(void* p) {
   CUctx_st* c;
   if (int r = call_ctx(&c)) return r;
-  std::unique_lock<std::mutex> lk(g().mu);
-  auto it = g().pinned.find((uintptr_t)p);
-  if (it == g().pinned.end()) {
-    lk.unlock();
+  if (!is_pinned(p, 1))
     return fail(1, "cuMemFreeHost(%p): not a pointer returned by cuMemHostAlloc/cuMemAllocHost (or freed twice)", p);
+  int r;
+  {
+    std::unique_lock<std::mutex> lk(g().mu);
+    r = sync_ctx_locked(lk, c);
   }
-  int r = sync_ctx_locked(lk, c);
-  size_t len = it->second;
-  g().pinned.erase(it);
-  munmap(p, len);
+  if (!pinned_free(p))
+    return fail(1, "cuMemFreeHost(%p): not a pointer returned by cuMemHostAlloc/cuMemAllocHost (or freed twice)", p);
   return r;
 }
 
@@ -343,7 +340,7 @@ CUEMU_API int cuPointerGetAttribute(void* data, int attr, CUdeviceptr p) {
   std::lock_guard<std::mutex> lk(g().mu);
   Alloc* a = find_alloc_locked(p);
   if (a && !a->live) a = nullptr;
-  bool pinned = is_pinned_locked((void*)p, 1);
+  bool pinned = is_pinned((void*)p, 1);
   if (!a && !pinned) return 1;
   switch (attr) {
     case CU_POINTER_ATTRIBUTE_MEMORY_TYPE: *(unsigned*)data = a ? 2 : 1; return 0;  // DEVICE : HOST

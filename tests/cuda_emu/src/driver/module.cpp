@@ -15,6 +15,7 @@
 
 #include "api_decls.h"
 #include "driver.h"
+#include "memcheck.h"
 
 using namespace cuemu;
 
@@ -337,6 +338,8 @@ CUEMU_API int cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz
     cuemu_exec_result res;
     memset(&res, 0, sizeof res);
     cuemu_exec_grid(ld->module, ld->k, ld->grid, ld->block, ld->smem, ld->argv.data(), &res);
+    flush_check_counters();
+    count(C_SHARED_CHECKS, cuemu_exec_take_shared_checks());
     if (res.ok) return 0;
     snprintf(err, len, "%s", res.message[0] ? res.message : "kernel launch failed");
     return res.cuda_error ? res.cuda_error : 719;

@@ -23,6 +23,8 @@
 
 #include "api_decls.h"
 #include "driver.h"
+#include "hostcheck.h"
+#include "memcheck.h"
 
 namespace cuemu {
 
@@ -234,6 +236,7 @@ int sync_stream_locked(std::unique_lock<std::mutex>& lk, const std::shared_ptr<S
   count(C_HOST_SYNCS);
   wait_stream_locked(lk, s, target);
   vc_join(g().host_clock, clk);
+  release_host_guards_locked();
   return s->ctx->sticky;
 }
 
@@ -247,6 +250,7 @@ int sync_ctx_locked(std::unique_lock<std::mutex>& lk, CUctx_st* ctx) {
   }
   count(C_HOST_SYNCS);
   for (size_t i = 0; i < ss.size(); i++) wait_stream_locked(lk, ss[i], targets[i]);
+  release_host_guards_locked();
   return ctx->sticky;
 }
 
@@ -430,6 +434,7 @@ CUEMU_API int cuEventSynchronize(CUevent h) {
     VClock clk = e->clock;
     wait_stream_locked(lk, st, seq);
     vc_join(g().host_clock, clk);
+    release_host_guards_locked();
   }
   return e->ctx->sticky;
 }
@@ -496,6 +501,11 @@ CUEMU_API int cuemu_enqueue(void* stream, const char* name, const cuemu_access* 
   if (fn) op.run = [fn, user](char* err, size_t len) { return fn(user, err, len); };
   if (destroy) op.done = [destroy, user] { destroy(user); };
   r = enqueue_locked(s, std::move(op), acc, name ? name : "cuemu_enqueue");
+  // What a library operation writes counts as initialized (its declared
+  // write ranges; a strided GEMM output is marked whole).
+  if (r == 0)
+    for (auto& x : acc)
+      if (x.write) shadow_set(x.ptr, x.bytes, SH_INIT);
   if (r && destroy) {
     lk.unlock();
     destroy(user);  // dropped without running

@@ -153,6 +153,7 @@ void run_block(Worker* w) {
   w->stacks_used = 0;
   if (w->mod && w->mod->shared_begin && w->mod->shared_end > w->mod->shared_begin)
     memset(w->mod->shared_begin, 0xff, (size_t)(w->mod->shared_end - w->mod->shared_begin));
+  shared_block_start(w);
   for (int t = 0; t < w->nthreads; t++) w->th[t].state = T_UNSTARTED;
   for (;;) {
     if (w->rq_len > 0) {
@@ -172,6 +173,7 @@ void run_block(Worker* w) {
       }
       cuemu_fiber_switch(&w->sched_sp, sp);
     } else if (w->ndone == w->nthreads) {
+      shared_barrier(w, true);
       return;
     } else {
       if (!resolve_stall(w)) return;
@@ -251,6 +253,7 @@ CUEMU_EXPORT void cuemu_exec_grid(const cuemu_module_info* module, const cuemu_k
   lock->lock();
   w->k = k;
   w->mod = module;
+  shared_launch(w, module);
   w->args = args;
   w->grid = grid;
   w->block = block;

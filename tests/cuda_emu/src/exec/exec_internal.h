@@ -8,6 +8,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <vector>
+
 #define CUEMU_EXPORT extern "C" __attribute__((visibility("default")))
 
 extern "C" void cuemu_fiber_switch(void** save_sp, void* new_sp);
@@ -34,6 +36,22 @@ struct Thread {
   int width;
   uint64_t value;
   uint64_t result;
+};
+
+// The shared-memory race checker's record of one shared byte (sharedcheck.cpp).
+struct ShCell {
+  uint32_t w_epoch = 0, r_epoch = 0;          // 0: never
+  uint32_t w_wsync = 0, r1_wsync = 0, r2_wsync = 0;
+  uint16_t w_tid = 0, r1 = 0, r2 = 0;
+};
+// Per module: one block of a module runs at a time (the module lock).
+struct SharedShadow {
+  std::vector<ShCell> cells;  // one per byte of the module's __shared__ variables
+  uint32_t epoch = 0;         // bumped at each block start and completed __syncthreads
+};
+struct PendingRead {
+  uintptr_t addr;
+  int thread;
 };
 
 struct Worker {
@@ -69,6 +87,14 @@ struct Worker {
   // ---- threads
   cuemu_thread_ctx ctx[kMaxThreads];
   Thread th[kMaxThreads];
+  // ---- shared-memory race checker
+  SharedShadow* ss = nullptr;            // null: not checked
+  uintptr_t sh_begin = 0, sh_end = 0;
+  uint32_t block_epoch = 0;              // the epoch the running block started in
+  uint32_t wsync[kMaxThreads];           // __syncwarp each thread completed this block
+  bool shared_pending = false;           // a read of a byte the block had not written
+  PendingRead pending{};
+  long long shared_checks = 0;
 };
 
 extern __thread Worker* tls_w __attribute__((tls_model("initial-exec")));
@@ -77,5 +103,13 @@ void fmt_where(const Worker* w, int t, char* buf, size_t len);
 void set_error(Worker* w, int code, const char* fmt, ...) __attribute__((format(printf, 3, 4)));
 [[noreturn]] void abandon_fiber(Worker* w);
 bool resolve_stall(Worker* w);
+
+// The shared-memory race checker's hooks (sharedcheck.cpp).
+void shared_launch(Worker* w, const cuemu_module_info* mod);
+void shared_block_start(Worker* w);
+// At a completed __syncthreads or the block's end: false (error set) when a
+// read of never-written shared memory is pending.
+bool shared_barrier(Worker* w, bool block_end);
+void shared_warp_synced(Worker* w, int t);
 
 }  // namespace cuemu_exec

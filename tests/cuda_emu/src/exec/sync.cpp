@@ -113,6 +113,7 @@ bool resolve_stall(Worker* w) {
                 w->k->name, f.file, f.line, w->block_idx.x, w->block_idx.y, w->block_idx.z, other);
       return false;
     }
+    if (!shared_barrier(w, false)) return false;
     w->nbar = 0;
     for (int t = 0; t < n; t++) runq_push(w, t);
     return true;
@@ -222,6 +223,9 @@ uint64_t warp_op(Worker* w, int kind, uint32_t mask, uint64_t value, int lane_ar
       p.result = w->th[warp * 32 + j].value;
     }
   }
+  if (kind == 4)
+    for (int i = 0; i < 32; i++)
+      if (mask & (1u << i)) shared_warp_synced(w, warp * 32 + i);
   for (int i = 0; i < 32; i++) {
     if (!(mask & (1u << i)) || i == lane) continue;
     w->nwarp_wait--;

@@ -62,7 +62,10 @@ ncclResult_t set_error(Comm* c, ncclResult_t code, bool async, const char* fmt, 
   va_end(ap);
   if (c) {
     std::lock_guard<std::mutex> g(c->mu);
-    c->last_error = buf;
+    // Once the comm has failed, its first cause stays its last error: the
+    // consequences (a second peer going, the abort) must not hide it from
+    // a watchdog that reads the message after seeing the error.
+    if (!async || c->async_error == ncclSuccess) c->last_error = buf;
     if (async && c->async_error == ncclSuccess) {
       c->async_error = code;
       c->async_msg = buf;

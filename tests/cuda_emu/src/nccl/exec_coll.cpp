@@ -33,19 +33,12 @@ namespace cuemu_nccl {
 namespace {
 
 constexpr uint32_t kHdrMagic = 0x43554e48u;
-constexpr uint32_t kReplyMagic = 0x43554e52u;
 
 struct Hdr {
   uint32_t magic, coll;
   uint64_t seq, count;
   int32_t dtype, red, root, rank;
   uint64_t payload;  // bytes of contribution that follow
-};
-struct Reply {
-  uint32_t magic;
-  int32_t status;
-  uint64_t payload;  // bytes of result that follow
-  char msg[496];
 };
 
 const char* red_name(int r) {
@@ -239,8 +232,11 @@ struct Run {
     if (xfer(c, hubc, &h, sizeof h, true) || xfer(c, hubc, const_cast<void*>(mine), h.payload, true))
       return aborted(0);
     Reply p{};
-    if (xfer(c, hubc, &p, sizeof p, false)) return aborted(0);
-    p.msg[sizeof p.msg - 1] = 0;
+    do {
+      if (xfer(c, hubc, &p, sizeof p, false)) return aborted(0);
+      p.msg[sizeof p.msg - 1] = 0;
+      if (p.magic == kLostMagic) take_lost_notice(c, p);
+    } while (p.magic == kLostMagic);
     if (p.magic != kReplyMagic) return fail(ncclInternalError, "malformed reply from rank 0 (protocol error)");
     if (p.status != ncclSuccess) return fail(static_cast<ncclResult_t>(p.status), p.msg);
     size_t due = 0;

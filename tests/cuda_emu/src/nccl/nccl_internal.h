@@ -184,6 +184,20 @@ ncclResult_t set_error(Comm* c, ncclResult_t code, bool async, const char* fmt, 
 size_t dtype_size(int dtype);       // 0 for an unknown type
 const char* dtype_name(int dtype);
 
+// What rank 0 sends a rank after each collective (then `payload` result
+// bytes). kLostMagic marks a notice instead: rank 0 lost its connection to
+// the rank in `msg`, which the others, connected only to rank 0, cannot see
+// for themselves; a rank records it as its asynchronous error and keeps
+// waiting, as for a peer of its own.
+constexpr uint32_t kReplyMagic = 0x43554e52u;
+constexpr uint32_t kLostMagic = 0x43554e4cu;
+struct Reply {
+  uint32_t magic;
+  int32_t status;
+  uint64_t payload;  // bytes of result that follow
+  char msg[496];
+};
+
 // transport.cpp
 // Builds the 128-byte id and the listener behind it.
 ncclResult_t make_unique_id(ncclUniqueId* id, std::string* err);
@@ -192,7 +206,11 @@ ncclResult_t connect_comm(Comm* c, const ncclUniqueId& id, std::string* err);
 // Blocking, abortable IO on one connection. 0: done; -1: aborted (the comm's
 // abort flag). A lost peer does not end the wait, it only marks conn.lost and
 // records ncclRemoteError on the comm: the call keeps waiting for abort.
+// A rank sending to rank 0 also takes in a lost-rank notice meanwhile (rank 0
+// may not read until the lost rank's part arrives).
 int xfer(Comm* c, Conn& conn, void* buf, size_t n, bool send);
+// Records a lost-rank notice from rank 0 as this comm's asynchronous error.
+void take_lost_notice(Comm* c, Reply& r);
 // Rank 0: receives n bytes from each of ranks first..nranks-1 into
 // buf + (r-first)*n, from whichever is ready, so a dead peer is noticed (and
 // reported) even while another one is slow. Same return values as xfer; on

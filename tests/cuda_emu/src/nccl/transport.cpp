@@ -20,7 +20,9 @@
 // watchdog polling ncclCommGetAsyncError sees it), and the call keeps waiting,
 // in 100 ms poll slices, until ncclCommAbort sets the abort flag and writes to
 // the comm's wake pipe. Only the ranks directly connected to the dead one
-// notice (everyone else is blocked waiting on rank 0, or rank 0 itself).
+// see it on their sockets (everyone else talks only to rank 0), so rank 0
+// sends each of the others a notice naming the lost rank, which they record
+// the same way: every survivor names the rank that died.
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -221,12 +223,40 @@ ncclResult_t connect_hub(Comm* c, const IdFields& f, std::string* err) {
   return ncclSuccess;
 }
 
+// Rank 0 tells the other live ranks which one it lost: best effort, one
+// frame each, never blocking for long (a rank busy sending to rank 0 still
+// has room to receive it).
+void notify_lost(Comm* c, int lost, const char* why) {
+  Reply r{};
+  r.magic = kLostMagic;
+  r.status = ncclRemoteError;
+  std::snprintf(r.msg, sizeof r.msg,
+                "rank %d lost: rank 0, through which the ranks of this communicator talk, lost its connection to "
+                "rank %d (%s): the remote process exited or there was a network error; this communicator's "
+                "collectives wait until ncclCommAbort",
+                lost, lost, why);
+  for (auto& k : c->conns) {
+    if (k.lost || k.fd < 0 || k.peer == lost || k.peer == 0) continue;
+    const char* p = reinterpret_cast<const char*>(&r);
+    size_t left = sizeof r;
+    for (int tries = 0; left && tries < 20; tries++) {
+      pollfd f = {k.fd, POLLOUT, 0};
+      if (::poll(&f, 1, 50) <= 0) continue;
+      ssize_t m = ::send(k.fd, p, left, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (m <= 0) break;
+      p += m;
+      left -= static_cast<size_t>(m);
+    }
+  }
+}
+
 void mark_lost(Comm* c, Conn& conn, const char* why) {
   conn.lost = true;
   set_error(c, ncclRemoteError, true,
             "rank %d lost its connection to rank %d (%s): the remote process exited or there was a network "
             "error; this communicator's collectives wait until ncclCommAbort",
             c->rank, conn.peer, why);
+  if (c->rank == 0) notify_lost(c, conn.peer, why);
 }
 
 }  // namespace
@@ -315,15 +345,30 @@ ncclResult_t connect_comm(Comm* c, const ncclUniqueId& id, std::string* err) {
   return r;
 }
 
+void take_lost_notice(Comm* c, Reply& r) {
+  r.msg[sizeof r.msg - 1] = 0;
+  set_error(c, static_cast<ncclResult_t>(r.status), true, "%s", r.msg);
+}
+
 int xfer(Comm* c, Conn& conn, void* buf, size_t n, bool send) {
   char* p = static_cast<char*>(buf);
+  const bool to_hub = send && c->rank != 0 && conn.peer == 0;
   while (n) {
     if (c->aborting.load()) return -1;
-    pollfd fds[2] = {{conn.lost ? -1 : conn.fd, static_cast<short>(send ? POLLOUT : POLLIN), 0},
-                     {c->wake[0], POLLIN, 0}};
+    short events = static_cast<short>(send ? POLLOUT : POLLIN);
+    if (to_hub) events |= POLLIN;
+    pollfd fds[2] = {{conn.lost ? -1 : conn.fd, events, 0}, {c->wake[0], POLLIN, 0}};
     int k = ::poll(fds, 2, 100);
     if (k <= 0 || c->aborting.load()) continue;  // timeout/EINTR: look at the abort flag again
     if (conn.lost || !(fds[0].revents & (POLLIN | POLLOUT | POLLHUP | POLLERR))) continue;
+    if (to_hub && (fds[0].revents & POLLIN)) {
+      // Rank 0 answers only after it has read everything, so whatever comes
+      // before that is a lost-rank notice.
+      Reply r{};
+      if (xfer(c, conn, &r, sizeof r, false)) return -1;
+      if (r.magic == kLostMagic) take_lost_notice(c, r);
+      continue;
+    }
     ssize_t m = send ? ::send(conn.fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT) : ::recv(conn.fd, p, n, MSG_DONTWAIT);
     if (m > 0) {
       p += m;

@@ -5,7 +5,8 @@
 // Compile flags: -std=c++17 -O2 -fPIC -shared -march=x86-64-v3 -fno-fast-math,
 // with -ffp-contract=fast for --fmad=true (NVRTC's default: the GPU compiler
 // contracts a*b+c into an FMA wherever it likes; the _rn intrinsics stay
-// unfused in both cases) and -ffp-contract=off for --fmad=false.
+// unfused in both cases) and -ffp-contract=off for --fmad=false, and the
+// memory-access instrumentation of the device checks.
 //
 // Objects are cached by a content hash (source, headers, options, the device
 // headers and this library) under $CUEMU_CACHE_DIR, else
@@ -26,6 +27,15 @@
 namespace cuemu_nvrtc {
 
 namespace {
+
+bool env_off(const char* name) {
+  const char* e = getenv(name);
+  return e && strcmp(e, "0") == 0;
+}
+
+bool instrumented() {
+  return !(env_off("CUEMU_MEMCHECK") && env_off("CUEMU_INITCHECK") && env_off("CUEMU_SHAREDCHECK"));
+}
 
 const char* const kEmuVersion = "cuemu-nvrtc 1";
 
@@ -119,6 +129,16 @@ nvrtcResult compile(Program* p, int nopts, const char* const* opts) {
   for (auto& d : o.defines) common.push_back("-D" + d);
   for (auto& u : o.undefs) common.push_back("-U" + u);
   if (o.lineinfo) common.push_back("-g1");
+  // Every load, store and atomic of kernel code calls an entry point first
+  // (include/device/cuemu_checks.h, then libcuda's checkers): GCC's
+  // ThreadSanitizer instrumentation, which tells reads from writes and never
+  // merges a store into an earlier load's check, unlike AddressSanitizer's.
+  // Left out only when every check that needs it is off, for speed.
+  if (instrumented()) {
+    for (const char* f : {"-fsanitize=thread", "--param=tsan-instrument-func-entry-exit=0",
+                          "--param=tsan-distinguish-volatile=0", "-DCUEMU_CHECKS=1"})
+      common.push_back(f);
+  }
 
   // The cache key.
   Hash h;
@@ -132,7 +152,7 @@ nvrtcResult compile(Program* p, int nopts, const char* const* opts) {
   h.add(cxx);
   h.add(libdir);
   for (auto& c : common) h.add(c);
-  for (const char* f : {"cuemu_device.h", "cuda_fp16.h", "cuemu/internal.h"}) {
+  for (const char* f : {"cuemu_device.h", "cuda_fp16.h", "cuemu_checks.h", "cuemu/internal.h"}) {
     std::string c;
     read_file(incdir + "/" + f, c);
     h.add(c);
@@ -213,9 +233,28 @@ nvrtcResult compile(Program* p, int nopts, const char* const* opts) {
     p->log = "error: cannot write the generated module\n";
     return NVRTC_ERROR_INTERNAL_ERROR;
   }
-  std::vector<std::string> cc = {cxx, "-shared"};
-  cc.insert(cc.end(), common.begin(), common.end());
-  cc.push_back(".cuemu_module.cpp");
+  // Compiled to assembly first: GCC ignores a section attribute on the
+  // static locals of a function template (they go to COMDAT sections), so
+  // the __shared__ variables of templated device functions are moved into
+  // the shared section here, marked by the `retain` flag cuemu_device.h adds.
+  std::vector<std::string> as = {cxx, "-S"};
+  as.insert(as.end(), common.begin(), common.end());
+  as.push_back(".cuemu_module.cpp");
+  as.push_back("-o");
+  as.push_back(".cuemu_module.s");
+  rc = run_cmd(as, work, out);
+  std::string asm_text;
+  if (rc != 0 || !read_file(work + "/.cuemu_module.s", asm_text)) {
+    p->log = out.empty() ? "error: the host compiler (" + cxx + ") failed\n" : out;
+    return NVRTC_ERROR_COMPILATION;
+  }
+  if (!write_file(work + "/.cuemu_module.s", shared_into_one_section(asm_text))) {
+    p->log = "error: cannot write the generated module\n";
+    return NVRTC_ERROR_INTERNAL_ERROR;
+  }
+  std::vector<std::string> cc = {cxx, "-shared", "-fPIC"};
+  if (o.lineinfo) cc.push_back("-g1");
+  cc.push_back(".cuemu_module.s");
   cc.push_back("-o");
   cc.push_back("out.so");
   cc.push_back("-L" + libdir);

@@ -65,6 +65,9 @@ bool parse_options(int n, const char* const* opts, Options& o, std::string& log)
 std::vector<std::string> discover_kernels(const std::string& pre);
 std::string base_name(const std::string& q);
 std::string generated_tu(const std::string& src_rel, const std::vector<std::string>& kernels);
+// The assembly of a module with the COMDAT sections of templates' __shared__
+// variables (flagged "awGR") replaced by the shared section.
+std::string shared_into_one_section(const std::string& asm_text);
 
 // --------------------------------------------------------- compile.cpp ---
 
