@@ -7,10 +7,9 @@
 
 use std::fmt;
 
-use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
-use super::{chw, config_err, AmpClass, BufferValue, Ctx, Layer, MemoryArgs, Weights};
+use super::{chw, config_err, AmpClass, Ctx, Layer, MemoryArgs, Weights};
 use crate::config::layers::RawLayer;
 use crate::error::Result;
 use crate::ops::avg_pool2d::{self as pool, AvgPool2dArgs};
@@ -61,10 +60,6 @@ impl Layer for AdaptiveAvgPool2d {
             ));
         }
         Ok((AdaptiveAvgPool2d { output_size: 1, in_hw: [h, w] }, vec![c, 1, 1]))
-    }
-
-    fn init(&self, _rng: &mut ChaCha8Rng) -> Result<(Vec<Tensor>, Vec<BufferValue>)> {
-        Ok((Vec::new(), Vec::new()))
     }
 
     fn amp_class(&self) -> AmpClass {

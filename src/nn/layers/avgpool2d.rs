@@ -6,10 +6,9 @@
 
 use std::fmt;
 
-use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
-use super::{chw, config_err, positive, AmpClass, BufferValue, Ctx, Layer, MemoryArgs, Weights};
+use super::{chw, config_err, positive, AmpClass, Ctx, Layer, MemoryArgs, Weights};
 use crate::config::layers::RawLayer;
 use crate::error::Result;
 use crate::ops::avg_pool2d::{self as pool, AvgPool2dArgs};
@@ -85,10 +84,6 @@ impl Layer for AvgPool2d {
             )
         })?;
         Ok((layer, vec![c, oh, ow]))
-    }
-
-    fn init(&self, _rng: &mut ChaCha8Rng) -> Result<(Vec<Tensor>, Vec<BufferValue>)> {
-        Ok((Vec::new(), Vec::new()))
     }
 
     fn amp_class(&self) -> AmpClass {

@@ -4,10 +4,9 @@
 
 use std::fmt;
 
-use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
-use super::{config_err, AmpClass, BufferValue, Ctx, Layer, MemoryArgs, Weights};
+use super::{config_err, AmpClass, Ctx, Layer, MemoryArgs, Weights};
 use crate::config::layers::RawLayer;
 use crate::config::model::numel;
 use crate::error::Result;
@@ -37,10 +36,6 @@ impl Layer for Flatten {
         let n = numel(shape)
             .ok_or_else(|| config_err(key, format!("its input {shape:?} does not fit in 64 bits")))?;
         Ok((Flatten {}, vec![n]))
-    }
-
-    fn init(&self, _rng: &mut ChaCha8Rng) -> Result<(Vec<Tensor>, Vec<BufferValue>)> {
-        Ok((Vec::new(), Vec::new()))
     }
 
     fn amp_class(&self) -> AmpClass {

@@ -4,10 +4,9 @@
 
 use std::fmt;
 
-use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
-use super::{chw, config_err, mul, positive, AmpClass, BufferValue, Ctx, Layer, MemoryArgs, Weights};
+use super::{chw, config_err, mul, positive, AmpClass, Ctx, Layer, MemoryArgs, Weights};
 use crate::config::layers::RawLayer;
 use crate::error::Result;
 use crate::ops;
@@ -57,10 +56,6 @@ impl Layer for MaxPool2d {
             ));
         }
         Ok((MaxPool2d { kernel_size: k, stride: s }, vec![c, (h - k) / s + 1, (w - k) / s + 1]))
-    }
-
-    fn init(&self, _rng: &mut ChaCha8Rng) -> Result<(Vec<Tensor>, Vec<BufferValue>)> {
-        Ok((Vec::new(), Vec::new()))
     }
 
     fn amp_class(&self) -> AmpClass {

@@ -154,8 +154,10 @@ pub trait Layer: Clone + fmt::Debug + PartialEq + fmt::Display + Serialize {
     }
 
     /// PyTorch's initial parameter values (in [`Layer::params`] order) and
-    /// buffers, drawn from `rng`.
-    fn init(&self, rng: &mut ChaCha8Rng) -> Result<(Vec<Tensor>, Vec<BufferValue>)>;
+    /// buffers, drawn from `rng`; nothing for a layer without state.
+    fn init(&self, _rng: &mut ChaCha8Rng) -> Result<(Vec<Tensor>, Vec<BufferValue>)> {
+        Ok((Vec::new(), Vec::new()))
+    }
 
     fn amp_class(&self) -> AmpClass;
 

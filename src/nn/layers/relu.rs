@@ -4,10 +4,9 @@
 
 use std::fmt;
 
-use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
-use super::{mul, AmpClass, BufferValue, Ctx, Layer, MemoryArgs, Weights};
+use super::{mul, AmpClass, Ctx, Layer, MemoryArgs, Weights};
 use crate::config::layers::RawLayer;
 use crate::error::Result;
 use crate::ops;
@@ -34,10 +33,6 @@ impl Layer for Relu {
 
     fn resolve(_cfg: &Config, shape: &[usize], _key: &str) -> Result<(Self, Vec<usize>)> {
         Ok((Relu {}, shape.to_vec()))
-    }
-
-    fn init(&self, _rng: &mut ChaCha8Rng) -> Result<(Vec<Tensor>, Vec<BufferValue>)> {
-        Ok((Vec::new(), Vec::new()))
     }
 
     fn amp_class(&self) -> AmpClass {
