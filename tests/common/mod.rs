@@ -132,6 +132,27 @@ pub fn max_abs_diff(a: &[ddptrain::nn::StateEntry], b: &[ddptrain::nn::StateEntr
     worst
 }
 
+/// [`max_abs_diff`] with each difference relative to `max(1, |b|)`, as
+/// `--trace-tolerance` measures: running variances of activations in the
+/// hundreds differ in more absolute digits than weights near 1 do.
+pub fn max_rel_diff(a: &[ddptrain::nn::StateEntry], b: &[ddptrain::nn::StateEntry]) -> f32 {
+    use ddptrain::nn::StateValue::*;
+    let mut worst = 0.0f32;
+    for ea in a {
+        let eb = b.iter().find(|e| e.name == ea.name).expect("same tensors");
+        match (&ea.value, &eb.value) {
+            (F32(x), F32(y)) => {
+                for (p, q) in x.iter().zip(y) {
+                    worst = worst.max((p - q).abs() / q.abs().max(1.0));
+                }
+            }
+            (I64(x), I64(y)) => assert_eq!(x, y, "{}", ea.name),
+            _ => panic!("{}: dtype differs", ea.name),
+        }
+    }
+    worst
+}
+
 /// A small conv net under O2 (f16 and f32 gradient buckets, fp32 masters,
 /// the dynamic loss scaler) on `train_size` synthetic 8x8 images in batches
 /// of 16 per rank, with no periodic checkpoint: the one the stop writes is
