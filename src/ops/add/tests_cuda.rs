@@ -58,6 +58,11 @@ fn all_cases<T: DeviceFloat>(gpu: &Gpu, seed: u64) {
     check::<T>(gpu, 3 * 32 * 7 * 7, seed + 2);
     check::<T>(gpu, 3 * 5 * 7 * 13, seed + 4);
     check::<T>(gpu, 1, seed + 6);
+    // Every length from 1 to 64 elements, so an off-by-one at the end of
+    // a buffer meets the emulator's exact-byte bounds at every alignment.
+    for n in 1..=64 {
+        check::<T>(gpu, n, seed + 8 + n as u64);
+    }
 }
 
 #[test]

@@ -59,6 +59,14 @@ fn all_cases<T: DeviceFloat>(gpu: &Gpu, seed: u64) {
     check::<T>(gpu, [1, 2, 13, 13], args([2, 3], [3, 4], [1, 0]), seed + 10);
     // A window larger than the unpadded input.
     check::<T>(gpu, [2, 2, 3, 3], args([5, 4], [1, 1], [2, 2]), seed + 12);
+    // Inputs of every length from 1 to 64 elements (global pooling of a
+    // 1 x n row) and outputs of every length (n planes of 2x2 pooled to
+    // one), so an off-by-one at either buffer's end meets the emulator's
+    // exact-byte bounds.
+    for n in 1..=64 {
+        check::<T>(gpu, [1, 1, 1, n], AvgPool2dArgs::global(1, n), seed + 14 + n as u64);
+        check::<T>(gpu, [1, n, 2, 2], args([2, 2], [2, 2], [0, 0]), seed + 100 + n as u64);
+    }
 }
 
 #[test]
