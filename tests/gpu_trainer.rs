@@ -328,8 +328,12 @@ fn the_gpu_run_logs_and_writes_what_the_cpu_run_does() {
 }
 
 /// configs/ci_smoke.toml on the device, as CI runs it on the CPU: 200 steps
-/// of the real digits that must pass its accuracy and loss gates.
+/// of the real digits that must pass its accuracy and loss gates. Opt-in:
+/// about five minutes on the emulated device, where the step-by-step
+/// parity tests (tests/ddp_cuda.rs, `nn::cuda` in the library) already
+/// hold the device to the CPU trainer that CI gates on the same config.
 #[test]
+#[ignore = "200 steps of the real digits on the emulated device take minutes; run with --ignored"]
 fn ci_smoke_on_the_gpu_passes_its_gates() {
     if !has_gpu("ci_smoke_on_the_gpu_passes_its_gates") {
         return;

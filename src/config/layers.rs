@@ -32,27 +32,54 @@ pub enum LayerConfig {
     /// entries are named in the block around it (`conv1`, `downsample.0`,
     /// ...). An empty `shortcut` is the identity.
     Residual { layers: Vec<LayerConfig>, shortcut: Vec<LayerConfig> },
+    /// `branch_0(x) + branch_1(x) + ...`: the general form of `residual`
+    /// (an empty branch is the identity). Wiring, like `residual`.
+    Sum { branches: Vec<Vec<LayerConfig>> },
+    /// A block defined under `[model.blocks]` (capitalized, as a Python
+    /// class: `BasicBlock`), with its arguments. With `repeat = N` it is an
+    /// `nn.Sequential` of N instances named `0`..`N-1`, the first taking
+    /// `first`'s arguments over `args` (a ResNet stage's stride and
+    /// projection).
+    Block {
+        name: Option<String>,
+        block: String,
+        args: toml::Table,
+        repeat: Option<usize>,
+        first: toml::Table,
+    },
 }
 
 const SEQUENTIAL: &str = "sequential";
 const SEQUENTIAL_KEYS: &[&str] = &["type", "name", "layers"];
 const RESIDUAL: &str = "residual";
 const RESIDUAL_KEYS: &[&str] = &["type", "layers", "shortcut"];
+const SUM: &str = "sum";
+const SUM_KEYS: &[&str] = &["type", "branches"];
+const BLOCK_KEYS: &[&str] = &["type", "name", "args", "repeat", "first"];
 
 /// Every `type` an entry may have: the layer types, then the blocks.
 pub(crate) static ENTRY_TYPES: LazyLock<Vec<&'static str>> =
-    LazyLock::new(|| TYPES.iter().copied().chain([SEQUENTIAL, RESIDUAL]).collect());
+    LazyLock::new(|| TYPES.iter().copied().chain([SEQUENTIAL, RESIDUAL, SUM]).collect());
 
-fn entry_types() -> &'static [&'static str] {
-    &ENTRY_TYPES
+fn unknown_type<E: de::Error>(ty: &str) -> E {
+    E::custom(format!(
+        "unknown layer type {:?}; expected one of: {}",
+        crate::error::cut(ty, crate::error::VALUE_CHARS),
+        entry_types_list()
+    ))
 }
 
-/// `conv2d, batchnorm2d, ..., linear or sequential`.
+/// `conv2d, batchnorm2d, ..., residual, sum, or a block's name`.
 pub(crate) fn entry_types_list() -> String {
-    match ENTRY_TYPES.split_last() {
-        Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
-        _ => ENTRY_TYPES.join(", "),
-    }
+    format!("{}, or the name of a block defined under [model.blocks]", ENTRY_TYPES.join(", "))
+}
+
+/// A block's name is capitalized, as a Python class (`BasicBlock`), so it
+/// can never shadow a layer type (those are lower case).
+pub(crate) fn is_block_name(s: &str) -> bool {
+    let mut chars = s.chars();
+    chars.next().is_some_and(|c| c.is_ascii_uppercase())
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
 impl LayerConfig {
@@ -61,16 +88,19 @@ impl LayerConfig {
         match self {
             LayerConfig::Layer { name, .. } => name.as_deref(),
             LayerConfig::Sequential { name, .. } => name.as_deref(),
-            LayerConfig::Residual { .. } => None,
+            LayerConfig::Block { name, .. } => name.as_deref(),
+            LayerConfig::Residual { .. } | LayerConfig::Sum { .. } => None,
         }
     }
 
     /// The `type` value as written in the config.
-    pub fn type_name(&self) -> &'static str {
+    pub fn type_name(&self) -> &str {
         match self {
             LayerConfig::Layer { spec, .. } => spec.type_name(),
             LayerConfig::Sequential { .. } => SEQUENTIAL,
             LayerConfig::Residual { .. } => RESIDUAL,
+            LayerConfig::Sum { .. } => SUM,
+            LayerConfig::Block { block, .. } => block,
         }
     }
 }
@@ -92,6 +122,25 @@ impl Serialize for LayerConfig {
             layers: &'a [LayerConfig],
             shortcut: &'a [LayerConfig],
         }
+        #[derive(Serialize)]
+        struct Sum<'a> {
+            #[serde(rename = "type")]
+            ty: &'static str,
+            branches: &'a [Vec<LayerConfig>],
+        }
+        #[derive(Serialize)]
+        struct Block<'a> {
+            #[serde(rename = "type")]
+            ty: &'a str,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            name: Option<&'a str>,
+            #[serde(skip_serializing_if = "toml::Table::is_empty")]
+            args: &'a toml::Table,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            repeat: Option<usize>,
+            #[serde(skip_serializing_if = "toml::Table::is_empty")]
+            first: &'a toml::Table,
+        }
         match self {
             LayerConfig::Layer { name, spec } => spec.serialize_table(name.as_deref(), s),
             LayerConfig::Sequential { name, layers } => {
@@ -99,6 +148,10 @@ impl Serialize for LayerConfig {
             }
             LayerConfig::Residual { layers, shortcut } => {
                 Residual { ty: RESIDUAL, layers, shortcut }.serialize(s)
+            }
+            LayerConfig::Sum { branches } => Sum { ty: SUM, branches }.serialize(s),
+            LayerConfig::Block { name, block, args, repeat, first } => {
+                Block { ty: block, name: name.as_deref(), args, repeat: *repeat, first }.serialize(s)
             }
         }
     }
@@ -120,6 +173,10 @@ pub struct RawLayer {
     pub output_size: Option<usize>,
     layers: Option<Vec<LayerConfig>>,
     shortcut: Option<Vec<LayerConfig>>,
+    branches: Option<Vec<Vec<LayerConfig>>>,
+    args: Option<toml::Table>,
+    repeat: Option<usize>,
+    first: Option<toml::Table>,
     /// Keys as written, in order, to check against the type afterwards.
     keys: Vec<String>,
 }
@@ -144,10 +201,10 @@ impl<'de> DeserializeSeed<'de> for TypeSeed {
 
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<String, D::Error> {
         let ty = String::deserialize(d)?;
-        if ENTRY_TYPES.contains(&ty.as_str()) {
+        if ENTRY_TYPES.contains(&ty.as_str()) || is_block_name(&ty) {
             Ok(ty)
         } else {
-            Err(de::Error::unknown_variant(&ty, entry_types()))
+            Err(unknown_type(&ty))
         }
     }
 }
@@ -183,6 +240,10 @@ impl<'de> Visitor<'de> for LayerVisitor {
                 "output_size" => set(&mut map, &mut raw.output_size, "output_size")?,
                 "layers" => set(&mut map, &mut raw.layers, "layers")?,
                 "shortcut" => set(&mut map, &mut raw.shortcut, "shortcut")?,
+                "branches" => set(&mut map, &mut raw.branches, "branches")?,
+                "args" => set(&mut map, &mut raw.args, "args")?,
+                "repeat" => set(&mut map, &mut raw.repeat, "repeat")?,
+                "first" => set(&mut map, &mut raw.first, "first")?,
                 _ => {
                     map.next_value::<IgnoredAny>()?;
                 }
@@ -198,9 +259,11 @@ fn build<E: de::Error>(raw: RawLayer) -> Result<LayerConfig, E> {
     let fields = match ty {
         SEQUENTIAL => Some(SEQUENTIAL_KEYS),
         RESIDUAL => Some(RESIDUAL_KEYS),
+        SUM => Some(SUM_KEYS),
+        _ if is_block_name(ty) => Some(BLOCK_KEYS),
         _ => LayerSpec::keys(ty),
     };
-    let fields = fields.ok_or_else(|| E::unknown_variant(ty, entry_types()))?;
+    let fields = fields.ok_or_else(|| unknown_type::<E>(ty))?;
     if let Some(bad) = raw.keys.iter().find(|k| !fields.contains(&k.as_str())) {
         return Err(E::unknown_field(bad, fields));
     }
@@ -216,7 +279,19 @@ fn build<E: de::Error>(raw: RawLayer) -> Result<LayerConfig, E> {
             shortcut: raw.shortcut.unwrap_or_default(),
         });
     }
-    let spec = LayerSpec::from_raw(ty, &raw).ok_or_else(|| E::unknown_variant(ty, entry_types()))??;
+    if ty == SUM {
+        return Ok(LayerConfig::Sum { branches: raw.branches.ok_or_else(|| E::missing_field("branches"))? });
+    }
+    if is_block_name(ty) {
+        return Ok(LayerConfig::Block {
+            name: raw.name,
+            block: ty.to_owned(),
+            args: raw.args.unwrap_or_default(),
+            repeat: raw.repeat,
+            first: raw.first.unwrap_or_default(),
+        });
+    }
+    let spec = LayerSpec::from_raw(ty, &raw).ok_or_else(|| unknown_type::<E>(ty))??;
     Ok(LayerConfig::Layer { name: raw.name, spec })
 }
 

@@ -11,6 +11,7 @@ use figment::error::Kind;
 use figment::value::{Dict, Map, Value};
 use figment::{Figment, Metadata, Profile, Provider, Source};
 
+use super::model::MODEL_FILE;
 use super::schema::{Config, OptimizerName, SECTIONS};
 use crate::error::{cut, Error, Result, VALUE_CHARS};
 
@@ -113,6 +114,24 @@ fn derived_defaults(fig: &Figment, path: &Path) -> Layer {
     };
     dict.insert("optimizer".into(), Value::from(Dict::from([("weight_decay".into(), Value::from(wd))])));
     Layer { meta: Metadata::named(DERIVED), dict }
+}
+
+/// Reads layer entries from `value`, a block's body after its arguments are
+/// substituted, with the errors and messages of the config file's own
+/// entries, at `key` (`model.blocks.BasicBlock.layers[0].kernel_size`).
+pub(crate) fn extract_layers(key: &str, value: toml::Value) -> Result<Vec<super::layers::LayerConfig>> {
+    #[derive(serde::Deserialize)]
+    struct Body {
+        layers: Vec<super::layers::LayerConfig>,
+    }
+    let dict = Dict::from([("layers".to_owned(), toml_to_value(value))]);
+    let fig = Figment::new().merge(Layer { meta: Metadata::named(MODEL_FILE), dict });
+    // The path figment reports starts at `layers`: put the block's key before it.
+    let at = key.strip_suffix("layers").unwrap_or(key);
+    fig.extract::<Body>().map(|b| b.layers).map_err(|e| match convert_error(e, MODEL_FILE) {
+        Error::Config { file, key, msg } => Error::Config { file, key: format!("{at}{key}"), msg },
+        other => other,
+    })
 }
 
 /// One source of values with its own metadata.
@@ -359,7 +378,7 @@ fn readable_type(expected: &str) -> String {
 }
 
 /// A likely typo: one edit or one swap of neighbours apart, or one a prefix of the other.
-fn similar(a: &str, b: &str) -> bool {
+pub(crate) fn similar(a: &str, b: &str) -> bool {
     if a.len() >= 3 && (b.starts_with(a) || a.starts_with(b)) {
         return true;
     }

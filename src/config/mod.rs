@@ -4,6 +4,7 @@
 //! Names and defaults follow PyTorch (torch.optim, nn modules, DDP) and apex,
 //! so a PyTorch user can read a config without a manual.
 
+pub(crate) mod blocks;
 pub mod describe;
 mod diff;
 pub(crate) mod layers;
@@ -14,6 +15,8 @@ mod preflight;
 pub(crate) mod schema;
 mod validate;
 
+#[cfg(test)]
+mod tests_blocks;
 #[cfg(test)]
 mod tests_graph;
 #[cfg(test)]

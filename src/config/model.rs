@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 
+use super::blocks::{self, Blocks};
 use super::layers::LayerConfig;
 use super::schema::ModelConfig;
 use crate::error::{Error, Result};
@@ -41,9 +42,13 @@ pub fn resolve(model: &ModelConfig) -> Result<Vec<ResolvedLayer>> {
     if model.layers.is_empty() {
         return Err(err("model.layers", "must not be empty"));
     }
-    let mut out = Vec::new();
+    for (name, def) in &model.blocks {
+        blocks::check_def(name, def)?;
+    }
+    let mut g = Graph { blocks: &model.blocks, using: Vec::new(), out: Vec::new() };
     let x = Value { id: 0, shape: input.to_vec() };
-    let shape = walk(&model.layers, &mut Namespace::new(""), "model.layers", x, &mut out)?.shape;
+    let shape = g.walk(&model.layers, &mut Namespace::new(""), "model.layers", x)?.shape;
+    let out = g.out;
     // Every later size (parameter buffers, the model's total) is a sum or
     // product of these, so checking them here keeps the rest unchecked-safe.
     let mut total = 0usize;
@@ -122,7 +127,7 @@ fn err(key: impl Into<String>, msg: impl Into<String>) -> Error {
     Error::config(MODEL_FILE, key, msg)
 }
 
-fn is_identifier(s: &str) -> bool {
+pub(crate) fn is_identifier(s: &str) -> bool {
     let mut chars = s.chars();
     chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
@@ -207,90 +212,210 @@ impl<'p> Namespace<'p> {
     }
 }
 
-fn walk(
-    entries: &[LayerConfig],
-    ns: &mut Namespace<'_>,
-    key_prefix: &str,
-    mut x: Value,
-    out: &mut Vec<ResolvedLayer>,
-) -> Result<Value> {
-    for (i, entry) in entries.iter().enumerate() {
-        let key = format!("{key_prefix}[{i}]");
-        x = match entry {
-            LayerConfig::Sequential { name, layers } => {
-                let path = ns.child(name.as_deref(), &key, true)?;
-                if layers.is_empty() {
-                    return Err(err(
-                        format!("{key}.layers"),
-                        "a sequential block must have at least one layer",
-                    ));
+/// More nodes than any real network has: a `repeat` typo (or a block
+/// that multiplies) is refused before it eats the memory.
+const MAX_NODES: usize = 100_000;
+/// More instances than any real stage holds.
+const MAX_REPEAT: usize = 10_000;
+
+/// The graph being built, and the blocks it may use.
+struct Graph<'b> {
+    blocks: &'b Blocks,
+    /// The blocks being expanded, outermost first: a block may not use itself.
+    using: Vec<&'b str>,
+    out: Vec<ResolvedLayer>,
+}
+
+impl<'b> Graph<'b> {
+    fn walk(
+        &mut self,
+        entries: &[LayerConfig],
+        ns: &mut Namespace<'_>,
+        key_prefix: &str,
+        mut x: Value,
+    ) -> Result<Value> {
+        for (i, entry) in entries.iter().enumerate() {
+            let key = format!("{key_prefix}[{i}]");
+            if self.out.len() >= MAX_NODES {
+                return Err(err(key, format!("the model has more than {MAX_NODES} nodes; check `repeat`")));
+            }
+            x = match entry {
+                LayerConfig::Sequential { name, layers } => {
+                    let path = ns.child(name.as_deref(), &key, true)?;
+                    if layers.is_empty() {
+                        return Err(err(
+                            format!("{key}.layers"),
+                            "a sequential block must have at least one layer",
+                        ));
+                    }
+                    self.walk(layers, &mut Namespace::new(&path), &format!("{key}.layers"), x)?
                 }
-                walk(layers, &mut Namespace::new(&path), &format!("{key}.layers"), x, out)?
-            }
-            LayerConfig::Residual { layers, shortcut } => residual(layers, shortcut, ns, &key, x, out)?,
-            LayerConfig::Layer { name, spec } => {
-                let (kind, out_shape) = spec.resolve(&x.shape, &key)?;
-                let stateful = !(kind.params().is_empty() && kind.buffers().is_empty());
-                let path = ns.child(name.as_deref(), &key, stateful)?;
-                push(out, path, kind, vec![x.id], x.shape, out_shape, key)
-            }
+                LayerConfig::Residual { layers, shortcut } => {
+                    if layers.is_empty() {
+                        return Err(err(
+                            format!("{key}.layers"),
+                            "a residual block must have at least one layer",
+                        ));
+                    }
+                    let branch = self.walk(layers, ns, &format!("{key}.layers"), x.clone())?;
+                    let short = self.walk(shortcut, ns, &format!("{key}.shortcut"), x.clone())?;
+                    if branch.shape != short.shape {
+                        let note =
+                            if shortcut.is_empty() { " (the identity: no `shortcut` given)" } else { "" };
+                        let (a, b) =
+                            (("`layers`", &branch.shape[..]), ("the shortcut", note, &short.shape[..]));
+                        return Err(err(&key, mismatch(a, b, "`shortcut`")));
+                    }
+                    self.add(ns, &key, vec![branch, short])?
+                }
+                LayerConfig::Sum { branches } => {
+                    if branches.len() < 2 {
+                        return Err(err(
+                            format!("{key}.branches"),
+                            "a sum needs at least two branches (an empty branch is the identity)",
+                        ));
+                    }
+                    let mut outs: Vec<Value> = Vec::with_capacity(branches.len());
+                    for (j, b) in branches.iter().enumerate() {
+                        let v = self.walk(b, ns, &format!("{key}.branches[{j}]"), x.clone())?;
+                        if let Some(first) = outs.first().filter(|f| f.shape != v.shape) {
+                            let a = "branches[0]".to_owned();
+                            let fix = format!("branches[{j}]");
+                            let note = if b.is_empty() { " (the identity)" } else { "" };
+                            return Err(err(
+                                &key,
+                                mismatch((&a, &first.shape), (&fix, note, &v.shape), &fix),
+                            ));
+                        }
+                        outs.push(v);
+                    }
+                    self.add(ns, &key, outs)?
+                }
+                LayerConfig::Block { name, block, args, repeat, first } => {
+                    let path = ns.child(name.as_deref(), &key, true)?;
+                    self.block(&path, &key, block, args, *repeat, first, x)?
+                }
+                LayerConfig::Layer { name, spec } => {
+                    let (kind, out_shape) = spec.resolve(&x.shape, &key)?;
+                    let stateful = !(kind.params().is_empty() && kind.buffers().is_empty());
+                    let path = ns.child(name.as_deref(), &key, stateful)?;
+                    self.push(path, kind, vec![x.id], x.shape, out_shape, key)
+                }
+            };
+        }
+        Ok(x)
+    }
+
+    /// A use of `[model.blocks.<block>]` as the module `path`: once, or
+    /// `repeat` times as the children `path.0`, `path.1`, ...
+    #[allow(clippy::too_many_arguments)]
+    fn block(
+        &mut self,
+        path: &str,
+        key: &str,
+        block: &str,
+        args: &toml::Table,
+        repeat: Option<usize>,
+        first: &toml::Table,
+        mut x: Value,
+    ) -> Result<Value> {
+        let Some((block, def)) = self.blocks.get_key_value(block) else {
+            let defined: Vec<&str> = self.blocks.keys().map(String::as_str).collect();
+            let have = if defined.is_empty() {
+                "no blocks are defined (add a [model.blocks.<Name>] table)".to_owned()
+            } else {
+                format!("the blocks defined are {}", defined.join(", "))
+            };
+            return Err(err(
+                format!("{key}.type"),
+                format!(
+                    "{:?} is neither a layer type nor a block under [model.blocks]; {have}",
+                    crate::error::cut(block, crate::error::VALUE_CHARS)
+                ),
+            ));
         };
+        if self.using.contains(&block.as_str()) {
+            let chain = self.using.join(" -> ");
+            return Err(err(format!("{key}.type"), format!("{block} uses itself ({chain} -> {block})")));
+        }
+        let count = match repeat {
+            None if !first.is_empty() => {
+                return Err(err(
+                    format!("{key}.first"),
+                    "`first` applies to the first of a `repeat`; add `repeat`",
+                ));
+            }
+            None => None,
+            Some(n) if n == 0 || n > MAX_REPEAT => {
+                return Err(err(format!("{key}.repeat"), format!("must be 1 to {MAX_REPEAT}, got {n}")));
+            }
+            Some(n) => Some(n),
+        };
+        self.using.push(block);
+        for i in 0..count.unwrap_or(1) {
+            let mut calls = vec![("args", args)];
+            if i == 0 && count.is_some() {
+                calls.push(("first", first));
+            }
+            let inst = match count {
+                Some(_) => format!("{path}.{i}"),
+                None => path.to_owned(),
+            };
+            let body_key = format!("model.blocks.{block}.layers");
+            let res = blocks::instantiate(block, def, key, &calls)
+                .and_then(|body| self.walk(&body, &mut Namespace::new(&inst), &body_key, x.clone()));
+            x = res.map_err(|e| match e {
+                Error::Config { file, key: at, msg } if at.starts_with("model.blocks.") => {
+                    let msg = format!("{msg} (in `{inst}`, the {block} at {key})");
+                    Error::Config { file, key: at, msg }
+                }
+                other => other,
+            })?;
+        }
+        self.using.pop();
+        Ok(x)
     }
-    Ok(x)
+
+    /// The add node summing `operands`, named in `ns` as torch.fx names it.
+    fn add(&mut self, ns: &mut Namespace<'_>, key: &str, operands: Vec<Value>) -> Result<Value> {
+        let name = ns.add(key)?;
+        let kind = LayerKind::Add(crate::nn::layers::Add { inputs: operands.len() });
+        let shape = operands.first().map(|v| v.shape.clone()).unwrap_or_default();
+        let inputs = operands.iter().map(|v| v.id).collect();
+        Ok(self.push(name, kind, inputs, shape.clone(), shape, key.to_owned()))
+    }
+
+    fn push(
+        &mut self,
+        name: String,
+        kind: LayerKind,
+        inputs: Vec<usize>,
+        in_shape: Vec<usize>,
+        out_shape: Vec<usize>,
+        key: String,
+    ) -> Value {
+        self.out.push(ResolvedLayer { name, kind, inputs, in_shape, out_shape: out_shape.clone(), key });
+        Value { id: self.out.len(), shape: out_shape }
+    }
 }
 
-fn push(
-    out: &mut Vec<ResolvedLayer>,
-    name: String,
-    kind: LayerKind,
-    inputs: Vec<usize>,
-    in_shape: Vec<usize>,
-    out_shape: Vec<usize>,
-    key: String,
-) -> Value {
-    out.push(ResolvedLayer { name, kind, inputs, in_shape, out_shape: out_shape.clone(), key });
-    Value { id: out.len(), shape: out_shape }
-}
-
-/// `layers(x) + shortcut(x)`: the branch's nodes, the shortcut's, then the add.
-fn residual(
-    layers: &[LayerConfig],
-    shortcut: &[LayerConfig],
-    ns: &mut Namespace<'_>,
-    key: &str,
-    x: Value,
-    out: &mut Vec<ResolvedLayer>,
-) -> Result<Value> {
-    if layers.is_empty() {
-        return Err(err(format!("{key}.layers"), "a residual block must have at least one layer"));
-    }
-    let branch = walk(layers, ns, &format!("{key}.layers"), x.clone(), out)?;
-    let short = walk(shortcut, ns, &format!("{key}.shortcut"), x.clone(), out)?;
-    if branch.shape != short.shape {
-        return Err(err(key, mismatch(&branch.shape, &short.shape, shortcut.is_empty())));
-    }
-    let name = ns.add(key)?;
-    let kind = LayerKind::Add(crate::nn::layers::Add { inputs: 2 });
-    let shape = branch.shape.clone();
-    Ok(push(out, name, kind, vec![branch.id, short.id], shape.clone(), shape, key.to_owned()))
-}
-
-/// Why a residual's two sides cannot be added, and the usual fix: a
-/// projection shortcut (1x1 conv with the branch's stride and channels,
-/// then batchnorm2d), as torchvision's ResNets use.
-fn mismatch(branch: &[usize], short: &[usize], identity: bool) -> String {
-    let what = if identity { "the shortcut (the identity: no `shortcut` given)" } else { "the shortcut" };
+/// Why two operands of an add cannot be added, and the usual fix: a
+/// projection (1x1 conv with the stride and channels that fit, then
+/// batchnorm2d), as torchvision's ResNets use for their shortcut.
+/// `b` is the side to fix (`the shortcut`, `branches[1]`), `note` says
+/// more of it, `fix_at` is where its projection goes.
+fn mismatch((a, want): (&str, &[usize]), (b, note, got): (&str, &str, &[usize]), fix_at: &str) -> String {
     let mut msg = format!(
-        "cannot add the two sides: `layers` gives {branch:?} per sample but {what} gives {short:?}; they must be equal"
+        "cannot add the two sides: {a} gives {want:?} per sample but {b}{note} gives {got:?}; they must be equal"
     );
-    if let ([c, h, w], [_, sh, sw]) = (branch, short) {
+    if let ([c, h, w], [_, sh, sw]) = (want, got) {
         let stride = (sh % h == 0 && sw % w == 0 && sh / h == sw / w).then(|| sh / h);
         match stride {
             Some(s) => msg.push_str(&format!(
-                " (give `shortcut` a projection from {short:?} to {branch:?}: {{ type = \"conv2d\", out_channels = {c}, kernel_size = 1, stride = {s}, bias = false }} then {{ type = \"batchnorm2d\" }})"
+                " (give {fix_at} a projection from {got:?} to {want:?}: {{ type = \"conv2d\", out_channels = {c}, kernel_size = 1, stride = {s}, bias = false }} then {{ type = \"batchnorm2d\" }})"
             )),
             None => msg.push_str(&format!(
-                " (the branch's spatial size {h}x{w} is not the shortcut's {sh}x{sw} divided by a whole stride; change the branch's strides or padding)"
+                " ({a}'s spatial size {h}x{w} is not {b}'s {sh}x{sw} divided by a whole stride; change {a}'s strides or padding)"
             )),
         }
     }

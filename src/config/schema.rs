@@ -87,6 +87,9 @@ pub struct ModelConfig {
     /// Per-sample input shape `[C, H, W]`.
     pub input_shape: [usize; 3],
     pub layers: Vec<LayerConfig>,
+    /// Blocks defined once and used by name in `layers` (`config::blocks`).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub blocks: super::blocks::Blocks,
     /// Start from these weights (safetensors, PyTorch state_dict names).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub init_from: Option<PathBuf>,

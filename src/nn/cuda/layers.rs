@@ -246,17 +246,23 @@ pub(super) fn forward<A: Elem>(
             let (x, mut y) = io::<A>(acts, lp, n)?;
             avgk::forward(gpu, &x, [n, c, h, w], args, &mut y)
         }
+        // ((x0 + x1) + x2) + ...: each partial sum rounded to the storage
+        // dtype, as the CPU's chain of adds rounds it.
         (Step::Add, _) => {
-            let &[a, b] = lp.srcs.as_slice() else {
+            let Some((&[a, b], rest)) = lp.srcs.split_at_checked(2) else {
                 return Err(internal(format!("add {} reads {:?}", lp.name, lp.srcs)));
             };
-            if a >= lp.dst || b >= lp.dst || lp.dst >= acts.len() {
+            if lp.srcs.iter().any(|&s| s >= lp.dst) || lp.dst >= acts.len() {
                 return Err(internal(format!("add {} reads {:?} and writes {}", lp.name, lp.srcs, lp.dst)));
             }
             let len = n * lp.out_numel;
             let (lo, hi) = acts.split_at_mut(lp.dst);
-            let (a, b) = (view::<A>(&lo[a], len)?, view::<A>(&lo[b], len)?);
-            addk::forward(gpu, &a, &b, &mut view_mut::<A>(&mut hi[0], len)?)
+            let mut y = view_mut::<A>(&mut hi[0], len)?;
+            addk::forward(gpu, &view::<A>(&lo[a], len)?, &view::<A>(&lo[b], len)?, &mut y)?;
+            for &c in rest {
+                addk::accumulate(gpu, &mut y, &view::<A>(&lo[c], len)?)?;
+            }
+            Ok(())
         }
         (&Step::MaxPool { shape: [c, h, w], kernel, stride }, LayerState::MaxPool(indices)) => {
             let (x, mut y) = io::<A>(acts, lp, n)?;

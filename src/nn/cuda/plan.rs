@@ -245,7 +245,7 @@ impl Plan {
                 }
                 LayerKind::Flatten(_) => Step::Flatten,
                 LayerKind::Add(_) => {
-                    if srcs.len() != 2 || out_numel != in_numel {
+                    if srcs.len() < 2 || out_numel != in_numel {
                         return Err(internal(format!(
                             "add {} of {} inputs {:?}",
                             r.name,

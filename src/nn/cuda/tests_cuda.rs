@@ -365,3 +365,44 @@ fn batches_the_buffers_cannot_hold_are_refused() {
     other.layers.remove(1);
     assert!(dev.upload(&other).is_err());
 }
+
+/// A graph with a three-way sum (one branch the identity, so its input has
+/// three readers) and `x + x` (one value read twice by the same add).
+fn branching_layers() -> Vec<ResolvedLayer> {
+    let conv = r#"{ type = "conv2d", out_channels = 2, kernel_size = 3, padding = 1 }"#;
+    let text = format!(
+        r#"
+[model]
+input_shape = [1, 6, 6]
+layers = [
+  {conv}, {{ type = "batchnorm2d" }}, {{ type = "relu" }},
+  {{ type = "sum", branches = [[{conv}], [], [{conv}, {{ type = "relu" }}]] }},
+  {{ type = "sum", branches = [[], []] }},
+  {{ type = "flatten" }}, {{ type = "linear", out_features = 10 }},
+]
+[data]
+batch_size = 8
+[optimizer]
+lr = 0.1
+[train]
+max_steps = 1
+"#
+    );
+    crate::config::tests_load::load_text(&text, &[], &[]).0.unwrap().resolve_model().unwrap()
+}
+
+#[test]
+fn a_graph_with_sums_trains_like_the_cpu_model_at_every_opt_level() {
+    let Some(gpu) = crate::cuda::test_gpu("a_graph_with_sums_trains_like_the_cpu_model_at_every_opt_level")
+    else {
+        return;
+    };
+    let layers = branching_layers();
+    assert!(
+        layers.iter().any(|l| l.inputs.len() == 3) && layers.iter().any(|l| l.inputs.len() == 2 && l.inputs[0] == l.inputs[1]),
+        "{layers:?}"
+    );
+    for level in LEVELS {
+        accumulate_then_eval(&gpu, &layers, level, (64, 256));
+    }
+}
