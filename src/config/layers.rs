@@ -118,6 +118,7 @@ pub struct RawLayer {
     pub momentum: Option<f32>,
     pub out_features: Option<usize>,
     pub output_size: Option<usize>,
+    pub p: Option<f64>,
     layers: Option<Vec<LayerConfig>>,
     shortcut: Option<Vec<LayerConfig>>,
     /// Keys as written, in order, to check against the type afterwards.
@@ -181,6 +182,7 @@ impl<'de> Visitor<'de> for LayerVisitor {
                 "momentum" => set(&mut map, &mut raw.momentum, "momentum")?,
                 "out_features" => set(&mut map, &mut raw.out_features, "out_features")?,
                 "output_size" => set(&mut map, &mut raw.output_size, "output_size")?,
+                "p" => set(&mut map, &mut raw.p, "p")?,
                 "layers" => set(&mut map, &mut raw.layers, "layers")?,
                 "shortcut" => set(&mut map, &mut raw.shortcut, "shortcut")?,
                 _ => {
