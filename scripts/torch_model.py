@@ -35,6 +35,9 @@ MODULES = {
     "adaptive_avgpool2d": nn.AdaptiveAvgPool2d,
     "flatten": nn.Flatten,
     "linear": nn.Linear,
+    # Its masks are not PyTorch's (ddptrain draws them from its own Philox
+    # counters): training comparisons need p = 0 (see dropout_masks).
+    "dropout": nn.Dropout,
 }
 # Nodes without a module (no parameters, no state_dict keys): they combine values.
 FUNCTIONS = {
@@ -158,6 +161,13 @@ def check(model, desc):
         if list(v.shape[1:]) != node["out_shape"]:
             problems.append(f"node {node['name']} outputs {list(v.shape[1:])}, ddptrain {node['out_shape']}")
     return problems
+
+
+def dropout_masks(desc):
+    """The dropout nodes of `desc` that drop something (p > 0): their masks
+    differ from PyTorch's, so a training-mode comparison with them would
+    differ by more than rounding (evaluation is the identity on both sides)."""
+    return [n["name"] for n in desc["nodes"] if n["type"] == "dropout" and n["args"]["p"] > 0]
 
 
 def build(desc):

@@ -100,7 +100,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
-from torch_model import build, describe  # noqa: E402
+from torch_model import build, describe, dropout_masks  # noqa: E402
 
 FORWARD_TOL = 1e-5
 NORM_TOL = 1e-4
@@ -161,6 +161,9 @@ if DESC["input_shape"] != [1, 28, 28]:
 if DESC["nodes"][DESC["output"] - 1]["out_shape"] != [10]:
     sys.exit(f"{a.config}: the model outputs {DESC['nodes'][DESC['output'] - 1]['out_shape']}; "
              "this check scores 10 digit classes")
+if dropout_masks(DESC):
+    sys.exit(f"{a.config}: dropout with p > 0 at {', '.join(dropout_masks(DESC))}: its masks are not "
+             "PyTorch's, so training steps cannot agree; compare a copy of the config with p = 0")
 PARAM_NAMES = [n for n, _ in build(DESC).named_parameters()]
 BN_CANCELLED = bn_cancelled(DESC)
 with open(a.config, "rb") as f:

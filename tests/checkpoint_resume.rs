@@ -174,3 +174,50 @@ fn o3_epoch_end_resume_with_pending_f16_gradients_is_bitwise() {
     train::train(&cb).unwrap();
     assert_same_run(&a, &b);
 }
+
+/// `cfg` with `nn.Dropout(p)` between the seed ConvNet's flatten and its
+/// classifier (a fixture: configs/ stays without dropout).
+fn with_dropout(mut c: Config, p: f64) -> Config {
+    use ddptrain::config::LayerConfig;
+    use ddptrain::nn::layers::{dropout, LayerSpec};
+    let at = c.model.layers.iter().position(|l| l.type_name() == "flatten").expect("a flatten") + 1;
+    let drop =
+        LayerConfig::Layer { name: Some("drop".into()), spec: LayerSpec::Dropout(dropout::Config { p }) };
+    c.model.layers.insert(at, drop);
+    c
+}
+
+/// Dropout's masks are a function of (seed, node, rank, micro-batch), not a
+/// generator's state that a checkpoint would have to hold: a run with
+/// dropout resumed mid-epoch, and one resumed with accumulated micro-batches
+/// carried across an epoch's end, are the straight runs bit for bit.
+#[test]
+fn resume_with_dropout_is_bitwise() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b, c) = (dir.path().join("a"), dir.path().join("b"), dir.path().join("c"));
+    let straight = train::train(&with_dropout(cfg(&a, &[]), 0.5)).unwrap();
+    // The masks are drawn: without them the run differs.
+    let plain = train::train(&with_dropout(cfg(&c, &[]), 0.0)).unwrap();
+    assert_ne!(plain.final_loss.to_bits(), straight.final_loss.to_bits());
+    let cb = with_dropout(cfg(&b, &[]), 0.5);
+    halted(&cb, 13);
+    let resumed = train::train(&cb).unwrap();
+    assert_eq!(resumed.final_loss.to_bits(), straight.final_loss.to_bits());
+    assert_eq!(resumed.test_loss.map(f64::to_bits), straight.test_loss.map(f64::to_bits));
+    assert_same_run(&a, &b);
+
+    let extra = [
+        "train.grad_accum_steps=3",
+        "train.max_steps=7",
+        "checkpoint.every_steps=0",
+        "checkpoint.every_epochs=1",
+    ];
+    let (a, b) = (dir.path().join("a3"), dir.path().join("b3"));
+    train::train(&with_dropout(cfg(&a, &extra), 0.3)).unwrap();
+    let cb = with_dropout(cfg(&b, &extra), 0.3);
+    halted(&cb, 5);
+    let state: serde_json::Value = serde_json::from_slice(&read(&b.join("ckpt/latest/state.json"))).unwrap();
+    assert_eq!(state["pending_grads"], true);
+    train::train(&cb).unwrap();
+    assert_same_run(&a, &b);
+}

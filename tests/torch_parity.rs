@@ -515,3 +515,79 @@ fn the_oracle_refuses_a_model_it_cannot_feed() {
         assert!(t.contains(&format!("other.toml: the model {why}")), "{t}");
     }
 }
+
+/// The seed config with `{ type = "dropout", name = "drop", p = <p> }` after
+/// its flatten, written into `dir` (configs/ stays without dropout: the
+/// oracle trains every config there, and dropout's masks are not PyTorch's).
+fn dropout_fixture(dir: &Path, p: &str) -> PathBuf {
+    let seed = std::fs::read_to_string(repo_root().join(SEED_CONFIG)).expect("read the seed config");
+    let flatten = "[[model.layers]]\ntype = \"flatten\"";
+    assert!(seed.contains(flatten), "{SEED_CONFIG} has no flatten table");
+    let text = seed.replacen(
+        flatten,
+        &format!("{flatten}\n\n[[model.layers]]\ntype = \"dropout\"\nname = \"drop\"\np = {p}\n"),
+        1,
+    );
+    let path = dir.join(format!("dropout_{}.toml", p.replace('.', "_")));
+    std::fs::write(&path, text).expect("write the fixture config");
+    path
+}
+
+/// A dropout layer in `check --json`: nn.Dropout's argument, the shape
+/// kept, nothing in the state_dict; torch_model.py builds it as nn.Dropout
+/// (the identity in evaluation) and torch_parity.py refuses to compare
+/// training steps while it drops anything.
+#[test]
+fn dropout_is_described_and_built_as_nn_dropout() {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let config = dropout_fixture(tmp.path(), "0.3");
+    let o = ddptrain(&["check", "--config", config.to_str().expect("a UTF-8 path"), "--json"], &repo_root());
+    assert!(o.status.success(), "check --json failed:\n{}", text(&o));
+    let d: Value = serde_json::from_slice(&o.stdout).expect("one JSON document");
+    let drop =
+        d["nodes"].as_array().expect("nodes").iter().find(|n| n["name"] == "drop").expect("a drop node");
+    assert_eq!(drop["type"], "dropout");
+    assert_eq!(drop["args"], json!({"p": 0.3}));
+    assert_eq!(drop["in_shapes"], json!([[1568]]));
+    assert_eq!(drop["out_shape"], json!([1568]));
+    assert!(d["state_dict"]
+        .as_array()
+        .expect("state_dict")
+        .iter()
+        .all(|k| !k["name"].as_str().unwrap().starts_with("drop")));
+    let o = ddptrain(&["check", "--config", config.to_str().expect("a UTF-8 path")], &repo_root());
+    assert!(text(&o).contains("Dropout(p=0.3, inplace=False)"), "{}", text(&o));
+
+    let test = "dropout_is_described_and_built_as_nn_dropout";
+    let Some(python) = torch_python(test) else { return };
+    let code = r#"
+import sys, torch, torch.nn as nn, torch_model
+desc = torch_model.read_description(sys.argv[1])
+m = torch_model.build(desc)
+assert type(m.drop) is nn.Dropout and m.drop.p == 0.3, m
+assert torch_model.dropout_masks(desc) == ["drop"]
+m.eval()
+v = m.values(torch.randn(2, 1, 28, 28))
+i = [n["name"] for n in desc["nodes"]].index("drop")
+assert torch.equal(v[i + 1], v[i]), "dropout in eval is the identity"
+print("built with", m.drop)
+"#;
+    let o = python_on_description(&python, &["-c", code], &d);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("built with Dropout(p=0.3, inplace=False)"), "{}", text(&o));
+
+    let o = Command::new(&python)
+        .arg("scripts/torch_parity.py")
+        .arg("--bin")
+        .arg(ddptrain_bin())
+        .arg("--config")
+        .arg(&config)
+        .arg("--data")
+        .arg(mnist_dir())
+        .env(HIDE_GPUS.0, HIDE_GPUS.1)
+        .current_dir(repo_root())
+        .output()
+        .expect("run scripts/torch_parity.py");
+    assert!(!o.status.success(), "torch_parity.py compared dropout's masks:\n{}", text(&o));
+    assert!(text(&o).contains("dropout with p > 0 at drop"), "{}", text(&o));
+}

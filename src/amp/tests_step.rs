@@ -42,6 +42,7 @@ fn linear(w: Vec<f32>, b: Vec<f32>) -> Model {
             key: "model.layers[0]".into(),
         }],
         precision: Default::default(),
+        draws: Default::default(),
     }
 }
 

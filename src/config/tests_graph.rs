@@ -163,3 +163,41 @@ fn pooling_layers_resolve_and_refuse_what_pytorch_refuses() {
     let (key, _) = graph_err(r#"{ type = "adaptive_avgpool2d" }"#);
     assert_eq!(key, "model.layers[0].output_size");
 }
+
+#[test]
+fn dropout_defaults_to_pytorchs_p_and_keeps_the_shape() {
+    let text = graph(
+        r#"{ type = "dropout" }, { type = "dropout", name = "drop", p = 0.1 }, { type = "dropout", p = 0 }"#,
+    );
+    let cfg = load_text(&text, &[], &[]).0.unwrap();
+    let layers = cfg.resolve_model().unwrap();
+    assert_eq!((layers[0].name.as_str(), layers[1].name.as_str()), ("0", "drop"));
+    assert_eq!(layers[0].out_shape, vec![1, 4, 4]);
+    assert_eq!(layers[0].kind.to_string(), "Dropout(p=0.5, inplace=False)");
+    assert_eq!(layers[1].kind.to_string(), "Dropout(p=0.1, inplace=False)");
+    // An integer p reads as a float, and prints as Python prints one.
+    assert_eq!(layers[2].kind.to_string(), "Dropout(p=0.0, inplace=False)");
+    assert_eq!(serde_json::to_value(&layers[1].kind).unwrap(), serde_json::json!({ "p": 0.1 }));
+    assert_eq!(layers[0].kind.num_params(), 0);
+    // The table as written back (and fingerprinted) carries the default.
+    let back = toml::to_string(&cfg.model).unwrap();
+    assert!(back.contains(r#"type = "dropout""#) && back.contains("p = 0.5"), "{back}");
+}
+
+#[test]
+fn dropout_p_must_be_a_probability() {
+    // p = 1 is allowed, as nn.Dropout allows it: everything dropped.
+    let text = graph(r#"{ type = "dropout", p = 1.0 }"#);
+    assert!(load_text(&text, &[], &[]).0.unwrap().resolve_model().is_ok());
+    for bad in ["1.5", "-0.1", "nan", "inf"] {
+        let (key, msg) = graph_err(&format!(r#"{{ type = "dropout", p = {bad} }}"#));
+        assert_eq!(key, "model.layers[0].p", "p = {bad}");
+        assert!(msg.contains("dropout probability has to be between 0 and 1, but got"), "{msg}");
+    }
+    let (key, msg) = graph_err(r#"{ type = "dropout", p = "half" }"#);
+    assert_eq!(key, "model.layers[0].p");
+    assert!(msg.contains("\"half\""), "{msg}");
+    let (key, msg) = graph_err(r#"{ type = "dropout", rate = 0.1 }"#);
+    assert_eq!(key, "model.layers[0].rate");
+    assert!(msg.contains("valid keys in `model.layers[0]`: type, name, p"), "{msg}");
+}

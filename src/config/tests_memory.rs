@@ -144,3 +144,32 @@ fn max_memory_gb_must_be_positive() {
     assert_eq!(key, "run.max_memory_gb");
     assert_eq!(msg, "must be a positive number of GiB, got 0");
 }
+
+#[test]
+fn dropout_saves_nothing_for_backward() {
+    // Backward draws the mask again from its counters: a dropout adds no
+    // saved activation (its output is the next layer's saved input).
+    let seed = std::fs::read_to_string(mnist_path()).unwrap();
+    let flatten = "[[model.layers]]\ntype = \"flatten\"";
+    let with = seed.replacen(flatten, &format!("{flatten}\n\n[[model.layers]]\ntype = \"dropout\"\n"), 1);
+    assert_ne!(with, seed);
+    let parts = |text: &str| {
+        let cfg = load_text(text, &[], &[]).0.unwrap();
+        let layers = cfg.resolve_model().unwrap();
+        let est = estimate(&cfg, &layers, &cpu()).unwrap();
+        est.host.iter().map(|p| (p.what, p.bytes)).collect::<Vec<_>>()
+    };
+    let (a, b) = (parts(&seed), parts(&with));
+    assert_eq!(a, b);
+    let cfg = load_text(&with, &[], &[]).0.unwrap();
+    let drop = cfg.resolve_model().unwrap().into_iter().find(|l| l.kind.type_name() == "dropout").unwrap();
+    let m = crate::nn::layers::MemoryArgs {
+        in_shape: &drop.in_shape,
+        out_shape: &drop.out_shape,
+        act: 4,
+        batch: 100,
+        threads: 2,
+        on_gpu: true,
+    };
+    assert_eq!((drop.kind.saved_bytes(&m), drop.kind.scratch_bytes(&m)), (Some(0), Some(0)));
+}

@@ -18,6 +18,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("ddp.cu", include_str!("../../kernels/ddp.cu")),
     ("avg_pool2d.cu", include_str!("../../kernels/avg_pool2d.cu")),
     ("add.cu", include_str!("../../kernels/add.cu")),
+    ("dropout.cu", include_str!("../../kernels/dropout.cu")),
 ];
 
 /// (include name, source) of the headers the kernel files `#include "..."`.

@@ -20,6 +20,7 @@ pub use state::{StateEntry, StateValue};
 use crate::config::model::ResolvedLayer;
 use crate::error::{Error, Result};
 use crate::ops::{self, batch_norm::BnReluPoolSaved};
+use crate::rng::{Draws, NodeDraws};
 use crate::tensor::{DType, Tensor};
 
 /// A learnable tensor and its gradient (same shape, accumulated by backward).
@@ -90,8 +91,14 @@ impl Node {
         prec.patch_conv_linear.filter(|_| self.kind.amp_class() == AmpClass::Fp16)
     }
 
-    fn forward_train(&mut self, xs: Vec<Tensor>, prec: Precision) -> Result<(Tensor, Saved)> {
-        let cx = Ctx { sync: self.sync.as_ref() };
+    /// `draws`: the node's random draws in this micro-batch (dropout).
+    fn forward_train(
+        &mut self,
+        xs: Vec<Tensor>,
+        prec: Precision,
+        draws: NodeDraws,
+    ) -> Result<(Tensor, Saved)> {
+        let cx = Ctx { sync: self.sync.as_ref(), draws: Some(draws) };
         if let Some(dt) = self.patched(prec) {
             let xs = xs.into_iter().map(|x| cast_round_trip(x, dt)).collect::<Result<_>>()?;
             let mut w = patch::cast_weights(&self.weights, dt)?;
@@ -119,7 +126,7 @@ impl Node {
         need_dx: &[bool],
         prec: Precision,
     ) -> Result<Vec<Option<Tensor>>> {
-        let cx = Ctx { sync: self.sync.as_ref() };
+        let cx = Ctx { sync: self.sync.as_ref(), draws: None };
         match saved {
             Saved::Layer(s) => match self.patched(prec) {
                 Some(dt) => patch::backward(&self.kind, &mut self.weights, s, dy, need_dx, dt, cx),
@@ -209,6 +216,11 @@ pub struct Model {
     pub layers: Vec<Node>,
     pub resolved: Vec<ResolvedLayer>,
     pub precision: Precision,
+    /// The key of the training forward's random draws (dropout's masks):
+    /// the run seed from [`Model::new`], the rank (set when the run joins
+    /// its job) and the micro-batch (set by the engine before each
+    /// training forward). Node `i` draws from `draws.node(i)`.
+    pub draws: Draws,
 }
 
 impl Model {
@@ -221,7 +233,8 @@ impl Model {
             let weights = r.kind.init_weights(&r.name, &mut rng)?;
             layers.push(Node { kind: r.kind.clone(), weights, sync: None });
         }
-        Ok(Model { layers, resolved: resolved.to_vec(), precision: Precision::default() })
+        let draws = Draws { seed, ..Draws::default() };
+        Ok(Model { layers, resolved: resolved.to_vec(), precision: Precision::default(), draws })
     }
 
     /// Parameters in registration order (the order of `parameters()` in PyTorch).
@@ -330,7 +343,8 @@ impl Model {
                     continue;
                 }
             }
-            let (y, s) = self.layers[i].forward_train(xs, prec)?;
+            let draws = self.draws.node(i);
+            let (y, s) = self.layers[i].forward_train(xs, prec, draws)?;
             saved.push(s);
             values.put(i + 1, y)?;
             i += 1;

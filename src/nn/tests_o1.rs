@@ -69,7 +69,7 @@ fn o1_conv_and_linear_equal_the_f16_ops_bit_for_bit() {
         // (The linear layer's few products overflow only past f16's range.)
         let dy = input(&ys, 20 + i as u64, if at == linear.0 { 200_000.0 } else { 30_000.0 });
         let (y0, dx0, dw0, db0) = f16_op_reference(layer, &x, &dy);
-        let (y, saved) = layer.forward_train(vec![x], prec).unwrap();
+        let (y, saved) = layer.forward_train(vec![x], prec, Default::default()).unwrap();
         assert_eq!(bits(&y), bits(&y0), "layer {at}: y");
         let dx = layer.backward(saved, dy, &[true], prec).unwrap().remove(0).unwrap();
         assert_eq!(bits(&dx), bits(&dx0), "layer {at}: dx");

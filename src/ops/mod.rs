@@ -14,6 +14,7 @@ pub mod avg_pool2d;
 pub mod batch_norm;
 pub mod conv2d;
 pub mod cross_entropy;
+pub mod dropout;
 pub mod gemm;
 pub(crate) mod half_emu;
 pub mod linear;

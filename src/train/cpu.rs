@@ -13,6 +13,7 @@ use crate::error::{Error, Result};
 use crate::nn::Model;
 use crate::ops;
 use crate::optim::{LrSchedule, Optimizer};
+use crate::rng::MicroBatch;
 use std::sync::Arc;
 
 pub struct CpuEngine {
@@ -86,12 +87,14 @@ impl Engine for CpuEngine {
         rows: usize,
         sync: bool,
         _step: u64,
+        at: MicroBatch,
     ) -> Result<Option<f32>> {
         self.active.arm();
         let batch = self.loader.as_mut().and_then(Iterator::next).ok_or_else(|| {
             Error::Training(format!("the data loader ended before a batch of {rows} samples"))
         })?;
         ddp.sync_buffers(&mut self.model)?;
+        self.model.draws.at = at;
         let (logits, saved) = self.model.forward_train(batch.images)?;
         let out = ops::cross_entropy::forward_backward(
             &logits,

@@ -12,6 +12,7 @@ use crate::amp::{Amp, ScalerState};
 use crate::error::Result;
 use crate::nn::Model;
 use crate::optim::{LrSchedule, Optimizer};
+use crate::rng::MicroBatch;
 
 /// A step the loss scaler skipped because its gradients held inf/NaN.
 #[derive(Debug, Clone, PartialEq)]
@@ -101,9 +102,17 @@ pub trait Engine {
     /// Forward and backward of the epoch's next micro-batch (`rows`
     /// samples), gradients accumulating; `sync` (the step's last
     /// micro-batch) lets DDP all-reduce them. `step` is the optimizer step
-    /// the micro-batch belongs to. Returns the micro-batch's mean loss when
-    /// the host has it at once.
-    fn forward_backward(&mut self, ddp: &mut Ddp, rows: usize, sync: bool, step: u64) -> Result<Option<f32>>;
+    /// the micro-batch belongs to; `at` which micro-batch of the run it is
+    /// (the key of its dropout masks, [`crate::rng::Draws`]). Returns the
+    /// micro-batch's mean loss when the host has it at once.
+    fn forward_backward(
+        &mut self,
+        ddp: &mut Ddp,
+        rows: usize,
+        sync: bool,
+        step: u64,
+        at: MicroBatch,
+    ) -> Result<Option<f32>>;
 
     /// apex's optimizer step `step` (1-based) at the schedule's learning
     /// rate for the steps applied so far (skipped steps leave the schedule

@@ -158,6 +158,8 @@ pub(crate) struct Started {
 pub(crate) fn start(cfg: &Config, opts: &RunOptions) -> Result<Started> {
     let Prepared { mut model, train_ds, test_ds } = prepare(cfg)?;
     let ddp = Ddp::init(cfg, &mut model)?;
+    // Each rank draws its own dropout masks (rng::Draws).
+    model.draws.rank = ddp.rank() as u64;
     let plan = RunPlan::new(cfg, train_ds.len(), ddp.world_size(), ddp.rank())?;
     let sizes: Vec<usize> = model.params().iter().map(|p| p.value.numel()).collect();
     let mut optimizer = Optimizer::new(optimizer_config(&cfg.optimizer), &sizes)?;

@@ -10,6 +10,7 @@ use crate::checkpoint::{Checkpointer, TrainProgress};
 use crate::config::{self, Config};
 use crate::error::{Error, Result};
 use crate::metrics::{self, MetricsWriter, Progress, ProgressMode};
+use crate::rng::MicroBatch;
 use serde_json::json;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -93,7 +94,8 @@ pub(crate) fn run(cfg: &Config, opts: &RunOptions, setup: Setup, engine: &mut dy
             // Micro-batches of this epoch done once this one is (the resumed ones included).
             let done = skip + k + 1;
             let last_micro = done.is_multiple_of(accum);
-            if let Some(loss) = engine.forward_backward(&mut ddp, rows, last_micro, c.step + 1)? {
+            let at = MicroBatch { epoch: c.epoch, index: (done - 1) as u64 };
+            if let Some(loss) = engine.forward_backward(&mut ddp, rows, last_micro, c.step + 1, at)? {
                 if !loss.is_finite() {
                     return Err(Error::Training(format!(
                         "loss is {loss} at step {} (epoch {}); lower optimizer.lr or set train.grad_clip_norm",

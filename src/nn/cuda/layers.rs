@@ -20,9 +20,11 @@ use crate::ops::avg_pool2d::cuda as avgk;
 use crate::ops::batch_norm::cuda as bnk;
 use crate::ops::conv2d::cpu::ConvGeom;
 use crate::ops::conv2d::cuda as convk;
+use crate::ops::dropout::{cuda as dropk, Mask};
 use crate::ops::linear::cuda as lin;
 use crate::ops::max_pool2d::cuda as pool;
 use crate::ops::relu::cuda as relu;
+use crate::rng::Draws;
 use crate::tensor::DType;
 use crate::tensor::Tensor;
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
@@ -36,6 +38,8 @@ pub(super) fn internal(msg: impl std::fmt::Display) -> Error {
 /// and the scratch buffers.
 pub(super) struct Ctx<'a> {
     pub gpu: &'a Gpu,
+    /// The micro-batch's random draws (dropout).
+    pub draws: Draws,
     pub blas: &'a Blas,
     pub params: &'a mut DeviceParams,
     /// O1: conv and linear compute in f16 on f32 activations.
@@ -246,6 +250,16 @@ pub(super) fn forward<A: Elem>(
             let (x, mut y) = io::<A>(acts, lp, n)?;
             avgk::forward(gpu, &x, [n, c, h, w], args, &mut y)
         }
+        (&Step::Dropout { p, node }, _) => {
+            let (x, mut y) = io::<A>(acts, lp, n)?;
+            if train {
+                dropk::apply(gpu, &Mask::new(p, ctx.draws.node(node)), &x, &mut y)
+            } else {
+                gpu.stream()
+                    .memcpy_dtod(&x, &mut y)
+                    .map_err(|e| Error::cuda(format!("dropout {} (eval)", lp.name), e))
+            }
+        }
         // ((x0 + x1) + x2) + ...: each partial sum rounded to the storage
         // dtype, as the CPU's chain of adds rounds it.
         (Step::Add, _) => {
@@ -336,6 +350,10 @@ pub(super) fn backward<A: Elem>(
         (&Step::AvgPool { shape: [c, h, w], args }, _) => {
             let dx = dx.as_mut().ok_or_else(|| internal("avg_pool backward without dx"))?;
             avgk::backward(gpu, &dy, [n, c, h, w], args, dx)
+        }
+        (&Step::Dropout { p, node }, _) => {
+            let dx = dx.as_mut().ok_or_else(|| internal("dropout backward without dx"))?;
+            dropk::apply(gpu, &Mask::new(p, ctx.draws.node(node)), &dy, dx)
         }
         (Step::Add, _) => Err(internal(format!("add {}: its gradients are routed by the model", lp.name))),
         (step, _) => Err(internal(format!("layer {} ({step:?}) has no state for its backward", lp.name))),

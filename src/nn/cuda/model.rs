@@ -14,6 +14,7 @@ use crate::nn::layers::LayerKind;
 use crate::nn::Model;
 use crate::ops::add::cuda as addk;
 use crate::ops::cross_entropy::cuda::{self as xent, CrossEntropyTotals};
+use crate::rng::Draws;
 use crate::tensor::DType;
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
 use half::f16;
@@ -86,6 +87,10 @@ pub(super) struct HalfScratch {
 
 pub struct GpuModel {
     pub params: DeviceParams,
+    /// The key of the training forward's random draws, as the host
+    /// model's [`Model::draws`]: the engine sets the micro-batch before
+    /// each [`GpuModel::train_batch`].
+    pub draws: Draws,
     gpu: Arc<Gpu>,
     blas: Blas,
     plan: Plan,
@@ -182,6 +187,7 @@ impl GpuModel {
         let dy_t = DevBuf::zeros(g, compute, plan.dy_t)?;
         Ok(GpuModel {
             params,
+            draws: host.draws,
             gpu,
             blas,
             plan,
@@ -323,6 +329,7 @@ impl GpuModel {
     fn parts(&mut self) -> (Ctx<'_>, &mut [DevBuf], Grads<'_>, &mut [LayerState], &Plan) {
         let GpuModel {
             params,
+            draws,
             gpu,
             blas,
             plan,
@@ -337,7 +344,7 @@ impl GpuModel {
             half,
             ..
         } = self;
-        let ctx = Ctx { gpu, blas, params, o1: *o1, col, dy_t, bn, half: half.as_mut() };
+        let ctx = Ctx { gpu, draws: *draws, blas, params, o1: *o1, col, dy_t, bn, half: half.as_mut() };
         (ctx, acts, Grads { bufs: grads, scratch: dx_scratch }, states, &*plan)
     }
 

@@ -45,6 +45,13 @@ pub enum Step {
         args: AvgPool2dArgs,
     },
     Flatten,
+    /// `nn.Dropout(p)`: its mask drawn from the node's Philox counters
+    /// (`node` is its index in execution order), in forward and again in
+    /// backward.
+    Dropout {
+        p: f64,
+        node: usize,
+    },
     /// The residual add of its inputs (`srcs`), same shape.
     Add,
     Linear {
@@ -155,7 +162,7 @@ impl Plan {
         let mut next_param = 0;
         // The activation buffer of each value (0 the input, i + 1 node i's output).
         let mut buffer_of = vec![0usize];
-        for (layer, r) in model.layers.iter().zip(&model.resolved) {
+        for (node, (layer, r)) in model.layers.iter().zip(&model.resolved).enumerate() {
             let (in_numel, out_numel) = (numel(&r.in_shape), numel(&r.out_shape));
             let srcs = r
                 .inputs
@@ -244,6 +251,15 @@ impl Plan {
                     avg_pool(&r.name, &r.in_shape, &r.out_shape, pool.args())?
                 }
                 LayerKind::Flatten(_) => Step::Flatten,
+                LayerKind::Dropout(d) => {
+                    if out_numel != in_numel {
+                        return Err(internal(format!(
+                            "dropout {} of {:?} to {:?}",
+                            r.name, r.in_shape, r.out_shape
+                        )));
+                    }
+                    Step::Dropout { p: d.p, node }
+                }
                 LayerKind::Add(_) => {
                     if srcs.len() < 2 || out_numel != in_numel {
                         return Err(internal(format!(

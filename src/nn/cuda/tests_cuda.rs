@@ -13,12 +13,13 @@ use crate::cuda::Gpu;
 use crate::dist::{Buffer, Communicator, LocalCommunicator, ReduceOp, Work};
 use crate::error::Result;
 use crate::nn::cuda::params::DeviceParams;
-use crate::nn::cuda::plan::tests_plan::{mnist_layers, tiny_layers};
+use crate::nn::cuda::plan::tests_plan::{dropout_layers, mnist_layers, tiny_layers};
 use crate::nn::layers::batchnorm2d::parts;
 use crate::nn::layers::LayerKind;
 use crate::nn::Model;
 use crate::ops::cross_entropy::{self, cuda::CrossEntropyTotals};
 use crate::ops::testing::rand_vec_f32;
+use crate::rng::MicroBatch;
 use crate::tensor::Tensor;
 use cudarc::driver::{CudaViewMut, DeviceSlice};
 use std::sync::Arc;
@@ -88,7 +89,7 @@ fn host_model(layers: &[ResolvedLayer], level: OptLevel, seed: u64) -> Model {
 }
 
 fn copy(m: &Model) -> Model {
-    Model { layers: m.layers.clone(), resolved: m.resolved.clone(), precision: m.precision }
+    Model { layers: m.layers.clone(), resolved: m.resolved.clone(), precision: m.precision, draws: m.draws }
 }
 
 struct Batch {
@@ -246,6 +247,35 @@ fn mnist_convnet_trains_like_the_cpu_model_at_every_opt_level() {
     for level in LEVELS {
         accumulate_then_eval(&gpu, &mnist_layers(), level, (1 << 20, 25 << 20));
     }
+}
+
+#[test]
+fn dropout_draws_the_cpu_models_masks_on_the_device() {
+    let Some(gpu) = crate::cuda::test_gpu("dropout_draws_the_cpu_models_masks_on_the_device") else {
+        return;
+    };
+    // Training with masks (the same on both sides, or the logits would be
+    // far apart), evaluation without.
+    for level in LEVELS {
+        accumulate_then_eval(&gpu, &dropout_layers(), level, (64, 256));
+    }
+    // Another rank and micro-batches: other masks, still the CPU's.
+    let mut cpu = host_model(&dropout_layers(), OptLevel::O0, 5);
+    cpu.draws.rank = 1;
+    cpu.draws.at = MicroBatch { epoch: 2, index: 3 };
+    let mut dev = GpuModel::new(gpu.clone(), &cpu, 9, 64, 256, false).unwrap();
+    let b = batch(&cpu, 7, 4, 11);
+    let c0 = cpu_train(&mut cpu, &b, 1.0);
+    let g0 = gpu_train(&gpu, &mut dev, &b, 1.0, &mut LocalHooks);
+    compare_step("rank 1, micro-batch 3", OptLevel::O0, c0.clone(), g0);
+    compare_state("rank 1, micro-batch 3", &gpu, &dev, &cpu, tol(OptLevel::O0));
+    cpu.draws.at.index = 4;
+    dev.draws.at.index = 4;
+    let c1 = cpu_train(&mut cpu, &b, 1.0);
+    let g1 = gpu_train(&gpu, &mut dev, &b, 1.0, &mut LocalHooks);
+    assert_ne!(c0.0, c1.0, "the next micro-batch drew the same masks");
+    compare_step("rank 1, micro-batch 4", OptLevel::O0, c1, g1);
+    compare_state("rank 1, micro-batches 3 and 4", &gpu, &dev, &cpu, tol(OptLevel::O0));
 }
 
 /// Records what the step asks of DDP; `twins` makes it a world of two

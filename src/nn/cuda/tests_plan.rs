@@ -4,7 +4,7 @@ use super::{activation_dtype, Plan, Step};
 use crate::amp::{cast_model, Policy};
 use crate::config::model::{LayerKind, ResolvedLayer};
 use crate::config::OptLevel;
-use crate::nn::layers::{BatchNorm2d, Conv2d, Flatten, Linear, MaxPool2d, Relu};
+use crate::nn::layers::{BatchNorm2d, Conv2d, Dropout, Flatten, Linear, MaxPool2d, Relu};
 use crate::nn::Model;
 use crate::ops::conv2d::out_size;
 use crate::tensor::DType;
@@ -29,9 +29,10 @@ pub(crate) fn resolved(input: [usize; 3], kinds: &[LayerKind]) -> Vec<ResolvedLa
             LayerKind::AdaptiveAvgPool2d(_) => vec![shape[0], 1, 1],
             LayerKind::Flatten(Flatten {}) => vec![shape.iter().product()],
             LayerKind::Linear(Linear { out_features, .. }) => vec![out_features],
-            LayerKind::BatchNorm2d(BatchNorm2d { .. }) | LayerKind::Relu(Relu {}) | LayerKind::Add(_) => {
-                shape.clone()
-            }
+            LayerKind::BatchNorm2d(BatchNorm2d { .. })
+            | LayerKind::Relu(Relu {})
+            | LayerKind::Dropout(_)
+            | LayerKind::Add(_) => shape.clone(),
         };
         out.push(ResolvedLayer {
             name: i.to_string(),
@@ -68,6 +69,40 @@ pub(crate) fn tiny_layers() -> Vec<ResolvedLayer> {
             LayerKind::Linear(Linear { in_features: 108, out_features: 5, bias: true }),
         ],
     )
+}
+
+/// Dropout on a conv's output and on the features before the classifier:
+/// 1x6x6, conv 1->2 k3 p1, ReLU, dropout 0.5, flatten, dropout 0.25,
+/// linear 72 -> 4.
+pub(crate) fn dropout_layers() -> Vec<ResolvedLayer> {
+    resolved(
+        [1, 6, 6],
+        &[
+            LayerKind::Conv2d(Conv2d {
+                in_channels: 1,
+                out_channels: 2,
+                kernel_size: 3,
+                stride: 1,
+                padding: 1,
+                bias: true,
+            }),
+            LayerKind::Relu(Relu {}),
+            LayerKind::Dropout(Dropout { p: 0.5 }),
+            LayerKind::Flatten(Flatten {}),
+            LayerKind::Dropout(Dropout { p: 0.25 }),
+            LayerKind::Linear(Linear { in_features: 72, out_features: 4, bias: true }),
+        ],
+    )
+}
+
+#[test]
+fn dropout_steps_know_their_node() {
+    let model = Model::new(&dropout_layers(), 1).unwrap();
+    let p = Plan::new(&model, 3).unwrap();
+    assert_eq!(p.layers[2].step, Step::Dropout { p: 0.5, node: 2 });
+    assert_eq!(p.layers[4].step, Step::Dropout { p: 0.25, node: 4 });
+    // Its own output buffer, as any layer but flatten.
+    assert_eq!((p.layers[2].src, p.layers[2].dst), (2, 3));
 }
 
 pub(crate) fn mnist_layers() -> Vec<ResolvedLayer> {

@@ -10,13 +10,15 @@
 //!
 //! Adding a layer: its file here implementing [`Layer`], its line in
 //! `registry!`, its device twin (`nn/cuda/plan.rs` and `nn/cuda/layers.rs`,
-//! the kernel in `kernels/`), and any new config key in `config/layers.rs`.
+//! the kernel in `kernels/`), and any new config key in `config/layers.rs`
+//! (docs/ARCHITECTURE.md, "Adding a layer", lists every place).
 
 pub mod adaptive_avgpool2d;
 pub mod add;
 pub mod avgpool2d;
 pub mod batchnorm2d;
 pub mod conv2d;
+pub mod dropout;
 pub mod flatten;
 pub mod linear;
 pub mod maxpool2d;
@@ -27,6 +29,7 @@ pub use add::Add;
 pub use avgpool2d::AvgPool2d;
 pub use batchnorm2d::BatchNorm2d;
 pub use conv2d::Conv2d;
+pub use dropout::Dropout;
 pub use flatten::Flatten;
 pub use linear::Linear;
 pub use maxpool2d::MaxPool2d;
@@ -40,6 +43,7 @@ use serde::Serialize;
 use super::{Param, SyncGroup};
 use crate::config::layers::RawLayer;
 use crate::error::{Error, Result};
+use crate::rng::NodeDraws;
 use crate::tensor::Tensor;
 
 /// A `state_dict()` entry that is not learned (BatchNorm's running statistics
@@ -106,6 +110,10 @@ pub enum AmpClass {
 pub struct Ctx<'a> {
     /// Set for SyncBatchNorm: the ranks its statistics are reduced over.
     pub sync: Option<&'a SyncGroup>,
+    /// The training forward's random draws for this node (dropout's mask):
+    /// the model's [`crate::rng::Draws`] for the micro-batch, at the node's
+    /// index. `None` outside a training forward.
+    pub draws: Option<NodeDraws>,
 }
 
 /// Sizes a layer's share of the memory estimate is computed from (bytes
@@ -447,6 +455,7 @@ registry! {
         adaptive_avgpool2d::AdaptiveAvgPool2d,
         flatten::Flatten,
         linear::Linear,
+        dropout::Dropout,
     ],
     joins: [add::Add],
 }

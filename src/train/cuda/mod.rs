@@ -31,6 +31,7 @@ use crate::nn::cuda::{GpuModel, TrainHooks};
 use crate::nn::Model;
 use crate::ops::cross_entropy::cuda::CrossEntropyTotals;
 use crate::optim::{LrSchedule, Optimizer};
+use crate::rng::MicroBatch;
 use cudarc::driver::{CudaSlice, CudaViewMut};
 use std::sync::Arc;
 use step::DeviceStep;
@@ -214,6 +215,7 @@ impl Engine for CudaEngine {
         rows: usize,
         sync: bool,
         step: u64,
+        at: MicroBatch,
     ) -> Result<Option<f32>> {
         self.broadcast_buffers()?;
         let order =
@@ -240,6 +242,7 @@ impl Engine for CudaEngine {
         {
             let grad_scale = self.step_dev.grad_scale();
             let mut hooks = Hooks { gpu, reducer: self.reducer.as_mut(), sync };
+            self.dev.draws.at = at;
             self.dev.train_batch(
                 &self.x.slice(0..rows * per),
                 &self.y.slice(0..rows),
