@@ -35,7 +35,7 @@ impl Rng {
 
 /// Values a config author (or a broken script) could write where any value is expected.
 fn odd_value(rng: &mut Rng) -> Value {
-    let pick = rng.below(16);
+    let pick = rng.below(18);
     match pick {
         0 => Value::Integer(0),
         1 => Value::Integer(-1),
@@ -52,6 +52,9 @@ fn odd_value(rng: &mut Rng) -> Value {
         12 => Value::Array(vec![Value::Integer(1), Value::String("a".into())]),
         13 => Value::Array(Vec::new()),
         14 => Value::Table(toml::Table::from_iter([("type".to_owned(), Value::String("conv2d".into()))])),
+        // A block argument, and a use of the block, wherever they land.
+        15 => Value::String("$planes".into()),
+        16 => Value::Table(toml::Table::from_iter([("type".to_owned(), Value::String("BasicBlock".into()))])),
         _ => Value::Integer(rng.below(5) as i64 + 1),
     }
 }
@@ -147,6 +150,12 @@ fn mutate_value(doc: &mut Value, rng: &mut Rng) {
                 "layers",
                 "shortcut",
                 "output_size",
+                "branches",
+                "args",
+                "repeat",
+                "first",
+                "when",
+                "p",
                 "kernel",
                 "name",
                 "x",

@@ -429,7 +429,8 @@ fn a_graph_with_sums_trains_like_the_cpu_model_at_every_opt_level() {
     };
     let layers = branching_layers();
     assert!(
-        layers.iter().any(|l| l.inputs.len() == 3) && layers.iter().any(|l| l.inputs.len() == 2 && l.inputs[0] == l.inputs[1]),
+        layers.iter().any(|l| l.inputs.len() == 3)
+            && layers.iter().any(|l| l.inputs.len() == 2 && l.inputs[0] == l.inputs[1]),
         "{layers:?}"
     );
     for level in LEVELS {
