@@ -359,6 +359,20 @@ fn mnist_o2_on_the_gpu_reaches_97_percent() {
     println!("mnist_o2 on the GPU: test accuracy {}, {}s", s["test_accuracy"], s["wall_s"]);
 }
 
+/// configs/resnet_mnist_o2.toml (the residual graph) for its 5 epochs on
+/// the device: its own [expect] gate of 98.5%.
+#[test]
+#[ignore = "5 epochs of the ResNet on the emulated device take about an hour; run with --ignored"]
+fn resnet_mnist_o2_on_the_gpu_reaches_its_gate() {
+    if !has_gpu("resnet_mnist_o2_on_the_gpu_reaches_its_gate") {
+        return;
+    }
+    let (t, s) = run_on_the_real_digits("configs/resnet_mnist_o2.toml", &["logging.progress=never"]);
+    assert!(t.contains("PASS expect.min_test_accuracy"), "{t}");
+    assert_eq!(s["epochs"], 5);
+    println!("resnet_mnist_o2 on the GPU: test accuracy {}, {}s", s["test_accuracy"], s["wall_s"]);
+}
+
 /// What makes two runs on a GPU give the same bits: no kernel reduces with
 /// atomics (whose order the hardware picks); every sum is a fixed tree of
 /// strided partials, shuffles and shared memory. Reads the sources, so it
