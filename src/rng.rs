@@ -12,6 +12,9 @@ pub enum Purpose {
     Init = 1,
     Sampler = 2,
     Synthetic = 3,
+    /// Training-time augmentation, indexed by (epoch, sample) so a sample's
+    /// crop and flip do not depend on batch size, rank count or resume.
+    Augment = 4,
 }
 
 pub fn stream(seed: u64, purpose: Purpose, index: u64) -> ChaCha8Rng {

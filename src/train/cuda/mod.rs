@@ -202,7 +202,7 @@ impl Engine for CudaEngine {
         false
     }
 
-    fn begin_epoch(&mut self, indices: Vec<usize>) -> Result<()> {
+    fn begin_epoch(&mut self, _epoch: u64, indices: Vec<usize>) -> Result<()> {
         self.order = Some(DeviceIndices::upload(&self.gpu, &self.train_dev, &indices)?);
         self.next_row = 0;
         Ok(())
