@@ -18,6 +18,16 @@ pub fn preflight(cfg: &Config) -> Result<Estimate> {
     let dist =
         crate::dist::DistEnv::from_process(&cfg.parallel).unwrap_or_else(|_| crate::dist::DistEnv::single());
     let visible = if cfg.run.device == Device::Cpu { 0 } else { crate::cuda::device_count() };
+    if cfg.data.augments() && (cfg.run.device == Device::Cuda || memory::wants_gpu(cfg, visible)) {
+        // The device gathers its batches from the dataset it holds; the
+        // transforms run on the CPU loader only, for now.
+        return Err(Error::config(
+            file.clone(),
+            cfg.data.augment_key(),
+            "training-time augmentation runs in the CPU loader only, and this run would train on the \
+             GPU; set run.device = \"cpu\", or leave out data.random_crop and data.random_horizontal_flip",
+        ));
+    }
     if cfg.run.device == Device::Cuda && visible == 0 {
         return Err(Error::config(
             file,
@@ -25,16 +35,6 @@ pub fn preflight(cfg: &Config) -> Result<Estimate> {
             "run.device = \"cuda\" but no CUDA device is visible: libcuda could not be loaded or reports no device \
              (check the NVIDIA driver, LD_LIBRARY_PATH and CUDA_VISIBLE_DEVICES); set run.device = \"cpu\" \
              or \"auto\" to train on the CPU",
-        ));
-    }
-    if cfg.data.augments() && memory::wants_gpu(cfg, visible) {
-        // The device gathers its batches from the dataset it holds; the
-        // transforms run on the CPU loader only, for now.
-        return Err(Error::config(
-            file,
-            cfg.data.augment_key(),
-            "training-time augmentation runs in the CPU loader only, and this run would train on the \
-             GPU; set run.device = \"cpu\", or leave out data.random_crop and data.random_horizontal_flip",
         ));
     }
     let local_world = dist.local_world_size.max(1) as u64;

@@ -15,6 +15,7 @@ const CASES: &[(&[&str], &str, &str)] = &[
     (&["data.std=[-1.0]"], "data.std", "must be positive"),
     (&["data.dataset=synthetic", "data.synthetic_train_size=0"], "data.synthetic_train_size", "at least 1"),
     (&["data.layout=nhwc"], "data.layout", "applies to dataset = \"npz\" only"),
+    (&["data.dataset=cifar10"], "model.input_shape", "is [1, 4, 4] but CIFAR images are [3, 32, 32]"),
     (&["data.random_horizontal_flip=1.5"], "data.random_horizontal_flip", "in [0, 1], got 1.5"),
     (&["data.random_crop.size=0"], "data.random_crop.size", "at least 1"),
     (
@@ -163,7 +164,7 @@ fn each_dataset_brings_its_path_normalization_and_classes() {
     assert_eq!((f.path.to_str(), f.mean, f.std), (Some("data/fashion-mnist"), vec![0.286], vec![0.353]));
     let c = load(&[
         "data.dataset=cifar100",
-        "model.input_shape=[3, 4, 4]",
+        "model.input_shape=[3, 32, 32]",
         "model.layers=[{type=\"flatten\"}, {type=\"linear\", out_features=100}]",
     ]);
     assert_eq!((c.path.to_str(), c.num_classes, c.mean.len()), (Some("data/cifar100"), 100, 3));

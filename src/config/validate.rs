@@ -121,6 +121,19 @@ impl Config {
         if d.eval_batch_size == 0 {
             return Err(bad("data.eval_batch_size", "must be at least 1"));
         }
+        // CIFAR's files have no header: their shape is the format's, known now.
+        if matches!(d.dataset, DatasetKind::Cifar10 | DatasetKind::Cifar100)
+            && self.model.input_shape != crate::data::cifar::CIFAR_SHAPE
+        {
+            return Err(bad(
+                "model.input_shape",
+                format!(
+                    "is {:?} but CIFAR images are {:?}",
+                    self.model.input_shape,
+                    crate::data::cifar::CIFAR_SHAPE
+                ),
+            ));
+        }
         let channels = self.model.input_shape[0];
         for (key, v) in [("data.mean", &d.mean), ("data.std", &d.std)] {
             if v.len() != channels {
