@@ -166,8 +166,11 @@ fn i64s(v: &[i64]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
+/// An archive's arrays: (name, .npy bytes).
+type Arrays = Vec<(&'static str, Vec<u8>)>;
+
 /// Two 3x2x2 images (NCHW bytes 0..24) and labels [1, 0].
-fn good_arrays() -> Vec<(&'static str, Vec<u8>)> {
+fn good_arrays() -> Arrays {
     let x: Vec<u8> = (0..24).collect();
     vec![("x", npy("|u1", &[2, 3, 2, 2], &x, false)), ("y", npy("<i8", &[2], &i64s(&[1, 0]), false))]
 }
@@ -256,7 +259,7 @@ fn npz_missing_or_unreadable_files_are_refused() {
 #[test]
 fn npz_bad_arrays_are_named_with_what_is_wrong() {
     let [x, y] = [good_arrays().remove(0), good_arrays().remove(1)];
-    let cases: Vec<(Vec<(&str, Vec<u8>)>, &str)> = vec![
+    let cases: Vec<(Arrays, &str)> = vec![
         (vec![x.clone()], "has no array `y` (it holds x); save the images as x= and the labels as y="),
         (
             vec![("images", x.1.clone()), y.clone()],
