@@ -80,8 +80,9 @@ pub fn load(dir: &Path, split: Split, norm: &Normalize, nhwc: bool, num_classes:
     if c == 0 || h == 0 || w == 0 {
         return Err(err(format!("array `x` has shape {:?}: empty images", x.shape)));
     }
-    let ye = match elem(&y.ty) {
-        Some(e @ Elem::Int { .. }) | Some(e @ Elem::U8) => e,
+    let (ybytes, signed, big) = match elem(&y.ty) {
+        Some(Elem::Int { bytes, signed, big }) => (bytes, signed, big),
+        Some(Elem::U8) => (1, false, false),
         _ => {
             return Err(err(format!(
                 "array `y` has dtype {}; labels must be integers (y.astype(numpy.int64))",
@@ -99,11 +100,11 @@ pub fn load(dir: &Path, split: Split, norm: &Normalize, nhwc: bool, num_classes:
         )));
     }
     check_bytes(&path, "x", &x, xe)?;
-    check_bytes(&path, "y", &y, ye)?;
+    check_bytes(&path, "y", &y, Elem::Int { bytes: ybytes, signed, big })?;
     norm.check(&path, c)?;
 
     let mut labels = Vec::with_capacity(n);
-    for (i, v) in y.bytes.chunks_exact(ye.size()).map(|b| int(ye, b)).enumerate() {
+    for (i, v) in y.bytes.chunks_exact(ybytes).map(|b| int(b, signed, big)).enumerate() {
         match u32::try_from(v) {
             Ok(l) if (l as usize) < num_classes => labels.push(l),
             _ => {
@@ -177,13 +178,10 @@ fn elem(ty: &npyz::TypeStr) -> Option<Elem> {
     }
 }
 
-/// An integer element as i128, so every int64 and uint64 label fits.
-fn int(e: Elem, b: &[u8]) -> i128 {
-    let (bytes, signed, big) = match e {
-        Elem::U8 => return i128::from(b[0]),
-        Elem::Int { bytes, signed, big } => (bytes, signed, big),
-        Elem::F32 { .. } => return -1,
-    };
+/// An integer element of 1, 2, 4 or 8 bytes as i128, so every int64 and
+/// uint64 label fits.
+fn int(b: &[u8], signed: bool, big: bool) -> i128 {
+    let bytes = b.len().min(8);
     let mut le = [0u8; 8];
     for (k, slot) in le.iter_mut().take(bytes).enumerate() {
         *slot = if big { b[bytes - 1 - k] } else { b[k] };
