@@ -175,21 +175,3 @@ fn npz_arrays_train_and_a_bad_label_stops_the_run_naming_the_file() {
     assert!(t.contains(&want), "{t}");
     assert!(!out.exists(), "a data error wrote out_dir");
 }
-
-#[test]
-fn augmentation_on_the_gpu_is_refused_by_its_key() {
-    let tmp = tempfile::tempdir().unwrap();
-    let data = cifar_dir(tmp.path());
-    let cfg = config(tmp.path(), 3, &cifar_data(&data));
-    for sub in [&["check"][..], &[][..]] {
-        let mut args = sub.to_vec();
-        args.extend(["--config", cfg.to_str().unwrap(), "--set", "run.device=\"cuda\""]);
-        let o = ddptrain(&args, tmp.path());
-        let t = text(&o);
-        assert_eq!(o.status.code(), Some(2), "{t}");
-        assert!(t.contains("data.toml"), "{t}");
-        assert!(t.contains("`data.random_crop`"), "{t}");
-        assert!(t.contains("augmentation runs in the CPU loader only"), "{t}");
-    }
-    assert!(!tmp.path().join("out").exists());
-}

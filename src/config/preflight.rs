@@ -18,16 +18,6 @@ pub fn preflight(cfg: &Config) -> Result<Estimate> {
     let dist =
         crate::dist::DistEnv::from_process(&cfg.parallel).unwrap_or_else(|_| crate::dist::DistEnv::single());
     let visible = if cfg.run.device == Device::Cpu { 0 } else { crate::cuda::device_count() };
-    if cfg.data.augments() && (cfg.run.device == Device::Cuda || memory::wants_gpu(cfg, visible)) {
-        // The device gathers its batches from the dataset it holds; the
-        // transforms run on the CPU loader only, for now.
-        return Err(Error::config(
-            file.clone(),
-            cfg.data.augment_key(),
-            "training-time augmentation runs in the CPU loader only, and this run would train on the \
-             GPU; set run.device = \"cpu\", or leave out data.random_crop and data.random_horizontal_flip",
-        ));
-    }
     if cfg.run.device == Device::Cuda && visible == 0 {
         return Err(Error::config(
             file,

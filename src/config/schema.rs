@@ -136,15 +136,6 @@ impl DataConfig {
     pub fn augments(&self) -> bool {
         self.random_crop.is_some() || self.random_horizontal_flip.is_some()
     }
-
-    /// The config key of the first augmentation set, for messages.
-    pub fn augment_key(&self) -> &'static str {
-        if self.random_crop.is_some() {
-            "data.random_crop"
-        } else {
-            "data.random_horizontal_flip"
-        }
-    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
