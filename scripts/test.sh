@@ -34,6 +34,11 @@ if ! .venv/bin/python -c "import torch, safetensors" 2>/dev/null; then
         'nvidia-cufft==12.2.0.57' 'nvidia-cufile==1.17.1.22' 'nvidia-cusparselt-cu13==0.8.1' \
         'nvidia-nccl-cu13==2.30.7' 'nvidia-cudnn-cu13==9.26.0.51' 'nvidia-nvshmem-cu13==3.7.2'
 fi
+# torchvision, whose resnet18 tests/torch_parity.rs holds the ResNet-18
+# config to (its models are pure Python: no dependencies needed).
+if ! .venv/bin/python -c "import torchvision" 2>/dev/null; then
+    .venv/bin/pip install --quiet --disable-pip-version-check --no-deps 'torchvision==0.29.2'
+fi
 # tests/torch_parity.rs runs PyTorch with this interpreter (under CI=true it fails without one).
 export DDPTRAIN_TORCH_PYTHON="$PWD/.venv/bin/python"
 CUDA_WHEEL_LIB=$(ls -d "$PWD"/.venv/lib/python3*/site-packages/nvidia/cu13/lib | head -n1)

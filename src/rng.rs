@@ -21,6 +21,9 @@ pub enum Purpose {
     Sampler = 2,
     Synthetic = 3,
     Dropout = 4,
+    /// Training-time augmentation, indexed by (epoch, sample) so a sample's
+    /// crop and flip do not depend on batch size, rank count or resume.
+    Augment = 5,
 }
 
 /// SplitMix64's finalizer: well-mixed keys for nearby inputs.

@@ -221,3 +221,21 @@ fn resume_with_dropout_is_bitwise() {
     train::train(&cb).unwrap();
     assert_same_run(&a, &b);
 }
+
+#[test]
+fn mid_epoch_resume_with_random_crop_and_flip_is_bitwise() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b, plain) = (dir.path().join("a"), dir.path().join("b"), dir.path().join("plain"));
+    let aug = ["data.random_crop.size=28", "data.random_crop.padding=4", "data.random_horizontal_flip=0.5"];
+    let straight = train::train(&cfg(&a, &aug)).unwrap();
+    let cb = cfg(&b, &aug);
+    halted(&cb, 13);
+    let resumed = train::train(&cb).unwrap();
+    assert_eq!(resumed.resumed_from.as_deref(), Some(b.join("ckpt/step_00000010").as_path()));
+    assert_eq!(resumed.final_loss.to_bits(), straight.final_loss.to_bits());
+    assert_eq!(resumed.test_loss.map(f64::to_bits), straight.test_loss.map(f64::to_bits));
+    assert_same_run(&a, &b);
+    // The transforms did reach the batches.
+    train::train(&cfg(&plain, &[])).unwrap();
+    assert_ne!(read(&a.join("model.safetensors")), read(&plain.join("model.safetensors")));
+}

@@ -68,6 +68,17 @@ fn gpu_mid_epoch_resume_is_bitwise() {
 }
 
 #[test]
+fn gpu_mid_epoch_resume_with_random_crop_and_flip_is_bitwise() {
+    if has_gpu("gpu_mid_epoch_resume_with_random_crop_and_flip_is_bitwise") {
+        resume_is_bitwise(&[
+            "data.random_crop.size=28",
+            "data.random_crop.padding=4",
+            "data.random_horizontal_flip=0.5",
+        ]);
+    }
+}
+
+#[test]
 fn gpu_o2_resume_with_the_dynamic_scaler_moving_across_it_is_bitwise() {
     if has_gpu("gpu_o2_resume_with_the_dynamic_scaler_moving_across_it_is_bitwise") {
         // Steps 1-8 overflow (2^24 -> 2^16), then the scale grows every 3 clean steps.

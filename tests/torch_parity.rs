@@ -591,3 +591,39 @@ print("built with", m.drop)
     assert!(!o.status.success(), "torch_parity.py compared dropout's masks:\n{}", text(&o));
     assert!(text(&o).contains("dropout with p > 0 at drop"), "{}", text(&o));
 }
+
+/// configs/resnet18_cifar10_o2.toml is torchvision's `resnet18(num_classes=10)`
+/// with the CIFAR stem (3x3 stride-1 `conv1`, no max-pool): the same
+/// state_dict keys and shapes in the same order, and torchvision's weights
+/// loaded with `strict=True` into the module built from the TOML give
+/// torchvision's outputs.
+#[test]
+fn the_resnet18_config_is_torchvisions_resnet18() {
+    let test = "the_resnet18_config_is_torchvisions_resnet18";
+    let Some(python) = torch_python(test) else { return };
+    let o = ddptrain(&["check", "--config", "configs/resnet18_cifar10_o2.toml", "--json"], &repo_root());
+    assert!(o.status.success(), "check --json failed:\n{}", text(&o));
+    let desc: Value = serde_json::from_slice(&o.stdout).expect("one JSON document");
+    let code = r#"
+import sys, torch, torch.nn as nn, torch_model, torchvision
+desc = torch_model.read_description(sys.argv[1])
+tv = torchvision.models.resnet18(num_classes=10)
+tv.conv1 = nn.Conv2d(3, 64, 3, 1, 1, bias=False)
+tv.maxpool = nn.Identity()
+want = [(k, list(v.shape)) for k, v in tv.state_dict().items()]
+got = [(k["name"], k["shape"]) for k in desc["state_dict"]]
+assert got == want, next((g, w) for g, w in zip(got + [None] * len(want), want + [None] * len(got)) if g != w)
+m = torch_model.build(desc)
+m.load_state_dict(tv.state_dict(), strict=True)
+m.eval(); tv.eval()
+torch.manual_seed(0)
+x = torch.randn(2, 3, 32, 32)
+with torch.no_grad():
+    assert torch.allclose(m(x), tv(x), rtol=1e-5, atol=1e-5), (m(x), tv(x))
+print("torchvision resnet18:", len(want), "keys,", sum(p.numel() for p in tv.parameters()), "parameters")
+"#;
+    let o = python_on_description(&python, &["-c", code], &desc);
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(t.contains(&format!("122 keys, {} parameters", desc["num_params"])), "{t}");
+}

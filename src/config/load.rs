@@ -12,7 +12,7 @@ use figment::value::{Dict, Map, Value};
 use figment::{Figment, Metadata, Profile, Provider, Source};
 
 use super::model::MODEL_FILE;
-use super::schema::{Config, OptimizerName, SECTIONS};
+use super::schema::{Config, DatasetKind, OptimizerName, SECTIONS};
 use crate::error::{cut, Error, Result, VALUE_CHARS};
 
 const ENV_PREFIX: &str = "DDPTRAIN_";
@@ -103,10 +103,28 @@ fn derived_defaults(fig: &Figment, path: &Path) -> Layer {
 
     let mut dict = Dict::new();
     dict.insert("run".into(), Value::from(run));
+    let mut data = Dict::new();
     // An absent or mistyped batch_size gets no derived default; extraction reports it.
     if let Ok(batch) = fig.extract_inner::<u64>("data.batch_size") {
-        dict.insert("data".into(), Value::from(Dict::from([("eval_batch_size".into(), Value::from(batch))])));
+        data.insert("eval_batch_size".into(), Value::from(batch));
     }
+    // Each dataset's own directory, normalization and class count, as the
+    // torchvision recipes for it write them (a mistyped dataset gets none).
+    let kind = fig.extract_inner::<DatasetKind>("data.dataset").unwrap_or_default();
+    data.insert("path".into(), Value::from(kind.default_path()));
+    let channels = fig.extract_inner::<[u64; 3]>("model.input_shape").map_or(1, |s| s[0]).min(64);
+    let (mean, std) = match kind.default_normalize() {
+        Some((m, s)) => (m.to_vec(), s.to_vec()),
+        // Arrays of unknown content: ToTensor's scaling only.
+        None => (vec![0.0; channels as usize], vec![1.0; channels as usize]),
+    };
+    let floats = |v: Vec<f32>| Value::from(v.iter().map(|x| f64::from(*x)).collect::<Vec<f64>>());
+    data.insert("mean".into(), floats(mean));
+    data.insert("std".into(), floats(std));
+    if let Some(classes) = kind.classes() {
+        data.insert("num_classes".into(), Value::from(classes as u64));
+    }
+    dict.insert("data".into(), Value::from(data));
     // PyTorch: AdamW defaults to weight_decay=0.01, SGD and Adam to 0.
     let wd = match fig.extract_inner::<OptimizerName>("optimizer.name") {
         Ok(OptimizerName::AdamW) => 0.01,

@@ -217,7 +217,11 @@ pub fn estimate(cfg: &Config, layers: &[ResolvedLayer], m: &Machine) -> Result<E
     };
     let data_key = match cfg.data.dataset {
         DatasetKind::Synthetic => "data.synthetic_train_size",
-        DatasetKind::Mnist => "data.path",
+        DatasetKind::Mnist
+        | DatasetKind::FashionMnist
+        | DatasetKind::Cifar10
+        | DatasetKind::Cifar100
+        | DatasetKind::Npz => "data.path",
     };
     // Normalized f32 pixels and a u32 label per sample (MNIST also holds the file's bytes while decoding).
     let samples = u128::from(m.train_samples) + u128::from(m.test_samples);

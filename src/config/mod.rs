@@ -38,9 +38,9 @@ pub use load::{load, load_with_env};
 pub use model::{param_count, resolve, summary, LayerKind, ResolvedLayer};
 pub use preflight::preflight;
 pub use schema::{
-    AmpConfig, Backend, CheckpointConfig, Config, DataConfig, DatasetKind, Device, Expect, LoggingConfig,
-    LossScale, ModelConfig, OptLevel, OptimizerConfig, OptimizerName, ParallelConfig, ProgressSetting,
-    Resume, RunConfig, SchedulerConfig, SchedulerName, TrainConfig,
+    AmpConfig, Backend, CheckpointConfig, Config, DataConfig, DatasetKind, Device, Expect, Layout,
+    LoggingConfig, LossScale, ModelConfig, OptLevel, OptimizerConfig, OptimizerName, ParallelConfig,
+    ProgressSetting, RandomCrop, Resume, RunConfig, SchedulerConfig, SchedulerName, TrainConfig,
 };
 
 impl Config {

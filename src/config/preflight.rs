@@ -7,6 +7,7 @@ use std::path::Path;
 
 use super::memory::{self, Estimate, Limit, Machine, Target};
 use super::schema::{Config, DatasetKind, Device};
+use crate::data::Split;
 use crate::error::{Error, Result};
 
 /// Checks `cfg` against this machine; returns the estimate `ddptrain check` prints.
@@ -96,14 +97,15 @@ fn host_memory() -> Option<u128> {
     kib.checked_mul(1024)
 }
 
-/// Samples in the train and test splits and, for MNIST, the values per
-/// image: the synthetic sizes, or the MNIST files' headers (0 samples when a
-/// file cannot be read: loading it reports that with its own message).
+/// Samples in the train and test splits and, where the files say, the
+/// values per image: the synthetic sizes, the IDX headers, the CIFAR files'
+/// sizes, the .npz arrays' headers (0 samples when a file cannot be read:
+/// loading it reports that with its own message).
 fn sample_counts(cfg: &Config) -> (u64, u64, Option<u64>) {
     let d = &cfg.data;
     match d.dataset {
         DatasetKind::Synthetic => (d.synthetic_train_size as u64, d.synthetic_test_size as u64, None),
-        DatasetKind::Mnist => {
+        DatasetKind::Mnist | DatasetKind::FashionMnist => {
             let header = |prefix: &str| {
                 crate::data::idx::find(&d.path, &format!("{prefix}-images-idx3-ubyte"))
                     .ok()
@@ -113,7 +115,34 @@ fn sample_counts(cfg: &Config) -> (u64, u64, Option<u64>) {
             let numel = train.or(test).map(|(_, n)| n);
             (train.map_or(0, |(c, _)| c), test.map_or(0, |(c, _)| c), numel)
         }
+        DatasetKind::Cifar10 | DatasetKind::Cifar100 => {
+            use crate::data::cifar::{self, Cifar};
+            let kind = if d.dataset == DatasetKind::Cifar10 { Cifar::Ten } else { Cifar::Hundred };
+            let count = |split| {
+                let files = cifar::files(&d.path, kind, split).unwrap_or_default();
+                let bytes: u64 =
+                    files.iter().filter_map(|p| std::fs::metadata(p).ok()).map(|m| m.len()).sum();
+                bytes / kind.record() as u64
+            };
+            let numel = cifar::CIFAR_SHAPE.iter().product::<usize>() as u64;
+            (count(Split::Train), count(Split::Test), Some(numel))
+        }
+        DatasetKind::Npz => {
+            let header = |split| npz_x_shape(&crate::data::npz::file(&d.path, split));
+            let (train, test) = (header(Split::Train), header(Split::Test));
+            let numel = train.as_ref().or(test.as_ref()).map(|s| s.iter().skip(1).product());
+            (train.map_or(0, |s| s[0]), test.map_or(0, |s| s[0]), numel)
+        }
     }
+}
+
+/// The shape of `x` in an .npz archive, read from its header only.
+fn npz_x_shape(path: &Path) -> Option<Vec<u64>> {
+    let mut zip = zip::ZipArchive::new(std::fs::File::open(path).ok()?).ok()?;
+    let npy = npyz::NpyFile::new(zip.by_name("x.npy").ok()?).ok()?;
+    let shape = npy.shape().to_vec();
+    let numel = shape.iter().skip(1).try_fold(1u64, |a, &d| a.checked_mul(d))?;
+    (!shape.is_empty() && numel > 0).then_some(shape)
 }
 
 /// The image count and rows x cols of an IDX3 file (raw or gzip).

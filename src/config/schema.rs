@@ -123,6 +123,22 @@ pub struct DataConfig {
     pub synthetic_train_size: usize,
     #[serde(default = "default_synthetic_test_size")]
     pub synthetic_test_size: usize,
+    /// How `dataset = "npz"` stores `x`: `[N, C, H, W]` or `[N, H, W, C]`.
+    #[serde(default, skip_serializing_if = "Layout::is_nchw")]
+    pub layout: Layout,
+    /// torchvision's `RandomCrop`, on training samples only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub random_crop: Option<RandomCrop>,
+    /// torchvision's `RandomHorizontalFlip(p)`, on training samples only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub random_horizontal_flip: Option<f64>,
+}
+
+impl DataConfig {
+    /// Whether any training-time augmentation is configured.
+    pub fn augments(&self) -> bool {
+        self.random_crop.is_some() || self.random_horizontal_flip.is_some()
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -130,7 +146,76 @@ pub struct DataConfig {
 pub enum DatasetKind {
     #[default]
     Mnist,
+    /// torchvision's `FashionMNIST`: the IDX files of scripts/fetch-fashion-mnist.sh.
+    #[serde(rename = "fashion_mnist")]
+    FashionMnist,
+    Cifar10,
+    Cifar100,
+    /// `train.npz` / `test.npz` with arrays `x` and `y`.
+    Npz,
     Synthetic,
+}
+
+impl DatasetKind {
+    /// The dataset's default `data.path`.
+    pub fn default_path(self) -> &'static str {
+        match self {
+            DatasetKind::Mnist | DatasetKind::Synthetic => "data/mnist",
+            DatasetKind::FashionMnist => "data/fashion-mnist",
+            DatasetKind::Cifar10 => "data/cifar10",
+            DatasetKind::Cifar100 => "data/cifar100",
+            DatasetKind::Npz => "data/npz",
+        }
+    }
+
+    /// The usual `transforms.Normalize` statistics of the dataset, when it
+    /// has fixed channels.
+    pub fn default_normalize(self) -> Option<(&'static [f32], &'static [f32])> {
+        match self {
+            DatasetKind::Mnist | DatasetKind::Synthetic => Some((&[0.1307], &[0.3081])),
+            DatasetKind::FashionMnist => Some((&[0.2860], &[0.3530])),
+            DatasetKind::Cifar10 => Some((&[0.4914, 0.4822, 0.4465], &[0.2470, 0.2435, 0.2616])),
+            DatasetKind::Cifar100 => Some((&[0.5071, 0.4865, 0.4409], &[0.2673, 0.2564, 0.2762])),
+            DatasetKind::Npz => None,
+        }
+    }
+
+    /// The dataset's class count, when it is fixed.
+    pub fn classes(self) -> Option<usize> {
+        match self {
+            DatasetKind::Mnist | DatasetKind::FashionMnist | DatasetKind::Cifar10 => Some(10),
+            DatasetKind::Cifar100 => Some(100),
+            DatasetKind::Npz | DatasetKind::Synthetic => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Layout {
+    #[default]
+    Nchw,
+    Nhwc,
+}
+
+impl Layout {
+    fn is_nchw(&self) -> bool {
+        *self == Layout::Nchw
+    }
+}
+
+/// `transforms.RandomCrop(size, padding=padding, fill=fill)` (constant padding).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RandomCrop {
+    /// The square crop's side.
+    pub size: usize,
+    /// Pixels added on each side before cropping.
+    #[serde(default)]
+    pub padding: usize,
+    /// The padding's raw pixel value 0..=255, as for a uint8 image.
+    #[serde(default)]
+    pub fill: u8,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

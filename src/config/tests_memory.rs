@@ -173,3 +173,39 @@ fn dropout_saves_nothing_for_backward() {
     };
     assert_eq!((drop.kind.saved_bytes(&m), drop.kind.scratch_bytes(&m)), (Some(0), Some(0)));
 }
+
+#[test]
+fn preflight_counts_cifar_records_and_npz_headers() {
+    let dir = tempfile::tempdir().unwrap();
+    let rec = |n: usize| vec![1u8; n * 3073];
+    std::fs::write(dir.path().join("data_batch_1.bin"), rec(2)).unwrap();
+    std::fs::write(dir.path().join("data_batch_2.bin"), rec(1)).unwrap();
+    std::fs::write(dir.path().join("test_batch.bin"), rec(2)).unwrap();
+    let layers = "model.layers=[{type=\"flatten\"}, {type=\"linear\", out_features=10}]";
+    let path = format!("data.path=\"{}\"", dir.path().display());
+    let sets = ["data.dataset=cifar10", "model.input_shape=[3, 32, 32]", "run.device=cpu", layers, &path];
+    let cfg = load_text(MINIMAL, &sets, &[]).0.unwrap();
+    let part = |e: &memory::Estimate| e.host.iter().find(|p| p.what == "dataset").map_or(0, |p| p.bytes);
+    assert_eq!(part(&preflight(&cfg).unwrap()), 5 * (3072 * 4 + 4));
+
+    // .npz: N and the sample size from x's header, without reading the data.
+    let npy = |n: usize| {
+        let mut h = format!("{{'descr': '|u1', 'fortran_order': False, 'shape': ({n}, 2, 3, 3), }}");
+        h.push_str(&" ".repeat((64 - (11 + h.len()) % 64) % 64));
+        h.push('\n');
+        let mut b = b"\x93NUMPY\x01\x00".to_vec();
+        b.extend((h.len() as u16).to_le_bytes());
+        b.extend(h.as_bytes());
+        b.extend(vec![0u8; n * 18]);
+        b
+    };
+    for (name, n) in [("train.npz", 4), ("test.npz", 3)] {
+        let mut z = zip::ZipWriter::new(std::fs::File::create(dir.path().join(name)).unwrap());
+        z.start_file("x.npy", zip::write::SimpleFileOptions::default()).unwrap();
+        std::io::Write::write_all(&mut z, &npy(n)).unwrap();
+        z.finish().unwrap();
+    }
+    let sets = ["data.dataset=npz", "model.input_shape=[2, 3, 3]", "run.device=cpu", layers, &path];
+    let cfg = load_text(MINIMAL, &sets, &[]).0.unwrap();
+    assert_eq!(part(&preflight(&cfg).unwrap()), 7 * (18 * 4 + 4));
+}

@@ -14,6 +14,20 @@ const CASES: &[(&[&str], &str, &str)] = &[
     (&["data.std=[0.0]"], "data.std", "must be positive"),
     (&["data.std=[-1.0]"], "data.std", "must be positive"),
     (&["data.dataset=synthetic", "data.synthetic_train_size=0"], "data.synthetic_train_size", "at least 1"),
+    (&["data.layout=nhwc"], "data.layout", "applies to dataset = \"npz\" only"),
+    (&["data.dataset=cifar10"], "model.input_shape", "is [1, 4, 4] but CIFAR images are [3, 32, 32]"),
+    (&["data.random_horizontal_flip=1.5"], "data.random_horizontal_flip", "in [0, 1], got 1.5"),
+    (&["data.random_crop.size=0"], "data.random_crop.size", "at least 1"),
+    (
+        &["data.random_crop.size=7", "data.random_crop.padding=1"],
+        "data.random_crop.size",
+        "7 is larger than the padded image, 6x6 (4x4 from model.input_shape plus padding 1 on each side)",
+    ),
+    (
+        &["data.random_crop.size=3", "data.random_crop.padding=1"],
+        "data.random_crop.size",
+        "3 must equal the image size 4x4 (model.input_shape): test images are not cropped",
+    ),
     (&["data.dataset=synthetic", "data.synthetic_test_size=0"], "data.synthetic_test_size", "at least 1"),
     (&["optimizer.lr=0"], "optimizer.lr", "positive"),
     (&["optimizer.lr=-0.1"], "optimizer.lr", "positive"),
@@ -136,4 +150,35 @@ fn validate_on_a_config_built_in_code_names_the_path() {
     c.data.batch_size = 0;
     let (file, key, _) = config_err(c.validate().map(|_| c.clone()));
     assert_eq!((file.as_str(), key.as_str()), ("somewhere/x.toml", "data.batch_size"));
+}
+
+#[test]
+fn each_dataset_brings_its_path_normalization_and_classes() {
+    let load = |sets: &[&str]| load_text(MINIMAL, sets, &[]).0.unwrap().data;
+    let mnist = load(&[]);
+    assert_eq!(
+        (mnist.path.to_str(), mnist.mean, mnist.std),
+        (Some("data/mnist"), vec![0.1307], vec![0.3081])
+    );
+    let f = load(&["data.dataset=fashion_mnist"]);
+    assert_eq!((f.path.to_str(), f.mean, f.std), (Some("data/fashion-mnist"), vec![0.286], vec![0.353]));
+    let c = load(&[
+        "data.dataset=cifar100",
+        "model.input_shape=[3, 32, 32]",
+        "model.layers=[{type=\"flatten\"}, {type=\"linear\", out_features=100}]",
+    ]);
+    assert_eq!((c.path.to_str(), c.num_classes, c.mean.len()), (Some("data/cifar100"), 100, 3));
+    // Arrays of unknown content: ToTensor only, one value per channel of the input.
+    let n = load(&["data.dataset=npz", "model.input_shape=[2, 4, 4]", "data.layout=nhwc"]);
+    assert_eq!((n.mean, n.std, n.layout), (vec![0.0; 2], vec![1.0; 2], Layout::Nhwc));
+    // Explicit values win over the dataset's.
+    let own = load(&["data.dataset=fashion_mnist", "data.path=\"/x\"", "data.mean=[0.5]", "data.std=[0.5]"]);
+    assert_eq!((own.path.to_str(), own.mean, own.std), (Some("/x"), vec![0.5], vec![0.5]));
+    let aug = load(&["data.random_crop={size=4, padding=2}", "data.random_horizontal_flip=0.5"]);
+    assert_eq!(aug.random_crop, Some(RandomCrop { size: 4, padding: 2, fill: 0 }));
+    assert_eq!(aug.random_horizontal_flip, Some(0.5));
+    let (_, key, msg) = config_err(load_text(MINIMAL, &["data.random_crop={size=4, fill=256}"], &[]).0);
+    assert_eq!(key, "data.random_crop.fill", "{msg}");
+    let (_, key, msg) = config_err(load_text(MINIMAL, &["data.random_crop={size=4, pad=2}"], &[]).0);
+    assert!(key.starts_with("data.random_crop") && msg.contains("pad"), "{key}: {msg}");
 }

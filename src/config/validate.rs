@@ -3,8 +3,8 @@
 
 use super::model::{self, LayerKind, MODEL_FILE};
 use super::schema::{
-    default_adam_eps, default_betas, Backend, Config, DatasetKind, Device, LossScale, OptimizerName, Resume,
-    SchedulerName,
+    default_adam_eps, default_betas, Backend, Config, DatasetKind, Device, Layout, LossScale, OptimizerName,
+    Resume, SchedulerName,
 };
 use crate::error::{cut, Error, Result, VALUE_CHARS};
 
@@ -121,6 +121,19 @@ impl Config {
         if d.eval_batch_size == 0 {
             return Err(bad("data.eval_batch_size", "must be at least 1"));
         }
+        // CIFAR's files have no header: their shape is the format's, known now.
+        if matches!(d.dataset, DatasetKind::Cifar10 | DatasetKind::Cifar100)
+            && self.model.input_shape != crate::data::cifar::CIFAR_SHAPE
+        {
+            return Err(bad(
+                "model.input_shape",
+                format!(
+                    "is {:?} but CIFAR images are {:?}",
+                    self.model.input_shape,
+                    crate::data::cifar::CIFAR_SHAPE
+                ),
+            ));
+        }
         let channels = self.model.input_shape[0];
         for (key, v) in [("data.mean", &d.mean), ("data.std", &d.std)] {
             if v.len() != channels {
@@ -149,6 +162,57 @@ impl Config {
         }
         if d.path.as_os_str().is_empty() {
             return Err(bad("data.path", "must not be empty"));
+        }
+        if d.layout == Layout::Nhwc && d.dataset != DatasetKind::Npz {
+            return Err(bad(
+                "data.layout",
+                "applies to dataset = \"npz\" only (the other formats fix their layout)",
+            ));
+        }
+        self.check_augment()
+    }
+
+    /// torchvision's rules for RandomCrop and RandomHorizontalFlip, and one
+    /// of ours: test images are not cropped, so the crop must be the size
+    /// the model takes.
+    fn check_augment(&self) -> Result<()> {
+        let d = &self.data;
+        if let Some(p) = d.random_horizontal_flip {
+            if !(0.0..=1.0).contains(&p) {
+                return Err(bad(
+                    "data.random_horizontal_flip",
+                    format!("is the flip probability p, in [0, 1], got {p}"),
+                ));
+            }
+        }
+        let Some(c) = d.random_crop else { return Ok(()) };
+        let [_, h, w] = self.model.input_shape;
+        if c.size == 0 {
+            return Err(bad("data.random_crop.size", "must be at least 1"));
+        }
+        let padded = |side: usize| side.checked_add(c.padding.saturating_mul(2));
+        let (Some(ph), Some(pw)) = (padded(h), padded(w)) else {
+            return Err(bad("data.random_crop.padding", format!("{} does not fit in 64 bits", c.padding)));
+        };
+        if c.size > ph || c.size > pw {
+            return Err(bad(
+                "data.random_crop.size",
+                format!(
+                    "{} is larger than the padded image, {ph}x{pw} ({h}x{w} from model.input_shape plus \
+                     padding {} on each side); lower the size or raise data.random_crop.padding",
+                    c.size, c.padding
+                ),
+            ));
+        }
+        if c.size != h || c.size != w {
+            return Err(bad(
+                "data.random_crop.size",
+                format!(
+                    "{} must equal the image size {h}x{w} (model.input_shape): test images are not \
+                     cropped, so training crops must have the shape the model takes",
+                    c.size
+                ),
+            ));
         }
         Ok(())
     }

@@ -1,7 +1,9 @@
 //! A dataset held on the device (MNIST is a few tens of MB) and the launcher
 //! that assembles a batch from it: no host copy inside a training step.
-//! CPU twin: the loader's `build` (row i of a batch is sample `indices[i]`).
+//! CPU twin: the loader's `build` (row i of a batch is sample `indices[i]`,
+//! augmented with the draws of its sample when the run augments).
 
+use super::augment::{Augment, Draw};
 use super::Dataset;
 use crate::cuda::{as_i64, check_len, launch_1d, Gpu, KernelFn};
 use crate::error::{Error, Result};
@@ -9,12 +11,14 @@ use cudarc::driver::{CudaSlice, CudaViewMut};
 
 const FILE: &str = "data.cu";
 static GATHER_BATCH: KernelFn = KernelFn::new(FILE, "gather_batch");
+static GATHER_BATCH_AUGMENT: KernelFn = KernelFn::new(FILE, "gather_batch_augment");
 
 /// Normalized images (f32) and labels of a whole split, on the device.
 pub struct DeviceDataset {
     images: CudaSlice<f32>,
     labels: CudaSlice<u32>,
     sample_len: usize,
+    shape: [usize; 3],
     len: usize,
 }
 
@@ -31,6 +35,7 @@ impl DeviceDataset {
             images: images.map_err(err)?,
             labels: labels.map_err(err)?,
             sample_len: ds.sample_numel(),
+            shape: ds.sample_shape,
             len: ds.len(),
         })
     }
@@ -49,10 +54,32 @@ impl DeviceDataset {
     }
 }
 
-/// One pass's sample order on the device (uploaded once per epoch).
+/// One pass's sample order on the device (uploaded once per epoch), with
+/// each row's augmentation draws when the pass augments.
 pub struct DeviceIndices {
     indices: CudaSlice<u32>,
+    /// top, left, flip per row.
+    draws: Option<CudaSlice<i32>>,
     len: usize,
+}
+
+/// The run's RandomCrop padding on the device: its width and the normalized
+/// fill of each channel.
+pub struct DeviceAugment {
+    fill: CudaSlice<f32>,
+    pad: usize,
+}
+
+impl DeviceAugment {
+    pub fn upload(gpu: &Gpu, a: &Augment, channels: usize) -> Result<Self> {
+        let (pad, mut fill) = match &a.crop {
+            Some(c) => (c.padding, c.fill.clone()),
+            None => (0, Vec::new()),
+        };
+        fill.resize(channels.max(1), 0.0);
+        let fill = gpu.stream().clone_htod(&fill).map_err(|e| Error::cuda("uploading the crop's fill", e))?;
+        Ok(DeviceAugment { fill, pad })
+    }
 }
 
 impl DeviceIndices {
@@ -70,7 +97,34 @@ impl DeviceIndices {
             host.push(0);
         }
         let indices_dev = gpu.stream().clone_htod(&host).map_err(|e| Error::cuda(OP, e))?;
-        Ok(DeviceIndices { indices: indices_dev, len: indices.len() })
+        Ok(DeviceIndices { indices: indices_dev, draws: None, len: indices.len() })
+    }
+
+    /// `upload`, with epoch `epoch`'s draws of `a` for every row, drawn on
+    /// the host as the CPU loader draws them.
+    pub fn upload_augmented(
+        gpu: &Gpu,
+        ds: &DeviceDataset,
+        indices: &[usize],
+        a: &Augment,
+        epoch: u64,
+    ) -> Result<Self> {
+        const OP: &str = "uploading the epoch's augmentation draws";
+        let mut order = Self::upload(gpu, ds, indices)?;
+        let mut host = Vec::with_capacity(3 * indices.len().max(1));
+        for &i in indices {
+            let Draw { top, left, flip } = a.draw(epoch, ds.len, i, ds.shape);
+            for v in [top, left, usize::from(flip)] {
+                host.push(
+                    i32::try_from(v).map_err(|_| Error::shape(format!("{OP}: offset {v} exceeds i32")))?,
+                );
+            }
+        }
+        if host.is_empty() {
+            host.extend([0, 0, 0]);
+        }
+        order.draws = Some(gpu.stream().clone_htod(&host).map_err(|e| Error::cuda(OP, e))?);
+        Ok(order)
     }
 
     pub fn len(&self) -> usize {
@@ -114,6 +168,51 @@ pub fn gather_batch(
     // SAFETY: argument types and order match gather_batch; x and y are sized
     // for n rows (checked), every index was range-checked at upload, and
     // offset + n is within the uploaded indices.
+    unsafe { b.launch(launch_1d(n * ds.sample_len)) }.map_err(|e| Error::cuda(OP, e))?;
+    Ok(())
+}
+
+/// `gather_batch` with each row cropped and flipped by its draws (`order`
+/// from [`DeviceIndices::upload_augmented`]).
+#[allow(clippy::too_many_arguments)]
+pub fn gather_batch_augmented(
+    gpu: &Gpu,
+    ds: &DeviceDataset,
+    order: &DeviceIndices,
+    aug: &DeviceAugment,
+    offset: usize,
+    n: usize,
+    x: &mut CudaViewMut<'_, f32>,
+    y: &mut CudaViewMut<'_, u32>,
+) -> Result<()> {
+    const OP: &str = "gather_batch_augment";
+    let Some(draws) = &order.draws else {
+        return Err(Error::shape(format!("{OP}: the pass was uploaded without augmentation draws")));
+    };
+    if offset + n > order.len {
+        return Err(Error::shape(format!(
+            "{OP}: rows {offset}..{} past the {} indices of this pass",
+            offset + n,
+            order.len
+        )));
+    }
+    check_len(OP, "x", x.len(), n * ds.sample_len)?;
+    check_len(OP, "labels", y.len(), n)?;
+    check_len(OP, "fill", aug.fill.len(), ds.shape[0].max(1))?;
+    if n == 0 || ds.sample_len == 0 {
+        return Ok(());
+    }
+    let [c, h, w] = ds.shape;
+    let (off, rows) = (as_i64(OP, offset)?, as_i64(OP, n)?);
+    let (c, h, w, pad) = (as_i64(OP, c)?, as_i64(OP, h)?, as_i64(OP, w)?, as_i64(OP, aug.pad)?);
+    let f = gpu.kernel(&GATHER_BATCH_AUGMENT)?;
+    let mut b = f.launch_on(gpu.stream());
+    b.arg(&ds.images).arg(&ds.labels).arg(&order.indices).arg(draws).arg(&aug.fill);
+    b.arg(&off).arg(&rows).arg(&c).arg(&h).arg(&w).arg(&pad).arg(x).arg(y);
+    // SAFETY: argument types and order match gather_batch_augment; x and y
+    // are sized for n rows and fill for every channel (checked); indices were
+    // range-checked at upload and draws hold 3 values per uploaded row;
+    // offset + n is within them; out-of-image reads are replaced by fill.
     unsafe { b.launch(launch_1d(n * ds.sample_len)) }.map_err(|e| Error::cuda(OP, e))?;
     Ok(())
 }

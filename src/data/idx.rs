@@ -34,8 +34,13 @@ pub struct IdxLabels {
 }
 
 /// `dir/name` if it exists, else `dir/name.gz`; a missing file is an error that
-/// says how to get the data.
+/// says how to get MNIST.
 pub fn find(dir: &Path, name: &str) -> Result<PathBuf> {
+    find_with(dir, name, "run scripts/fetch-mnist.sh to download MNIST there")
+}
+
+/// `find`, with `fetch` saying how to get the data a missing file belongs to.
+pub fn find_with(dir: &Path, name: &str, fetch: &str) -> Result<PathBuf> {
     let raw = dir.join(name);
     if raw.is_file() {
         return Ok(raw);
@@ -47,8 +52,8 @@ pub fn find(dir: &Path, name: &str) -> Result<PathBuf> {
     Err(Error::data(
         raw,
         format!(
-            "missing: neither {name} nor {name}.gz exists in {}; run scripts/fetch-mnist.sh to \
-             download MNIST there, or set `data.path` to a directory that holds the IDX files",
+            "missing: neither {name} nor {name}.gz exists in {}; {fetch}, or set `data.path` to a \
+             directory that holds the IDX files",
             dir.display()
         ),
     ))

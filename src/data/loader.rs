@@ -2,6 +2,7 @@
 //! channel, so the training step finds the next batch ready (like a DataLoader
 //! with one worker and `prefetch_factor` batches in flight).
 
+use super::augment::EpochAugment;
 use super::Dataset;
 use crate::tensor::Tensor;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
@@ -29,16 +30,18 @@ pub struct Loader {
     yielded: usize,
 }
 
+#[derive(Clone)]
 struct Work {
     ds: Arc<Dataset>,
     indices: Arc<Vec<usize>>,
     batch_size: usize,
+    augment: Option<EpochAugment>,
 }
 
 impl Work {
     fn batch(&self, k: usize) -> Batch {
         let end = ((k + 1) * self.batch_size).min(self.indices.len());
-        build(&self.ds, &self.indices[k * self.batch_size..end])
+        build(&self.ds, &self.indices[k * self.batch_size..end], self.augment.as_ref())
     }
 }
 
@@ -56,7 +59,20 @@ impl Loader {
         drop_last: bool,
         prefetch: usize,
     ) -> Self {
-        Self::with_thread(ds, indices, batch_size, drop_last, prefetch, true)
+        Self::with_thread(ds, indices, batch_size, drop_last, prefetch, None, true)
+    }
+
+    /// `new` for training batches: each sample transformed by `augment`
+    /// (its draws depend on the epoch and the sample, not on the batch).
+    pub fn augmented(
+        ds: Arc<Dataset>,
+        indices: Vec<usize>,
+        batch_size: usize,
+        drop_last: bool,
+        prefetch: usize,
+        augment: Option<EpochAugment>,
+    ) -> Self {
+        Self::with_thread(ds, indices, batch_size, drop_last, prefetch, augment, true)
     }
 
     /// `new`, or with `threaded = false` the fallback used when no thread can
@@ -67,6 +83,7 @@ impl Loader {
         batch_size: usize,
         drop_last: bool,
         prefetch: usize,
+        augment: Option<EpochAugment>,
         threaded: bool,
     ) -> Self {
         assert!(batch_size > 0, "Loader: batch_size must be at least 1");
@@ -75,12 +92,12 @@ impl Loader {
         }
         let num_batches =
             if drop_last { indices.len() / batch_size } else { indices.len().div_ceil(batch_size) };
-        let work = Work { ds, indices: Arc::new(indices), batch_size };
+        let work = Work { ds, indices: Arc::new(indices), batch_size, augment };
         if !threaded {
             return Loader { rx: None, handle: None, inline: Some(work), num_batches, yielded: 0 };
         }
         let (tx, rx) = sync_channel(prefetch);
-        let thread_work = Work { ds: Arc::clone(&work.ds), indices: Arc::clone(&work.indices), batch_size };
+        let thread_work = work.clone();
         let spawned = std::thread::Builder::new()
             .name("ddptrain-loader".into())
             .spawn(move || produce(&thread_work, num_batches, &tx));
@@ -99,15 +116,22 @@ impl Loader {
     }
 }
 
-fn build(ds: &Dataset, idx: &[usize]) -> Batch {
-    let per = ds.sample_numel();
+fn build(ds: &Dataset, idx: &[usize], augment: Option<&EpochAugment>) -> Batch {
+    let shape = augment.map_or(ds.sample_shape, |a| a.augment.out_shape(ds.sample_shape));
+    let per: usize = shape.iter().product();
     let mut images = Vec::with_capacity(idx.len() * per);
     let mut labels = Vec::with_capacity(idx.len());
     for &i in idx {
-        images.extend_from_slice(ds.sample(i));
+        match augment {
+            Some(a) => {
+                let d = a.augment.draw(a.epoch, ds.len(), i, ds.sample_shape);
+                a.augment.apply(ds.sample(i), ds.sample_shape, d, &mut images);
+            }
+            None => images.extend_from_slice(ds.sample(i)),
+        }
         labels.push(ds.labels[i]);
     }
-    let [c, h, w] = ds.sample_shape;
+    let [c, h, w] = shape;
     let images = Tensor::from_vec(&[idx.len(), c, h, w], images)
         .expect("a batch holds exactly B whole samples of the dataset's shape");
     Batch { images, labels }

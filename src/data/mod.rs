@@ -1,18 +1,28 @@
-//! Training data: MNIST from IDX files (raw or .gz), a seeded synthetic set for
-//! benchmarks, PyTorch's `DistributedSampler`, and a prefetching batch loader.
+//! Training data: MNIST and Fashion-MNIST from IDX files (raw or .gz),
+//! CIFAR-10/100 binary files, users' own `.npz` arrays, a seeded synthetic
+//! set for benchmarks, PyTorch's `DistributedSampler`, torchvision's
+//! RandomCrop/RandomHorizontalFlip, and a prefetching batch loader.
 //!
 //! A dataset is decoded and normalized once into memory (MNIST is 47 MB as
-//! f32); the loader thread only gathers samples into batches.
+//! f32); the loader thread gathers samples into batches and augments them.
 
+pub mod augment;
+pub mod cifar;
 pub mod cuda;
 pub mod idx;
 mod loader;
+pub mod npz;
 mod sampler;
 mod synthetic;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_augment;
+#[cfg(test)]
+mod tests_formats;
 
+pub use augment::{Augment, Crop, EpochAugment};
 pub use loader::{Batch, Loader};
 pub use sampler::DistributedSampler;
 pub use synthetic::synthetic;
@@ -147,22 +157,53 @@ impl Normalize {
     }
 }
 
+/// The datasets that ship as MNIST-style IDX files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdxSet {
+    Mnist,
+    FashionMnist,
+}
+
+impl IdxSet {
+    fn name(self) -> &'static str {
+        match self {
+            IdxSet::Mnist => "MNIST",
+            IdxSet::FashionMnist => "Fashion-MNIST",
+        }
+    }
+
+    fn fetch(self) -> &'static str {
+        match self {
+            IdxSet::Mnist => "run scripts/fetch-mnist.sh to download MNIST there",
+            IdxSet::FashionMnist => "run scripts/fetch-fashion-mnist.sh to download Fashion-MNIST there",
+        }
+    }
+}
+
 /// Loads one MNIST split from `dir`: `train-{images-idx3,labels-idx1}-ubyte` or
 /// `t10k-...` (each raw or `.gz`). Accepts any count (the 8k/2k files from
 /// `scripts/fetch-mnist.sh`, the standard 60k/10k ones) but requires 28x28
 /// images, as many labels as images, and labels in 0..10.
 pub fn load_mnist(dir: &Path, split: Split, norm: &Normalize) -> Result<Dataset> {
+    load_idx(IdxSet::Mnist, dir, split, norm)
+}
+
+/// [`load_mnist`] for either IDX dataset (Fashion-MNIST has the same files,
+/// shapes and 10 classes).
+pub fn load_idx(set: IdxSet, dir: &Path, split: Split, norm: &Normalize) -> Result<Dataset> {
     let prefix = split.mnist_prefix();
-    let images_path = idx::find(dir, &format!("{prefix}-images-idx3-ubyte"))?;
-    let labels_path = idx::find(dir, &format!("{prefix}-labels-idx1-ubyte"))?;
+    let images_path = idx::find_with(dir, &format!("{prefix}-images-idx3-ubyte"), set.fetch())?;
+    let labels_path = idx::find_with(dir, &format!("{prefix}-labels-idx1-ubyte"), set.fetch())?;
     norm.check(&images_path, 1)?;
     let images = idx::read_images(&images_path)?;
     if (images.rows, images.cols) != (MNIST_SIDE, MNIST_SIDE) {
         return Err(Error::data(
             &images_path,
             format!(
-                "images are {}x{}, but MNIST images are {MNIST_SIDE}x{MNIST_SIDE}",
-                images.rows, images.cols
+                "images are {}x{}, but {} images are {MNIST_SIDE}x{MNIST_SIDE}",
+                images.rows,
+                images.cols,
+                set.name()
             ),
         ));
     }
@@ -177,7 +218,11 @@ pub fn load_mnist(dir: &Path, split: Split, norm: &Normalize) -> Result<Dataset>
     if let Some((i, &l)) = labels.labels.iter().enumerate().find(|(_, &l)| l as usize >= MNIST_CLASSES) {
         return Err(Error::data(
             &labels_path,
-            format!("label {l} at index {i} is out of range: MNIST labels are 0..={}", MNIST_CLASSES - 1),
+            format!(
+                "label {l} at index {i} is out of range: {} labels are 0..={}",
+                set.name(),
+                MNIST_CLASSES - 1
+            ),
         ));
     }
     Ok(Dataset {

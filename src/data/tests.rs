@@ -402,8 +402,8 @@ fn loader_batches_follow_indices_and_drop_last() {
 fn loader_without_thread_gives_the_same_batches() {
     let ds = tiny_dataset();
     let order = vec![4, 4, 8, 1, 0];
-    let threaded = batches(Loader::with_thread(Arc::clone(&ds), order.clone(), 2, false, 1, true));
-    let inline = batches(Loader::with_thread(ds, order, 2, false, 1, false));
+    let threaded = batches(Loader::with_thread(Arc::clone(&ds), order.clone(), 2, false, 1, None, true));
+    let inline = batches(Loader::with_thread(ds, order, 2, false, 1, None, false));
     assert_eq!(threaded, inline);
     assert_eq!(inline.len(), 3);
 }

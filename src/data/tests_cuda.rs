@@ -46,3 +46,44 @@ fn gather_batch_refuses_rows_past_the_pass_and_bad_indices() {
         .to_string();
     assert!(err.contains("rows 2..4 past the 3 indices"), "{err}");
 }
+
+#[test]
+fn gather_batch_augmented_matches_the_augmenting_loader() {
+    let Some(gpu) = crate::cuda::test_gpu("gather_batch_augmented_matches_the_augmenting_loader") else {
+        return;
+    };
+    use crate::data::{Augment, Crop, EpochAugment, Normalize};
+    let ds = Arc::new(synthetic(3, Split::Train, 23, [3, 6, 6], 4));
+    let norm = Normalize { mean: vec![0.4, 0.5, 0.6], std: vec![0.2, 0.25, 0.3] };
+    let dev = DeviceDataset::upload(&gpu, &ds).unwrap();
+    let order: Vec<usize> = (0..23).map(|i| (i * 5 + 2) % 23).collect();
+    for crop in [Some(Crop::new(6, 3, 200, &norm)), None] {
+        let a = Augment { seed: 17, crop, flip: Some(0.5) };
+        let aug = DeviceAugment::upload(&gpu, &a, 3).unwrap();
+        let idx = DeviceIndices::upload_augmented(&gpu, &dev, &order, &a, 4).unwrap();
+        let ep = Some(EpochAugment { augment: Arc::new(a), epoch: 4 });
+        let batch = 5;
+        for (k, want) in Loader::augmented(ds.clone(), order.clone(), batch, false, 0, ep).enumerate() {
+            let n = want.labels.len();
+            let mut x = crate::cuda::testing::poisoned::<f32>(&gpu, n * dev.sample_len());
+            let mut y = gpu.stream().clone_htod(&vec![u32::MAX; n]).unwrap();
+            let (xv, yv) = (&mut x.as_view_mut(), &mut y.as_view_mut());
+            gather_batch_augmented(&gpu, &dev, &idx, &aug, k * batch, n, xv, yv).unwrap();
+            let got_x: Vec<f32> = gpu.stream().clone_dtoh(&x).unwrap();
+            let got_y: Vec<u32> = gpu.stream().clone_dtoh(&y).unwrap();
+            assert_eq!(got_x, want.images.as_f32().unwrap(), "batch {k} images");
+            assert_eq!(got_y, want.labels, "batch {k} labels");
+        }
+    }
+    // A pass uploaded without draws cannot be gathered augmented.
+    let plain = DeviceIndices::upload(&gpu, &dev, &order).unwrap();
+    let aug = DeviceAugment::upload(&gpu, &Augment { seed: 0, crop: None, flip: Some(1.0) }, 3).unwrap();
+    let mut x = gpu.stream().alloc_zeros::<f32>(108).unwrap();
+    let mut y = gpu.stream().alloc_zeros::<u32>(1).unwrap();
+    let err =
+        gather_batch_augmented(&gpu, &dev, &plain, &aug, 0, 1, &mut x.as_view_mut(), &mut y.as_view_mut())
+            .err()
+            .unwrap()
+            .to_string();
+    assert!(err.contains("uploaded without augmentation draws"), "{err}");
+}

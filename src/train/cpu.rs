@@ -8,7 +8,7 @@ use super::stop::StopSignal;
 use super::{evaluate_shard, Ddp, EvalResult};
 use crate::amp::{Amp, StepOutcome};
 use crate::config::Config;
-use crate::data::{Dataset, Loader};
+use crate::data::{Augment, Dataset, EpochAugment, Loader};
 use crate::error::{Error, Result};
 use crate::nn::Model;
 use crate::ops;
@@ -29,6 +29,8 @@ pub struct CpuEngine {
     accum: usize,
     grad_clip_norm: Option<f32>,
     loader: Option<Loader>,
+    /// Training-time transforms, applied by the loader thread.
+    augment: Option<Arc<Augment>>,
     /// The last optimizer step's outcome (None before the first).
     last: Option<StepOutcome>,
     /// Keeps the pool's workers polling through a step's serial stretches.
@@ -60,6 +62,7 @@ impl CpuEngine {
             accum,
             grad_clip_norm: cfg.train.grad_clip_norm,
             loader: None,
+            augment: super::augmentation(cfg),
             last: None,
             active: ActiveWait::from_env(),
         }
@@ -75,9 +78,16 @@ impl Engine for CpuEngine {
         true
     }
 
-    fn begin_epoch(&mut self, indices: Vec<usize>) -> Result<()> {
-        self.loader =
-            Some(Loader::new(self.train_ds.clone(), indices, self.batch_size, self.drop_last, self.prefetch));
+    fn begin_epoch(&mut self, epoch: u64, indices: Vec<usize>) -> Result<()> {
+        let augment = self.augment.as_ref().map(|a| EpochAugment { augment: Arc::clone(a), epoch });
+        self.loader = Some(Loader::augmented(
+            self.train_ds.clone(),
+            indices,
+            self.batch_size,
+            self.drop_last,
+            self.prefetch,
+            augment,
+        ));
         Ok(())
     }
 

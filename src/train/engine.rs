@@ -95,9 +95,9 @@ pub trait Engine {
     /// checkpoints), so that ordinary steps never wait for the device.
     fn look_is_free(&self) -> bool;
 
-    /// The epoch's sample order (batches already consumed by a resumed
-    /// checkpoint removed).
-    fn begin_epoch(&mut self, indices: Vec<usize>) -> Result<()>;
+    /// Epoch `epoch`'s sample order (batches already consumed by a resumed
+    /// checkpoint removed); the epoch keys the training-time augmentation.
+    fn begin_epoch(&mut self, epoch: u64, indices: Vec<usize>) -> Result<()>;
 
     /// Forward and backward of the epoch's next micro-batch (`rows`
     /// samples), gradients accumulating; `sync` (the step's last

@@ -100,13 +100,19 @@ fn select_device(cfg: &Config) -> Result<crate::cuda::select::Device> {
 pub fn load_datasets(cfg: &Config) -> Result<(Arc<Dataset>, Arc<Dataset>)> {
     let d = &cfg.data;
     let [c, h, w] = cfg.model.input_shape;
+    let norm = Normalize { mean: d.mean.clone(), std: d.std.clone() };
     let load = |split: Split| -> Result<Dataset> {
+        use config::DatasetKind as K;
         match d.dataset {
-            config::DatasetKind::Mnist => {
-                let norm = Normalize { mean: d.mean.clone(), std: d.std.clone() };
-                data::load_mnist(&d.path, split, &norm)
+            K::Mnist => data::load_idx(data::IdxSet::Mnist, &d.path, split, &norm),
+            K::FashionMnist => data::load_idx(data::IdxSet::FashionMnist, &d.path, split, &norm),
+            K::Cifar10 => data::cifar::load(&d.path, data::cifar::Cifar::Ten, split, &norm),
+            K::Cifar100 => data::cifar::load(&d.path, data::cifar::Cifar::Hundred, split, &norm),
+            K::Npz => {
+                let nhwc = d.layout == config::Layout::Nhwc;
+                data::npz::load(&d.path, split, &norm, nhwc, d.num_classes)
             }
-            config::DatasetKind::Synthetic => {
+            K::Synthetic => {
                 let n = if split == Split::Train { d.synthetic_train_size } else { d.synthetic_test_size };
                 Ok(data::synthetic(cfg.run.seed, split, n, [c, h, w], d.num_classes))
             }
@@ -114,16 +120,51 @@ pub fn load_datasets(cfg: &Config) -> Result<(Arc<Dataset>, Arc<Dataset>)> {
     };
     let train = load(Split::Train)?;
     let test = load(Split::Test)?;
+    let file = cfg.config_path.display().to_string();
     for (ds, split) in [(&train, "train"), (&test, "test")] {
         if ds.sample_shape != [c, h, w] {
             return Err(Error::config(
-                cfg.config_path.display().to_string(),
+                file,
                 "model.input_shape",
-                format!("is {:?} but the {split} images are {:?}", [c, h, w], ds.sample_shape),
+                format!(
+                    "is {:?} but the {split} images in {} are {:?}",
+                    [c, h, w],
+                    d.path.display(),
+                    ds.sample_shape
+                ),
             ));
+        }
+        // The model has data.num_classes logits: a larger label has no logit to score.
+        if let Some(&top) = ds.labels.iter().max() {
+            if top as usize >= d.num_classes {
+                return Err(Error::config(
+                    file,
+                    "data.num_classes",
+                    format!(
+                        "is {} but the {split} labels in {} go up to {top}; set it to at least {}",
+                        d.num_classes,
+                        d.path.display(),
+                        u64::from(top) + 1
+                    ),
+                ));
+            }
         }
     }
     Ok((Arc::new(train), Arc::new(test)))
+}
+
+/// The run's training-time transforms, `None` when the config has none.
+pub fn augmentation(cfg: &Config) -> Option<Arc<data::Augment>> {
+    let d = &cfg.data;
+    if !d.augments() {
+        return None;
+    }
+    let norm = Normalize { mean: d.mean.clone(), std: d.std.clone() };
+    Some(Arc::new(data::Augment {
+        seed: cfg.run.seed,
+        crop: d.random_crop.map(|c| data::Crop::new(c.size, c.padding, c.fill, &norm)),
+        flip: d.random_horizontal_flip,
+    }))
 }
 
 /// Builds the model and loads the data; fails before writing anything.

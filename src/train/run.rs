@@ -85,7 +85,7 @@ pub(crate) fn run(cfg: &Config, opts: &RunOptions, setup: Setup, engine: &mut dy
         let batches =
             if d.drop_last { indices.len() / d.batch_size } else { indices.len().div_ceil(d.batch_size) };
         let rows_left = indices.len();
-        engine.begin_epoch(indices)?;
+        engine.begin_epoch(c.epoch, indices)?;
         // A SIGTERM/SIGINT the ranks agreed on, and the micro-batches of the epoch done by then.
         let mut stopping: Option<(stop::StopSignal, usize)> = None;
         let mut t0 = Instant::now();

@@ -21,7 +21,7 @@ use super::{Ddp, EvalResult};
 use crate::amp::{self, Amp, ScalerState};
 use crate::config::Config;
 use crate::cuda::Gpu;
-use crate::data::cuda::{gather_batch, DeviceDataset, DeviceIndices};
+use crate::data::cuda::{gather_batch, gather_batch_augmented, DeviceAugment, DeviceDataset, DeviceIndices};
 use crate::data::Dataset;
 use crate::dist::cuda::{DeviceComm, DeviceReducer};
 use crate::dist::reducer::ReducerOptions;
@@ -77,6 +77,8 @@ pub struct CudaEngine {
     /// The epoch's sample order on the device, and the next row of it to gather.
     order: Option<DeviceIndices>,
     next_row: usize,
+    /// Training-time transforms: drawn on the host per epoch, applied by the gather.
+    augment: Option<(Arc<crate::data::Augment>, DeviceAugment)>,
     x: CudaSlice<f32>,
     y: CudaSlice<u32>,
     totals: CrossEntropyTotals,
@@ -144,6 +146,13 @@ impl CudaEngine {
         let step_dev = DeviceStep::new(&gpu, &dev.params, &optimizer, &amp, accum, cfg.train.grad_clip_norm)?;
         let train_dev = DeviceDataset::upload(&gpu, train_ds)?;
         let test_dev = DeviceDataset::upload(&gpu, test_ds)?;
+        let augment = match super::augmentation(cfg) {
+            Some(a) => {
+                let dev_aug = DeviceAugment::upload(&gpu, &a, train_ds.sample_shape[0])?;
+                Some((a, dev_aug))
+            }
+            None => None,
+        };
         let per = train_dev.sample_len();
         let s = gpu.stream();
         let alloc_err = |e| Error::cuda("allocating the batch buffers", e);
@@ -166,6 +175,7 @@ impl CudaEngine {
             test_dev,
             order: None,
             next_row: 0,
+            augment,
             x,
             y,
             totals,
@@ -203,8 +213,11 @@ impl Engine for CudaEngine {
         false
     }
 
-    fn begin_epoch(&mut self, indices: Vec<usize>) -> Result<()> {
-        self.order = Some(DeviceIndices::upload(&self.gpu, &self.train_dev, &indices)?);
+    fn begin_epoch(&mut self, epoch: u64, indices: Vec<usize>) -> Result<()> {
+        self.order = Some(match &self.augment {
+            Some((a, _)) => DeviceIndices::upload_augmented(&self.gpu, &self.train_dev, &indices, a, epoch)?,
+            None => DeviceIndices::upload(&self.gpu, &self.train_dev, &indices)?,
+        });
         self.next_row = 0;
         Ok(())
     }
@@ -222,15 +235,13 @@ impl Engine for CudaEngine {
             self.order.as_ref().ok_or_else(|| Error::Training("a batch before its epoch began".into()))?;
         let per = self.train_dev.sample_len();
         let gpu = &self.gpu;
-        gather_batch(
-            gpu,
-            &self.train_dev,
-            order,
-            self.next_row,
-            rows,
-            &mut self.x.slice_mut(0..rows * per),
-            &mut self.y.slice_mut(0..rows),
-        )?;
+        let (x, y) = (&mut self.x.slice_mut(0..rows * per), &mut self.y.slice_mut(0..rows));
+        match &self.augment {
+            Some((_, aug)) => {
+                gather_batch_augmented(gpu, &self.train_dev, order, aug, self.next_row, rows, x, y)?
+            }
+            None => gather_batch(gpu, &self.train_dev, order, self.next_row, rows, x, y)?,
+        }
         self.next_row += rows;
         let inject = sync && self.inject_inf_at == Some(step);
         if let (true, Some(r)) = (inject, &mut self.reducer) {
