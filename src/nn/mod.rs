@@ -19,7 +19,8 @@ pub use state::{StateEntry, StateValue};
 
 use crate::config::model::ResolvedLayer;
 use crate::error::{Error, Result};
-use crate::ops::{self, batch_norm::BnReluPoolSaved};
+use crate::ops;
+use crate::ops::batch_norm::{BnGrads, BnHyper, BnParams, BnReluPoolSaved, RunningStats};
 use crate::rng::{Draws, NodeDraws};
 use crate::tensor::{DType, Tensor};
 
@@ -134,14 +135,8 @@ impl Node {
             },
             Saved::BnReluPool { x, saved } => {
                 let p = layers::batchnorm2d::parts(&mut self.weights)?;
-                let dx = ops::batch_norm::backward_relu_maxpool2(
-                    x,
-                    &p.weight.value,
-                    &saved,
-                    &dy,
-                    &mut p.weight.grad,
-                    &mut p.bias.grad,
-                )?;
+                let grads = BnGrads { dweight: &mut p.weight.grad, dbias: &mut p.bias.grad };
+                let dx = ops::batch_norm::backward_relu_maxpool2(x, &p.weight.value, &saved, &dy, grads)?;
                 Ok(vec![Some(dx)])
             }
             Saved::Fused => Ok(vec![Some(dy)]),
@@ -306,12 +301,9 @@ impl Model {
                     let cur = xs.remove(0);
                     let (y, s) = ops::batch_norm::forward_train_relu_maxpool2(
                         &cur,
-                        &p.weight.value,
-                        &p.bias.value,
-                        p.running_mean,
-                        p.running_var,
-                        bn.momentum,
-                        bn.eps,
+                        BnParams { weight: &p.weight.value, bias: &p.bias.value },
+                        RunningStats { running_mean: &mut *p.running_mean, running_var: &mut *p.running_var },
+                        BnHyper { momentum: bn.momentum, eps: bn.eps },
                     )?;
                     *p.num_batches_tracked += 1;
                     saved.extend([Saved::BnReluPool { x: cur, saved: s }, Saved::Fused, Saved::Fused]);
@@ -325,12 +317,9 @@ impl Model {
                     let cur = xs.remove(0);
                     let (y, stats) = ops::batch_norm::forward_train_relu(
                         &cur,
-                        &p.weight.value,
-                        &p.bias.value,
-                        p.running_mean,
-                        p.running_var,
-                        bn.momentum,
-                        bn.eps,
+                        BnParams { weight: &p.weight.value, bias: &p.bias.value },
+                        RunningStats { running_mean: &mut *p.running_mean, running_var: &mut *p.running_var },
+                        BnHyper { momentum: bn.momentum, eps: bn.eps },
                     )?;
                     *p.num_batches_tracked += 1;
                     let bn_saved = layers::batchnorm2d::Saved { x: cur, stats, global_count: None };

@@ -4,6 +4,7 @@
 //! MNIST-sized tensors that take the parallel paths, with values that
 //! overflow f16 on store, subnormals and signed zeros among them.
 
+use super::batch_norm::{BnGrads, BnHyper, BnParams, RunningStats};
 use super::{batch_norm, conv2d, max_pool2d, relu};
 use crate::ops::testing::rand_vec_f32;
 use crate::tensor::{DType, Tensor};
@@ -65,9 +66,20 @@ fn batch_norm_relu_max_pool_f16_match_widened_f32_bitwise() {
     let (w, b) = (Tensor::from_vec(&[c], rand_vec_f32(c, 6)).unwrap(), Tensor::full(&[c], 0.25));
     let (mut rm, mut rv) = (Tensor::zeros(&[c]), Tensor::full(&[c], 1.0));
     let (mut rm32, mut rv32) = (rm.clone(), rv.clone());
-    let (y, saved) = batch_norm::forward_train(&x, &w, &b, &mut rm, &mut rv, 0.1, 1e-5).unwrap();
-    let (y32, saved32) =
-        batch_norm::forward_train(&f32_of(&x), &w, &b, &mut rm32, &mut rv32, 0.1, 1e-5).unwrap();
+    let (y, saved) = batch_norm::forward_train(
+        &x,
+        BnParams { weight: &w, bias: &b },
+        RunningStats { running_mean: &mut rm, running_var: &mut rv },
+        BnHyper::default(),
+    )
+    .unwrap();
+    let (y32, saved32) = batch_norm::forward_train(
+        &f32_of(&x),
+        BnParams { weight: &w, bias: &b },
+        RunningStats { running_mean: &mut rm32, running_var: &mut rv32 },
+        BnHyper::default(),
+    )
+    .unwrap();
     same_f16("bn y", &y, &y32);
     assert_eq!(saved, saved32);
     assert_eq!(
@@ -101,8 +113,15 @@ fn batch_norm_relu_max_pool_f16_match_widened_f32_bitwise() {
 
     let (mut dw, mut db) = (Tensor::full(&[c], 0.5), Tensor::zeros(&[c]));
     let (mut dw32, mut db32) = (dw.clone(), db.clone());
-    let dx = batch_norm::backward(&x, &w, &saved, &dr, &mut dw, &mut db).unwrap();
-    let dx32 = batch_norm::backward(&f32_of(&x), &w, &saved, &f32_of(&dr), &mut dw32, &mut db32).unwrap();
+    let dx = batch_norm::backward(&x, &w, &saved, &dr, BnGrads { dweight: &mut dw, dbias: &mut db }).unwrap();
+    let dx32 = batch_norm::backward(
+        &f32_of(&x),
+        &w,
+        &saved,
+        &f32_of(&dr),
+        BnGrads { dweight: &mut dw32, dbias: &mut db32 },
+    )
+    .unwrap();
     same_f16("bn dx", &dx, &dx32);
     assert_eq!(
         (dw.as_f32().unwrap(), db.as_f32().unwrap()),
@@ -115,12 +134,25 @@ fn f16_kernels_keep_the_f32_errors() {
     let x = f16_tensor(&[2, 3, 4, 4], 9, 1.0);
     let w = Tensor::zeros(&[2]);
     let (mut rm, mut rv) = (Tensor::zeros(&[2]), Tensor::zeros(&[2]));
-    let err = batch_norm::forward_train(&x, &w, &w, &mut rm, &mut rv, 0.1, 1e-5).unwrap_err().to_string();
+    let err = batch_norm::forward_train(
+        &x,
+        BnParams { weight: &w, bias: &w },
+        RunningStats { running_mean: &mut rm, running_var: &mut rv },
+        BnHyper::default(),
+    )
+    .unwrap_err()
+    .to_string();
     assert!(err.contains("batch_norm forward_train: weight") && err.contains("[3]"), "{err}");
     let one = f16_tensor(&[1, 3, 1, 1], 9, 1.0);
     let (w3, mut rm3, mut rv3) = (Tensor::zeros(&[3]), Tensor::zeros(&[3]), Tensor::zeros(&[3]));
-    let err =
-        batch_norm::forward_train(&one, &w3, &w3, &mut rm3, &mut rv3, 0.1, 1e-5).unwrap_err().to_string();
+    let err = batch_norm::forward_train(
+        &one,
+        BnParams { weight: &w3, bias: &w3 },
+        RunningStats { running_mean: &mut rm3, running_var: &mut rv3 },
+        BnHyper::default(),
+    )
+    .unwrap_err()
+    .to_string();
     assert!(err.contains("more than 1 value per channel"), "{err}");
     let (_, idx) = max_pool2d::forward(&x, 2, 2).unwrap();
     let dy = f16_tensor(&[2, 3, 2, 2], 10, 1.0);
@@ -137,8 +169,20 @@ fn batch_norm_relu_in_one_pass_matches_the_two_ops() {
     {
         let (mut rm, mut rv) = (Tensor::zeros(&[c]), Tensor::full(&[c], 1.0));
         let (mut rm2, mut rv2) = (rm.clone(), rv.clone());
-        let (y, saved) = batch_norm::forward_train_relu(&x, &w, &b, &mut rm, &mut rv, 0.1, 1e-5).unwrap();
-        let (mut y2, saved2) = batch_norm::forward_train(&x, &w, &b, &mut rm2, &mut rv2, 0.1, 1e-5).unwrap();
+        let (y, saved) = batch_norm::forward_train_relu(
+            &x,
+            BnParams { weight: &w, bias: &b },
+            RunningStats { running_mean: &mut rm, running_var: &mut rv },
+            BnHyper::default(),
+        )
+        .unwrap();
+        let (mut y2, saved2) = batch_norm::forward_train(
+            &x,
+            BnParams { weight: &w, bias: &b },
+            RunningStats { running_mean: &mut rm2, running_var: &mut rv2 },
+            BnHyper::default(),
+        )
+        .unwrap();
         relu::forward_(&mut y2).unwrap();
         assert_eq!(y.dtype(), x.dtype());
         let bits = |t: &Tensor| t.to_f32_vec().iter().map(|v| v.to_bits()).collect::<Vec<_>>();

@@ -18,6 +18,7 @@ use crate::nn::Node;
 use crate::ops::add::cuda as addk;
 use crate::ops::avg_pool2d::cuda as avgk;
 use crate::ops::batch_norm::cuda as bnk;
+use crate::ops::batch_norm::{BnGrads, BnHyper, BnParams, RunningStats, SavedStats};
 use crate::ops::conv2d::cpu::ConvGeom;
 use crate::ops::conv2d::cuda as convk;
 use crate::ops::dropout::{cuda as dropk, Mask};
@@ -433,37 +434,20 @@ fn bn_forward_train<A: Elem>(
             (view_mut::<f32>(drm, c)?, view_mut::<f32>(drv, c)?)
         };
         let (mut mean, mut invstd) = (slice_mut(mean, c)?, slice_mut(invstd, c)?);
+        let params = BnParams { weight: &w, bias: &b };
+        let running = RunningStats { running_mean: &mut rm, running_var: &mut rv };
+        let hyper = BnHyper { momentum: *momentum, eps: *eps };
         if sync {
             let mut totals = slice_mut(totals, 1 + 2 * c)?;
             bnk::local_sums(gpu, x, &shape, &mut totals)?;
             hooks.all_reduce_sum(&mut totals, "SyncBatchNorm forward")?;
-            bnk::sync_stats(
-                gpu,
-                &totals.as_view(),
-                c,
-                *momentum,
-                *eps,
-                &mut mean,
-                &mut invstd,
-                &mut rm,
-                &mut rv,
-            )?;
-            bnk::forward_apply(gpu, x, &shape, &mean.as_view(), &invstd.as_view(), &w, &b, y)?;
+            let saved = SavedStats { mean: &mut mean, invstd: &mut invstd };
+            bnk::sync_stats(gpu, &totals.as_view(), c, hyper, saved, running)?;
+            let saved = SavedStats { mean: &mean.as_view(), invstd: &invstd.as_view() };
+            bnk::forward_apply(gpu, x, &shape, saved, params, y)?;
         } else {
-            bnk::forward_train(
-                gpu,
-                x,
-                &shape,
-                &w,
-                &b,
-                &mut rm,
-                &mut rv,
-                *momentum,
-                *eps,
-                y,
-                &mut mean,
-                &mut invstd,
-            )?;
+            let saved = SavedStats { mean: &mut mean, invstd: &mut invstd };
+            bnk::forward_train(gpu, x, &shape, params, running, hyper, y, saved)?;
         }
     }
     if half {
@@ -494,7 +478,8 @@ fn bn_forward_eval<A: Elem>(
         DType::F16 => (slice(running_mean, c)?, slice(running_var, c)?),
         DType::F32 => (view::<f32>(&bn.running_mean, c)?, view::<f32>(&bn.running_var, c)?),
     };
-    bnk::forward_eval(gpu, x, &shape, &w, &b, &rm, &rv, bn.eps, y)
+    let params = BnParams { weight: &w, bias: &b };
+    bnk::forward_eval(gpu, x, &shape, params, RunningStats { running_mean: &rm, running_var: &rv }, bn.eps, y)
 }
 
 /// BatchNorm backward in its two launches, so that SyncBatchNorm can
@@ -515,11 +500,12 @@ fn bn_backward<A: Elem>(
     let (gpu, shape) = (ctx.gpu, [n, c, hw, 1]);
     let BnScratch { weight, dweight, dbias, sums, .. } = &mut *ctx.bn;
     let (mean, invstd) = (slice(&bn.mean, c)?, slice(&bn.invstd, c)?);
+    let saved = SavedStats { mean: &mean, invstd: &invstd };
     let mut sums = slice_mut(sums, 2 * c)?;
     match dt {
         DType::F32 => ctx.params.with_grads::<f32, ()>(&[wi, bi], |g| {
             let [dw, db] = g else { return Err(internal("BatchNorm gradients")) };
-            bnk::backward_reduce(gpu, x, dy, &shape, &mean, &invstd, &mut sums, dw, db)
+            bnk::backward_reduce(gpu, x, dy, &shape, saved, &mut sums, BnGrads { dweight: dw, dbias: db })
         })?,
         // f16 .grad (O3): accumulated in f32, rounded once.
         DType::F16 => ctx.params.with_grads::<f16, ()>(&[wi, bi], |g| {
@@ -527,7 +513,8 @@ fn bn_backward<A: Elem>(
             let (mut dw32, mut db32) = (slice_mut(dweight, c)?, slice_mut(dbias, c)?);
             cast::f16_to_f32(gpu, &*dw, &mut dw32)?;
             cast::f16_to_f32(gpu, &*db, &mut db32)?;
-            bnk::backward_reduce(gpu, x, dy, &shape, &mean, &invstd, &mut sums, &mut dw32, &mut db32)?;
+            let grads = BnGrads { dweight: &mut dw32, dbias: &mut db32 };
+            bnk::backward_reduce(gpu, x, dy, &shape, saved, &mut sums, grads)?;
             cast::f32_to_f16(gpu, &dw32, dw)?;
             cast::f32_to_f16(gpu, &db32, db)
         })?,
@@ -540,5 +527,6 @@ fn bn_backward<A: Elem>(
         n * hw
     };
     let w = bn_param(gpu, ctx.params, weight, wi, c, dt)?;
-    bnk::backward_dx(gpu, x, dy, &shape, &mean, &invstd, &w, &sums.as_view(), count, dx)
+    let reduced = bnk::ReducedSums { sums: &sums.as_view(), count };
+    bnk::backward_dx(gpu, x, dy, &shape, saved, &w, reduced, dx)
 }

@@ -15,7 +15,8 @@ use crate::config::schema::short_f32;
 use crate::dist::{Buffer as CommBuffer, Communicator, ReduceOp};
 use crate::error::{Error, Result};
 use crate::nn::{Param, SyncGroup};
-use crate::ops::{self, batch_norm::BatchNormSaved};
+use crate::ops;
+use crate::ops::batch_norm::{BatchNormSaved, BnGrads, BnHyper, BnParams, RunningStats};
 use crate::tensor::Tensor;
 
 /// `{ type = "batchnorm2d", eps = 1e-5, momentum = 0.1 }`.
@@ -134,30 +135,19 @@ impl Layer for BatchNorm2d {
 
     fn forward_train(&self, w: &mut Weights, x: Tensor, cx: Ctx<'_>) -> Result<(Tensor, Saved)> {
         let p = parts(w)?;
+        let params = BnParams { weight: &p.weight.value, bias: &p.bias.value };
+        let running = RunningStats { running_mean: &mut *p.running_mean, running_var: &mut *p.running_var };
+        let hyper = BnHyper { momentum: self.momentum, eps: self.eps };
         let (y, stats, global_count) = match cx.sync {
             Some(SyncGroup(group)) => {
-                let (y, stats, count) = ops::batch_norm::sync::forward_train(
-                    &x,
-                    &p.weight.value,
-                    &p.bias.value,
-                    p.running_mean,
-                    p.running_var,
-                    self.momentum,
-                    self.eps,
-                    &mut |buf| sum_over_ranks(group.as_ref(), buf, "SyncBatchNorm forward"),
-                )?;
+                let (y, stats, count) =
+                    ops::batch_norm::sync::forward_train(&x, params, running, hyper, &mut |buf| {
+                        sum_over_ranks(group.as_ref(), buf, "SyncBatchNorm forward")
+                    })?;
                 (y, stats, Some(count))
             }
             None => {
-                let (y, stats) = ops::batch_norm::forward_train(
-                    &x,
-                    &p.weight.value,
-                    &p.bias.value,
-                    p.running_mean,
-                    p.running_var,
-                    self.momentum,
-                    self.eps,
-                )?;
+                let (y, stats) = ops::batch_norm::forward_train(&x, params, running, hyper)?;
                 (y, stats, None)
             }
         };
@@ -166,14 +156,11 @@ impl Layer for BatchNorm2d {
     }
 
     fn forward_eval(&self, w: &Weights, x: Tensor) -> Result<Tensor> {
-        ops::batch_norm::forward_eval(
-            &x,
-            &w.param(0, Self::TYPE)?.value,
-            &w.param(1, Self::TYPE)?.value,
-            w.tensor(0, Self::TYPE)?,
-            w.tensor(1, Self::TYPE)?,
-            self.eps,
-        )
+        let params =
+            BnParams { weight: &w.param(0, Self::TYPE)?.value, bias: &w.param(1, Self::TYPE)?.value };
+        let running =
+            RunningStats { running_mean: w.tensor(0, Self::TYPE)?, running_var: w.tensor(1, Self::TYPE)? };
+        ops::batch_norm::forward_eval(&x, params, running, self.eps)
     }
 
     fn backward(
@@ -185,6 +172,7 @@ impl Layer for BatchNorm2d {
         cx: Ctx<'_>,
     ) -> Result<Option<Tensor>> {
         let Parts { weight, bias, .. } = parts(w)?;
+        let grads = BnGrads { dweight: &mut weight.grad, dbias: &mut bias.grad };
         let dx = match (cx.sync, s.global_count) {
             (Some(SyncGroup(group)), Some(count)) => ops::batch_norm::sync::backward(
                 &s.x,
@@ -192,18 +180,10 @@ impl Layer for BatchNorm2d {
                 &s.stats,
                 count,
                 &dy,
-                &mut weight.grad,
-                &mut bias.grad,
+                grads,
                 &mut |buf| sum_over_ranks(group.as_ref(), buf, "SyncBatchNorm backward"),
             )?,
-            _ => ops::batch_norm::backward(
-                &s.x,
-                &weight.value,
-                &s.stats,
-                &dy,
-                &mut weight.grad,
-                &mut bias.grad,
-            )?,
+            _ => ops::batch_norm::backward(&s.x, &weight.value, &s.stats, &dy, grads)?,
         };
         Ok(Some(dx))
     }

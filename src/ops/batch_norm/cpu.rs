@@ -310,7 +310,6 @@ pub struct BackwardSums {
     pub sum_dy_xhat: Vec<f64>,
 }
 
-#[allow(clippy::too_many_arguments)]
 pub fn backward_sums<T: Elem>(
     x: &[T],
     dy: &[T],

@@ -8,7 +8,12 @@
 //! SyncBatchNorm on the device: [`local_sums`] -> all-reduce the `1 + 2c`
 //! floats -> [`sync_stats`] -> [`forward_apply`]; backward: [`backward_reduce`]
 //! -> all-reduce the `2c` sums -> [`backward_dx`] with the global count.
+//!
+//! The per-channel f32 buffers go in the structs the CPU twins take, named
+//! as PyTorch names them ([`BnParams`], [`RunningStats`], [`BnHyper`],
+//! [`SavedStats`], [`BnGrads`]), so none is passed by position.
 
+use super::{BnGrads, BnHyper, BnParams, RunningStats, SavedStats};
 use crate::cuda::{as_i64, check_len, DeviceFloat, KernelFn, TypedKernelFn};
 use crate::cuda::{Gpu, BLOCK};
 use crate::error::{Error, Result};
@@ -102,23 +107,21 @@ fn launch(op: &str, b: &mut crate::cuda::launch::Launch<'_>, cfg: LaunchConfig) 
 
 /// Training forward: batch statistics (two-pass, f32), `y` normalized with
 /// them, running statistics moved (unbiased variance), and the `mean` and
-/// `invstd` backward needs.
+/// `invstd` backward needs written into `saved`.
 #[allow(clippy::too_many_arguments)]
 pub fn forward_train<T: DeviceFloat>(
     gpu: &Gpu,
     x: &CudaView<'_, T>,
     shape: &[usize],
-    weight: &CudaView<'_, f32>,
-    bias: &CudaView<'_, f32>,
-    running_mean: &mut CudaViewMut<'_, f32>,
-    running_var: &mut CudaViewMut<'_, f32>,
-    momentum: f32,
-    eps: f32,
+    params: BnParams<&CudaView<'_, f32>>,
+    running: RunningStats<&mut CudaViewMut<'_, f32>>,
+    hyper: BnHyper,
     y: &mut CudaViewMut<'_, T>,
-    mean: &mut CudaViewMut<'_, f32>,
-    invstd: &mut CudaViewMut<'_, f32>,
+    saved: SavedStats<&mut CudaViewMut<'_, f32>>,
 ) -> Result<()> {
     const OP: &str = "batch_norm forward_train";
+    let (BnParams { weight, bias }, BnHyper { momentum, eps }) = (params, hyper);
+    let (RunningStats { running_mean, running_var }, SavedStats { mean, invstd }) = (running, saved);
     let d = Nchw::new(OP, shape)?;
     d.check_training(OP, shape)?;
     check_len(OP, "x", x.len(), d.numel())?;
@@ -142,23 +145,22 @@ pub fn forward_train<T: DeviceFloat>(
     b.arg(x).arg(&n).arg(&c).arg(&hw).arg(&eps).arg(&momentum);
     b.arg(&mut *mean).arg(&mut *invstd).arg(running_mean).arg(running_var);
     launch(OP, &mut b, d.per_channel())?;
-    forward_apply(gpu, x, shape, &mean.as_view(), &invstd.as_view(), weight, bias, y)
+    let saved = SavedStats { mean: &mean.as_view(), invstd: &invstd.as_view() };
+    forward_apply(gpu, x, shape, saved, params, y)
 }
 
 /// `y = (x - mean) * invstd * weight + bias` with given per-channel
 /// statistics (the batch's, local or synced).
-#[allow(clippy::too_many_arguments)]
 pub fn forward_apply<T: DeviceFloat>(
     gpu: &Gpu,
     x: &CudaView<'_, T>,
     shape: &[usize],
-    mean: &CudaView<'_, f32>,
-    invstd: &CudaView<'_, f32>,
-    weight: &CudaView<'_, f32>,
-    bias: &CudaView<'_, f32>,
+    saved: SavedStats<&CudaView<'_, f32>>,
+    params: BnParams<&CudaView<'_, f32>>,
     y: &mut CudaViewMut<'_, T>,
 ) -> Result<()> {
     const OP: &str = "batch_norm forward_apply";
+    let (SavedStats { mean, invstd }, BnParams { weight, bias }) = (saved, params);
     let d = Nchw::new(OP, shape)?;
     check_len(OP, "x", x.len(), d.numel())?;
     check_len(OP, "y", y.len(), d.numel())?;
@@ -178,19 +180,17 @@ pub fn forward_apply<T: DeviceFloat>(
 }
 
 /// Evaluation forward with the running statistics.
-#[allow(clippy::too_many_arguments)]
 pub fn forward_eval<T: DeviceFloat>(
     gpu: &Gpu,
     x: &CudaView<'_, T>,
     shape: &[usize],
-    weight: &CudaView<'_, f32>,
-    bias: &CudaView<'_, f32>,
-    running_mean: &CudaView<'_, f32>,
-    running_var: &CudaView<'_, f32>,
+    params: BnParams<&CudaView<'_, f32>>,
+    running: RunningStats<&CudaView<'_, f32>>,
     eps: f32,
     y: &mut CudaViewMut<'_, T>,
 ) -> Result<()> {
     const OP: &str = "batch_norm forward_eval";
+    let (BnParams { weight, bias }, RunningStats { running_mean, running_var }) = (params, running);
     let d = Nchw::new(OP, shape)?;
     check_len(OP, "x", x.len(), d.numel())?;
     check_len(OP, "y", y.len(), d.numel())?;
@@ -215,19 +215,17 @@ pub fn forward_eval<T: DeviceFloat>(
 }
 
 /// Training backward: `dx`, and the weight and bias gradients added into
-/// `dweight` and `dbias`. `sums` (2c floats) is scratch for the reductions.
+/// `grads`. `sums` (2c floats) is scratch for the reductions.
 #[allow(clippy::too_many_arguments)]
 pub fn backward<T: DeviceFloat>(
     gpu: &Gpu,
     x: &CudaView<'_, T>,
     dy: &CudaView<'_, T>,
     shape: &[usize],
-    mean: &CudaView<'_, f32>,
-    invstd: &CudaView<'_, f32>,
+    saved: SavedStats<&CudaView<'_, f32>>,
     weight: &CudaView<'_, f32>,
     sums: &mut CudaViewMut<'_, f32>,
-    dweight: &mut CudaViewMut<'_, f32>,
-    dbias: &mut CudaViewMut<'_, f32>,
+    grads: BnGrads<&mut CudaViewMut<'_, f32>>,
     dx: &mut CudaViewMut<'_, T>,
 ) -> Result<()> {
     const OP: &str = "batch_norm backward";
@@ -235,8 +233,9 @@ pub fn backward<T: DeviceFloat>(
     // Checked here too so nothing is accumulated when dx's launch would fail.
     check_len(OP, "weight", weight.len(), d.c)?;
     check_len(OP, "dx", dx.len(), d.numel())?;
-    backward_reduce(gpu, x, dy, shape, mean, invstd, sums, dweight, dbias)?;
-    backward_dx(gpu, x, dy, shape, mean, invstd, weight, &sums.as_view(), d.count(), dx)
+    backward_reduce(gpu, x, dy, shape, saved, sums, grads)?;
+    let reduced = ReducedSums { sums: &sums.as_view(), count: d.count() };
+    backward_dx(gpu, x, dy, shape, saved, weight, reduced, dx)
 }
 
 /// SyncBatchNorm forward, step 1: `out = [count, sum[c], sumsq[c]]` of this
@@ -263,21 +262,20 @@ pub fn local_sums<T: DeviceFloat>(
 }
 
 /// SyncBatchNorm forward, step 2: the all-reduced `totals` (as written by
-/// [`local_sums`] and summed over ranks) to `mean`, `invstd` and the running
-/// statistics. A global count <= 1 gives NaN statistics (see the kernel).
-#[allow(clippy::too_many_arguments)]
+/// [`local_sums`] and summed over ranks) to the `saved` mean and invstd and
+/// the running statistics. A global count <= 1 gives NaN statistics (see the
+/// kernel).
 pub fn sync_stats(
     gpu: &Gpu,
     totals: &CudaView<'_, f32>,
     channels: usize,
-    momentum: f32,
-    eps: f32,
-    mean: &mut CudaViewMut<'_, f32>,
-    invstd: &mut CudaViewMut<'_, f32>,
-    running_mean: &mut CudaViewMut<'_, f32>,
-    running_var: &mut CudaViewMut<'_, f32>,
+    hyper: BnHyper,
+    saved: SavedStats<&mut CudaViewMut<'_, f32>>,
+    running: RunningStats<&mut CudaViewMut<'_, f32>>,
 ) -> Result<()> {
     const OP: &str = "batch_norm sync_stats";
+    let (BnHyper { momentum, eps }, SavedStats { mean, invstd }) = (hyper, saved);
+    let RunningStats { running_mean, running_var } = running;
     check_len(OP, "totals", totals.len(), 1 + 2 * channels)?;
     let outs = [
         ("mean", mean.len()),
@@ -299,20 +297,19 @@ pub fn sync_stats(
 }
 
 /// Backward, step 1: `sums = [sum dy[c], sum dy*xhat[c]]` of this batch (to
-/// all-reduce under SyncBatchNorm), also added into `dbias` and `dweight`.
-#[allow(clippy::too_many_arguments)]
+/// all-reduce under SyncBatchNorm), also added into `grads` (`dbias` and
+/// `dweight`).
 pub fn backward_reduce<T: DeviceFloat>(
     gpu: &Gpu,
     x: &CudaView<'_, T>,
     dy: &CudaView<'_, T>,
     shape: &[usize],
-    mean: &CudaView<'_, f32>,
-    invstd: &CudaView<'_, f32>,
+    saved: SavedStats<&CudaView<'_, f32>>,
     sums: &mut CudaViewMut<'_, f32>,
-    dweight: &mut CudaViewMut<'_, f32>,
-    dbias: &mut CudaViewMut<'_, f32>,
+    grads: BnGrads<&mut CudaViewMut<'_, f32>>,
 ) -> Result<()> {
     const OP: &str = "batch_norm backward_reduce";
+    let (SavedStats { mean, invstd }, BnGrads { dweight, dbias }) = (saved, grads);
     let d = Nchw::new(OP, shape)?;
     check_len(OP, "x", x.len(), d.numel())?;
     check_len(OP, "dy", dy.len(), d.numel())?;
@@ -332,22 +329,29 @@ pub fn backward_reduce<T: DeviceFloat>(
     launch(OP, &mut b, d.per_channel())
 }
 
-/// Backward, step 2: `dx` from the (possibly all-reduced) `sums` and `count`,
-/// the number of values per channel they cover (all ranks' under SyncBN).
+/// The `sums` [`backward_reduce`] wrote (all-reduced under SyncBatchNorm)
+/// and `count`, the number of values per channel they cover (all ranks'
+/// under SyncBatchNorm).
+#[derive(Debug, Clone, Copy)]
+pub struct ReducedSums<'a> {
+    pub sums: &'a CudaView<'a, f32>,
+    pub count: usize,
+}
+
+/// Backward, step 2: `dx` from the (possibly all-reduced) sums and count.
 #[allow(clippy::too_many_arguments)]
 pub fn backward_dx<T: DeviceFloat>(
     gpu: &Gpu,
     x: &CudaView<'_, T>,
     dy: &CudaView<'_, T>,
     shape: &[usize],
-    mean: &CudaView<'_, f32>,
-    invstd: &CudaView<'_, f32>,
+    saved: SavedStats<&CudaView<'_, f32>>,
     weight: &CudaView<'_, f32>,
-    sums: &CudaView<'_, f32>,
-    count: usize,
+    reduced: ReducedSums<'_>,
     dx: &mut CudaViewMut<'_, T>,
 ) -> Result<()> {
     const OP: &str = "batch_norm backward_dx";
+    let (SavedStats { mean, invstd }, ReducedSums { sums, count }) = (saved, reduced);
     let d = Nchw::new(OP, shape)?;
     check_len(OP, "x", x.len(), d.numel())?;
     check_len(OP, "dy", dy.len(), d.numel())?;

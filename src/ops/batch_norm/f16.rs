@@ -25,7 +25,6 @@ pub fn local_sums(x: &[f16], n: usize, c: usize, hw: usize) -> LocalSums {
 }
 
 /// [`cpu::backward_sums`] of f16 `x` and `dy`.
-#[allow(clippy::too_many_arguments)]
 pub fn backward_sums(
     x: &[f16],
     dy: &[f16],

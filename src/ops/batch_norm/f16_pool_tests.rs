@@ -66,8 +66,20 @@ fn check_block(what: &str, x: &Tensor, dy: &Tensor) {
     let state = || (Tensor::from_vec(&[c], rand_vec_f32(c, 9)).unwrap(), Tensor::full(&[c], 1.5));
     let ((mut rm, mut rv), (mut rm0, mut rv0)) = (state(), state());
 
-    let (y, saved) = forward_train_relu_maxpool2(x, &w, &b, &mut rm, &mut rv, 0.1, 1e-5).unwrap();
-    let (r, stats) = forward_train_relu(x, &w, &b, &mut rm0, &mut rv0, 0.1, 1e-5).unwrap();
+    let (y, saved) = forward_train_relu_maxpool2(
+        x,
+        BnParams { weight: &w, bias: &b },
+        RunningStats { running_mean: &mut rm, running_var: &mut rv },
+        BnHyper::default(),
+    )
+    .unwrap();
+    let (r, stats) = forward_train_relu(
+        x,
+        BnParams { weight: &w, bias: &b },
+        RunningStats { running_mean: &mut rm0, running_var: &mut rv0 },
+        BnHyper::default(),
+    )
+    .unwrap();
     let (y0, idx) = max_pool2d::forward(&r, 2, 2).unwrap();
     same(&format!("{what} y"), &y, &y0);
     same(&format!("{what} running_mean"), &rm, &rm0);
@@ -77,10 +89,11 @@ fn check_block(what: &str, x: &Tensor, dy: &Tensor) {
 
     let grads = || (Tensor::full(&[c], 0.25), Tensor::full(&[c], -0.5));
     let ((mut dw, mut db), (mut dw0, mut db0)) = (grads(), grads());
-    let dx = backward_relu_maxpool2(x.clone(), &w, &saved, dy, &mut dw, &mut db).unwrap();
+    let dx = backward_relu_maxpool2(x.clone(), &w, &saved, dy, BnGrads { dweight: &mut dw, dbias: &mut db })
+        .unwrap();
     let mut d = max_pool2d::backward(dy, &idx, x.shape()).unwrap();
     relu::backward_(&r, &mut d).unwrap();
-    let dx0 = backward(x, &w, &stats, &d, &mut dw0, &mut db0).unwrap();
+    let dx0 = backward(x, &w, &stats, &d, BnGrads { dweight: &mut dw0, dbias: &mut db0 }).unwrap();
     same(&format!("{what} dx"), &dx, &dx0);
     same(&format!("{what} dweight"), &dw, &dw0);
     same(&format!("{what} dbias"), &db, &db0);

@@ -43,7 +43,13 @@ fn fused_matches_the_three_ops_forward_and_backward() {
 
     // Unfused.
     let (mut rm_u, mut rv_u) = (k.rm.clone(), k.rv.clone());
-    let (z, bn_saved) = forward_train(&k.x, &k.weight, &k.bias, &mut rm_u, &mut rv_u, momentum, eps).unwrap();
+    let (z, bn_saved) = forward_train(
+        &k.x,
+        BnParams { weight: &k.weight, bias: &k.bias },
+        RunningStats { running_mean: &mut rm_u, running_var: &mut rv_u },
+        BnHyper { momentum, eps },
+    )
+    .unwrap();
     let mut r = z;
     relu::forward_(&mut r).unwrap();
     let (y_u, idx) = max_pool2d::forward(&r, 2, 2).unwrap();
@@ -52,12 +58,18 @@ fn fused_matches_the_three_ops_forward_and_backward() {
     let mut dr = max_pool2d::backward(&dy, &idx, r.shape()).unwrap();
     relu::backward_(&r, &mut dr).unwrap();
     let (mut dw_u, mut db_u) = (Tensor::full(&[c], 0.5), Tensor::full(&[c], -0.25));
-    let dx_u = backward(&k.x, &k.weight, &bn_saved, &dr, &mut dw_u, &mut db_u).unwrap();
+    let dx_u =
+        backward(&k.x, &k.weight, &bn_saved, &dr, BnGrads { dweight: &mut dw_u, dbias: &mut db_u }).unwrap();
 
     // Fused.
     let (mut rm_f, mut rv_f) = (k.rm.clone(), k.rv.clone());
-    let (y_f, saved) =
-        forward_train_relu_maxpool2(&k.x, &k.weight, &k.bias, &mut rm_f, &mut rv_f, momentum, eps).unwrap();
+    let (y_f, saved) = forward_train_relu_maxpool2(
+        &k.x,
+        BnParams { weight: &k.weight, bias: &k.bias },
+        RunningStats { running_mean: &mut rm_f, running_var: &mut rv_f },
+        BnHyper { momentum, eps },
+    )
+    .unwrap();
     assert_eq!(y_f.shape(), &[n, c, h / 2, w / 2]);
     assert_eq!(y_f.as_f32().unwrap(), y_u.as_f32().unwrap(), "pooled values must be identical");
     assert_eq!(rm_f.as_f32().unwrap(), rm_u.as_f32().unwrap());
@@ -67,7 +79,14 @@ fn fused_matches_the_three_ops_forward_and_backward() {
     assert!(killed > 0 && killed < saved.codes.len(), "the case must mix live and killed windows ({killed})");
 
     let (mut dw_f, mut db_f) = (Tensor::full(&[c], 0.5), Tensor::full(&[c], -0.25));
-    let dx_f = backward_relu_maxpool2(k.x.clone(), &k.weight, &saved, &dy, &mut dw_f, &mut db_f).unwrap();
+    let dx_f = backward_relu_maxpool2(
+        k.x.clone(),
+        &k.weight,
+        &saved,
+        &dy,
+        BnGrads { dweight: &mut dw_f, dbias: &mut db_f },
+    )
+    .unwrap();
     close("dx", dx_f.as_f32().unwrap(), dx_u.as_f32().unwrap(), 1e-5);
     close("dweight", dw_f.as_f32().unwrap(), dw_u.as_f32().unwrap(), 1e-5);
     close("dbias", db_f.as_f32().unwrap(), db_u.as_f32().unwrap(), 1e-5);
@@ -79,18 +98,21 @@ fn large_batch_takes_the_parallel_paths_and_still_matches() {
     let (n, c, h, w) = (2, 16, 32, 32);
     let k = case(n, c, h, w);
     let (mut rm, mut rv) = (k.rm.clone(), k.rv.clone());
-    let (z, bn_saved) = forward_train(&k.x, &k.weight, &k.bias, &mut rm, &mut rv, 0.1, 1e-5).unwrap();
+    let (z, bn_saved) = forward_train(
+        &k.x,
+        BnParams { weight: &k.weight, bias: &k.bias },
+        RunningStats { running_mean: &mut rm, running_var: &mut rv },
+        BnHyper::default(),
+    )
+    .unwrap();
     let mut r = z;
     relu::forward_(&mut r).unwrap();
     let (y_u, idx) = max_pool2d::forward(&r, 2, 2).unwrap();
     let (y_f, saved) = forward_train_relu_maxpool2(
         &k.x,
-        &k.weight,
-        &k.bias,
-        &mut k.rm.clone(),
-        &mut k.rv.clone(),
-        0.1,
-        1e-5,
+        BnParams { weight: &k.weight, bias: &k.bias },
+        RunningStats { running_mean: &mut k.rm.clone(), running_var: &mut k.rv.clone() },
+        BnHyper::default(),
     )
     .unwrap();
     assert_eq!(y_f.as_f32().unwrap(), y_u.as_f32().unwrap());
@@ -98,9 +120,17 @@ fn large_batch_takes_the_parallel_paths_and_still_matches() {
     let mut dr = max_pool2d::backward(&dy, &idx, r.shape()).unwrap();
     relu::backward_(&r, &mut dr).unwrap();
     let (mut dw_u, mut db_u) = (Tensor::zeros(&[c]), Tensor::zeros(&[c]));
-    let dx_u = backward(&k.x, &k.weight, &bn_saved, &dr, &mut dw_u, &mut db_u).unwrap();
+    let dx_u =
+        backward(&k.x, &k.weight, &bn_saved, &dr, BnGrads { dweight: &mut dw_u, dbias: &mut db_u }).unwrap();
     let (mut dw_f, mut db_f) = (Tensor::zeros(&[c]), Tensor::zeros(&[c]));
-    let dx_f = backward_relu_maxpool2(k.x.clone(), &k.weight, &saved, &dy, &mut dw_f, &mut db_f).unwrap();
+    let dx_f = backward_relu_maxpool2(
+        k.x.clone(),
+        &k.weight,
+        &saved,
+        &dy,
+        BnGrads { dweight: &mut dw_f, dbias: &mut db_f },
+    )
+    .unwrap();
     close("dx", dx_f.as_f32().unwrap(), dx_u.as_f32().unwrap(), 1e-5);
     close("dweight", dw_f.as_f32().unwrap(), dw_u.as_f32().unwrap(), 1e-4);
     close("dbias", db_f.as_f32().unwrap(), db_u.as_f32().unwrap(), 1e-4);
@@ -147,7 +177,13 @@ fn killed_windows_output_zero_and_pass_no_gradient() {
     let x = Tensor::from_vec(&[1, 1, 2, 4], vec![-3.0, -2.0, 1.0, 2.0, -3.0, -2.5, 3.0, 0.5]).unwrap();
     let (wt, b) = (Tensor::full(&[1], 1.0), Tensor::zeros(&[1]));
     let (mut rm, mut rv) = (Tensor::zeros(&[1]), Tensor::full(&[1], 1.0));
-    let (y, saved) = forward_train_relu_maxpool2(&x, &wt, &b, &mut rm, &mut rv, 0.1, 1e-5).unwrap();
+    let (y, saved) = forward_train_relu_maxpool2(
+        &x,
+        BnParams { weight: &wt, bias: &b },
+        RunningStats { running_mean: &mut rm, running_var: &mut rv },
+        BnHyper::default(),
+    )
+    .unwrap();
     let yv = y.as_f32().unwrap();
     assert_eq!(yv[0], 0.0);
     assert!(yv[1] > 0.0);
@@ -177,24 +213,51 @@ fn err_msg<T: std::fmt::Debug>(r: Result<T>) -> String {
 fn fused_errors_name_the_problem() {
     let k = case(2, 3, 5, 4);
     let (mut rm, mut rv) = (k.rm.clone(), k.rv.clone());
-    let msg = err_msg(forward_train_relu_maxpool2(&k.x, &k.weight, &k.bias, &mut rm, &mut rv, 0.1, 1e-5));
+    let msg = err_msg(forward_train_relu_maxpool2(
+        &k.x,
+        BnParams { weight: &k.weight, bias: &k.bias },
+        RunningStats { running_mean: &mut rm, running_var: &mut rv },
+        BnHyper::default(),
+    ));
     assert!(msg.contains("even H and W") && msg.contains("[2, 3, 5, 4]"), "{msg}");
 
     let k = case(2, 3, 4, 4);
-    let (_, saved) =
-        forward_train_relu_maxpool2(&k.x, &k.weight, &k.bias, &mut rm, &mut rv, 0.1, 1e-5).unwrap();
+    let (_, saved) = forward_train_relu_maxpool2(
+        &k.x,
+        BnParams { weight: &k.weight, bias: &k.bias },
+        RunningStats { running_mean: &mut rm, running_var: &mut rv },
+        BnHyper::default(),
+    )
+    .unwrap();
     let bad_dy = Tensor::zeros(&[2, 3, 4, 4]);
     let (mut dw, mut db) = (Tensor::zeros(&[3]), Tensor::zeros(&[3]));
-    let msg = err_msg(backward_relu_maxpool2(k.x.clone(), &k.weight, &saved, &bad_dy, &mut dw, &mut db));
+    let msg = err_msg(backward_relu_maxpool2(
+        k.x.clone(),
+        &k.weight,
+        &saved,
+        &bad_dy,
+        BnGrads { dweight: &mut dw, dbias: &mut db },
+    ));
     assert!(msg.contains("dy (must be x pooled 2x2)"), "{msg}");
 
     let other = case(2, 3, 8, 4);
     let dy = Tensor::zeros(&[2, 3, 4, 2]);
-    let msg = err_msg(backward_relu_maxpool2(other.x.clone(), &k.weight, &saved, &dy, &mut dw, &mut db));
+    let msg = err_msg(backward_relu_maxpool2(
+        other.x.clone(),
+        &k.weight,
+        &saved,
+        &dy,
+        BnGrads { dweight: &mut dw, dbias: &mut db },
+    ));
     assert!(msg.contains("saved state") && msg.contains("does not fit"), "{msg}");
 
     let one = Tensor::zeros(&[1, 3, 0, 2]);
-    let msg = err_msg(forward_train_relu_maxpool2(&one, &k.weight, &k.bias, &mut rm, &mut rv, 0.1, 1e-5));
+    let msg = err_msg(forward_train_relu_maxpool2(
+        &one,
+        BnParams { weight: &k.weight, bias: &k.bias },
+        RunningStats { running_mean: &mut rm, running_var: &mut rv },
+        BnHyper::default(),
+    ));
     assert!(msg.contains("more than 1 value per channel"), "{msg}");
 }
 
@@ -213,10 +276,22 @@ fn fused_timing_mnist_batch100() {
             let x = k.x.clone();
             let (mut dw, mut db) = (Tensor::zeros(&[c]), Tensor::zeros(&[c]));
             let t0 = cpu_ms();
-            let (y, saved) =
-                forward_train_relu_maxpool2(&x, &k.weight, &k.bias, &mut rm, &mut rv, 0.1, 1e-5).unwrap();
+            let (y, saved) = forward_train_relu_maxpool2(
+                &x,
+                BnParams { weight: &k.weight, bias: &k.bias },
+                RunningStats { running_mean: &mut rm, running_var: &mut rv },
+                BnHyper::default(),
+            )
+            .unwrap();
             let t1 = cpu_ms();
-            let dx = backward_relu_maxpool2(x, &k.weight, &saved, &dy, &mut dw, &mut db).unwrap();
+            let dx = backward_relu_maxpool2(
+                x,
+                &k.weight,
+                &saved,
+                &dy,
+                BnGrads { dweight: &mut dw, dbias: &mut db },
+            )
+            .unwrap();
             let t2 = cpu_ms();
             std::hint::black_box((y, dx));
             if i >= 3 {

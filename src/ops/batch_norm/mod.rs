@@ -17,12 +17,73 @@ use super::half_emu::{any_f16, f32_acc, f32_of, store};
 use crate::error::{Error, Result};
 use crate::tensor::{CpuStorage, Storage, Tensor};
 
-/// What backward needs from the training forward, per channel.
-#[derive(Debug, Clone, PartialEq)]
-pub struct BatchNormSaved {
-    pub mean: Vec<f32>,
-    pub invstd: Vec<f32>,
+// The arguments of the BatchNorm ops, named as PyTorch names them, so no two
+// buffers of one type are passed by position. Generic over how the CPU ops
+// (`&Tensor`, `Vec<f32>`) and the device launchers (`&CudaView<f32>`,
+// `&mut CudaViewMut<f32>`) hold them; [`cuda`] takes the same shapes.
+
+/// The affine parameters `weight` (gamma) and `bias` (beta), per channel.
+#[derive(Debug, Clone, Copy)]
+pub struct BnParams<P> {
+    pub weight: P,
+    pub bias: P,
 }
+
+/// The `running_mean` and `running_var` buffers: read by the eval forward,
+/// moved by the training forward.
+#[derive(Debug)]
+pub struct RunningStats<S> {
+    pub running_mean: S,
+    pub running_var: S,
+}
+
+impl<T: ?Sized> RunningStats<&mut T> {
+    /// The same buffers, borrowed again for a call that does not keep them.
+    pub fn reborrow(&mut self) -> RunningStats<&mut T> {
+        RunningStats { running_mean: &mut *self.running_mean, running_var: &mut *self.running_var }
+    }
+}
+
+/// A training forward's hyper-parameters: the running statistics move by
+/// `momentum` (`running = (1 - momentum) * running + momentum * batch`) and
+/// `eps` is added to the batch variance.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BnHyper {
+    pub momentum: f32,
+    pub eps: f32,
+}
+
+impl Default for BnHyper {
+    /// PyTorch's BatchNorm2d defaults.
+    fn default() -> Self {
+        BnHyper { momentum: 0.1, eps: 1e-5 }
+    }
+}
+
+/// The batch statistics a training forward saves for backward, per channel:
+/// `mean` and `invstd = 1 / sqrt(biased_var + eps)`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SavedStats<S> {
+    pub mean: S,
+    pub invstd: S,
+}
+
+/// The `.grad` of `weight` and `bias` that a backward adds into.
+#[derive(Debug)]
+pub struct BnGrads<G> {
+    pub dweight: G,
+    pub dbias: G,
+}
+
+impl<T: ?Sized> BnGrads<&mut T> {
+    /// The same buffers, borrowed again for a call that does not keep them.
+    pub fn reborrow(&mut self) -> BnGrads<&mut T> {
+        BnGrads { dweight: &mut *self.dweight, dbias: &mut *self.dbias }
+    }
+}
+
+/// What backward needs from the training forward, per channel.
+pub type BatchNormSaved = SavedStats<Vec<f32>>;
 
 fn unsupported(op: &str, t: &Tensor) -> Error {
     Error::Unsupported(format!(
@@ -61,22 +122,19 @@ fn dims(op: &str, x: &Tensor) -> Result<(usize, usize, usize)> {
 
 /// [`forward_train`] of an f16 `x` with f32 parameters and running
 /// statistics (O2), followed by ReLU when `relu`; `None` for other dtypes.
-#[allow(clippy::too_many_arguments)]
 fn forward_train_f16(
     op: &str,
     x: &Tensor,
-    weight: &Tensor,
-    bias: &Tensor,
-    running_mean: &mut Tensor,
-    running_var: &mut Tensor,
-    momentum: f32,
-    eps: f32,
+    params: BnParams<&Tensor>,
+    running: RunningStats<&mut Tensor>,
+    hyper: BnHyper,
     relu: bool,
 ) -> Option<Result<(Tensor, BatchNormSaved)>> {
     let Storage::Cpu(CpuStorage::F16(xs)) = x.storage() else {
         return None;
     };
-    if !all_f32([weight, bias, running_mean, running_var]) {
+    let RunningStats { running_mean, running_var } = running;
+    if !all_f32([params.weight, params.bias, running_mean, running_var]) {
         return None;
     }
     Some((|| {
@@ -84,10 +142,10 @@ fn forward_train_f16(
         if n * hw <= 1 {
             return Err(too_few(op, x));
         }
-        let w = param(op, "weight", weight, c)?;
-        let b = param(op, "bias", bias, c)?;
+        let w = param(op, "weight", params.weight, c)?;
+        let b = param(op, "bias", params.bias, c)?;
         let sums = f16::local_sums(xs, n, c, hw);
-        let stats = cpu::batch_stats::<f32>(&sums.sum, &sums.sumsq, sums.count, f64::from(eps));
+        let stats = cpu::batch_stats::<f32>(&sums.sum, &sums.sumsq, sums.count, f64::from(hyper.eps));
         let mut out = vec![half::f16::ZERO; xs.len()];
         if relu {
             f16::normalize_affine_relu(xs, c, hw, &stats.mean, &stats.invstd, w, b, &mut out);
@@ -96,7 +154,7 @@ fn forward_train_f16(
         }
         let rm = param_mut(op, "running_mean", running_mean, c)?;
         let rv = param_mut(op, "running_var", running_var, c)?;
-        cpu::update_running(rm, rv, &stats, momentum);
+        cpu::update_running(rm, rv, &stats, hyper.momentum);
         let saved = BatchNormSaved { mean: stats.mean, invstd: stats.invstd };
         Ok((Tensor::from_f16_vec(x.shape(), out)?, saved))
     })())
@@ -107,18 +165,16 @@ fn forward_train_f16(
 /// sequence otherwise. The same values and running statistics either way.
 pub fn forward_train_relu(
     x: &Tensor,
-    weight: &Tensor,
-    bias: &Tensor,
-    running_mean: &mut Tensor,
-    running_var: &mut Tensor,
-    momentum: f32,
-    eps: f32,
+    params: BnParams<&Tensor>,
+    running: RunningStats<&mut Tensor>,
+    hyper: BnHyper,
 ) -> Result<(Tensor, BatchNormSaved)> {
     const OP: &str = "forward_train";
-    if let Some(r) = forward_train_f16(OP, x, weight, bias, running_mean, running_var, momentum, eps, true) {
+    let mut running = running;
+    if let Some(r) = forward_train_f16(OP, x, params, running.reborrow(), hyper, true) {
         return r;
     }
-    let (mut y, saved) = forward_train(x, weight, bias, running_mean, running_var, momentum, eps)?;
+    let (mut y, saved) = forward_train(x, params, running, hyper)?;
     super::relu::forward_(&mut y)?;
     Ok((y, saved))
 }
@@ -140,18 +196,20 @@ fn too_few(op: &str, x: &Tensor) -> Error {
 /// `None` when every operand is f32.
 pub(super) fn forward_widened<R>(
     x: &Tensor,
-    weight: &Tensor,
-    bias: &Tensor,
-    running_mean: &mut Tensor,
-    running_var: &mut Tensor,
-    op: impl FnOnce(&Tensor, &Tensor, &Tensor, &mut Tensor, &mut Tensor) -> Result<(Tensor, R)>,
+    params: BnParams<&Tensor>,
+    running: RunningStats<&mut Tensor>,
+    op: impl FnOnce(&Tensor, BnParams<&Tensor>, RunningStats<&mut Tensor>) -> Result<(Tensor, R)>,
 ) -> Option<Result<(Tensor, R)>> {
+    let BnParams { weight, bias } = params;
+    let RunningStats { running_mean, running_var } = running;
     if !any_f16([Some(x), Some(weight), Some(bias), Some(&*running_mean), Some(&*running_var)]) {
         return None;
     }
     let (mut rm, mut rv) = (f32_acc(running_mean), f32_acc(running_var));
     Some((|| {
-        let (y, r) = op(&f32_of(x), &f32_of(weight), &f32_of(bias), &mut rm, &mut rv)?;
+        let (w, b) = (f32_of(weight), f32_of(bias));
+        let params = BnParams { weight: &*w, bias: &*b };
+        let (y, r) = op(&f32_of(x), params, RunningStats { running_mean: &mut rm, running_var: &mut rv })?;
         store(running_mean, &rm)?;
         store(running_var, &rv)?;
         Ok((y.into_dtype(x.dtype()), r))
@@ -165,16 +223,16 @@ pub(super) fn backward_widened(
     x: &Tensor,
     weight: &Tensor,
     dy: &Tensor,
-    dweight: &mut Tensor,
-    dbias: &mut Tensor,
-    op: impl FnOnce(&Tensor, &Tensor, &Tensor, &mut Tensor, &mut Tensor) -> Result<Tensor>,
+    grads: BnGrads<&mut Tensor>,
+    op: impl FnOnce(&Tensor, &Tensor, &Tensor, BnGrads<&mut Tensor>) -> Result<Tensor>,
 ) -> Option<Result<Tensor>> {
+    let BnGrads { dweight, dbias } = grads;
     if !any_f16([Some(x), Some(weight), Some(dy), Some(&*dweight), Some(&*dbias)]) {
         return None;
     }
     let (mut dw, mut db) = (f32_acc(dweight), f32_acc(dbias));
     Some((|| {
-        let dx = op(&f32_of(x), &f32_of(weight), &f32_of(dy), &mut dw, &mut db)?;
+        let dx = op(&f32_of(x), &f32_of(weight), &f32_of(dy), BnGrads { dweight: &mut dw, dbias: &mut db })?;
         store(dweight, &dw)?;
         store(dbias, &db)?;
         Ok(dx.into_dtype(x.dtype()))
@@ -185,37 +243,34 @@ pub(super) fn backward_widened(
 /// running statistics in place, and returns what backward needs.
 pub fn forward_train(
     x: &Tensor,
-    weight: &Tensor,
-    bias: &Tensor,
-    running_mean: &mut Tensor,
-    running_var: &mut Tensor,
-    momentum: f32,
-    eps: f32,
+    params: BnParams<&Tensor>,
+    running: RunningStats<&mut Tensor>,
+    hyper: BnHyper,
 ) -> Result<(Tensor, BatchNormSaved)> {
     const OP: &str = "forward_train";
-    if let Some(r) = forward_train_f16(OP, x, weight, bias, running_mean, running_var, momentum, eps, false) {
+    let mut running = running;
+    if let Some(r) = forward_train_f16(OP, x, params, running.reborrow(), hyper, false) {
         return r;
     }
-    if let Some(r) = forward_widened(x, weight, bias, running_mean, running_var, |x, w, b, rm, rv| {
-        forward_train(x, w, b, rm, rv, momentum, eps)
-    }) {
+    if let Some(r) = forward_widened(x, params, running.reborrow(), |x, p, r| forward_train(x, p, r, hyper)) {
         return r;
     }
+    let RunningStats { running_mean, running_var } = running;
     let (n, c, hw) = dims(OP, x)?;
     if n * hw <= 1 {
         return Err(too_few(OP, x));
     }
     match x.storage() {
         Storage::Cpu(CpuStorage::F32(xs)) => {
-            let w = param(OP, "weight", weight, c)?;
-            let b = param(OP, "bias", bias, c)?;
+            let w = param(OP, "weight", params.weight, c)?;
+            let b = param(OP, "bias", params.bias, c)?;
             let sums = cpu::local_sums(xs, n, c, hw);
-            let stats = cpu::batch_stats::<f32>(&sums.sum, &sums.sumsq, sums.count, f64::from(eps));
+            let stats = cpu::batch_stats::<f32>(&sums.sum, &sums.sumsq, sums.count, f64::from(hyper.eps));
             let mut out = vec![0.0f32; xs.len()];
             cpu::normalize_affine(xs, c, hw, &stats.mean, &stats.invstd, w, b, &mut out);
             let rm = param_mut(OP, "running_mean", running_mean, c)?;
             let rv = param_mut(OP, "running_var", running_var, c)?;
-            cpu::update_running(rm, rv, &stats, momentum);
+            cpu::update_running(rm, rv, &stats, hyper.momentum);
             let saved = BatchNormSaved { mean: stats.mean, invstd: stats.invstd };
             Ok((Tensor::from_vec(x.shape(), out)?, saved))
         }
@@ -226,16 +281,17 @@ pub fn forward_train(
 /// Evaluation-mode forward: normalizes with the running statistics.
 pub fn forward_eval(
     x: &Tensor,
-    weight: &Tensor,
-    bias: &Tensor,
-    running_mean: &Tensor,
-    running_var: &Tensor,
+    params: BnParams<&Tensor>,
+    running: RunningStats<&Tensor>,
     eps: f32,
 ) -> Result<Tensor> {
     const OP: &str = "forward_eval";
+    let (BnParams { weight, bias }, RunningStats { running_mean, running_var }) = (params, running);
     if any_f16([Some(x), Some(weight), Some(bias), Some(running_mean), Some(running_var)]) {
         let (w, b, rm, rv) = (f32_of(weight), f32_of(bias), f32_of(running_mean), f32_of(running_var));
-        return Ok(forward_eval(&f32_of(x), &w, &b, &rm, &rv, eps)?.into_dtype(x.dtype()));
+        let params = BnParams { weight: &*w, bias: &*b };
+        let running = RunningStats { running_mean: &*rm, running_var: &*rv };
+        return Ok(forward_eval(&f32_of(x), params, running, eps)?.into_dtype(x.dtype()));
     }
     let (_, c, hw) = dims(OP, x)?;
     match x.storage() {
@@ -260,17 +316,17 @@ pub fn backward(
     weight: &Tensor,
     saved: &BatchNormSaved,
     dy: &Tensor,
-    dweight: &mut Tensor,
-    dbias: &mut Tensor,
+    grads: BnGrads<&mut Tensor>,
 ) -> Result<Tensor> {
     const OP: &str = "backward";
+    let mut grads = grads;
     if let (Storage::Cpu(CpuStorage::F16(xs)), Storage::Cpu(CpuStorage::F16(dys)), true) =
-        (x.storage(), dy.storage(), all_f32([weight, &*dweight, &*dbias]))
+        (x.storage(), dy.storage(), all_f32([weight, &*grads.dweight, &*grads.dbias]))
     {
         let (n, c, hw) = backward_dims(OP, x, saved, dy)?;
         let w = param(OP, "weight", weight, c)?;
-        let dw = param_mut(OP, "dweight", dweight, c)?;
-        let db = param_mut(OP, "dbias", dbias, c)?;
+        let dw = param_mut(OP, "dweight", &mut *grads.dweight, c)?;
+        let db = param_mut(OP, "dbias", &mut *grads.dbias, c)?;
         let sums = f16::backward_sums(xs, dys, n, c, hw, &saved.mean, &saved.invstd);
         add_param_grads(dw, db, &sums);
         let mut dx = vec![half::f16::ZERO; xs.len()];
@@ -278,10 +334,11 @@ pub fn backward(
         return Tensor::from_f16_vec(x.shape(), dx);
     }
     if let Some(r) =
-        backward_widened(x, weight, dy, dweight, dbias, |x, w, dy, dw, db| backward(x, w, saved, dy, dw, db))
+        backward_widened(x, weight, dy, grads.reborrow(), |x, w, dy, g| backward(x, w, saved, dy, g))
     {
         return r;
     }
+    let BnGrads { dweight, dbias } = grads;
     let (n, c, hw) = backward_dims(OP, x, saved, dy)?;
     match (x.storage(), dy.storage()) {
         (Storage::Cpu(CpuStorage::F32(xs)), Storage::Cpu(CpuStorage::F32(dys))) => {
@@ -352,14 +409,13 @@ fn fused_dims(op: &str, x: &Tensor) -> Result<(usize, usize, usize, usize)> {
 /// backward needs.
 pub fn forward_train_relu_maxpool2(
     x: &Tensor,
-    weight: &Tensor,
-    bias: &Tensor,
-    running_mean: &mut Tensor,
-    running_var: &mut Tensor,
-    momentum: f32,
-    eps: f32,
+    params: BnParams<&Tensor>,
+    running: RunningStats<&mut Tensor>,
+    hyper: BnHyper,
 ) -> Result<(Tensor, BnReluPoolSaved)> {
     const OP: &str = "forward_train_relu_maxpool2";
+    let (BnParams { weight, bias }, RunningStats { running_mean, running_var }) = (params, running);
+    let BnHyper { momentum, eps } = hyper;
     let (n, c, h, w) = fused_dims(OP, x)?;
     if n * h * w <= 1 {
         return Err(Error::shape(format!(
@@ -414,10 +470,10 @@ pub fn backward_relu_maxpool2(
     weight: &Tensor,
     saved: &BnReluPoolSaved,
     dy: &Tensor,
-    dweight: &mut Tensor,
-    dbias: &mut Tensor,
+    grads: BnGrads<&mut Tensor>,
 ) -> Result<Tensor> {
     const OP: &str = "backward_relu_maxpool2";
+    let BnGrads { dweight, dbias } = grads;
     let (n, c, h, w) = fused_dims(OP, &x)?;
     dy.check_shape(&format!("batch_norm {OP}: dy (must be x pooled 2x2)"), &[n, c, h / 2, w / 2])?;
     let stats = &saved.stats;

@@ -4,7 +4,8 @@
 //! so uneven per-rank batches stay correct. As in PyTorch, the weight and bias
 //! gradients are the local ones (DDP averages them like any other gradient).
 
-use super::{backward_widened, cpu, dims, forward_widened, BatchNormSaved};
+use super::RunningStats;
+use super::{backward_widened, cpu, dims, forward_widened, BatchNormSaved, BnGrads, BnHyper, BnParams};
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 
@@ -25,25 +26,24 @@ fn reduced(sum: &mut SumOverRanks, buf: Vec<f32>) -> Result<Vec<f32>> {
 
 /// Training forward with global statistics; updates the running statistics
 /// (identically on every rank) and returns what [`backward`] needs.
-#[allow(clippy::too_many_arguments)]
 pub fn forward_train(
     x: &Tensor,
-    weight: &Tensor,
-    bias: &Tensor,
-    running_mean: &mut Tensor,
-    running_var: &mut Tensor,
-    momentum: f32,
-    eps: f32,
+    params: BnParams<&Tensor>,
+    running: RunningStats<&mut Tensor>,
+    hyper: BnHyper,
     sum: &mut SumOverRanks,
 ) -> Result<(Tensor, BatchNormSaved, usize)> {
+    let mut running = running;
     // f16 (O2's f16 activations, O3's f16 BatchNorm): as plain batch_norm does,
     // statistics and their all-reduce in f32, output in x's dtype.
-    if let Some(r) = forward_widened(x, weight, bias, running_mean, running_var, |x, w, b, rm, rv| {
-        let (y, saved, count) = forward_train(x, w, b, rm, rv, momentum, eps, &mut *sum)?;
+    if let Some(r) = forward_widened(x, params, running.reborrow(), |x, p, r| {
+        let (y, saved, count) = forward_train(x, p, r, hyper, &mut *sum)?;
         Ok((y, (saved, count)))
     }) {
         return r.map(|(y, (saved, count))| (y, saved, count));
     }
+    let (BnParams { weight, bias }, BnHyper { momentum, eps }) = (params, hyper);
+    let RunningStats { running_mean, running_var } = running;
     let (n, c, hw) = dims("sync forward_train", x)?;
     let xs = x.as_f32()?;
     let local = cpu::local_sums(xs, n, c, hw);
@@ -71,22 +71,22 @@ pub fn forward_train(
 
 /// Backward with global (sum dy, sum dy*xhat); `count` is the global count the
 /// forward returned. Weight/bias gradients accumulate the local sums.
-#[allow(clippy::too_many_arguments)]
 pub fn backward(
     x: &Tensor,
     weight: &Tensor,
     saved: &BatchNormSaved,
     count: usize,
     dy: &Tensor,
-    dweight: &mut Tensor,
-    dbias: &mut Tensor,
+    grads: BnGrads<&mut Tensor>,
     sum: &mut SumOverRanks,
 ) -> Result<Tensor> {
-    if let Some(r) = backward_widened(x, weight, dy, dweight, dbias, |x, w, dy, dw, db| {
-        backward(x, w, saved, count, dy, dw, db, &mut *sum)
+    let mut grads = grads;
+    if let Some(r) = backward_widened(x, weight, dy, grads.reborrow(), |x, w, dy, g| {
+        backward(x, w, saved, count, dy, g, &mut *sum)
     }) {
         return r;
     }
+    let BnGrads { dweight, dbias } = grads;
     let (n, c, hw) = dims("sync backward", x)?;
     dy.check_shape("sync_batch_norm backward: dy (must match x)", x.shape())?;
     let (xs, dys) = (x.as_f32()?, dy.as_f32()?);
@@ -136,9 +136,13 @@ mod tests {
             };
             let (mut rm1, mut rv1) = stats();
             let (mut rm2, mut rv2) = stats();
-            let (y1, s1) = super::super::forward_train(&x, &w, &b, &mut rm1, &mut rv1, 0.1, 1e-5).unwrap();
+            let params = BnParams { weight: &w, bias: &b };
+            let hyper = BnHyper::default();
+            let running1 = RunningStats { running_mean: &mut rm1, running_var: &mut rv1 };
+            let (y1, s1) = super::super::forward_train(&x, params, running1, hyper).unwrap();
             let mut id = |v: Vec<f32>| Ok(v);
-            let (y2, s2, count) = forward_train(&x, &w, &b, &mut rm2, &mut rv2, 0.1, 1e-5, &mut id).unwrap();
+            let running2 = RunningStats { running_mean: &mut rm2, running_var: &mut rv2 };
+            let (y2, s2, count) = forward_train(&x, params, running2, hyper, &mut id).unwrap();
             assert_eq!(count, n * h * h);
             assert_eq!((y1.dtype(), y2.dtype()), (DType::F16, DType::F16));
             assert_eq!(y1.to_f32_vec(), y2.to_f32_vec(), "{param_dtype:?} forward");
@@ -147,8 +151,10 @@ mod tests {
             let grads = || (Tensor::zeros_dtype(&[c], param_dtype), Tensor::zeros_dtype(&[c], param_dtype));
             let (mut dw1, mut db1) = grads();
             let (mut dw2, mut db2) = grads();
-            let dx1 = super::super::backward(&x, &w, &s1, &dy, &mut dw1, &mut db1).unwrap();
-            let dx2 = backward(&x, &w, &s2, count, &dy, &mut dw2, &mut db2, &mut id).unwrap();
+            let grads1 = BnGrads { dweight: &mut dw1, dbias: &mut db1 };
+            let dx1 = super::super::backward(&x, &w, &s1, &dy, grads1).unwrap();
+            let grads2 = BnGrads { dweight: &mut dw2, dbias: &mut db2 };
+            let dx2 = backward(&x, &w, &s2, count, &dy, grads2, &mut id).unwrap();
             assert_eq!(dx1.to_f32_vec(), dx2.to_f32_vec(), "{param_dtype:?} dx");
             // The parameter gradients are per-channel sums: equal up to f32 summation order.
             for (g1, g2) in [(dw1, dw2), (db1, db2)] {

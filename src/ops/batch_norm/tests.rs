@@ -54,12 +54,12 @@ fn forward_train_matches_naive_and_updates_running_stats() {
     let mut rv = Tensor::from_vec(&[c], rv0.clone()).unwrap();
     let (y, saved) = forward_train(
         &xt,
-        &Tensor::from_vec(&[c], wt.clone()).unwrap(),
-        &Tensor::from_vec(&[c], bs.clone()).unwrap(),
-        &mut rm,
-        &mut rv,
-        momentum,
-        eps,
+        BnParams {
+            weight: &Tensor::from_vec(&[c], wt.clone()).unwrap(),
+            bias: &Tensor::from_vec(&[c], bs.clone()).unwrap(),
+        },
+        RunningStats { running_mean: &mut rm, running_var: &mut rv },
+        BnHyper { momentum, eps },
     )
     .unwrap();
     assert_eq!(y.shape(), &[n, c, h, w]);
@@ -117,10 +117,8 @@ fn forward_eval_uses_running_stats() {
     let t = |v: &Vec<f32>| Tensor::from_vec(&[c], v.clone()).unwrap();
     let y = forward_eval(
         &Tensor::from_vec(&[n, c, h, w], x.clone()).unwrap(),
-        &t(&wt),
-        &t(&bs),
-        &t(&rm),
-        &t(&rv),
+        BnParams { weight: &t(&wt), bias: &t(&bs) },
+        RunningStats { running_mean: &t(&rm), running_var: &t(&rv) },
         1e-3,
     )
     .unwrap();
@@ -175,11 +173,17 @@ fn tensor_backward_matches_f64_kernels_and_accumulates() {
     let xt = Tensor::from_vec(&[n, c, h, w], x.clone()).unwrap();
     let wtt = Tensor::from_vec(&[c], wt.clone()).unwrap();
     let (mut rm, mut rv) = (Tensor::zeros(&[c]), Tensor::full(&[c], 1.0));
-    let (_, saved) = forward_train(&xt, &wtt, &Tensor::zeros(&[c]), &mut rm, &mut rv, 0.1, 1e-5).unwrap();
+    let (_, saved) = forward_train(
+        &xt,
+        BnParams { weight: &wtt, bias: &Tensor::zeros(&[c]) },
+        RunningStats { running_mean: &mut rm, running_var: &mut rv },
+        BnHyper::default(),
+    )
+    .unwrap();
     let mut dw = Tensor::full(&[c], 1.0);
     let mut db = Tensor::full(&[c], -2.0);
     let dyt = Tensor::from_vec(&[n, c, h, w], dy.clone()).unwrap();
-    let dx = backward(&xt, &wtt, &saved, &dyt, &mut dw, &mut db).unwrap();
+    let dx = backward(&xt, &wtt, &saved, &dyt, BnGrads { dweight: &mut dw, dbias: &mut db }).unwrap();
 
     let (xd, dyd, wd) = (f64s(&x), f64s(&dy), f64s(&wt));
     let sums = cpu::local_sums(&xd, n, c, hw);
@@ -243,35 +247,66 @@ fn errors_name_the_problem() {
     let b2 = Tensor::zeros(&[2]);
 
     let x3 = Tensor::zeros(&[4, 2, 3]);
-    let m = err_msg(forward_train(&x3, &w2, &b2, &mut rm, &mut rv, 0.1, 1e-5));
+    let m = err_msg(forward_train(
+        &x3,
+        BnParams { weight: &w2, bias: &b2 },
+        RunningStats { running_mean: &mut rm, running_var: &mut rv },
+        BnHyper::default(),
+    ));
     assert!(m.contains("expected a 4-D [N, C, H, W] input, got shape [4, 2, 3]"), "{m}");
 
     let x = Tensor::from_vec(&[2, 2, 2, 2], rand_vec_f32(16, 22)).unwrap();
     let w3 = Tensor::full(&[3], 1.0);
-    let m = err_msg(forward_train(&x, &w3, &b2, &mut rm, &mut rv, 0.1, 1e-5));
+    let m = err_msg(forward_train(
+        &x,
+        BnParams { weight: &w3, bias: &b2 },
+        RunningStats { running_mean: &mut rm, running_var: &mut rv },
+        BnHyper::default(),
+    ));
     assert!(m.contains("batch_norm forward_train: weight: expected shape [2], got [3]"), "{m}");
     let mut rv3 = Tensor::full(&[3], 1.0);
-    let m = err_msg(forward_train(&x, &w2, &b2, &mut rm, &mut rv3, 0.1, 1e-5));
+    let m = err_msg(forward_train(
+        &x,
+        BnParams { weight: &w2, bias: &b2 },
+        RunningStats { running_mean: &mut rm, running_var: &mut rv3 },
+        BnHyper::default(),
+    ));
     assert!(m.contains("running_var: expected shape [2], got [3]"), "{m}");
     assert_eq!(rm.as_f32().unwrap(), &[0.0, 0.0], "a failed call must not move running_mean");
-    let m = err_msg(forward_eval(&x, &w2, &b2, &rm, &Tensor::full(&[1], 1.0), 1e-5));
+    let m = err_msg(forward_eval(
+        &x,
+        BnParams { weight: &w2, bias: &b2 },
+        RunningStats { running_mean: &rm, running_var: &Tensor::full(&[1], 1.0) },
+        1e-5,
+    ));
     assert!(m.contains("batch_norm forward_eval: running_var: expected shape [2], got [1]"), "{m}");
 
     let x1 = Tensor::zeros(&[1, 2, 1, 1]);
-    let m = err_msg(forward_train(&x1, &w2, &b2, &mut rm, &mut rv, 0.1, 1e-5));
+    let m = err_msg(forward_train(
+        &x1,
+        BnParams { weight: &w2, bias: &b2 },
+        RunningStats { running_mean: &mut rm, running_var: &mut rv },
+        BnHyper::default(),
+    ));
     assert!(
         m.contains("expected more than 1 value per channel when training, got input shape [1, 2, 1, 1]"),
         "{m}"
     );
 
-    let (_, saved) = forward_train(&x, &w2, &b2, &mut rm, &mut rv, 0.1, 1e-5).unwrap();
+    let (_, saved) = forward_train(
+        &x,
+        BnParams { weight: &w2, bias: &b2 },
+        RunningStats { running_mean: &mut rm, running_var: &mut rv },
+        BnHyper::default(),
+    )
+    .unwrap();
     let (mut dw, mut db) = (Tensor::zeros(&[2]), Tensor::zeros(&[2]));
     let dy_bad = Tensor::zeros(&[2, 2, 2, 1]);
-    let m = err_msg(backward(&x, &w2, &saved, &dy_bad, &mut dw, &mut db));
+    let m = err_msg(backward(&x, &w2, &saved, &dy_bad, BnGrads { dweight: &mut dw, dbias: &mut db }));
     assert!(m.contains("dy (must match x): expected shape [2, 2, 2, 2], got [2, 2, 2, 1]"), "{m}");
     let dy = Tensor::full(&[2, 2, 2, 2], 1.0);
     let mut db3 = Tensor::zeros(&[3]);
-    let m = err_msg(backward(&x, &w2, &saved, &dy, &mut dw, &mut db3));
+    let m = err_msg(backward(&x, &w2, &saved, &dy, BnGrads { dweight: &mut dw, dbias: &mut db3 }));
     assert!(m.contains("dbias: expected shape [2], got [3]"), "{m}");
     assert_eq!(dw.as_f32().unwrap(), &[0.0, 0.0], "a failed call must not touch dweight");
 }

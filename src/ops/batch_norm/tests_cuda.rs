@@ -54,7 +54,13 @@ fn forward_train_case<T: DeviceFloat>(test: &str) {
             (Tensor::from_vec(&[c], rm0.clone()).unwrap(), Tensor::from_vec(&[c], rv0.clone()).unwrap());
         let wt = Tensor::from_vec(&[c], w.clone()).unwrap();
         let bt = Tensor::from_vec(&[c], b.clone()).unwrap();
-        let (y, saved) = bn::forward_train(&x, &wt, &bt, &mut rm, &mut rv, 0.1, 1e-5).unwrap();
+        let (y, saved) = bn::forward_train(
+            &x,
+            BnParams { weight: &wt, bias: &bt },
+            RunningStats { running_mean: &mut rm, running_var: &mut rv },
+            BnHyper::default(),
+        )
+        .unwrap();
 
         let dx_ = upload::<T>(&gpu, &x.to_f32_vec());
         let (dw, db) = (upload::<f32>(&gpu, &w), upload::<f32>(&gpu, &b));
@@ -65,15 +71,11 @@ fn forward_train_case<T: DeviceFloat>(test: &str) {
             &gpu,
             &dx_.as_view(),
             shape,
-            &dw.as_view(),
-            &db.as_view(),
-            &mut drm.as_view_mut(),
-            &mut drv.as_view_mut(),
-            0.1,
-            1e-5,
+            BnParams { weight: &dw.as_view(), bias: &db.as_view() },
+            RunningStats { running_mean: &mut drm.as_view_mut(), running_var: &mut drv.as_view_mut() },
+            BnHyper::default(),
             &mut dy.as_view_mut(),
-            &mut mean.as_view_mut(),
-            &mut invstd.as_view_mut(),
+            SavedStats { mean: &mut mean.as_view_mut(), invstd: &mut invstd.as_view_mut() },
         )
         .unwrap();
         let ctx = format!("{test} {shape:?}");
@@ -85,17 +87,21 @@ fn forward_train_case<T: DeviceFloat>(test: &str) {
         assert_close(&format!("{ctx} running_var"), &download(&gpu, &drv), rv.as_f32().unwrap(), 1e-5);
 
         // Eval with the updated running statistics.
-        let ye = bn::forward_eval(&x, &wt, &bt, &rm, &rv, 1e-5).unwrap();
+        let ye = bn::forward_eval(
+            &x,
+            BnParams { weight: &wt, bias: &bt },
+            RunningStats { running_mean: &rm, running_var: &rv },
+            1e-5,
+        )
+        .unwrap();
         let mut out = poisoned::<T>(&gpu, x.numel());
         let (rmv, rvv) = (drm.as_view(), drv.as_view());
         forward_eval(
             &gpu,
             &dx_.as_view(),
             shape,
-            &dw.as_view(),
-            &db.as_view(),
-            &rmv,
-            &rvv,
+            BnParams { weight: &dw.as_view(), bias: &db.as_view() },
+            RunningStats { running_mean: &rmv, running_var: &rvv },
             1e-5,
             &mut out.as_view_mut(),
         )
@@ -127,7 +133,7 @@ fn backward_case<T: DeviceFloat>(test: &str) {
         let (dw0, db0) = (param(c, 8, 0.0), param(c, 9, 0.0));
         let (mut dwt, mut dbt) =
             (Tensor::from_vec(&[c], dw0.clone()).unwrap(), Tensor::from_vec(&[c], db0.clone()).unwrap());
-        let dx = bn::backward(&x, &wt, &saved, &g, &mut dwt, &mut dbt).unwrap();
+        let dx = bn::backward(&x, &wt, &saved, &g, BnGrads { dweight: &mut dwt, dbias: &mut dbt }).unwrap();
 
         let (xd, gd, wd) =
             (upload::<T>(&gpu, &x.to_f32_vec()), upload::<T>(&gpu, &g.to_f32_vec()), upload::<f32>(&gpu, &w));
@@ -140,12 +146,10 @@ fn backward_case<T: DeviceFloat>(test: &str) {
             &xd.as_view(),
             &gd.as_view(),
             shape,
-            &md.as_view(),
-            &id.as_view(),
+            SavedStats { mean: &md.as_view(), invstd: &id.as_view() },
             &wd.as_view(),
             &mut sums.as_view_mut(),
-            &mut dwd.as_view_mut(),
-            &mut dbd.as_view_mut(),
+            BnGrads { dweight: &mut dwd.as_view_mut(), dbias: &mut dbd.as_view_mut() },
             &mut dxd.as_view_mut(),
         )
         .unwrap();
@@ -191,8 +195,14 @@ fn sync_case<T: DeviceFloat>(test: &str) {
     let other = cpu_local_buf(&x1);
     let x0f = Tensor::from_vec(&s0, x0.to_f32_vec()).unwrap();
     let mut reduce = |buf: Vec<f32>| Ok(add(&buf, &other));
-    let (y0, saved, count) =
-        sync::forward_train(&x0f, &wt, &bt, &mut rm, &mut rv, 0.1, 1e-5, &mut reduce).unwrap();
+    let (y0, saved, count) = sync::forward_train(
+        &x0f,
+        BnParams { weight: &wt, bias: &bt },
+        RunningStats { running_mean: &mut rm, running_var: &mut rv },
+        BnHyper::default(),
+        &mut reduce,
+    )
+    .unwrap();
 
     let ctx = test.to_string();
     let (xd0, xd1) = (upload::<T>(&gpu, &x0.to_f32_vec()), upload::<T>(&gpu, &x1.to_f32_vec()));
@@ -210,12 +220,9 @@ fn sync_case<T: DeviceFloat>(test: &str) {
         &gpu,
         &totals.as_view(),
         c,
-        0.1,
-        1e-5,
-        &mut mean.as_view_mut(),
-        &mut invstd.as_view_mut(),
-        &mut drm.as_view_mut(),
-        &mut drv.as_view_mut(),
+        BnHyper::default(),
+        SavedStats { mean: &mut mean.as_view_mut(), invstd: &mut invstd.as_view_mut() },
+        RunningStats { running_mean: &mut drm.as_view_mut(), running_var: &mut drv.as_view_mut() },
     )
     .unwrap();
     assert_close(&format!("{ctx} mean"), &download(&gpu, &mean), &saved.mean, 1e-5);
@@ -224,8 +231,9 @@ fn sync_case<T: DeviceFloat>(test: &str) {
     let (wd, bd) = (upload::<f32>(&gpu, &w), upload::<f32>(&gpu, &b));
     let mut y = poisoned::<T>(&gpu, x0.numel());
     let (mv, iv) = (mean.as_view(), invstd.as_view());
-    forward_apply(&gpu, &xd0.as_view(), &s0, &mv, &iv, &wd.as_view(), &bd.as_view(), &mut y.as_view_mut())
-        .unwrap();
+    let params = BnParams { weight: &wd.as_view(), bias: &bd.as_view() };
+    let saved_d = SavedStats { mean: &mv, invstd: &iv };
+    forward_apply(&gpu, &xd0.as_view(), &s0, saved_d, params, &mut y.as_view_mut()).unwrap();
     let y0 = y0.to_dtype(dtype::<T>()).to_f32_vec();
     assert_close(&format!("{ctx} y rank 0"), &download(&gpu, &y), &y0, tol::<T>());
 
@@ -238,7 +246,16 @@ fn sync_case<T: DeviceFloat>(test: &str) {
     let mut reduce_b = |buf: Vec<f32>| Ok(add(&buf, &other_b));
     let (mut dwt, mut dbt) = (Tensor::zeros(&[c]), Tensor::zeros(&[c]));
     let g0t = Tensor::from_vec(&s0, g0.clone()).unwrap();
-    let dx0 = sync::backward(&x0f, &wt, &saved, count, &g0t, &mut dwt, &mut dbt, &mut reduce_b).unwrap();
+    let dx0 = sync::backward(
+        &x0f,
+        &wt,
+        &saved,
+        count,
+        &g0t,
+        BnGrads { dweight: &mut dwt, dbias: &mut dbt },
+        &mut reduce_b,
+    )
+    .unwrap();
     let (gd0, gd1) = (upload::<T>(&gpu, &g0), upload::<T>(&gpu, &g1));
     let mut local = Vec::new();
     let (mut dwd, mut dbd) = (upload::<f32>(&gpu, &[0.0; 5]), upload::<f32>(&gpu, &[0.0; 5]));
@@ -252,11 +269,9 @@ fn sync_case<T: DeviceFloat>(test: &str) {
             &xd.as_view(),
             &gd.as_view(),
             s,
-            &mv,
-            &iv,
+            SavedStats { mean: &mv, invstd: &iv },
             &mut sums.as_view_mut(),
-            &mut dwv.as_view_mut(),
-            &mut dbv.as_view_mut(),
+            BnGrads { dweight: &mut dwv.as_view_mut(), dbias: &mut dbv.as_view_mut() },
         )
         .unwrap();
         local.push(download(&gpu, &sums));
@@ -277,11 +292,9 @@ fn sync_case<T: DeviceFloat>(test: &str) {
         &xd0.as_view(),
         &gd0.as_view(),
         &s0,
-        &mv,
-        &iv,
+        SavedStats { mean: &mv, invstd: &iv },
         &wd.as_view(),
-        &global.as_view(),
-        count,
+        ReducedSums { sums: &global.as_view(), count },
         &mut dx.as_view_mut(),
     )
     .unwrap();
@@ -316,15 +329,11 @@ fn bad_shapes_and_lengths_are_refused_before_launch() {
             &gpu,
             &x.as_view(),
             shape,
-            &p.as_view(),
-            &p.as_view(),
-            &mut rm.as_view_mut(),
-            &mut rv.as_view_mut(),
-            0.1,
-            1e-5,
+            BnParams { weight: &p.as_view(), bias: &p.as_view() },
+            RunningStats { running_mean: &mut rm.as_view_mut(), running_var: &mut rv.as_view_mut() },
+            BnHyper::default(),
             &mut y.as_view_mut(),
-            &mut m.as_view_mut(),
-            &mut i.as_view_mut(),
+            SavedStats { mean: &mut m.as_view_mut(), invstd: &mut i.as_view_mut() },
         )
         .unwrap_err()
         .to_string()
