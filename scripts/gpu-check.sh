@@ -306,7 +306,7 @@ fi
 # --- 8. GPU integration tests ----------------------------------------------------
 # Their build paths (cargo's ddptrain, the checkout) do not exist here: point
 # them at the bundle's binary and this checkout, and at the MNIST files step 5
-# found (gpu_trainer's ci_smoke test trains on them).
+# found (gpu_trainer's accuracy tests train on them).
 # Absolute: the tests hand these paths to ranks that run in other folders.
 test_env=(CI=true "DDPTRAIN_BIN=$(cd "$bundle" 2>/dev/null && pwd)/ddptrain" "DDPTRAIN_REPO=$(pwd)")
 [ -n "$data" ] && test_env+=("DDPTRAIN_MNIST=$(cd "$data" && pwd)")
@@ -323,8 +323,12 @@ for t in gpu_trainer gpu_sync ddp_cuda; do
     fi
     log="$work/$t.log"
     # One test at a time: gpu_sync reads per-process counters, and the others
-    # start ranks that share the GPU.
-    env "${test_env[@]}" timeout 900 "$bundle/$exe" --test-threads=1 --show-output >"$log" 2>&1
+    # start ranks that share the GPU. On a GPU the accuracy runs that are
+    # opt-in on the emulated device (ci_smoke, 5 epochs of mnist_o2 and of
+    # the ResNet) take seconds: run them too.
+    extra=()
+    [ "$t" = gpu_trainer ] && extra=(--include-ignored)
+    env "${test_env[@]}" timeout 900 "$bundle/$exe" --test-threads=1 --show-output "${extra[@]}" >"$log" 2>&1
     rc=$?
     read -r p f <<<"$(counts "$log")"
     # Parts a test skipped by itself (it still counts as passed): NCCL ranks
