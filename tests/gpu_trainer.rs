@@ -141,7 +141,13 @@ fn checkpoints_cross_between_the_gpu_and_the_cpu() {
     }
 }
 
+/// Four runs, each O0/O2 pair recorded twice. Opt-in on the emulated
+/// device (about a minute and a half of CPU, and CI's time is spent): there
+/// the stream-order race checker of tests/gpu_sync.rs is what holds the
+/// kernels to one order; on a GPU, whose scheduling could vary,
+/// scripts/gpu-check.sh runs it.
 #[test]
+#[ignore = "four emulated runs; scripts/gpu-check.sh runs it on a GPU; run with --ignored"]
 fn two_gpu_runs_record_byte_identical_traces() {
     if !has_gpu("two_gpu_runs_record_byte_identical_traces") {
         return;
