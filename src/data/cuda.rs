@@ -136,6 +136,28 @@ impl DeviceIndices {
     }
 }
 
+/// The checks both gathers make: rows `offset..offset + n` exist in this
+/// pass's indices, and `x` and `y` (of lengths `x_len`, `y_len`) hold them.
+fn check_rows(
+    op: &str,
+    ds: &DeviceDataset,
+    order: &DeviceIndices,
+    offset: usize,
+    n: usize,
+    x_len: usize,
+    y_len: usize,
+) -> Result<()> {
+    if offset.checked_add(n).is_none_or(|end| end > order.len) {
+        return Err(Error::shape(format!(
+            "{op}: rows {offset}..{} past the {} indices of this pass",
+            offset.saturating_add(n),
+            order.len
+        )));
+    }
+    check_len(op, "x", x_len, n * ds.sample_len)?;
+    check_len(op, "labels", y_len, n)
+}
+
 /// Batch rows `offset..offset + n` of `order`: images into `x` (`n *
 /// sample_len` f32) and labels into `y` (`n` u32), on the compute stream.
 pub fn gather_batch(
@@ -148,15 +170,7 @@ pub fn gather_batch(
     y: &mut CudaViewMut<'_, u32>,
 ) -> Result<()> {
     const OP: &str = "gather_batch";
-    if offset + n > order.len {
-        return Err(Error::shape(format!(
-            "{OP}: rows {offset}..{} past the {} indices of this pass",
-            offset + n,
-            order.len
-        )));
-    }
-    check_len(OP, "x", x.len(), n * ds.sample_len)?;
-    check_len(OP, "labels", y.len(), n)?;
+    check_rows(OP, ds, order, offset, n, x.len(), y.len())?;
     if n == 0 || ds.sample_len == 0 {
         return Ok(());
     }
@@ -189,15 +203,7 @@ pub fn gather_batch_augmented(
     let Some(draws) = &order.draws else {
         return Err(Error::shape(format!("{OP}: the pass was uploaded without augmentation draws")));
     };
-    if offset + n > order.len {
-        return Err(Error::shape(format!(
-            "{OP}: rows {offset}..{} past the {} indices of this pass",
-            offset + n,
-            order.len
-        )));
-    }
-    check_len(OP, "x", x.len(), n * ds.sample_len)?;
-    check_len(OP, "labels", y.len(), n)?;
+    check_rows(OP, ds, order, offset, n, x.len(), y.len())?;
     check_len(OP, "fill", aug.fill.len(), ds.shape[0].max(1))?;
     if n == 0 || ds.sample_len == 0 {
         return Ok(());
