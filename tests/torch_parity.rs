@@ -95,6 +95,23 @@ fn first_epoch_order(dir: &Path, config: &str) -> std::path::PathBuf {
     path
 }
 
+/// Runs scripts/torch_parity.py on a config it should refuse before any
+/// training (so without the data order [`parity`] gives it).
+fn refused_by_parity(python: &str, config: &Path) -> Output {
+    Command::new(python)
+        .arg("scripts/torch_parity.py")
+        .arg("--bin")
+        .arg(ddptrain_bin())
+        .arg("--config")
+        .arg(config)
+        .arg("--data")
+        .arg(mnist_dir())
+        .env(HIDE_GPUS.0, HIDE_GPUS.1)
+        .current_dir(repo_root())
+        .output()
+        .expect("run scripts/torch_parity.py")
+}
+
 /// Runs scripts/torch_parity.py on `config` with `args` after the binary,
 /// data and order. ddptrain trains on the CPU unless `args` say `--device
 /// cuda`; the script keeps PyTorch on the CPU either way.
@@ -504,18 +521,7 @@ fn the_oracle_refuses_a_model_it_cannot_feed() {
         let classes = if to.starts_with("out_features") { "[data]\nnum_classes = 5\n" } else { "[data]\n" };
         std::fs::write(&config, seed.replace(from, to).replace("[data]\n", classes))
             .expect("write the config");
-        let o = Command::new(&python)
-            .arg("scripts/torch_parity.py")
-            .arg("--bin")
-            .arg(ddptrain_bin())
-            .arg("--config")
-            .arg(&config)
-            .arg("--data")
-            .arg(mnist_dir())
-            .env(HIDE_GPUS.0, HIDE_GPUS.1)
-            .current_dir(repo_root())
-            .output()
-            .expect("run scripts/torch_parity.py");
+        let o = refused_by_parity(&python, &config);
         let t = text(&o);
         assert_eq!(o.status.code(), Some(1), "{t}");
         assert!(t.contains(&format!("other.toml: the model {why}")), "{t}");
@@ -582,18 +588,7 @@ print("built with", m.drop)
     assert!(o.status.success(), "{}", text(&o));
     assert!(text(&o).contains("built with Dropout(p=0.3, inplace=False)"), "{}", text(&o));
 
-    let o = Command::new(&python)
-        .arg("scripts/torch_parity.py")
-        .arg("--bin")
-        .arg(ddptrain_bin())
-        .arg("--config")
-        .arg(&config)
-        .arg("--data")
-        .arg(mnist_dir())
-        .env(HIDE_GPUS.0, HIDE_GPUS.1)
-        .current_dir(repo_root())
-        .output()
-        .expect("run scripts/torch_parity.py");
+    let o = refused_by_parity(&python, &config);
     assert!(!o.status.success(), "torch_parity.py compared dropout's masks:\n{}", text(&o));
     assert!(text(&o).contains("dropout with p > 0 at drop"), "{}", text(&o));
 }

@@ -115,27 +115,22 @@ pub fn run_args(a: &[String], cwd: &Path) -> (Option<i32>, String) {
 /// The largest |difference| between two state dicts' f32 values (integer
 /// entries must be equal).
 pub fn max_abs_diff(a: &[ddptrain::nn::StateEntry], b: &[ddptrain::nn::StateEntry]) -> f32 {
-    use ddptrain::nn::StateValue::*;
-    let mut worst = 0.0f32;
-    for ea in a {
-        let eb = b.iter().find(|e| e.name == ea.name).expect("same tensors");
-        match (&ea.value, &eb.value) {
-            (F32(x), F32(y)) => {
-                for (p, q) in x.iter().zip(y) {
-                    worst = worst.max((p - q).abs());
-                }
-            }
-            (I64(x), I64(y)) => assert_eq!(x, y, "{}", ea.name),
-            _ => panic!("{}: dtype differs", ea.name),
-        }
-    }
-    worst
+    max_diff(a, b, |_| 1.0)
 }
 
 /// [`max_abs_diff`] with each difference relative to `max(1, |b|)`, as
 /// `--trace-tolerance` measures: running variances of activations in the
 /// hundreds differ in more absolute digits than weights near 1 do.
 pub fn max_rel_diff(a: &[ddptrain::nn::StateEntry], b: &[ddptrain::nn::StateEntry]) -> f32 {
+    max_diff(a, b, |q| q.abs().max(1.0))
+}
+
+/// The largest `|p - q| / scale(q)` over the f32 values of `a` and `b`.
+fn max_diff(
+    a: &[ddptrain::nn::StateEntry],
+    b: &[ddptrain::nn::StateEntry],
+    scale: impl Fn(f32) -> f32,
+) -> f32 {
     use ddptrain::nn::StateValue::*;
     let mut worst = 0.0f32;
     for ea in a {
@@ -143,7 +138,7 @@ pub fn max_rel_diff(a: &[ddptrain::nn::StateEntry], b: &[ddptrain::nn::StateEntr
         match (&ea.value, &eb.value) {
             (F32(x), F32(y)) => {
                 for (p, q) in x.iter().zip(y) {
-                    worst = worst.max((p - q).abs() / q.abs().max(1.0));
+                    worst = worst.max((p - q).abs() / scale(*q));
                 }
             }
             (I64(x), I64(y)) => assert_eq!(x, y, "{}", ea.name),
