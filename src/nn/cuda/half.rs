@@ -5,6 +5,7 @@
 //! f32; backward casts dy to f16, computes f16 gradients from zero (one
 //! rounding each) and adds them into the f32 `.grad`, and dx goes back to f32.
 
+use super::acts::Acts;
 use super::layers::{ids, internal, io, slice, slice_mut, view, view_mut, whole_mut, Ctx};
 use super::model::HalfScratch;
 use super::params::{DevBuf, DeviceParams};
@@ -57,7 +58,7 @@ pub(super) fn forward(
     ctx: &mut Ctx<'_>,
     lp: &LayerPlan,
     x16: &mut CudaSlice<f16>,
-    acts: &mut [DevBuf],
+    acts: &mut Acts<'_>,
     n: usize,
 ) -> Result<()> {
     let (gpu, blas) = (ctx.gpu, ctx.blas);

@@ -6,6 +6,7 @@
 //! parameters (O3) runs on f32 copies and rounds its running statistics and
 //! gradients back once, as `forward_widened` / `backward_widened` do.
 
+use super::acts::Acts;
 use super::model::{BnScratch, Elem, HalfScratch, TrainHooks};
 use super::params::{DevBuf, DevElem, DeviceParams};
 use super::plan::{LayerPlan, Step};
@@ -184,15 +185,12 @@ pub(super) fn whole_mut<T: DevElem>(b: &mut DevBuf) -> Result<CudaViewMut<'_, T>
 
 /// A layer's input (read) and output (written) activations.
 pub(super) fn io<'b, T: DevElem>(
-    acts: &'b mut [DevBuf],
+    acts: &'b mut Acts<'_>,
     lp: &LayerPlan,
     n: usize,
 ) -> Result<(CudaView<'b, T>, CudaViewMut<'b, T>)> {
-    if lp.src >= lp.dst || lp.dst >= acts.len() {
-        return Err(internal(format!("layer {} reads buffer {} and writes {}", lp.name, lp.src, lp.dst)));
-    }
-    let (lo, hi) = acts.split_at_mut(lp.dst);
-    Ok((view(&lo[lp.src], n * lp.in_numel)?, view_mut(&mut hi[0], n * lp.out_numel)?))
+    let (x, y) = acts.reads_write(&[lp.src], lp.dst)?;
+    Ok((view(x[0], n * lp.in_numel)?, view_mut(y, n * lp.out_numel)?))
 }
 
 /// `(dw, db)` out of the one or two gradients `with_params` hands over.
@@ -219,7 +217,7 @@ pub(super) fn forward<A: Elem>(
     ctx: &mut Ctx<'_>,
     lp: &LayerPlan,
     state: &mut LayerState,
-    acts: &mut [DevBuf],
+    acts: &mut Acts<'_>,
     n: usize,
     train: bool,
     hooks: &mut dyn TrainHooks,
@@ -264,27 +262,26 @@ pub(super) fn forward<A: Elem>(
         // ((x0 + x1) + x2) + ...: each partial sum rounded to the storage
         // dtype, as the CPU's chain of adds rounds it.
         (Step::Add, _) => {
-            let Some((&[a, b], rest)) = lp.srcs.split_at_checked(2) else {
+            let (xs, y) = acts.reads_write(&lp.srcs, lp.dst)?;
+            let Some((&[a, b], rest)) = xs.split_at_checked(2) else {
                 return Err(internal(format!("add {} reads {:?}", lp.name, lp.srcs)));
             };
-            if lp.srcs.iter().any(|&s| s >= lp.dst) || lp.dst >= acts.len() {
-                return Err(internal(format!("add {} reads {:?} and writes {}", lp.name, lp.srcs, lp.dst)));
-            }
             let len = n * lp.out_numel;
-            let (lo, hi) = acts.split_at_mut(lp.dst);
-            let mut y = view_mut::<A>(&mut hi[0], len)?;
-            addk::forward(gpu, &view::<A>(&lo[a], len)?, &view::<A>(&lo[b], len)?, &mut y)?;
+            let mut y = view_mut::<A>(y, len)?;
+            addk::forward(gpu, &view::<A>(a, len)?, &view::<A>(b, len)?, &mut y)?;
             for &c in rest {
-                addk::accumulate(gpu, &mut y, &view::<A>(&lo[c], len)?)?;
+                addk::accumulate(gpu, &mut y, &view::<A>(c, len)?)?;
             }
             Ok(())
         }
-        (&Step::MaxPool { shape: [c, h, w], kernel, stride }, LayerState::MaxPool(indices)) => {
+        (&Step::MaxPool { shape: [c, h, w], kernel, stride }, state) => {
+            let LayerState::MaxPool(indices) = state else { return Err(no_state(lp)) };
             let (x, mut y) = io::<A>(acts, lp, n)?;
             let mut indices = slice_mut(indices, n * lp.out_numel)?;
             pool::forward(gpu, &x, [n, c, h, w], kernel, stride, &mut y, &mut indices).map(|_| ())
         }
-        (Step::BatchNorm { .. }, LayerState::BatchNorm(bn)) => {
+        (Step::BatchNorm { .. }, state) => {
+            let LayerState::BatchNorm(bn) = state else { return Err(no_state(lp)) };
             let (x, mut y) = io::<A>(acts, lp, n)?;
             if train {
                 bn_forward_train(ctx, &lp.step, bn, &x, &mut y, n, hooks)
@@ -292,8 +289,13 @@ pub(super) fn forward<A: Elem>(
                 bn_forward_eval(ctx, &lp.step, bn, &x, &mut y, n)
             }
         }
-        (step, _) => Err(internal(format!("layer {} ({step:?}) has no state for its forward", lp.name))),
     }
+}
+
+/// A layer whose state is not the kind its step keeps (a plan and a state
+/// list out of step with each other).
+fn no_state(lp: &LayerPlan) -> Error {
+    internal(format!("layer {} ({:?}) has no state of its kind", lp.name, lp.step))
 }
 
 /// Backward of one layer: parameter gradients accumulated into `.grad`,
@@ -303,7 +305,7 @@ pub(super) fn backward<A: Elem>(
     ctx: &mut Ctx<'_>,
     lp: &LayerPlan,
     state: &LayerState,
-    acts: &[DevBuf],
+    acts: &Acts<'_>,
     (gy, gx): (&DevBuf, &mut DevBuf),
     n: usize,
     need_dx: bool,
@@ -316,7 +318,7 @@ pub(super) fn backward<A: Elem>(
     {
         return super::half::backward(ctx, lp, x16, (gy, gx), n, need_dx);
     }
-    let x = view::<A>(&acts[lp.src], in_len)?;
+    let x = view::<A>(acts.get(lp.src)?, in_len)?;
     let dy = view::<A>(gy, out_len)?;
     let mut dx = if need_dx { Some(view_mut::<A>(gx, in_len)?) } else { None };
     match (&lp.step, state) {
@@ -336,16 +338,18 @@ pub(super) fn backward<A: Elem>(
             })
         }
         (Step::Relu, _) => {
-            let y = view::<A>(&acts[lp.dst], out_len)?;
+            let y = view::<A>(acts.get(lp.dst)?, out_len)?;
             let dx = dx.as_mut().ok_or_else(|| internal("ReLU backward without dx"))?;
             relu::backward(gpu, &y, &dy, dx)
         }
-        (&Step::MaxPool { shape: [c, h, w], kernel, stride }, LayerState::MaxPool(indices)) => {
+        (&Step::MaxPool { shape: [c, h, w], kernel, stride }, state) => {
+            let LayerState::MaxPool(indices) = state else { return Err(no_state(lp)) };
             let indices = slice(indices, out_len)?;
             let dx = dx.as_mut().ok_or_else(|| internal("max_pool backward without dx"))?;
             pool::backward(gpu, &dy, &indices, [n, c, h, w], kernel, stride, dx)
         }
-        (Step::BatchNorm { .. }, LayerState::BatchNorm(bn)) => {
+        (Step::BatchNorm { .. }, state) => {
+            let LayerState::BatchNorm(bn) = state else { return Err(no_state(lp)) };
             bn_backward(ctx, &lp.step, bn, &x, &dy, dx.as_mut(), n, hooks)
         }
         (&Step::AvgPool { shape: [c, h, w], args }, _) => {
@@ -356,8 +360,9 @@ pub(super) fn backward<A: Elem>(
             let dx = dx.as_mut().ok_or_else(|| internal("dropout backward without dx"))?;
             dropk::apply(gpu, &Mask::new(p, ctx.draws.node(node)), &dy, dx)
         }
-        (Step::Add, _) => Err(internal(format!("add {}: its gradients are routed by the model", lp.name))),
-        (step, _) => Err(internal(format!("layer {} ({step:?}) has no state for its backward", lp.name))),
+        (Step::Add | Step::Flatten, _) => {
+            Err(internal(format!("{}: its gradients are routed by the model", lp.name)))
+        }
     }
 }
 

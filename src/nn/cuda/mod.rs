@@ -2,6 +2,7 @@
 //! parameters, gradients and activations in device buffers allocated once
 //! before the first step, and every op a launch of its `ops/<family>/cuda.rs`.
 
+mod acts;
 mod half;
 mod layers;
 pub mod model;

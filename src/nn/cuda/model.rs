@@ -4,6 +4,7 @@
 //! only, with no host synchronization, and the DDP and SyncBatchNorm
 //! communication goes through [`TrainHooks`].
 
+use super::acts::Acts;
 use super::layers::{self, Ctx, LayerState};
 use super::params::{DevBuf, DevElem, DeviceParams};
 use super::plan::{activation_dtype, Plan, Step};
@@ -99,7 +100,8 @@ pub struct GpuModel {
     /// O1: conv and linear compute in f16 on f32 activations.
     o1: bool,
     states: Vec<LayerState>,
-    /// Activation buffers (plan.acts; 0 is the input), in `act`.
+    /// Activation buffers (`plan.buffers`; `plan.storage` says which holds
+    /// each activation, the input in 0), in `act`.
     acts: Vec<DevBuf>,
     /// The gradient buffers (`plan.grad_buffer` says which holds the
     /// gradient of each activation), in `act`.
@@ -140,22 +142,29 @@ impl GpuModel {
         let blas = Blas::new(&gpu, allow_tf32)?;
         let params = DeviceParams::new(&gpu, host, first_bucket_bytes, bucket_cap_bytes)?;
         let g = &*gpu;
-        let acts = plan.acts.iter().map(|&k| DevBuf::zeros(g, act, k * max_batch)).collect::<Result<_>>()?;
+        let acts =
+            plan.buffers.iter().map(|&k| DevBuf::zeros(g, act, k * max_batch)).collect::<Result<_>>()?;
         let grads = (0..plan.grad_buffers)
             .map(|_| DevBuf::zeros(g, act, plan.grad * max_batch))
             .collect::<Result<_>>()?;
         let dx_scratch = DevBuf::zeros(g, act, if shared_reads(&plan) { plan.grad * max_batch } else { 1 })?;
         let mut states = Vec::with_capacity(plan.layers.len());
         for (lp, layer) in plan.layers.iter().zip(&host.layers) {
-            states.push(match (&lp.step, layer) {
-                (Step::BatchNorm { channels, .. }, node) => {
-                    LayerState::BatchNorm(Box::new(layers::BnState::new(g, node, *channels)?))
+            states.push(match &lp.step {
+                Step::BatchNorm { channels, .. } => {
+                    LayerState::BatchNorm(Box::new(layers::BnState::new(g, layer, *channels)?))
                 }
-                (Step::MaxPool { .. }, _) => LayerState::MaxPool(alloc(g, lp.out_numel * max_batch)?),
-                (Step::Conv { .. } | Step::Linear { .. }, _) if o1 => {
+                Step::MaxPool { .. } => LayerState::MaxPool(alloc(g, lp.out_numel * max_batch)?),
+                Step::Conv { .. } | Step::Linear { .. } if o1 => {
                     LayerState::HalfInput(alloc(g, lp.in_numel * max_batch)?)
                 }
-                _ => LayerState::None,
+                Step::Conv { .. }
+                | Step::Linear { .. }
+                | Step::Relu
+                | Step::AvgPool { .. }
+                | Step::Flatten
+                | Step::Dropout { .. }
+                | Step::Add => LayerState::None,
             });
         }
         let c = plan.channels;
@@ -210,7 +219,7 @@ impl GpuModel {
             .iter_mut()
             .flat_map(|s| match s {
                 LayerState::BatchNorm(bn) => bn.running_mut().into_iter().collect(),
-                _ => Vec::new(),
+                LayerState::None | LayerState::MaxPool(_) | LayerState::HalfInput(_) => Vec::new(),
             })
             .collect()
     }
@@ -321,12 +330,17 @@ impl GpuModel {
                 self.plan.max_batch
             )));
         }
-        self.acts[self.plan.logits()].read_f32(&self.gpu, 0, n * self.plan.classes)
+        let logits = self.plan.storage.get(self.plan.logits()).and_then(|&b| self.acts.get(b));
+        logits.ok_or_else(|| Error::internal("device model: the logits have no buffer"))?.read_f32(
+            &self.gpu,
+            0,
+            n * self.plan.classes,
+        )
     }
 
     /// The step's shared context and the buffers the layers read and write.
     #[allow(clippy::type_complexity)]
-    fn parts(&mut self) -> (Ctx<'_>, &mut [DevBuf], Grads<'_>, &mut [LayerState], &Plan) {
+    fn parts(&mut self) -> (Ctx<'_>, Acts<'_>, Grads<'_>, &mut [LayerState], &Plan) {
         let GpuModel {
             params,
             draws,
@@ -345,13 +359,14 @@ impl GpuModel {
             ..
         } = self;
         let ctx = Ctx { gpu, draws: *draws, blas, params, o1: *o1, col, dy_t, bn, half: half.as_mut() };
+        let acts = Acts { bufs: acts, storage: &plan.storage };
         (ctx, acts, Grads { bufs: grads, scratch: dx_scratch }, states, &*plan)
     }
 
     /// The model input: `x` converted to the activation dtype into buffer 0.
-    fn load_input(gpu: &Gpu, acts: &mut [DevBuf], x: &CudaView<'_, f32>) -> Result<()> {
+    fn load_input(gpu: &Gpu, acts: &mut Acts<'_>, x: &CudaView<'_, f32>) -> Result<()> {
         let len = x.len();
-        match &mut acts[0] {
+        match acts.get_mut(0)? {
             DevBuf::F32(b) => gpu
                 .stream()
                 .memcpy_dtod(x, &mut b.slice_mut(0..len))
@@ -369,10 +384,10 @@ impl GpuModel {
         totals: &mut CrossEntropyTotals,
         hooks: &mut dyn TrainHooks,
     ) -> Result<()> {
-        let (mut ctx, acts, grads, states, plan) = self.parts();
-        Self::load_input(ctx.gpu, acts, x)?;
+        let (mut ctx, mut acts, grads, states, plan) = self.parts();
+        Self::load_input(ctx.gpu, &mut acts, x)?;
         for (lp, state) in plan.layers.iter().zip(states.iter_mut()) {
-            layers::forward::<A>(&mut ctx, lp, state, acts, n, true, hooks)?;
+            layers::forward::<A>(&mut ctx, lp, state, &mut acts, n, true, hooks)?;
         }
         let classes = plan.classes;
         let Grads { bufs: grads, scratch } = grads;
@@ -383,7 +398,7 @@ impl GpuModel {
             })
         };
         {
-            let logits = layers::view::<A>(&acts[plan.logits()], n * classes)?;
+            let logits = layers::view::<A>(acts.get(plan.logits())?, n * classes)?;
             let mut dlogits = layers::view_mut::<A>(&mut grads[slot(plan.logits())?], n * classes)?;
             xent::forward_backward(ctx.gpu, &logits, labels, [n, classes], grad_scale, &mut dlogits, totals)?;
         }
@@ -412,25 +427,31 @@ impl GpuModel {
                         }
                     }
                 }
-                _ => {
+                Step::Conv { .. }
+                | Step::Linear { .. }
+                | Step::BatchNorm { .. }
+                | Step::Relu
+                | Step::MaxPool { .. }
+                | Step::AvgPool { .. }
+                | Step::Dropout { .. } => {
                     // The model input needs no gradient.
                     let need_dx = lp.src > 0;
                     let dst = slot(lp.dst)?;
                     if need_dx && written[lp.src] {
                         let src = slot(lp.src)?;
                         let io = (&grads[dst], &mut *scratch);
-                        layers::backward::<A>(&mut ctx, lp, state, acts, io, n, true, hooks)?;
+                        layers::backward::<A>(&mut ctx, lp, state, &acts, io, n, true, hooks)?;
                         let (from, mut to) =
                             (layers::view::<A>(scratch, len)?, layers::view_mut::<A>(&mut grads[src], len)?);
                         addk::accumulate(ctx.gpu, &mut to, &from)?;
                     } else if need_dx {
                         let io = pair(grads, dst, slot(lp.src)?)?;
-                        layers::backward::<A>(&mut ctx, lp, state, acts, io, n, true, hooks)?;
+                        layers::backward::<A>(&mut ctx, lp, state, &acts, io, n, true, hooks)?;
                         written[lp.src] = true;
                     } else if !lp.params.is_empty() {
                         // No dx: the buffer passed for it is never touched.
                         let io = (&grads[dst], &mut *scratch);
-                        layers::backward::<A>(&mut ctx, lp, state, acts, io, n, false, hooks)?;
+                        layers::backward::<A>(&mut ctx, lp, state, &acts, io, n, false, hooks)?;
                     }
                 }
             }
@@ -448,12 +469,12 @@ impl GpuModel {
         n: usize,
         totals: &mut CrossEntropyTotals,
     ) -> Result<()> {
-        let (mut ctx, acts, _, states, plan) = self.parts();
-        Self::load_input(ctx.gpu, acts, x)?;
+        let (mut ctx, mut acts, _, states, plan) = self.parts();
+        Self::load_input(ctx.gpu, &mut acts, x)?;
         for (lp, state) in plan.layers.iter().zip(states.iter_mut()) {
-            layers::forward::<A>(&mut ctx, lp, state, acts, n, false, &mut LocalHooks)?;
+            layers::forward::<A>(&mut ctx, lp, state, &mut acts, n, false, &mut LocalHooks)?;
         }
-        let logits = layers::view::<A>(&acts[plan.logits()], n * plan.classes)?;
+        let logits = layers::view::<A>(acts.get(plan.logits())?, n * plan.classes)?;
         xent::forward(ctx.gpu, &logits, labels, [n, plan.classes], totals)
     }
 }

@@ -1,7 +1,7 @@
 //! What the device model allocates, worked out on the host from the layers
-//! and their resolved shapes: one activation buffer per layer output (Flatten
-//! reuses its input's), two ping-pong gradient buffers as large as the
-//! largest activation, one im2col scratch for the largest conv, and the
+//! and their resolved shapes: activation buffers shared by values whose
+//! lives do not overlap (Flatten's output is its input), gradient buffers
+//! reused the same way, one im2col scratch for the largest conv, and the
 //! per-layer state backward needs. Pure, so it is tested without a GPU.
 
 use crate::error::{Error, Result};
@@ -62,13 +62,34 @@ pub enum Step {
     },
 }
 
+impl Step {
+    /// Which activations this step's backward reads: `(its inputs, its
+    /// output)`. Whatever else it needs it keeps in its own state (pooling
+    /// indices, BatchNorm's batch statistics, O1's f16 copy of a conv or
+    /// linear input, dropout's counters), so a value no backward reads is
+    /// dead once its last reader's forward has run.
+    pub fn backward_reads(&self, o1: bool) -> (bool, bool) {
+        match self {
+            Step::Conv { .. } | Step::Linear { .. } => (!o1, false),
+            Step::BatchNorm { .. } => (true, false),
+            Step::Relu => (false, true),
+            Step::MaxPool { .. }
+            | Step::AvgPool { .. }
+            | Step::Flatten
+            | Step::Dropout { .. }
+            | Step::Add => (false, false),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct LayerPlan {
     pub name: String,
     pub step: Step,
-    /// The activation buffers read and written (0 is the model input); the
-    /// same buffer for Flatten, which only renames the shape. `src` is the
-    /// first of `srcs` (the one input of every layer but the add).
+    /// The activations (values) read and written (0 is the model input);
+    /// the same value for Flatten, which only renames the shape. `src` is
+    /// the first of `srcs` (the one input of every layer but the add).
+    /// [`Plan::storage`] says which buffer holds each.
     pub src: usize,
     pub srcs: Vec<usize>,
     pub dst: usize,
@@ -83,8 +104,15 @@ pub struct LayerPlan {
 pub struct Plan {
     pub max_batch: usize,
     pub layers: Vec<LayerPlan>,
-    /// Elements per sample of each activation buffer; 0 is the input.
+    /// Elements per sample of each activation (value); 0 is the input.
     pub acts: Vec<usize>,
+    /// The buffer holding each activation, reused by liveness: a value
+    /// lives from its producer's forward to its last reader's forward, or
+    /// to the end of the step when a backward reads it (the logits and the
+    /// input too), and a buffer no live value holds takes the next one.
+    pub storage: Vec<usize>,
+    /// Elements per sample of each activation buffer: its largest value.
+    pub buffers: Vec<usize>,
     /// Elements per sample of the largest activation: the size of every
     /// gradient buffer, and of the scratch a dx is written to before it is
     /// added (`+=`) into the gradient of a value with several readers.
@@ -150,6 +178,8 @@ impl Plan {
             layers: Vec::with_capacity(model.layers.len()),
             acts: vec![numel(&model.resolved[0].in_shape)],
             grad: 0,
+            storage: Vec::new(),
+            buffers: Vec::new(),
             grad_buffer: Vec::new(),
             grad_buffers: 0,
             col: 0,
@@ -311,7 +341,60 @@ impl Plan {
         plan.grad = plan.acts.iter().copied().max().unwrap_or(0);
         plan.classes = plan.acts[plan.logits()];
         plan.assign_grad_buffers();
+        plan.assign_storage(model.precision.patch_conv_linear.is_some());
         Ok(plan)
+    }
+
+    /// [`Plan::storage`]: walks forward's order; a node's output takes the
+    /// smallest free buffer that holds it (else the largest free one,
+    /// grown, else a new one) before its inputs are freed, so no kernel
+    /// writes over what it reads.
+    fn assign_storage(&mut self, o1: bool) {
+        let end = self.layers.len();
+        let mut last = vec![0usize; self.acts.len()];
+        last[0] = end;
+        let logits = self.logits();
+        last[logits] = end;
+        for (i, lp) in self.layers.iter().enumerate() {
+            let (reads_x, reads_y) = lp.step.backward_reads(o1);
+            for &s in &lp.srcs {
+                last[s] = last[s].max(if reads_x { end } else { i });
+            }
+            last[lp.dst] = last[lp.dst].max(if reads_y { end } else { i });
+        }
+        let mut storage = vec![usize::MAX; self.acts.len()];
+        let (mut sizes, mut free) = (vec![self.acts[0]], Vec::<usize>::new());
+        storage[0] = 0;
+        for (i, lp) in self.layers.iter().enumerate() {
+            if storage[lp.dst] == usize::MAX {
+                let need = self.acts[lp.dst];
+                let fits = free
+                    .iter()
+                    .enumerate()
+                    .filter(|&(_, &b)| sizes[b] >= need)
+                    .min_by_key(|&(_, &b)| sizes[b]);
+                let pick =
+                    fits.or_else(|| free.iter().enumerate().max_by_key(|&(_, &b)| sizes[b])).map(|(k, _)| k);
+                storage[lp.dst] = match pick {
+                    Some(k) => {
+                        let b = free.swap_remove(k);
+                        sizes[b] = sizes[b].max(need);
+                        b
+                    }
+                    None => {
+                        sizes.push(need);
+                        sizes.len() - 1
+                    }
+                };
+            }
+            let mut dead: Vec<usize> =
+                lp.srcs.iter().chain([&lp.dst]).copied().filter(|&v| last[v] == i).collect();
+            dead.sort_unstable();
+            dead.dedup();
+            free.extend(dead.into_iter().map(|v| storage[v]));
+        }
+        self.storage = storage;
+        self.buffers = sizes;
     }
 
     /// [`Plan::grad_buffer`]: walks backward's order, giving each gradient

@@ -212,3 +212,77 @@ fn parameters_the_device_path_cannot_run_are_refused() {
     let e = activation_dtype(&model).unwrap_err().to_string();
     assert!(e.contains("conv and linear patched to F16 on F16 inputs"), "{e}");
 }
+
+/// Every value's buffer holds it, and a buffer passes to a new value only
+/// once nothing will read the one it held: no later forward reads it, and
+/// no backward does (conv, linear and BatchNorm read their input unless O1
+/// keeps an f16 copy, ReLU its output; the loss reads the logits).
+fn check_storage(p: &Plan, o1: bool, what: &str) {
+    assert_eq!(p.storage.len(), p.acts.len(), "{what}");
+    for (v, &b) in p.storage.iter().enumerate() {
+        assert!(p.buffers[b] >= p.acts[v], "{what}: value {v} in buffer {b}");
+    }
+    let needed_after = |v: usize, node: usize| {
+        let backward = v == 0
+            || v == p.logits()
+            || p.layers.iter().any(|l| {
+                let (x, y) = l.step.backward_reads(o1);
+                (x && l.srcs.contains(&v)) || (y && l.dst == v)
+            });
+        backward || p.layers[node + 1..].iter().any(|l| l.srcs.contains(&v))
+    };
+    let mut owner = vec![None; p.buffers.len()];
+    owner[p.storage[0]] = Some(0);
+    for (i, l) in p.layers.iter().enumerate() {
+        for &s in &l.srcs {
+            assert_eq!(owner[p.storage[s]], Some(s), "{what}: node {i} reads value {s}, overwritten");
+        }
+        let b = p.storage[l.dst];
+        if let Some(prev) = owner[b].filter(|&prev| prev != l.dst) {
+            assert!(!needed_after(prev, i - 1), "{what}: node {i} writes over value {prev}");
+            assert!(
+                !l.srcs.iter().any(|&s| p.storage[s] == b),
+                "{what}: node {i} reads and writes buffer {b}"
+            );
+        }
+        owner[b] = Some(l.dst);
+    }
+    for l in &p.layers {
+        let (x, y) = l.step.backward_reads(o1);
+        let kept = l.srcs.iter().filter(|_| x).chain(std::iter::once(&l.dst).filter(|_| y));
+        for &v in kept.chain([&0, &p.logits()]) {
+            assert_eq!(owner[p.storage[v]], Some(v), "{what}: value {v} overwritten before backward");
+        }
+    }
+}
+
+#[test]
+fn mnist_activations_share_buffers_by_liveness() {
+    let model = Model::new(&mnist_layers(), 1).unwrap();
+    let p = Plan::new(&model, 100).unwrap();
+    // BatchNorm's outputs die at the ReLU that reads them (it keeps its
+    // own output for backward); the pools' outputs take their buffers.
+    assert_eq!(p.storage, [0, 1, 2, 3, 2, 4, 5, 6, 5, 7]);
+    assert_eq!(p.buffers, [784, 12544, 12544, 12544, 6272, 6272, 6272, 10]);
+    check_storage(&p, false, "mnist");
+}
+
+#[test]
+fn every_config_plans_its_activations_by_liveness() {
+    let dir = crate::testing::repo_root().join("configs");
+    let mut files: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+    files.sort();
+    for path in files {
+        let layers = crate::config::model::resolve(&crate::config::load(&path, &[]).unwrap().model).unwrap();
+        for level in [OptLevel::O0, OptLevel::O1, OptLevel::O2] {
+            let mut model = Model::new(&layers, 1).unwrap();
+            cast_model(&mut model, &Policy::for_level(level));
+            let p = Plan::new(&model, 2).unwrap();
+            let what = format!("{} {level}", path.display());
+            check_storage(&p, level == OptLevel::O1, &what);
+            // Fewer elements than a buffer per value wherever some value dies early.
+            let (shared, one_each) = (p.buffers.iter().sum::<usize>(), p.acts.iter().sum::<usize>());
+            assert!(shared < one_each, "{what}: {shared} vs {one_each}");
+        }
+    }
+}
