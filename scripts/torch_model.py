@@ -114,6 +114,13 @@ class DescribedModel(nn.Module):
                 parent, _, local = name.rpartition(".")
                 self._block(parent, desc).add_module(local, module)
         self._output = desc["output"]
+        # `tie`: the module's weight is an earlier module's Parameter, as
+        # nanoGPT's `self.transformer.wte.weight = self.lm_head.weight`
+        # (state_dict keeps both keys; parameters() yields it once).
+        for (_, module, _), node in zip(self._graph, desc["nodes"]):
+            if node.get("tie"):
+                path, _, attr = node["tie"].rpartition(".")
+                module.weight = getattr(self.get_submodule(path), attr)
 
     def _block(self, path, desc):
         """The block at dotted `path` ('' is the model), created on first use:

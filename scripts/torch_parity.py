@@ -333,7 +333,9 @@ model = build(DESC)
 init_state = {k: v.clone() for k, v in model.state_dict().items()}
 with tempfile.TemporaryDirectory() as tmp:
     init = os.path.join(tmp, "init.safetensors")
-    save_file(model.state_dict(), init)
+    # The copies: a tied weight is one tensor under two keys, which
+    # safetensors refuses to write as shared memory.
+    save_file(init_state, init)
     trace_path = os.path.join(tmp, "trace.jsonl")
     out = os.path.join(tmp, "out")
     run_ddptrain(init, out, trace_path)

@@ -181,8 +181,11 @@ fn with_dropout(mut c: Config, p: f64) -> Config {
     use ddptrain::config::LayerConfig;
     use ddptrain::nn::layers::{dropout, LayerSpec};
     let at = c.model.layers.iter().position(|l| l.type_name() == "flatten").expect("a flatten") + 1;
-    let drop =
-        LayerConfig::Layer { name: Some("drop".into()), spec: LayerSpec::Dropout(dropout::Config { p }) };
+    let drop = LayerConfig::Layer {
+        name: Some("drop".into()),
+        spec: LayerSpec::Dropout(dropout::Config { p }),
+        tie: None,
+    };
     c.model.layers.insert(at, drop);
     c
 }

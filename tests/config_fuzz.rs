@@ -35,7 +35,7 @@ impl Rng {
 
 /// Values a config author (or a broken script) could write where any value is expected.
 fn odd_value(rng: &mut Rng) -> Value {
-    let pick = rng.below(18);
+    let pick = rng.below(19);
     match pick {
         0 => Value::Integer(0),
         1 => Value::Integer(-1),
@@ -55,6 +55,17 @@ fn odd_value(rng: &mut Rng) -> Value {
         // A block argument, and a use of the block, wherever they land.
         15 => Value::String("$planes".into()),
         16 => Value::Table(toml::Table::from_iter([("type".to_owned(), Value::String("BasicBlock".into()))])),
+        // A tie target: a parameter of the seeds' models, a buffer, or nothing.
+        17 => Value::String(
+            rng.pick(&[
+                "layer1.0.weight",
+                "conv1.weight",
+                "layer1.0.conv1.weight",
+                "fc.weight",
+                "bn1.running_mean",
+            ])
+            .to_string(),
+        ),
         _ => Value::Integer(rng.below(5) as i64 + 1),
     }
 }
@@ -155,6 +166,7 @@ fn mutate_value(doc: &mut Value, rng: &mut Rng) {
                 "repeat",
                 "first",
                 "when",
+                "tie",
                 "p",
                 "kernel",
                 "name",

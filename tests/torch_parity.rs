@@ -628,3 +628,67 @@ print("torchvision resnet18:", len(want), "keys,", sum(p.numel() for p in tv.par
     assert!(o.status.success(), "{t}");
     assert!(t.contains(&format!("122 keys, {} parameters", desc["num_params"])), "{t}");
 }
+
+/// The seed config with its classifier as 1568 -> 64, then one 64 -> 64
+/// linear applied twice (`fc2` ties to `fc1.weight`, biases its own), then
+/// 64 -> 10, written into `dir`.
+fn tied_fixture(dir: &Path) -> PathBuf {
+    let seed = std::fs::read_to_string(repo_root().join(SEED_CONFIG)).expect("read the seed config");
+    let fc = "[[model.layers]]\ntype = \"linear\"\nname = \"fc\"\nout_features = 10";
+    assert!(seed.contains(fc), "{SEED_CONFIG} has no fc table");
+    let linear = |name: &str, out: usize, extra: &str| {
+        format!("[[model.layers]]\ntype = \"linear\"\nname = \"{name}\"\nout_features = {out}\n{extra}\n")
+    };
+    let relu = "[[model.layers]]\ntype = \"relu\"\n";
+    let head = [
+        linear("fc0", 64, ""),
+        relu.to_owned(),
+        linear("fc1", 64, ""),
+        relu.to_owned(),
+        linear("fc2", 64, "tie = \"fc1.weight\""),
+        relu.to_owned(),
+        linear("fc", 10, ""),
+    ]
+    .join("\n");
+    let path = dir.join("tied.toml");
+    std::fs::write(&path, seed.replacen(fc, &head, 1)).expect("write the fixture config");
+    path
+}
+
+/// A tied weight in PyTorch is one Parameter of two modules: the module
+/// built from the TOML has both keys and one parameter, and 20 SGD steps
+/// (momentum and weight decay applying to it once) match ddptrain's.
+#[test]
+fn a_tied_weight_trains_as_one_pytorch_parameter() {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let config = tied_fixture(tmp.path());
+    let config = config.to_str().expect("a UTF-8 path");
+    let o = ddptrain(&["check", "--config", config, "--json"], &repo_root());
+    assert!(o.status.success(), "check --json failed:\n{}", text(&o));
+    let d: Value = serde_json::from_slice(&o.stdout).expect("one JSON document");
+    let fc2 = d["nodes"].as_array().expect("nodes").iter().find(|n| n["name"] == "fc2").expect("fc2");
+    assert_eq!(fc2["tie"], "fc1.weight");
+    let key = d["state_dict"].as_array().expect("keys").iter().find(|k| k["name"] == "fc2.weight");
+    assert_eq!(key.map(|k| k["tied_to"].clone()), Some(json!("fc1.weight")));
+
+    let test = "a_tied_weight_trains_as_one_pytorch_parameter";
+    let Some(python) = torch_python(test) else { return };
+    let code = r#"
+import sys, torch_model
+desc = torch_model.read_description(sys.argv[1])
+m = torch_model.build(desc)
+assert m.fc2.weight is m.fc1.weight
+names = [n for n, _ in m.named_parameters()]
+assert "fc2.weight" not in names and "fc2.bias" in names, names
+print("parameters", sum(p.numel() for p in m.parameters()), "ddptrain", desc["num_params"])
+"#;
+    let o = python_on_description(&python, &["-c", code], &d);
+    assert!(o.status.success(), "{}", text(&o));
+    let n = d["num_params"].as_u64().expect("num_params");
+    assert!(text(&o).contains(&format!("parameters {n} ddptrain {n}")), "{}", text(&o));
+
+    let o = parity(&python, config, &["--optimizer", "sgd", "--steps", "20", "--device", "cpu"]);
+    let t = text(&o);
+    println!("{t}");
+    assert!(o.status.success() && t.contains("check 3: test set: ddptrain"), "{t}");
+}

@@ -28,6 +28,7 @@ fn linear(w: Vec<f32>, b: Vec<f32>) -> Model {
                 buffers: Vec::new(),
             },
             sync: None,
+            tie: None,
         }],
         resolved: vec![crate::config::ResolvedLayer {
             name: "fc".into(),
@@ -40,6 +41,7 @@ fn linear(w: Vec<f32>, b: Vec<f32>) -> Model {
             in_shape: vec![inp],
             out_shape: vec![out],
             key: "model.layers[0]".into(),
+            tie: None,
         }],
         precision: Default::default(),
         draws: Default::default(),

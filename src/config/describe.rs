@@ -34,6 +34,9 @@ pub struct Node {
     pub out_shape: Vec<usize>,
     #[serde(serialize_with = "args")]
     pub args: LayerKind,
+    /// The state_dict key of the earlier parameter this node's weight is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tie: Option<String>,
 }
 
 /// A node's constructor arguments: [`LayerKind`]'s fields, which are
@@ -49,6 +52,9 @@ pub struct StateKey {
     pub name: String,
     pub shape: Vec<usize>,
     pub dtype: &'static str,
+    /// The key of the parameter this one is (a tied weight).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tied_to: Option<String>,
 }
 
 fn torch_dtype(dt: DType) -> &'static str {
@@ -66,9 +72,10 @@ pub fn describe(input_shape: &[usize], layers: &[ResolvedLayer], policy: &Policy
         // apex casts BatchNorm's parameters and running statistics together
         // (src/amp: cast_model); num_batches_tracked stays an integer.
         let dtype = torch_dtype(policy.param_dtype(l.kind.amp_class() == AmpClass::BatchNorm));
-        for (suffix, shape) in l.kind.params().into_iter().chain(l.kind.buffers()) {
+        for (i, (suffix, shape)) in l.kind.params().into_iter().chain(l.kind.buffers()).enumerate() {
             let dtype = if suffix == "num_batches_tracked" { "int64" } else { dtype };
-            state_dict.push(StateKey { name: format!("{}.{suffix}", l.name), shape, dtype });
+            let tied_to = l.tie.as_ref().filter(|t| t.slot == i).map(|t| t.key.clone());
+            state_dict.push(StateKey { name: format!("{}.{suffix}", l.name), shape, dtype, tied_to });
         }
         nodes.push(Node {
             name: l.name.clone(),
@@ -77,6 +84,7 @@ pub fn describe(input_shape: &[usize], layers: &[ResolvedLayer], policy: &Policy
             in_shapes: vec![l.in_shape.clone(); l.inputs.len()],
             out_shape: l.out_shape.clone(),
             args: l.kind.clone(),
+            tie: l.tie.as_ref().map(|t| t.key.clone()),
         });
     }
     Description {
@@ -97,7 +105,11 @@ impl Description {
         let swidth = self.state_dict.iter().map(|e| shape(&e.shape).len()).max().unwrap_or(0);
         let mut out = String::new();
         for e in &self.state_dict {
-            out.push_str(&format!("{:<width$}  {:<swidth$}  {}\n", e.name, shape(&e.shape), e.dtype));
+            let line = format!("{:<width$}  {:<swidth$}  {}", e.name, shape(&e.shape), e.dtype);
+            match &e.tied_to {
+                Some(t) => out.push_str(&format!("{line}  (= {t})\n")),
+                None => out.push_str(&format!("{line}\n")),
+            }
         }
         out
     }

@@ -10,6 +10,7 @@
 //! type takes has its slot in [`RawLayer`] with its type, so a wrongly typed
 //! value is reported at its own key.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::LazyLock;
 
@@ -21,8 +22,10 @@ use crate::nn::layers::{LayerSpec, TYPES};
 /// One entry of `model.layers` (or of a `sequential`'s `layers`).
 #[derive(Debug, Clone, PartialEq)]
 pub enum LayerConfig {
-    /// A layer of one of the registered types (`nn::layers`).
-    Layer { name: Option<String>, spec: LayerSpec },
+    /// A layer of one of the registered types (`nn::layers`). `tie` names
+    /// the parameter of an earlier module its `weight` is (nanoGPT's
+    /// `self.transformer.wte.weight = self.lm_head.weight`).
+    Layer { name: Option<String>, spec: LayerSpec, tie: Option<String> },
     /// A block, like `self.layer1 = nn.Sequential(...)`: its entries are
     /// `layer1.0`, `layer1.1`, ... Unnamed, it takes its position in the
     /// block around it (`layer1.0` holding a ResNet block's `conv1`, ...).
@@ -60,6 +63,16 @@ const BLOCK_KEYS: &[&str] = &["type", "name", "args", "repeat", "first"];
 /// Every `type` an entry may have: the layer types, then the blocks.
 pub(crate) static ENTRY_TYPES: LazyLock<Vec<&'static str>> =
     LazyLock::new(|| TYPES.iter().copied().chain([SEQUENTIAL, RESIDUAL, SUM]).collect());
+
+/// A layer type's keys and `tie`, which every layer type takes (whether it
+/// has a weight to share is checked with the graph).
+static LAYER_KEYS: LazyLock<HashMap<&'static str, &'static [&'static str]>> = LazyLock::new(|| {
+    let with_tie = |ty: &str| -> &'static [&'static str] {
+        let keys = LayerSpec::keys(ty).unwrap_or_default().iter().copied().chain(["tie"]);
+        Vec::leak(keys.collect())
+    };
+    TYPES.iter().map(|&ty| (ty, with_tie(ty))).collect()
+});
 
 fn unknown_type<E: de::Error>(ty: &str) -> E {
     E::custom(format!(
@@ -142,7 +155,9 @@ impl Serialize for LayerConfig {
             first: &'a toml::Table,
         }
         match self {
-            LayerConfig::Layer { name, spec } => spec.serialize_table(name.as_deref(), s),
+            LayerConfig::Layer { name, spec, tie } => {
+                spec.serialize_table(name.as_deref(), tie.as_deref(), s)
+            }
             LayerConfig::Sequential { name, layers } => {
                 Sequential { ty: SEQUENTIAL, name: name.as_deref(), layers }.serialize(s)
             }
@@ -172,6 +187,7 @@ pub struct RawLayer {
     pub out_features: Option<usize>,
     pub output_size: Option<usize>,
     pub p: Option<f64>,
+    tie: Option<String>,
     layers: Option<Vec<LayerConfig>>,
     shortcut: Option<Vec<LayerConfig>>,
     branches: Option<Vec<Vec<LayerConfig>>>,
@@ -240,6 +256,7 @@ impl<'de> Visitor<'de> for LayerVisitor {
                 "out_features" => set(&mut map, &mut raw.out_features, "out_features")?,
                 "output_size" => set(&mut map, &mut raw.output_size, "output_size")?,
                 "p" => set(&mut map, &mut raw.p, "p")?,
+                "tie" => set(&mut map, &mut raw.tie, "tie")?,
                 "layers" => set(&mut map, &mut raw.layers, "layers")?,
                 "shortcut" => set(&mut map, &mut raw.shortcut, "shortcut")?,
                 "branches" => set(&mut map, &mut raw.branches, "branches")?,
@@ -266,6 +283,10 @@ fn build<E: de::Error>(raw: RawLayer) -> Result<LayerConfig, E> {
         _ => LayerSpec::keys(ty),
     };
     let fields = fields.ok_or_else(|| unknown_type::<E>(ty))?;
+    let fields = match LAYER_KEYS.get(ty) {
+        Some(with_tie) => with_tie,
+        None => fields,
+    };
     if let Some(bad) = raw.keys.iter().find(|k| !fields.contains(&k.as_str())) {
         return Err(E::unknown_field(bad, fields));
     }
@@ -294,7 +315,7 @@ fn build<E: de::Error>(raw: RawLayer) -> Result<LayerConfig, E> {
         });
     }
     let spec = LayerSpec::from_raw(ty, &raw).ok_or_else(|| unknown_type::<E>(ty))??;
-    Ok(LayerConfig::Layer { name: raw.name, spec })
+    Ok(LayerConfig::Layer { name: raw.name, spec, tie: raw.tie })
 }
 
 impl<'de> Deserialize<'de> for LayerConfig {

@@ -13,6 +13,7 @@ pub mod memory;
 pub mod model;
 mod preflight;
 pub(crate) mod schema;
+mod tie;
 mod validate;
 
 #[cfg(test)]
@@ -28,6 +29,8 @@ mod tests_memory;
 #[cfg(test)]
 mod tests_model;
 #[cfg(test)]
+pub(crate) mod tests_tie;
+#[cfg(test)]
 mod tests_validate;
 
 use sha2::{Digest, Sha256};
@@ -35,7 +38,7 @@ use sha2::{Digest, Sha256};
 pub use diff::{describe_diff, diff_keys};
 pub use layers::LayerConfig;
 pub use load::{load, load_with_env};
-pub use model::{param_count, resolve, summary, LayerKind, ResolvedLayer};
+pub use model::{param_count, resolve, summary, LayerKind, ResolvedLayer, Tie};
 pub use preflight::preflight;
 pub use schema::{
     AmpConfig, Backend, CheckpointConfig, Config, DataConfig, DatasetKind, Device, Expect, Layout,

@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use super::blocks::{self, Blocks};
 use super::layers::LayerConfig;
 use super::schema::ModelConfig;
+pub use super::tie::Tie;
 use crate::error::{Error, Result};
 pub use crate::nn::layers::LayerKind;
 
@@ -28,6 +29,8 @@ pub struct ResolvedLayer {
     pub out_shape: Vec<usize>,
     /// The config key of the entry, e.g. `model.layers[0].layers[1]`, for errors.
     pub key: String,
+    /// The parameter of an earlier node this node's weight is.
+    pub tie: Option<Tie>,
 }
 
 /// Flattens `model.layers` into execution order and infers every shape.
@@ -67,9 +70,16 @@ pub fn resolve(model: &ModelConfig) -> Result<Vec<ResolvedLayer>> {
     Ok(out)
 }
 
-/// Total learnable scalars, as `sum(p.numel() for p in model.parameters())`.
+/// Total learnable scalars, as `sum(p.numel() for p in model.parameters())`:
+/// a tied parameter once.
 pub fn param_count(layers: &[ResolvedLayer]) -> usize {
-    layers.iter().map(|l| l.kind.num_params()).sum()
+    layers.iter().map(own_params).sum()
+}
+
+/// A node's parameter count, less the one it shares with an earlier node.
+fn own_params(l: &ResolvedLayer) -> usize {
+    let tied = l.tie.as_ref().and_then(|t| l.kind.params().get(t.slot).map(|(_, s)| s.iter().product()));
+    l.kind.num_params() - tied.unwrap_or(0)
 }
 
 /// A table of the model: module path, PyTorch repr, output shape, #params.
@@ -91,7 +101,11 @@ pub fn summary(layers: &[ResolvedLayer]) -> String {
             let from: Vec<String> = l.inputs.iter().map(|&v| producer(v)).collect();
             format!("{} <- {}", l.kind, from.join(" + "))
         };
-        rows.push([l.name.clone(), repr, format!("{:?}", l.out_shape), l.kind.num_params().to_string()]);
+        let repr = match &l.tie {
+            Some(t) => format!("{repr} (weight = {})", t.key),
+            None => repr,
+        };
+        rows.push([l.name.clone(), repr, format!("{:?}", l.out_shape), own_params(l).to_string()]);
     }
     let mut width = [0usize; 4];
     for row in &rows {
@@ -123,7 +137,7 @@ pub fn summary(layers: &[ResolvedLayer]) -> String {
     s
 }
 
-fn err(key: impl Into<String>, msg: impl Into<String>) -> Error {
+pub(super) fn err(key: impl Into<String>, msg: impl Into<String>) -> Error {
     Error::config(MODEL_FILE, key, msg)
 }
 
@@ -295,11 +309,17 @@ impl<'b> Graph<'b> {
                     let path = ns.child(name.as_deref(), &key, true)?;
                     self.block(&path, &key, block, args, *repeat, first, x)?
                 }
-                LayerConfig::Layer { name, spec } => {
+                LayerConfig::Layer { name, spec, tie } => {
                     let (kind, out_shape) = spec.resolve(&x.shape, &key)?;
                     let stateful = !(kind.params().is_empty() && kind.buffers().is_empty());
                     let path = ns.child(name.as_deref(), &key, stateful)?;
-                    self.push(path, kind, vec![x.id], x.shape, out_shape, key)
+                    let tie =
+                        tie.as_deref().map(|t| super::tie::resolve(&self.out, &kind, &key, t)).transpose()?;
+                    let v = self.push(path, kind, vec![x.id], x.shape, out_shape, key);
+                    if let Some(last) = self.out.last_mut() {
+                        last.tie = tie;
+                    }
+                    v
                 }
             };
         }
@@ -394,7 +414,15 @@ impl<'b> Graph<'b> {
         out_shape: Vec<usize>,
         key: String,
     ) -> Value {
-        self.out.push(ResolvedLayer { name, kind, inputs, in_shape, out_shape: out_shape.clone(), key });
+        self.out.push(ResolvedLayer {
+            name,
+            kind,
+            inputs,
+            in_shape,
+            out_shape: out_shape.clone(),
+            key,
+            tie: None,
+        });
         Value { id: self.out.len(), shape: out_shape }
     }
 }

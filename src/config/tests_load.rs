@@ -362,9 +362,15 @@ fn kernel_is_an_alias_of_kernel_size_but_not_both() {
         padding: 0,
         bias: true,
     };
-    assert_eq!(c.model.layers[0], LayerConfig::Layer { name: None, spec: LayerSpec::Conv2d(conv) });
+    assert_eq!(
+        c.model.layers[0],
+        LayerConfig::Layer { name: None, spec: LayerSpec::Conv2d(conv), tie: None }
+    );
     let pool = crate::nn::layers::maxpool2d::Config { kernel_size: 2, stride: 2 };
-    assert_eq!(c.model.layers[1], LayerConfig::Layer { name: None, spec: LayerSpec::MaxPool2d(pool) });
+    assert_eq!(
+        c.model.layers[1],
+        LayerConfig::Layer { name: None, spec: LayerSpec::MaxPool2d(pool), tie: None }
+    );
     let text = text.replace("kernel = 3", "kernel = 3, kernel_size = 3");
     let (_, key, msg) = config_err(load_text(&text, &[], &[]).0);
     assert_eq!(key, "model.layers[0].kernel_size");

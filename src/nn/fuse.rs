@@ -24,7 +24,7 @@ pub(super) fn fusable_bn_relu_pool<'a>(
     layers: &'a mut [Node],
     x: &Tensor,
 ) -> Option<(&'a BatchNorm2d, Parts<'a>)> {
-    let [Node { kind: LayerKind::BatchNorm2d(bn), weights, sync }, Node { kind: LayerKind::Relu(_), .. }, Node { kind: LayerKind::MaxPool2d(MaxPool2d { kernel_size: 2, stride: 2 }), .. }, ..] =
+    let [Node { kind: LayerKind::BatchNorm2d(bn), weights, sync, tie: None }, Node { kind: LayerKind::Relu(_), .. }, Node { kind: LayerKind::MaxPool2d(MaxPool2d { kernel_size: 2, stride: 2 }), .. }, ..] =
         layers
     else {
         return None;
@@ -53,7 +53,7 @@ pub(super) fn fusable_bn_relu_f16<'a>(
     layers: &'a mut [Node],
     x: &Tensor,
 ) -> Option<(&'a BatchNorm2d, Parts<'a>)> {
-    let [Node { kind: LayerKind::BatchNorm2d(bn), weights, sync }, Node { kind: LayerKind::Relu(_), .. }, ..] =
+    let [Node { kind: LayerKind::BatchNorm2d(bn), weights, sync, tie: None }, Node { kind: LayerKind::Relu(_), .. }, ..] =
         layers
     else {
         return None;

@@ -11,6 +11,7 @@ pub(crate) mod init;
 pub mod layers;
 mod patch;
 mod state;
+mod tie;
 
 use fuse::{fusable_bn_relu_f16, fusable_bn_relu_pool};
 use layers::{AmpClass, Ctx, LayerKind, LayerSaved, Weights};
@@ -56,6 +57,8 @@ pub struct Node {
     pub weights: Weights,
     /// Set by [`Model::convert_sync_batchnorm`]: statistics are reduced across ranks.
     pub sync: Option<SyncGroup>,
+    /// The earlier node's parameter this node's weight is (`tie.rs`).
+    pub tie: Option<crate::config::Tie>,
 }
 
 /// Where the model computes, as the amp policy sets it (`amp::cast_model`):
@@ -226,19 +229,22 @@ impl Model {
         for (i, r) in resolved.iter().enumerate() {
             let mut rng = crate::rng::stream(seed, crate::rng::Purpose::Init, i as u64);
             let weights = r.kind.init_weights(&r.name, &mut rng)?;
-            layers.push(Node { kind: r.kind.clone(), weights, sync: None });
+            layers.push(Node { kind: r.kind.clone(), weights, sync: None, tie: r.tie.clone() });
         }
         let draws = Draws { seed, ..Draws::default() };
-        Ok(Model { layers, resolved: resolved.to_vec(), precision: Precision::default(), draws })
+        let mut model = Model { layers, resolved: resolved.to_vec(), precision: Precision::default(), draws };
+        model.tie_weights()?;
+        Ok(model)
     }
 
-    /// Parameters in registration order (the order of `parameters()` in PyTorch).
+    /// Parameters in registration order (the order of `parameters()` in
+    /// PyTorch, a tied one once).
     pub fn params(&self) -> Vec<&Param> {
-        self.layers.iter().flat_map(|l| &l.weights.params).collect()
+        self.layers.iter().flat_map(Node::own_params).collect()
     }
 
     pub fn params_mut(&mut self) -> Vec<&mut Param> {
-        self.layers.iter_mut().flat_map(|l| &mut l.weights.params).collect()
+        self.layers.iter_mut().flat_map(Node::own_params_mut).collect()
     }
 
     pub fn num_params(&self) -> usize {
@@ -333,7 +339,10 @@ impl Model {
                 }
             }
             let draws = self.draws.node(i);
-            let (y, s) = self.layers[i].forward_train(xs, prec, draws)?;
+            self.swap_tied(i)?;
+            let out = self.layers[i].forward_train(xs, prec, draws);
+            self.swap_tied(i)?;
+            let (y, s) = out?;
             saved.push(s);
             values.put(i + 1, y)?;
             i += 1;
@@ -344,9 +353,9 @@ impl Model {
     /// Evaluation-mode forward (BatchNorm uses running statistics).
     pub fn forward_eval(&self, x: Tensor) -> Result<Tensor> {
         let mut values = Values::new(x.into_dtype(self.precision.input), self.readers()?);
-        for (i, layer) in self.layers.iter().enumerate() {
+        for i in 0..self.layers.len() {
             let xs = values.inputs(self.inputs(i)?)?;
-            values.put(i + 1, layer.forward_eval(xs, self.precision)?)?;
+            values.put(i + 1, self.lent(i)?.forward_eval(xs, self.precision)?)?;
         }
         values.take(self.layers.len())
     }
@@ -381,19 +390,21 @@ impl Model {
         let mut count = 0;
         for layer in &self.layers {
             first_param.push(count);
-            count += layer.weights.params.len();
+            count += layer.own_params().count();
         }
         let prec = self.precision;
         let mut grads: Vec<Option<Tensor>> = (0..=n).map(|_| None).collect();
         grads[n] = Some(dlogits);
-        for (i, (layer, s)) in self.layers.iter_mut().zip(saved).enumerate().rev() {
+        for (i, s) in saved.into_iter().enumerate().rev() {
             // A value nothing downstream needed a gradient for (a fused
             // layer's, or one the graph never reads back to) has none.
             if let Some(dy) = grads[i + 1].take() {
                 // The model input needs no gradient.
                 let need: Vec<bool> = inputs[i].iter().map(|&v| v > 0).collect();
-                let dxs = layer.backward(s, dy, &need, prec)?;
-                for (&v, dx) in inputs[i].iter().zip(dxs) {
+                self.swap_tied(i)?;
+                let dxs = self.layers[i].backward(s, dy, &need, prec);
+                self.swap_tied(i)?;
+                for (&v, dx) in inputs[i].iter().zip(dxs?) {
                     let (Some(dx), true) = (dx, v > 0) else { continue };
                     match &mut grads[v] {
                         Some(g) => ops::add::accumulate_(g, &dx)?,
@@ -403,7 +414,7 @@ impl Model {
             }
             // Even a layer no gradient reached reports its (zero) gradients:
             // DDP's buckets wait for every parameter.
-            for (k, p) in layer.weights.params.iter().enumerate() {
+            for (k, p) in self.layers[i].own_params().enumerate() {
                 on_ready(first_param[i] + k, &p.grad)?;
             }
         }
@@ -423,3 +434,5 @@ impl Model {
 
 #[cfg(test)]
 mod tests_o1;
+#[cfg(test)]
+mod tests_tie;

@@ -33,9 +33,9 @@ impl Model {
     /// Parameters and buffers, module by module, parameters before buffers (PyTorch's order).
     pub fn state_dict(&self) -> Result<Vec<StateEntry>> {
         let mut out = Vec::new();
-        for layer in &self.layers {
-            for p in &layer.weights.params {
-                out.push(f32_entry(&p.name, &p.value)?);
+        for (i, layer) in self.layers.iter().enumerate() {
+            for (k, p) in layer.weights.params.iter().enumerate() {
+                out.push(f32_entry(&p.name, self.param_value(i, k)?)?);
             }
             for b in &layer.weights.buffers {
                 out.push(match &b.value {
@@ -95,10 +95,20 @@ impl Model {
                     }),
                 }
             };
-        for layer in &mut self.layers {
-            for p in &mut layer.weights.params {
-                take_f32(&p.name, &mut p.value, &mut by_name)?;
-            }
+        for i in 0..self.layers.len() {
+            // A tied weight's key is loaded into its owner, after the
+            // owner's own key: the later key wins, as loading one tensor
+            // twice in PyTorch does.
+            self.swap_tied(i)?;
+            let layer = &mut self.layers[i];
+            let loaded: Result<()> = layer
+                .weights
+                .params
+                .iter_mut()
+                .try_for_each(|p| take_f32(&p.name, &mut p.value, &mut by_name));
+            self.swap_tied(i)?;
+            loaded?;
+            let layer = &mut self.layers[i];
             for b in &mut layer.weights.buffers {
                 match &mut b.value {
                     BufferValue::Tensor(t) => take_f32(&b.name, t, &mut by_name)?,

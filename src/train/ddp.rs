@@ -126,7 +126,10 @@ impl Ddp {
         let mut counters: Vec<&mut i64> = Vec::new();
         for layer in &mut model.layers {
             if params {
-                tensors.extend(layer.weights.params.iter_mut().map(|p| &mut p.value));
+                // A tied weight is its owner's tensor, broadcast once.
+                let tied = layer.tie.as_ref().map(|t| t.slot);
+                let own = layer.weights.params.iter_mut().enumerate().filter(|&(k, _)| Some(k) != tied);
+                tensors.extend(own.map(|(_, p)| &mut p.value));
             }
             for b in &mut layer.weights.buffers {
                 match &mut b.value {

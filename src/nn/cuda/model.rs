@@ -455,8 +455,8 @@ impl GpuModel {
                     }
                 }
             }
-            if !lp.params.is_empty() {
-                hooks.grads_ready(ctx.params, &lp.params)?;
+            if !lp.ready.is_empty() {
+                hooks.grads_ready(ctx.params, &lp.ready)?;
             }
         }
         Ok(())

@@ -96,8 +96,13 @@ pub struct LayerPlan {
     /// Elements per sample of the input and the output.
     pub in_numel: usize,
     pub out_numel: usize,
-    /// Registration indices of the layer's parameters (weight, then bias).
+    /// Registration indices of the layer's parameters (weight, then bias);
+    /// a tied weight's is its owner's.
     pub params: Vec<usize>,
+    /// The parameters the layer owns (all but a tied weight): DDP hears
+    /// they are ready after its backward, a tied one after its owner's,
+    /// which backward reaches later.
+    pub ready: Vec<usize>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -190,6 +195,7 @@ impl Plan {
             classes: 0,
         };
         let mut next_param = 0;
+        let mut index_of: Vec<Vec<usize>> = Vec::with_capacity(model.layers.len());
         // The activation buffer of each value (0 the input, i + 1 node i's output).
         let mut buffer_of = vec![0usize];
         for (node, (layer, r)) in model.layers.iter().zip(&model.resolved).enumerate() {
@@ -212,9 +218,27 @@ impl Plan {
                     )));
                 }
             }
-            let count = layer.weights.params.len();
-            let params: Vec<usize> = (next_param..next_param + count).collect();
-            next_param += count;
+            // Registration indices: a tied weight is its owner's parameter.
+            let (mut params, mut ready) = (Vec::new(), Vec::new());
+            for k in 0..layer.weights.params.len() {
+                match layer.tie.as_ref().filter(|t| t.slot == k) {
+                    Some(t) => params.push(
+                        index_of
+                            .get(t.node)
+                            .and_then(|ps: &Vec<usize>| ps.get(t.param))
+                            .copied()
+                            .ok_or_else(|| {
+                                internal(format!("layer {} is tied to no earlier parameter", r.name))
+                            })?,
+                    ),
+                    None => {
+                        params.push(next_param);
+                        ready.push(next_param);
+                        next_param += 1;
+                    }
+                }
+            }
+            index_of.push(params.clone());
             let (weight, bias) = (params.first().copied(), params.get(1).copied());
             let step = match &layer.kind {
                 LayerKind::Conv2d(conv) => {
@@ -237,13 +261,14 @@ impl Plan {
                 LayerKind::BatchNorm2d(_) => {
                     let [c, h, w] = chw(&r.name, &r.in_shape)?;
                     let w_ = &layer.weights;
-                    let dt = w_.param(0, "batchnorm2d")?.value.dtype();
+                    let weight_value = model.param_value(node, 0)?;
+                    let dt = weight_value.dtype();
                     let same = [
                         w_.param(1, "batchnorm2d")?.value.dtype(),
                         w_.tensor(0, "batchnorm2d")?.dtype(),
                         w_.tensor(1, "batchnorm2d")?.dtype(),
                     ];
-                    if same.iter().any(|&d| d != dt) || w_.param(0, "batchnorm2d")?.value.numel() != c {
+                    if same.iter().any(|&d| d != dt) || weight_value.numel() != c {
                         return Err(internal(format!(
                             "BatchNorm {} parameters and running statistics must be {c} values of one dtype",
                             r.name
@@ -335,6 +360,7 @@ impl Plan {
                 in_numel,
                 out_numel,
                 params,
+                ready,
             });
             buffer_of.push(dst);
         }

@@ -437,3 +437,18 @@ fn a_graph_with_sums_trains_like_the_cpu_model_at_every_opt_level() {
         accumulate_then_eval(&gpu, &layers, level, (64, 256));
     }
 }
+
+#[test]
+fn a_model_with_tied_weights_trains_like_the_cpu_model_at_every_opt_level() {
+    let Some(gpu) =
+        crate::cuda::test_gpu("a_model_with_tied_weights_trains_like_the_cpu_model_at_every_opt_level")
+    else {
+        return;
+    };
+    // A conv and a linear each used twice: the device reads and accumulates
+    // the owner's parameter at both uses.
+    let layers = crate::config::tests_tie::tied_layers();
+    for level in LEVELS {
+        accumulate_then_eval(&gpu, &layers, level, (64, 256));
+    }
+}

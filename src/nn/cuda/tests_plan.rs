@@ -41,6 +41,7 @@ pub(crate) fn resolved(input: [usize; 3], kinds: &[LayerKind]) -> Vec<ResolvedLa
             in_shape: shape.clone(),
             out_shape: next.clone(),
             key: format!("model.layers[{i}]"),
+            tie: None,
         });
         shape = next;
     }

@@ -244,6 +244,8 @@ struct Table<'a, C: Serialize> {
     name: Option<&'a str>,
     #[serde(flatten)]
     cfg: &'a C,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tie: Option<&'a str>,
 }
 
 macro_rules! registry {
@@ -305,9 +307,9 @@ macro_rules! registry {
             }
 
             /// The table as written back, `name` included.
-            pub fn serialize_table<S: serde::Serializer>(&self, name: Option<&str>, s: S) -> Result<S::Ok, S::Error> {
+            pub fn serialize_table<S: serde::Serializer>(&self, name: Option<&str>, tie: Option<&str>, s: S) -> Result<S::Ok, S::Error> {
                 match self {
-                    $(LayerSpec::$Ty(cfg) => Table { ty: <$module::$Ty as Layer>::TYPE, name, cfg }.serialize(s)),+
+                    $(LayerSpec::$Ty(cfg) => Table { ty: <$module::$Ty as Layer>::TYPE, name, cfg, tie }.serialize(s)),+
                 }
             }
         }
