@@ -140,7 +140,12 @@ fn npy(descr: &str, shape: &[usize], data: &[u8], fortran: bool) -> Vec<u8> {
     let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
     let shape = if shape.len() == 1 { format!("({},)", dims[0]) } else { format!("({})", dims.join(", ")) };
     let order = if fortran { "True" } else { "False" };
-    let mut header = format!("{{'descr': '{descr}', 'fortran_order': {order}, 'shape': {shape}, }}");
+    npy_with_header(&format!("{{'descr': '{descr}', 'fortran_order': {order}, 'shape': {shape}, }}"), data)
+}
+
+/// A .npy file (format 1.0) whose header is the dict `header`, then `data`.
+fn npy_with_header(header: &str, data: &[u8]) -> Vec<u8> {
+    let mut header = header.to_string();
     let used = 10 + header.len() + 1;
     header.push_str(&" ".repeat((64 - used % 64) % 64));
     header.push('\n');
@@ -329,6 +334,23 @@ fn npz_bad_arrays_are_named_with_what_is_wrong() {
         msg.contains("train.npz: normalization has 1 mean and 1 std values but the images have 3"),
         "{msg}"
     );
+}
+
+/// Headers no numpy array of images could have: a structured dtype, and a
+/// shape whose byte count does not fit 64 bits (checked before any
+/// allocation of that size is tried). The element count itself stays below
+/// 2^64: npyz multiplies the shape unchecked when it parses the header.
+#[test]
+fn npz_structured_dtypes_and_impossible_shapes_are_refused() {
+    let y = good_arrays().remove(1);
+    let record = "{'descr': [('r', '|u1'), ('g', '|u1')], 'fortran_order': False, 'shape': (2,), }";
+    let msg = npz_err(&[("x", npy_with_header(record, &[0; 4])), y.clone()]);
+    assert!(msg.contains("array `x` has the structured dtype"), "{msg}");
+    assert!(msg.ends_with("use a plain numeric array"), "{msg}");
+    let huge = 1usize << 60;
+    let labels = ("y", npy("<i8", &[huge], &i64s(&[1, 0]), false));
+    let msg = npz_err(&[("x", npy("<f4", &[huge, 3, 2, 2], &[0; 96], false)), labels]);
+    assert!(msg.ends_with(&format!("array `x` has shape [{huge}, 3, 2, 2], too large to be real")), "{msg}");
 }
 
 #[test]
