@@ -242,35 +242,6 @@ fn mid_epoch_resume_with_random_crop_and_flip_is_bitwise() {
     assert_ne!(read(&a.join("model.safetensors")), read(&plain.join("model.safetensors")));
 }
 
-/// configs/resnet20_catsdogs_o2.toml as configured (ResNet-20 under O2, its
-/// 4-pixel-padded crop and flip of 3x32x32 images) on synthetic images in
-/// place of the cats and dogs: 4 steps per epoch, a checkpoint every 3 steps.
-fn catsdogs(out: &Path, extra: &[&str]) -> Config {
-    let mut sets: Vec<String> = [
-        "run.device=cpu",
-        "data.dataset=synthetic",
-        "data.synthetic_train_size=16",
-        "data.synthetic_test_size=4",
-        // CIFAR-10's statistics, which the real run's padding fill is normalized by.
-        "data.mean=[0.4914, 0.4822, 0.4465]",
-        "data.std=[0.2470, 0.2435, 0.2616]",
-        "data.batch_size=4",
-        "train.max_steps=6",
-        "scheduler.warmup_steps=2",
-        "logging.every_steps=2",
-        "logging.progress=never",
-        "logging.tensorboard=false",
-        "checkpoint.every_steps=3",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    sets.push(format!("run.out_dir={}", out.display()));
-    sets.extend(extra.iter().map(|s| s.to_string()));
-    let path = common::repo_root().join("configs/resnet20_catsdogs_o2.toml");
-    ddptrain::config::load(&path, &sets).unwrap()
-}
-
 /// The catsdogs ResNet-20 crashed at step 5 and resumed from step 3 (batch 3
 /// of epoch 0, so the resumed run redraws the rest of the epoch's crops and
 /// flips) is the straight run bit for bit: three channels, each padded with
@@ -279,8 +250,8 @@ fn catsdogs(out: &Path, extra: &[&str]) -> Config {
 fn resnet20_catsdogs_mid_epoch_resume_with_its_augmentation_is_bitwise() {
     let dir = tempfile::tempdir().unwrap();
     let (a, b, plain) = (dir.path().join("a"), dir.path().join("b"), dir.path().join("plain"));
-    let straight = train::train(&catsdogs(&a, &[])).unwrap();
-    let cb = catsdogs(&b, &[]);
+    let straight = train::train(&resume::catsdogs(&a, "cpu", &[])).unwrap();
+    let cb = resume::catsdogs(&b, "cpu", &[]);
     assert!(cb.data.augments(), "the config augments its training images");
     halted(&cb, 5);
     let state: serde_json::Value = serde_json::from_slice(&read(&b.join("ckpt/latest/state.json"))).unwrap();
@@ -293,6 +264,6 @@ fn resnet20_catsdogs_mid_epoch_resume_with_its_augmentation_is_bitwise() {
     assert_same_run(&a, &b);
     // The transforms did reach the batches.
     let off = ["data.random_crop.padding=0", "data.random_horizontal_flip=0.0"];
-    train::train(&catsdogs(&plain, &off)).unwrap();
+    train::train(&resume::catsdogs(&plain, "cpu", &off)).unwrap();
     assert_ne!(read(&a.join("model.safetensors")), read(&plain.join("model.safetensors")));
 }
