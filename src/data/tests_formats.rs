@@ -97,6 +97,9 @@ fn truncated_and_empty_cifar_files_are_refused() {
     std::fs::write(hundred.path().join("test.bin"), record(&[3], 0).repeat(2)).unwrap();
     let msg = err_text(cifar::load(hundred.path(), Cifar::Hundred, Split::Test, &Normalize::identity(3)));
     assert!(msg.contains("6146 bytes is 1 whole 3074-byte CIFAR-100 records and 3072 bytes over"), "{msg}");
+    std::fs::write(hundred.path().join("test.bin"), b"").unwrap();
+    let msg = err_text(cifar::load(hundred.path(), Cifar::Hundred, Split::Test, &Normalize::identity(3)));
+    assert!(msg.ends_with("test.bin: empty file: no CIFAR-100 records"), "{msg}");
 }
 
 #[test]
@@ -351,6 +354,13 @@ fn npz_structured_dtypes_and_impossible_shapes_are_refused() {
     let labels = ("y", npy("<i8", &[huge], &i64s(&[1, 0]), false));
     let msg = npz_err(&[("x", npy("<f4", &[huge, 3, 2, 2], &[0; 96], false)), labels]);
     assert!(msg.ends_with(&format!("array `x` has shape [{huge}, 3, 2, 2], too large to be real")), "{msg}");
+    // The rank message names the layout the config asked for.
+    let flat = [("x", npy("|u1", &[2, 12], &[0; 24], false)), y];
+    let msg = err_text(npz_load(&flat, true).0);
+    assert!(
+        msg.ends_with("has shape [2, 12]; images must be [N, H, W, C] (data.layout = \"nhwc\")"),
+        "{msg}"
+    );
 }
 
 #[test]
