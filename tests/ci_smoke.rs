@@ -31,7 +31,8 @@ fn ci_smoke_config_passes_its_gates() {
 }
 
 /// A small ConvNet (three conv-BatchNorm-ReLU stages, global pooling, `fc`)
-/// in place of ResNet-20, a sixth of its time per image on the CPU.
+/// in place of ResNet-20: 2.8 against 41 million multiply-adds per image
+/// forward, about a tenth of its time per image on the CPU.
 const SMALL_MODEL: &str = r#"[model]
 input_shape = [3, 32, 32]
 layers = [
