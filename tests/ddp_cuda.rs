@@ -307,8 +307,8 @@ fn the_resnet_on_the_gpu_equals_the_cpu_and_two_ranks_equal_one() {
     }
 }
 
-/// He et al.'s ResNet-20 (configs/resnet20_fashion_o2.toml's model, 19
-/// BatchNorms, three projection shortcuts) at O0 for 3 steps of synthetic
+/// He et al.'s ResNet-20 (configs/resnet20_fashion_o2.toml's model, 21
+/// BatchNorms, two projection shortcuts) at O0 for 3 steps of synthetic
 /// 1x28x28 images: the device within 1e-5 relative of the CPU, and 2 ranks
 /// over NCCL and over tcp within 1e-5 relative of 1 rank. A global batch of
 /// 4 (2 per rank): the emulated device checks every access, and what is
