@@ -3,7 +3,9 @@
 //! from a mid-epoch checkpoint, an end-of-epoch one with pending accumulated
 //! gradients, and an explicit checkpoint path; under O2 with the dynamic loss
 //! scaler moving across the resume (fp32 masters and scaler state included),
-//! and under O3 with f16 gradients pending.
+//! under O3 with f16 gradients pending, with dropout, and with random crops
+//! and flips (the seed ConvNet's digits, and ResNet-20's three-channel images
+//! of configs/resnet20_catsdogs_o2.toml).
 
 mod common;
 use common::resume::{self, assert_same_run, final_state, halted, metrics, read};
@@ -240,5 +242,31 @@ fn mid_epoch_resume_with_random_crop_and_flip_is_bitwise() {
     assert_same_run(&a, &b);
     // The transforms did reach the batches.
     train::train(&cfg(&plain, &[])).unwrap();
+    assert_ne!(read(&a.join("model.safetensors")), read(&plain.join("model.safetensors")));
+}
+
+/// The catsdogs ResNet-20 crashed at step 5 and resumed from step 3 (batch 3
+/// of epoch 0, so the resumed run redraws the rest of the epoch's crops and
+/// flips) is the straight run bit for bit: three channels, each padded with
+/// its own normalized fill, the f16 model and fp32 masters of O2.
+#[test]
+fn resnet20_catsdogs_mid_epoch_resume_with_its_augmentation_is_bitwise() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b, plain) = (dir.path().join("a"), dir.path().join("b"), dir.path().join("plain"));
+    let straight = train::train(&resume::catsdogs(&a, "cpu", &[])).unwrap();
+    let cb = resume::catsdogs(&b, "cpu", &[]);
+    assert!(cb.data.augments(), "the config augments its training images");
+    halted(&cb, 5);
+    let state: serde_json::Value = serde_json::from_slice(&read(&b.join("ckpt/latest/state.json"))).unwrap();
+    assert_eq!((state["step"].as_u64(), state["epoch"].as_u64()), (Some(3), Some(0)));
+    assert_eq!(state["batches_in_epoch"], 3);
+    let resumed = train::train(&cb).unwrap();
+    assert_eq!(resumed.resumed_from.as_deref(), Some(b.join("ckpt/step_00000003").as_path()));
+    assert_eq!(resumed.final_loss.to_bits(), straight.final_loss.to_bits());
+    assert_eq!(resumed.test_loss.map(f64::to_bits), straight.test_loss.map(f64::to_bits));
+    assert_same_run(&a, &b);
+    // The transforms did reach the batches.
+    let off = ["data.random_crop.padding=0", "data.random_horizontal_flip=0.0"];
+    train::train(&resume::catsdogs(&plain, "cpu", &off)).unwrap();
     assert_ne!(read(&a.join("model.safetensors")), read(&plain.join("model.safetensors")));
 }

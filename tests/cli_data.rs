@@ -175,3 +175,39 @@ fn npz_arrays_train_and_a_bad_label_stops_the_run_naming_the_file() {
     assert!(t.contains(&want), "{t}");
     assert!(!out.exists(), "a data error wrote out_dir");
 }
+
+/// Files that load but do not fit the config are config errors (exit 2,
+/// nothing written) naming the key: .npz images of another size than
+/// `model.input_shape`, and cats (3) and dogs (5) read by a two-class model
+/// with `data.num_classes = 2`, as a user of scripts/fetch-catsdogs.sh might write.
+#[test]
+fn images_of_another_shape_and_labels_past_num_classes_are_refused_naming_the_key() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path().join("arrays");
+    std::fs::create_dir_all(&d).unwrap();
+    let x: Vec<u8> = (0..4 * 2 * 16 * 16).map(|k| (k % 251) as u8).collect();
+    let y: Vec<u8> = [0i64, 1, 2, 3].iter().flat_map(|v| v.to_le_bytes()).collect();
+    let arrays = [("x", npy("|u1", "(4, 2, 16, 16)", &x)), ("y", npy("<i8", "(4,)", &y))];
+    npz(&d.join("train.npz"), &arrays);
+    npz(&d.join("test.npz"), &arrays);
+    let cfg = config(tmp.path(), 2, &format!("dataset = \"npz\"\npath = \"{}\"\n", d.display()));
+    let (code, t) = run(&cfg, &[]);
+    assert_eq!(code, Some(2), "{t}");
+    let want = format!("is [2, 32, 32] but the train images in {} are [2, 16, 16]", d.display());
+    assert!(t.contains("`model.input_shape`") && t.contains(&want), "{t}");
+    assert!(!tmp.path().join("out").exists(), "a config error wrote out_dir");
+
+    let cats_dogs = tmp.path().join("catsdogs");
+    std::fs::create_dir_all(&cats_dogs).unwrap();
+    std::fs::write(cats_dogs.join("data_batch_1.bin"), cifar_records(&[3, 5, 5, 3])).unwrap();
+    std::fs::write(cats_dogs.join("test_batch.bin"), cifar_records(&[5, 3])).unwrap();
+    let data = format!("dataset = \"cifar10\"\npath = \"{}\"\nnum_classes = 2\n", cats_dogs.display());
+    let two = std::fs::read_to_string(config(tmp.path(), 3, &data)).unwrap();
+    let cfg = write(tmp.path(), "data.toml", &two.replace("out_features = 10", "out_features = 2"));
+    let (code, t) = run(&cfg, &[]);
+    assert_eq!(code, Some(2), "{t}");
+    let want =
+        format!("is 2 but the train labels in {} go up to 5; set it to at least 6", cats_dogs.display());
+    assert!(t.contains("`data.num_classes`") && t.contains(&want), "{t}");
+    assert!(!tmp.path().join("out").exists(), "a config error wrote out_dir");
+}

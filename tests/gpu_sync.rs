@@ -2,7 +2,8 @@
 //! its counters: how often an ordinary training step blocks the host, and
 //! that the stream-order race checker finds nothing over whole runs (world
 //! 1 in this process; world 2 as two `launch`ed ranks sharing the device over
-//! the tcp backend), at O0 and O2 with gradient accumulation and SyncBN.
+//! the tcp backend), at O0 and O2 with gradient accumulation and SyncBN, and
+//! over 20 steps of ResNet-20 at O2.
 //! One test function: the counters are per process, so nothing may run beside it.
 
 mod common;
@@ -47,6 +48,34 @@ fn run(level: &str, steps: u64, out: &Path) -> i64 {
     emu::counter("host_syncs").unwrap_or(0) - before
 }
 
+/// ResNet-20 (configs/resnet20_fashion_o2.toml, O2 as configured) on
+/// synthetic images, a batch of 2 without accumulation: 32 steps per epoch,
+/// so `steps` stay inside the first; logging and checkpoints only at the end.
+fn resnet20_sets(steps: u64, out: &Path) -> Vec<String> {
+    [
+        "run.device=cuda".to_string(),
+        format!("run.out_dir={}", out.display()),
+        "data.dataset=\"synthetic\"".into(),
+        "data.synthetic_train_size=64".into(),
+        "data.synthetic_test_size=2".into(),
+        "data.batch_size=2".into(),
+        format!("train.max_steps={steps}"),
+        "logging.every_steps=1000".into(),
+        "logging.progress=\"never\"".into(),
+        "logging.tensorboard=false".into(),
+    ]
+    .to_vec()
+}
+
+/// Host synchronizations of a whole in-process ResNet-20 run of `steps` steps.
+fn run_resnet20(steps: u64, out: &Path) -> i64 {
+    let path = repo_root().join("configs/resnet20_fashion_o2.toml");
+    let cfg = ddptrain::config::load(&path, &resnet20_sets(steps, out)).unwrap();
+    let before = emu::counter("host_syncs").unwrap_or(0);
+    ddptrain::train::train(&cfg).unwrap();
+    emu::counter("host_syncs").unwrap_or(0) - before
+}
+
 /// An ordinary step (no logging, checkpoint or trace) makes this many
 /// host-blocking calls: the loss scaler read one step late (see
 /// `amp::cuda::ScalerSnapshot`), which the learning-rate schedule needs on
@@ -69,6 +98,14 @@ fn ordinary_steps_block_the_host_a_fixed_number_of_times_and_nothing_races() {
         let per_step = (long - short) as f64 / 5.0;
         println!("{level}: {short} host syncs in 2 steps, {long} in 7: {per_step} per ordinary step");
         assert_eq!(long - short, 5 * HOST_SYNCS_PER_STEP, "{level}: host syncs of 5 ordinary steps");
+    }
+    // ResNet-20: 20 ordinary steps (2 steps and 22 steps, both ending on
+    // the run's one logging step), checked by the race checker below.
+    let short = run_resnet20(2, &tmp.path().join("resnet20_2"));
+    let long = run_resnet20(22, &tmp.path().join("resnet20_22"));
+    if emu::counter("host_syncs").is_some() {
+        println!("ResNet-20 O2: {short} host syncs in 2 steps, {long} in 22");
+        assert_eq!(long - short, 20 * HOST_SYNCS_PER_STEP, "ResNet-20: host syncs of 20 ordinary steps");
     }
     if let Some(c) = emu::counters() {
         println!("world 1 counters: {c:?}");

@@ -185,6 +185,13 @@ fn trailing_data_and_short_header_are_refused() {
         msg.ends_with("truncated: the file has 3 bytes, less than the 16-byte IDX image header"),
         "{msg}"
     );
+    // A header whose byte count does not fit 64 bits: named, not multiplied into a panic.
+    let m = u32::MAX;
+    let (msg, _) = load_with_images(&raw_bytes(&[0x803, m, m, m], 0), "train-images-idx3-ubyte", 2);
+    assert!(
+        msg.ends_with(&format!("header says {m} images of {m}x{m}, which is too large to be real")),
+        "{msg}"
+    );
 }
 
 #[test]

@@ -97,6 +97,9 @@ fn truncated_and_empty_cifar_files_are_refused() {
     std::fs::write(hundred.path().join("test.bin"), record(&[3], 0).repeat(2)).unwrap();
     let msg = err_text(cifar::load(hundred.path(), Cifar::Hundred, Split::Test, &Normalize::identity(3)));
     assert!(msg.contains("6146 bytes is 1 whole 3074-byte CIFAR-100 records and 3072 bytes over"), "{msg}");
+    std::fs::write(hundred.path().join("test.bin"), b"").unwrap();
+    let msg = err_text(cifar::load(hundred.path(), Cifar::Hundred, Split::Test, &Normalize::identity(3)));
+    assert!(msg.ends_with("test.bin: empty file: no CIFAR-100 records"), "{msg}");
 }
 
 #[test]
@@ -140,7 +143,12 @@ fn npy(descr: &str, shape: &[usize], data: &[u8], fortran: bool) -> Vec<u8> {
     let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
     let shape = if shape.len() == 1 { format!("({},)", dims[0]) } else { format!("({})", dims.join(", ")) };
     let order = if fortran { "True" } else { "False" };
-    let mut header = format!("{{'descr': '{descr}', 'fortran_order': {order}, 'shape': {shape}, }}");
+    npy_with_header(&format!("{{'descr': '{descr}', 'fortran_order': {order}, 'shape': {shape}, }}"), data)
+}
+
+/// A .npy file (format 1.0) whose header is the dict `header`, then `data`.
+fn npy_with_header(header: &str, data: &[u8]) -> Vec<u8> {
+    let mut header = header.to_string();
     let used = 10 + header.len() + 1;
     header.push_str(&" ".repeat((64 - used % 64) % 64));
     header.push('\n');
@@ -327,6 +335,30 @@ fn npz_bad_arrays_are_named_with_what_is_wrong() {
     let msg = err_text(npz::load(dir.path(), Split::Train, &Normalize::mnist(), false, 10));
     assert!(
         msg.contains("train.npz: normalization has 1 mean and 1 std values but the images have 3"),
+        "{msg}"
+    );
+}
+
+/// Headers no numpy array of images could have: a structured dtype, and a
+/// shape whose byte count does not fit 64 bits (checked before any
+/// allocation of that size is tried). The element count itself stays below
+/// 2^64: npyz multiplies the shape unchecked when it parses the header.
+#[test]
+fn npz_structured_dtypes_and_impossible_shapes_are_refused() {
+    let y = good_arrays().remove(1);
+    let record = "{'descr': [('r', '|u1'), ('g', '|u1')], 'fortran_order': False, 'shape': (2,), }";
+    let msg = npz_err(&[("x", npy_with_header(record, &[0; 4])), y.clone()]);
+    assert!(msg.contains("array `x` has the structured dtype"), "{msg}");
+    assert!(msg.ends_with("use a plain numeric array"), "{msg}");
+    let huge = 1usize << 60;
+    let labels = ("y", npy("<i8", &[huge], &i64s(&[1, 0]), false));
+    let msg = npz_err(&[("x", npy("<f4", &[huge, 3, 2, 2], &[0; 96], false)), labels]);
+    assert!(msg.ends_with(&format!("array `x` has shape [{huge}, 3, 2, 2], too large to be real")), "{msg}");
+    // The rank message names the layout the config asked for.
+    let flat = [("x", npy("|u1", &[2, 12], &[0; 24], false)), y];
+    let msg = err_text(npz_load(&flat, true).0);
+    assert!(
+        msg.ends_with("has shape [2, 12]; images must be [N, H, W, C] (data.layout = \"nhwc\")"),
         "{msg}"
     );
 }

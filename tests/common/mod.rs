@@ -72,6 +72,18 @@ pub fn mnist_dir() -> PathBuf {
     dir
 }
 
+/// The cats and dogs scripts/fetch-catsdogs.sh writes (scripts/test.sh fetches
+/// them first), or `DDPTRAIN_CATSDOGS`.
+pub fn catsdogs_dir() -> PathBuf {
+    let dir = from_env("DDPTRAIN_CATSDOGS", repo_root().join("data/catsdogs"));
+    assert!(
+        dir.join("test_batch.bin").exists(),
+        "{} has no CIFAR-10 files: run scripts/fetch-catsdogs.sh (scripts/test.sh does)",
+        dir.display()
+    );
+    dir
+}
+
 pub fn write(dir: &Path, name: &str, body: &str) -> PathBuf {
     let p = dir.join(name);
     std::fs::write(&p, body).expect("write test file");
