@@ -91,6 +91,7 @@ namespace {
 
 void thread_finished(Worker* w, int t) {
   w->th[t].state = T_DONE;
+  w->warp_done[t / 32] |= 1u << (t % 32);
   w->ndone++;
 }
 
@@ -148,6 +149,8 @@ void run_block(Worker* w) {
   w->ndone = 0;
   w->nbar = 0;
   w->nwarp_wait = 0;
+  memset(w->warp_waiting, 0, sizeof w->warp_waiting);
+  memset(w->warp_done, 0, sizeof w->warp_done);
   w->rq_head = w->rq_tail = w->rq_len = 0;
   w->nfree = 0;
   w->stacks_used = 0;

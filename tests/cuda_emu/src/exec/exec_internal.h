@@ -70,6 +70,10 @@ struct Worker {
   int ndone = 0;
   int nbar = 0;
   int nwarp_wait = 0;
+  // Per warp, the lanes waiting at a shuffle or __syncwarp (T_WARP) and the
+  // lanes that exited (T_DONE): a warp operation reads who is there in O(1).
+  uint32_t warp_waiting[kMaxThreads / 32] = {};
+  uint32_t warp_done[kMaxThreads / 32] = {};
   int runq[kMaxThreads];
   int rq_head = 0, rq_tail = 0, rq_len = 0;
   // ---- error

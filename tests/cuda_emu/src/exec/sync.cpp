@@ -101,7 +101,7 @@ bool resolve_stall(Worker* w) {
     const Thread& f = w->th[first];
     for (int t = 0; t < n; t++) {
       const Thread& h = w->th[t];
-      if (h.state == T_BAR && h.line == f.line && strcmp(h.file, f.file) == 0) continue;
+      if (h.state == T_BAR && h.line == f.line && (h.file == f.file || strcmp(h.file, f.file) == 0)) continue;
       describe_state(w, t, other, sizeof other);
       if (h.state == T_BAR) {
         char tb[48];
@@ -160,35 +160,42 @@ uint64_t warp_op(Worker* w, int kind, uint32_t mask, uint64_t value, int lane_ar
   h.bytes = (uint8_t)bytes;
   h.file = file;
   h.line = line;
-  // Who of the mask is here already, and at the same operation?
-  int missing = 0;
-  for (int j = 0; j < 32; j++) {
-    if (!(mask & (1u << j)) || j == lane) continue;
+  // Who of the mask is here already, and at the same operation? Each lane
+  // that waits was checked against the first one waiting when it came, so
+  // they all agree and one comparison checks the newcomer against all. The
+  // lowest lane that is waiting or gone is judged first, as a walk over the
+  // lanes would.
+  const uint32_t others = mask & ~(1u << lane);
+  const uint32_t waiting = w->warp_waiting[warp] & others, done = w->warp_done[warp] & others;
+  const int jw = waiting ? __builtin_ctz(waiting) : 32, jd = done ? __builtin_ctz(done) : 32;
+  if (jw < jd) {
+    const int j = jw;
     const Thread& o = w->th[warp * 32 + j];
-    if (o.state == T_WARP) {
-      if (o.kind != kind || o.line != line || o.mask != mask || strcmp(o.file, file) != 0 ||
-          (kind < 4 && o.width != width)) {
-        fmt_where(w, t, where, sizeof where);
-        set_error(w, kErrLaunch,
-                  "%s: %s(mask 0x%08x, width %d) at %s:%d in warp %d while lane %d waits at %s(mask 0x%08x, width "
-                  "%d) at %s:%d",
-                  where, kind_name(kind), mask, width, file, line, warp, j, kind_name(o.kind), o.mask, o.width,
-                  o.file, o.line);
-        abandon_fiber(w);
-      }
-    } else if (o.state == T_DONE) {
-      char other[200];
+    // One call site passes one __FILE__ pointer: strcmp only when they differ.
+    if (o.kind != kind || o.line != line || o.mask != mask || (o.file != file && strcmp(o.file, file) != 0) ||
+        (kind < 4 && o.width != width)) {
       fmt_where(w, t, where, sizeof where);
-      describe_state(w, warp * 32 + j, other, sizeof other);
-      set_error(w, kErrLaunch, "%s: %s(mask 0x%08x) at %s:%d in warp %d: lane %d of the mask is not there: %s",
-                where, kind_name(kind), mask, file, line, warp, j, other);
+      set_error(w, kErrLaunch,
+                "%s: %s(mask 0x%08x, width %d) at %s:%d in warp %d while lane %d waits at %s(mask 0x%08x, width "
+                "%d) at %s:%d",
+                where, kind_name(kind), mask, width, file, line, warp, j, kind_name(o.kind), o.mask, o.width,
+                o.file, o.line);
       abandon_fiber(w);
-    } else {
-      missing++;
     }
   }
+  if (done) {
+    const int j = jd;
+    char other[200];
+    fmt_where(w, t, where, sizeof where);
+    describe_state(w, warp * 32 + j, other, sizeof other);
+    set_error(w, kErrLaunch, "%s: %s(mask 0x%08x) at %s:%d in warp %d: lane %d of the mask is not there: %s",
+              where, kind_name(kind), mask, file, line, warp, j, other);
+    abandon_fiber(w);
+  }
+  const int missing = __builtin_popcount(others & ~waiting);
   if (missing > 0) {
     h.state = T_WARP;
+    w->warp_waiting[warp] |= 1u << lane;
     w->nwarp_wait++;
     block_current(w);
     if (w->error) abandon_fiber(w);
@@ -226,8 +233,9 @@ uint64_t warp_op(Worker* w, int kind, uint32_t mask, uint64_t value, int lane_ar
   if (kind == 4)
     for (int i = 0; i < 32; i++)
       if (mask & (1u << i)) shared_warp_synced(w, warp * 32 + i);
+  w->warp_waiting[warp] &= ~others;
   for (int i = 0; i < 32; i++) {
-    if (!(mask & (1u << i)) || i == lane) continue;
+    if (!(others & (1u << i))) continue;
     w->nwarp_wait--;
     runq_push(w, warp * 32 + i);
   }
