@@ -341,8 +341,8 @@ fn npz_bad_arrays_are_named_with_what_is_wrong() {
 
 /// Headers no numpy array of images could have: a structured dtype, and a
 /// shape whose byte count does not fit 64 bits (checked before any
-/// allocation of that size is tried). The element count itself stays below
-/// 2^64: npyz multiplies the shape unchecked when it parses the header.
+/// allocation of that size is tried), whether or not the element count
+/// itself passes 2^64.
 #[test]
 fn npz_structured_dtypes_and_impossible_shapes_are_refused() {
     let y = good_arrays().remove(1);
@@ -354,6 +354,10 @@ fn npz_structured_dtypes_and_impossible_shapes_are_refused() {
     let labels = ("y", npy("<i8", &[huge], &i64s(&[1, 0]), false));
     let msg = npz_err(&[("x", npy("<f4", &[huge, 3, 2, 2], &[0; 96], false)), labels]);
     assert!(msg.ends_with(&format!("array `x` has shape [{huge}, 3, 2, 2], too large to be real")), "{msg}");
+    // Past 2^64 elements (2^66): refused the same way, no overflow anywhere.
+    let labels = ("y", npy("<i8", &[huge], &i64s(&[1, 0]), false));
+    let msg = npz_err(&[("x", npy("<f4", &[huge, 16, 2, 2], &[0; 96], false)), labels]);
+    assert!(msg.ends_with(&format!("array `x` has shape [{huge}, 16, 2, 2], too large to be real")), "{msg}");
     // The rank message names the layout the config asked for.
     let flat = [("x", npy("|u1", &[2, 12], &[0; 24], false)), y];
     let msg = err_text(npz_load(&flat, true).0);
