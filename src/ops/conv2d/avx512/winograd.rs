@@ -1,14 +1,17 @@
-//! Winograd F(4x4, 5x5) convolution on AVX-512, for 5x5 stride-1 kernels
-//! with enough channels on both sides (MNIST's conv2). Each 4 x 4 block of
-//! output pixels (a tile) costs 64 products per channel pair instead of 400:
-//! the 8 x 8 input patch and the filter are transformed, multiplied point by
-//! point (64 small GEMMs over the channels), and transformed back
-//! (Lavin & Gray, "Fast Algorithms for Convolutional Neural Networks").
+//! Winograd convolution on AVX-512 over 8 x 8 patches: F(4x4, 5x5) for 5x5
+//! stride-1 kernels (MNIST's conv2) and F(6x6, 3x3) for 3x3 stride-1
+//! kernels (the ResNets' convs), with enough channels on both sides. Each
+//! `M x M` block of output pixels (a tile) costs 64 products per channel
+//! pair instead of 400 (5x5) or 324 (3x3): the 8 x 8 input patch and the
+//! filter are transformed, multiplied point by point (64 small GEMMs over
+//! the channels), and transformed back (Lavin & Gray, "Fast Algorithms for
+//! Convolutional Neural Networks"). Both use the same eight points, hence
+//! the same data transform; [`Alg`] holds what differs.
 //!
-//! - forward: F(4, 5) over the input padded by `p`;
-//! - input gradient: the same F(4, 5) over `dy` padded by `K - 1 - p` with
+//! - forward: F(M, K) over the input padded by `p`;
+//! - input gradient: the same F(M, K) over `dy` padded by `K - 1 - p` with
 //!   the flipped, transposed filter (a full correlation);
-//! - weight gradient: F(5, 4), the 4 x 4 `dy` tile as the filter over the
+//! - weight gradient: F(K, M), the M x M `dy` tile as the filter over the
 //!   forward's own 8 x 8 patches, summed over tiles and images in the
 //!   transformed domain and transformed back once per call.
 //!
@@ -28,17 +31,96 @@ use crate::ops::conv2d::avx512_direct::to_planes;
 use crate::ops::conv2d::cpu::ConvGeom;
 use crate::ops::conv2d::lines::Lines;
 use crate::ops::half_emu::{Act, Pixels};
-use kernels::{point_len, TileGrid, AT5, G5, INV_F, LANES, M, T, TT};
+use kernels::{point_len, TileGrid, AT3, AT5, G3, G5, INV_F, LANES, T, TT};
 use rayon::prelude::*;
 use std::cell::RefCell;
 
-const K: usize = 5;
-
-/// Whether [`forward`] and [`backward`] take this geometry: a 5x5 stride-1
-/// kernel with at least 8 channels in and out (MNIST's conv1, with one
-/// input channel, would spend its time in the transforms).
+/// Whether [`forward`] and [`backward`] take this geometry: a 5x5 or 3x3
+/// stride-1 kernel with at least 8 channels in and out (MNIST's conv1 and
+/// the ResNets' first conv, with one input channel, would spend their time
+/// in the transforms).
 pub(super) fn fits(g: &ConvGeom) -> bool {
-    g.k == K && g.stride == 1 && g.padding < K && g.c >= 8 && g.o >= 8
+    (g.k == 5 || g.k == 3) && g.stride == 1 && g.padding < g.k && g.c >= 8 && g.o >= 8
+}
+
+/// One Winograd algorithm over the 8 points: output tiles of `M x M`
+/// pixels for a `K x K` kernel (`M + K - 1 = T`), its filter transform `G`
+/// (`g(j, k)`, f64), the weight gradient's output transform `A^T` of F(K, M)
+/// (`at(i, j)`) and the vector transforms.
+trait Alg {
+    const M: usize;
+    const K: usize;
+    fn g(j: usize, k: usize) -> f64;
+    fn at(i: usize, j: usize) -> f64;
+    /// # Safety
+    /// As [`kernels::input_transform`].
+    unsafe fn input_transform(src: *const f32, g: TileGrid, v: *mut f32);
+    /// # Safety
+    /// As [`kernels::dy_transform4`].
+    unsafe fn dy_transform(src: *const f32, g: TileGrid, d: *mut f32);
+    /// # Safety
+    /// As [`kernels::output_transform4`].
+    unsafe fn output_transform(
+        m: *const f32,
+        tiles: (usize, usize, usize),
+        hw: (usize, usize),
+        out: *mut f32,
+    );
+}
+
+/// F(4x4, 5x5), and F(5x5, 4x4) for the weight gradient.
+struct F4x5;
+/// F(6x6, 3x3), and F(3x3, 6x6) for the weight gradient.
+struct F6x3;
+
+impl Alg for F4x5 {
+    const M: usize = 4;
+    const K: usize = 5;
+    fn g(j: usize, k: usize) -> f64 {
+        G5[j][k]
+    }
+    fn at(i: usize, j: usize) -> f64 {
+        AT5[i][j]
+    }
+    unsafe fn input_transform(src: *const f32, g: TileGrid, v: *mut f32) {
+        kernels::input_transform::<4>(src, g, v)
+    }
+    unsafe fn dy_transform(src: *const f32, g: TileGrid, d: *mut f32) {
+        kernels::dy_transform4(src, g, d)
+    }
+    unsafe fn output_transform(
+        m: *const f32,
+        tiles: (usize, usize, usize),
+        hw: (usize, usize),
+        out: *mut f32,
+    ) {
+        kernels::output_transform4(m, tiles, hw, out)
+    }
+}
+
+impl Alg for F6x3 {
+    const M: usize = 6;
+    const K: usize = 3;
+    fn g(j: usize, k: usize) -> f64 {
+        G3[j][k]
+    }
+    fn at(i: usize, j: usize) -> f64 {
+        AT3[i][j]
+    }
+    unsafe fn input_transform(src: *const f32, g: TileGrid, v: *mut f32) {
+        kernels::input_transform::<6>(src, g, v)
+    }
+    unsafe fn dy_transform(src: *const f32, g: TileGrid, d: *mut f32) {
+        kernels::dy_transform6(src, g, d)
+    }
+    unsafe fn output_transform(
+        m: *const f32,
+        tiles: (usize, usize, usize),
+        hw: (usize, usize),
+        out: *mut f32,
+    ) {
+        kernels::output_transform6(m, tiles, hw, out)
+    }
 }
 
 /// An image pixel-major, `[rows][cols][ld]`: its `ch` planes of `h x w`
@@ -75,9 +157,10 @@ impl PixelMajor {
         }
     }
 
-    /// The tiles of an output grid of `ho x wo` pixels over this image.
-    fn tiles(&self, (ho, wo): (usize, usize)) -> TileGrid {
-        TileGrid { ty: ho.div_ceil(M), tx: wo.div_ceil(M), cols: self.cols, ld: self.ld }
+    /// The tiles of `m x m` pixels of an output grid of `ho x wo` pixels
+    /// over this image.
+    fn tiles(&self, m: usize, (ho, wo): (usize, usize)) -> TileGrid {
+        TileGrid { ty: ho.div_ceil(m), tx: wo.div_ceil(m), cols: self.cols, ld: self.ld }
     }
 }
 
@@ -97,11 +180,11 @@ struct Plan {
 }
 
 impl Plan {
-    fn new(g: &ConvGeom) -> Self {
-        let (p, q) = (g.padding, K - 1 - g.padding);
+    fn new<W: Alg>(g: &ConvGeom) -> Self {
+        let (m, p, q) = (W::M, g.padding, W::K - 1 - g.padding);
         let (ldc, ldo) = (g.c.next_multiple_of(LANES), g.o.next_multiple_of(LANES));
-        // A tile's 8 x 8 patch reaches 4 * tiles + 4 rows and columns.
-        let reach = |n: usize| M * n.div_ceil(M) + T - M;
+        // A tile's 8 x 8 patch reaches M * tiles + T - M rows and columns.
+        let reach = |n: usize| m * n.div_ceil(m) + T - m;
         let x = PixelMajor {
             rows: reach(g.ho).max(p + g.h),
             cols: reach(g.wo).max(p + g.w),
@@ -112,23 +195,23 @@ impl Plan {
             ch: g.c,
         };
         let dy = PixelMajor {
-            rows: reach(g.h).max(q + M * g.ho.div_ceil(M)),
-            cols: reach(g.w).max(q + M * g.wo.div_ceil(M)),
+            rows: reach(g.h).max(q + m * g.ho.div_ceil(m)),
+            cols: reach(g.w).max(q + m * g.wo.div_ceil(m)),
             ld: ldo,
             pad: q,
             h: g.ho,
             w: g.wo,
             ch: g.o,
         };
-        let out = x.tiles((g.ho, g.wo));
-        let dx = dy.tiles((g.h, g.w));
-        let dwt = dy.tiles((g.ho, g.wo));
+        let out = x.tiles(m, (g.ho, g.wo));
+        let dx = dy.tiles(m, (g.h, g.w));
+        let dwt = dy.tiles(m, (g.ho, g.wo));
         // What makes the kernels' raw reads sound: every 8 x 8 patch inside
-        // its image, every 4 x 4 `dy` tile (from (q, q)) inside `dy`.
+        // its image, every m x m `dy` tile (from (q, q)) inside `dy`.
         let inside = |pm: &PixelMajor, tg: TileGrid, from: usize, side: usize| {
-            from + M * (tg.ty - 1) + side <= pm.rows && from + M * (tg.tx - 1) + side <= pm.cols
+            from + m * (tg.ty - 1) + side <= pm.rows && from + m * (tg.tx - 1) + side <= pm.cols
         };
-        assert!(inside(&x, out, 0, T) && inside(&dy, dx, 0, T) && inside(&dy, dwt, q, M));
+        assert!(inside(&x, out, 0, T) && inside(&dy, dx, 0, T) && inside(&dy, dwt, q, m));
         Plan { x, dy, out, dx, dwt }
     }
 }
@@ -138,26 +221,27 @@ impl Plan {
 /// output channel runs innermost so the f64 loops vectorize, one input
 /// channel per rayon job. Each sum starts from its first term, as
 /// `Iterator::sum` (from -0.0) does, bit for bit.
-fn filters(nin: usize, nout: usize, at: impl Fn(usize, usize, usize, usize) -> f32 + Sync) -> Lines {
+fn filters<W: Alg>(nin: usize, nout: usize, at: impl Fn(usize, usize, usize, usize) -> f32 + Sync) -> Lines {
+    let k = W::K;
     let ld = nout.next_multiple_of(LANES);
     // Input channels in parallel, each its `[p][o]` block (the rest of the
     // pool would otherwise wait): w[ki][kj][o], (G w)[a][kj][o], then u.
     let blocks: Vec<Vec<f32>> = (0..nin)
         .into_par_iter()
         .map(|i| {
-            let (mut w, mut gw) = (vec![0f64; K * K * nout], vec![0f64; T * K * nout]);
+            let (mut w, mut gw) = (vec![0f64; k * k * nout], vec![0f64; T * k * nout]);
             for (t, wt) in w.chunks_exact_mut(nout).enumerate() {
                 for (o, v) in wt.iter_mut().enumerate() {
-                    *v = at(o, i, t / K, t % K) as f64;
+                    *v = at(o, i, t / k, t % k) as f64;
                 }
             }
             for (t, dst) in gw.chunks_exact_mut(nout).enumerate() {
-                let (a, kj) = (t / K, t % K);
-                mul_add_rows(dst, (0..K).map(|ki| (G5[a][ki], &w[(ki * K + kj) * nout..][..nout])));
+                let (a, kj) = (t / k, t % k);
+                mul_add_rows(dst, (0..k).map(|ki| (W::g(a, ki), &w[(ki * k + kj) * nout..][..nout])));
             }
             let gw = &gw;
             rows_f32(TT, nout, |p| {
-                (0..K).map(move |kj| (G5[p % T][kj], &gw[(p / T * K + kj) * nout..][..nout]))
+                (0..k).map(move |kj| (W::g(p % T, kj), &gw[(p / T * k + kj) * nout..][..nout]))
             })
         })
         .collect();
@@ -239,9 +323,18 @@ fn with_scratch<const N: usize, R>(
 /// `y[N, O, Ho, Wo] = conv(x, w) + bias`, as [`super::forward`] (which
 /// calls it for [`fits`] geometries on AVX-512 machines).
 pub(super) fn forward<X: Act>(g: &ConvGeom, x: &[X], w: &[f32], bias: Option<&[f32]>, y: &mut [X::Out]) {
-    let plan = Plan::new(g);
-    let (ckk, kk) = (g.ckk(), K * K);
-    let u = filters(g.c, g.o, |o, c, ki, kj| w[o * ckk + c * kk + ki * K + kj]);
+    if g.k == 3 {
+        forward_with::<F6x3, X>(g, x, w, bias, y)
+    } else {
+        forward_with::<F4x5, X>(g, x, w, bias, y)
+    }
+}
+
+fn forward_with<W: Alg, X: Act>(g: &ConvGeom, x: &[X], w: &[f32], bias: Option<&[f32]>, y: &mut [X::Out]) {
+    let plan = Plan::new::<W>(g);
+    let (ckk, k) = (g.ckk(), W::K);
+    let kk = k * k;
+    let u = filters::<W>(g.c, g.o, |o, c, ki, kj| w[o * ckk + c * kk + ki * k + kj]);
     let (ldc, ldo, nt, hw) = (plan.x.ld, plan.dy.ld, plan.out.count(), g.out_hw());
     let pt = per_forward_task(g.n);
     y.par_chunks_mut(pt * g.y_len()).zip(x.par_chunks(pt * g.x_len())).for_each(|(yc, xc)| {
@@ -254,9 +347,9 @@ pub(super) fn forward<X: Act>(g: &ConvGeom, x: &[X], w: &[f32], bias: Option<&[f
                 // the kernels' contracts ask for (cut from the scratch above). `fits`
                 // callers run only where `avx512::usable` found AVX-512F.
                 unsafe {
-                    kernels::input_transform(xt.as_ptr(), plan.out, v.as_mut_ptr());
+                    W::input_transform(xt.as_ptr(), plan.out, v.as_mut_ptr());
                     kernels::point_gemms(nt, g.c, v.as_ptr(), ldc, u.as_ptr(), ldo, m.as_mut_ptr());
-                    kernels::output_transform(
+                    W::output_transform(
                         m.as_ptr(),
                         (plan.out.ty, plan.out.tx, ldo),
                         (g.ho, g.wo),
@@ -280,14 +373,31 @@ pub(super) fn backward<X: Act>(
     db: Option<&mut [f32]>,
     dx: Option<&mut [X::Out]>,
 ) {
-    let plan = Plan::new(g);
-    let (ckk, kk) = (g.ckk(), K * K);
+    if g.k == 3 {
+        backward_with::<F6x3, X>(g, x, w, dy, dw, db, dx)
+    } else {
+        backward_with::<F4x5, X>(g, x, w, dy, dw, db, dx)
+    }
+}
+
+fn backward_with<W: Alg, X: Act>(
+    g: &ConvGeom,
+    x: &[X],
+    w: &[f32],
+    dy: &[X],
+    dw: &mut [f32],
+    db: Option<&mut [f32]>,
+    dx: Option<&mut [X::Out]>,
+) {
+    let plan = Plan::new::<W>(g);
+    let (ckk, k) = (g.ckk(), W::K);
+    let kk = k * k;
     let (ldc, ldo, hw) = (plan.x.ld, plan.dy.ld, g.out_hw());
     let (nt, ntx) = (plan.out.count(), plan.dx.count());
     // The input gradient's filter: `w` flipped, input and output swapped.
-    let udx = dx
-        .is_some()
-        .then(|| filters(g.o, g.c, |c, o, ki, kj| w[o * ckk + c * kk + (K - 1 - ki) * K + (K - 1 - kj)]));
+    let udx = dx.is_some().then(|| {
+        filters::<W>(g.o, g.c, |c, o, ki, kj| w[o * ckk + c * kk + (k - 1 - ki) * k + (k - 1 - kj)])
+    });
     let need_db = db.is_some();
     // Per task: the weight gradient in the transformed domain and db.
     let partials = backward_tasks(g, dx, |first, imgs, mut dxt| {
@@ -315,12 +425,8 @@ pub(super) fn backward<X: Act>(
                 // sizes both to their reach); v, d, acc have the lengths the
                 // contracts ask for (cut from the scratch above). AVX-512F: see `fits`.
                 unsafe {
-                    kernels::input_transform(xt.as_ptr(), plan.out, v.as_mut_ptr());
-                    kernels::dy_transform(
-                        dyt.as_ptr().add((q * plan.dy.cols + q) * ldo),
-                        plan.dwt,
-                        d.as_mut_ptr(),
-                    );
+                    W::input_transform(xt.as_ptr(), plan.out, v.as_mut_ptr());
+                    W::dy_transform(dyt.as_ptr().add((q * plan.dy.cols + q) * ldo), plan.dwt, d.as_mut_ptr());
                     kernels::point_dw(nt, v.as_ptr(), ldc, d.as_ptr(), ldo, acc.as_mut_ptr());
                 }
                 for (o, s) in db_t.iter_mut().enumerate() {
@@ -330,7 +436,7 @@ pub(super) fn backward<X: Act>(
                     // SAFETY: the patches of `plan.dx` lie inside `dyt`; vdy,
                     // udx, mdx, outdx have the contracts' lengths.
                     unsafe {
-                        kernels::input_transform(dyt.as_ptr(), plan.dx, vdy.as_mut_ptr());
+                        W::input_transform(dyt.as_ptr(), plan.dx, vdy.as_mut_ptr());
                         kernels::point_gemms(
                             ntx,
                             g.o,
@@ -340,7 +446,7 @@ pub(super) fn backward<X: Act>(
                             ldc,
                             mdx.as_mut_ptr(),
                         );
-                        kernels::output_transform(
+                        W::output_transform(
                             mdx.as_ptr(),
                             (plan.dx.ty, plan.dx.tx, ldc),
                             (g.h, g.w),
@@ -356,20 +462,21 @@ pub(super) fn backward<X: Act>(
     });
     let mut acc = zeros(TT * ldc * ldo);
     add_partials(&partials, &mut acc, db);
-    finish_dw(g, &acc, ldc, ldo, dw);
+    finish_dw::<W>(g, &acc, ldc, ldo, dw);
 }
 
 /// `dw[o][c] += A^T (diag(f) acc[.][c][o] diag(f)) A`: the weight gradient
 /// out of the transformed domain (`f` = [`INV_F`], the filter transform's
 /// fractions), in f64, the output channel innermost (see [`filters`]).
-fn finish_dw(g: &ConvGeom, acc: &[f32], ldc: usize, ldo: usize, dw: &mut [f32]) {
-    let (kk, no) = (K * K, g.o);
+fn finish_dw<W: Alg>(g: &ConvGeom, acc: &[f32], ldc: usize, ldo: usize, dw: &mut [f32]) {
+    let (k, no) = (W::K, g.o);
+    let kk = k * k;
     // Input channels in parallel, each its `[ki][kj][o]` block: s[a][b][o],
     // r[ki][b][o] = (A^T s)[ki][b], then r A.
     let blocks: Vec<Vec<f32>> = (0..g.c)
         .into_par_iter()
         .map(|c| {
-            let (mut sv, mut r) = (vec![0f64; TT * no], vec![0f64; K * T * no]);
+            let (mut sv, mut r) = (vec![0f64; TT * no], vec![0f64; k * T * no]);
             for (p, dst) in sv.chunks_exact_mut(no).enumerate() {
                 let (fa, fb) = (INV_F[p / T], INV_F[p % T]);
                 for (d, a) in dst.iter_mut().zip(&acc[(p * ldc + c) * ldo..]) {
@@ -378,10 +485,10 @@ fn finish_dw(g: &ConvGeom, acc: &[f32], ldc: usize, ldo: usize, dw: &mut [f32]) 
             }
             for (t, dst) in r.chunks_exact_mut(no).enumerate() {
                 let (ki, b) = (t / T, t % T);
-                mul_add_rows(dst, (0..T).map(|a| (AT5[ki][a], &sv[(a * T + b) * no..][..no])));
+                mul_add_rows(dst, (0..T).map(|a| (W::at(ki, a), &sv[(a * T + b) * no..][..no])));
             }
             let r = &r;
-            rows_f32(kk, no, |t| (0..T).map(move |b| (AT5[t % K][b], &r[(t / K * T + b) * no..][..no])))
+            rows_f32(kk, no, |t| (0..T).map(move |b| (W::at(t % k, b), &r[(t / k * T + b) * no..][..no])))
         })
         .collect();
     for (c, block) in blocks.iter().enumerate() {
