@@ -47,6 +47,9 @@ const CFGS: &[(usize, usize, usize, usize, usize, usize, usize)] = &[
     (2, 9, 10, 13, 17, 3, 0),
     (1, 8, 5, 5, 8, 3, 2),
     (3, 12, 12, 6, 20, 3, 1),
+    // Enough 9x9 images (4 tiles each, 8 images a batch) that a task's
+    // images end in a partial batch, forward and backward.
+    (80, 8, 9, 9, 8, 3, 1),
 ];
 
 fn geom(cfg: (usize, usize, usize, usize, usize, usize, usize)) -> ConvGeom {
@@ -208,5 +211,62 @@ fn winograd_error(cfg: (usize, usize, usize, usize, usize, usize, usize), rms_ma
     for (what, (rms, max)) in [("y", err(&y, &y64)), ("dx", err(&dx, &dx64)), ("dw", err(&dw, &dw64))] {
         eprintln!("winograd {cfg:?} {what}: rms error {rms:.2e}, max error {max:.2e} of the largest value");
         assert!(rms < rms_max && max < max_max, "winograd {cfg:?} {what}: rms error {rms:e}, max {max:e}");
+    }
+}
+
+/// Milliseconds per call of ResNet-20's 3x3 stride-1 convs at batch 128,
+/// Winograd against the direct kernels, interleaved (the choice in
+/// `winograd::fits` rests on these): `cargo test --release --lib
+/// conv_timing_resnet20 -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn conv_timing_resnet20() {
+    use std::time::Instant;
+    for cfg in [(128, 16, 28, 28, 16, 3, 1), (128, 32, 14, 14, 32, 3, 1), (128, 64, 7, 7, 64, 3, 1)] {
+        let g = geom(cfg);
+        if !avx512::usable(&g) {
+            return;
+        }
+        let (x, w, dy) = (
+            f32s(&rand_vec(g.n * g.x_len(), 1)),
+            f32s(&rand_vec(g.o * g.ckk(), 2)),
+            f32s(&rand_vec(g.n * g.y_len(), 3)),
+        );
+        let (mut y, mut dw, mut dx) = (vec![0f32; dy.len()], vec![0f32; w.len()], vec![0f32; x.len()]);
+        let ms = |f: &mut dyn FnMut()| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_secs_f64() * 1e3
+        };
+        let mut best = [f64::INFINITY; 4];
+        for _ in 0..5 {
+            let t = [
+                ms(&mut || avx512::forward(&g, &x, &w, None, avx512::as_uninit(&mut y))),
+                ms(&mut || avx512::forward_direct(&g, &x, &w, None, avx512::as_uninit(&mut y))),
+                ms(&mut || {
+                    avx512::backward(&g, &x, &w, &dy, &mut dw, None, Some(avx512::as_uninit(&mut dx)))
+                }),
+                ms(&mut || {
+                    let pixel = super::avx512::dw_pixel(&g);
+                    avx512::backward_with(
+                        &g,
+                        &x,
+                        &w,
+                        &dy,
+                        &mut dw,
+                        None,
+                        Some(avx512::as_uninit(&mut dx)),
+                        pixel,
+                    )
+                }),
+            ];
+            for (b, v) in best.iter_mut().zip(t) {
+                *b = b.min(v);
+            }
+        }
+        eprintln!(
+            "{cfg:?}: forward winograd {:.2} ms, direct {:.2} ms; backward winograd {:.2} ms, direct {:.2} ms",
+            best[0], best[1], best[2], best[3]
+        );
     }
 }

@@ -43,6 +43,16 @@ pub(super) fn fits(g: &ConvGeom) -> bool {
     (g.k == 5 || g.k == 3) && g.stride == 1 && g.padding < g.k && g.c >= 8 && g.o >= 8
 }
 
+/// Whether [`backward`] takes this geometry: as [`fits`], but 3x3 kernels
+/// only over at least 8 x 8 output pixels. On ResNet-20's 7x7 stage (64
+/// channels, 4 tiles of 6 x 6 an image, a third of them padding) the
+/// weight gradient's transformed accumulators (1 MB a task) cost more than
+/// the products saved: 11.2 ms per batch of 128 against 8.8 ms for the
+/// direct kernels (forward: 3.7 ms against 4.7 ms, so it stays).
+pub(super) fn fits_backward(g: &ConvGeom) -> bool {
+    fits(g) && (g.k != 3 || g.ho.min(g.wo) >= 8)
+}
+
 /// One Winograd algorithm over the 8 points: output tiles of `M x M`
 /// pixels for a `K x K` kernel (`M + K - 1 = T`), its filter transform `G`
 /// (`g(j, k)`, f64), the weight gradient's output transform `A^T` of F(K, M)
@@ -50,6 +60,9 @@ pub(super) fn fits(g: &ConvGeom) -> bool {
 trait Alg {
     const M: usize;
     const K: usize;
+    /// Images whose tiles go through the point GEMMs together, for `nt`
+    /// tiles per image.
+    fn batch(nt: usize) -> usize;
     fn g(j: usize, k: usize) -> f64;
     fn at(i: usize, j: usize) -> f64;
     /// # Safety
@@ -62,11 +75,14 @@ trait Alg {
     /// As [`kernels::output_transform4`].
     unsafe fn output_transform(
         m: *const f32,
-        tiles: (usize, usize, usize),
+        tiles: (usize, usize, usize, usize),
         hw: (usize, usize),
         out: *mut f32,
     );
 }
+
+/// Tiles per point GEMM that [`F6x3`] batches images up to.
+const GEMM_TILES: usize = 32;
 
 /// F(4x4, 5x5), and F(5x5, 4x4) for the weight gradient.
 struct F4x5;
@@ -76,6 +92,11 @@ struct F6x3;
 impl Alg for F4x5 {
     const M: usize = 4;
     const K: usize = 5;
+    /// One: MNIST's conv2 has 16 tiles an image, and its results stay
+    /// those of the kernels as they were (the sums are the same either way).
+    fn batch(_: usize) -> usize {
+        1
+    }
     fn g(j: usize, k: usize) -> f64 {
         G5[j][k]
     }
@@ -90,7 +111,7 @@ impl Alg for F4x5 {
     }
     unsafe fn output_transform(
         m: *const f32,
-        tiles: (usize, usize, usize),
+        tiles: (usize, usize, usize, usize),
         hw: (usize, usize),
         out: *mut f32,
     ) {
@@ -101,6 +122,12 @@ impl Alg for F4x5 {
 impl Alg for F6x3 {
     const M: usize = 6;
     const K: usize = 3;
+    /// About [`GEMM_TILES`] tiles: a 7x7 image has only 4, and the point
+    /// GEMMs then reloaded the transformed filter (64 KB a point at 64 x 64
+    /// channels) and the weight gradient's accumulators for every 4 tiles.
+    fn batch(nt: usize) -> usize {
+        (GEMM_TILES / nt).max(1)
+    }
     fn g(j: usize, k: usize) -> f64 {
         G3[j][k]
     }
@@ -115,7 +142,7 @@ impl Alg for F6x3 {
     }
     unsafe fn output_transform(
         m: *const f32,
-        tiles: (usize, usize, usize),
+        tiles: (usize, usize, usize, usize),
         hw: (usize, usize),
         out: *mut f32,
     ) {
@@ -160,7 +187,8 @@ impl PixelMajor {
     /// The tiles of `m x m` pixels of an output grid of `ho x wo` pixels
     /// over this image.
     fn tiles(&self, m: usize, (ho, wo): (usize, usize)) -> TileGrid {
-        TileGrid { ty: ho.div_ceil(m), tx: wo.div_ceil(m), cols: self.cols, ld: self.ld }
+        let (ty, tx) = (ho.div_ceil(m), wo.div_ceil(m));
+        TileGrid { ty, tx, cols: self.cols, ld: self.ld, ps: point_len(ty * tx, self.ld) }
     }
 }
 
@@ -336,27 +364,40 @@ fn forward_with<W: Alg, X: Act>(g: &ConvGeom, x: &[X], w: &[f32], bias: Option<&
     let kk = k * k;
     let u = filters::<W>(g.c, g.o, |o, c, ki, kj| w[o * ckk + c * kk + ki * k + kj]);
     let (ldc, ldo, nt, hw) = (plan.x.ld, plan.dy.ld, plan.out.count(), g.out_hw());
-    let pt = per_forward_task(g.n);
-    y.par_chunks_mut(pt * g.y_len()).zip(x.par_chunks(pt * g.x_len())).for_each(|(yc, xc)| {
-        let lens = [plan.x.len(), TT * point_len(nt, ldc), TT * point_len(nt, ldo), hw * ldo];
+    let (pt, b) = (per_forward_task(g.n), W::batch(nt));
+    let (xl, yl) = (g.x_len(), g.y_len());
+    y.par_chunks_mut(pt * yl).zip(x.par_chunks(pt * xl)).for_each(|(yc, xc)| {
+        let lens = [plan.x.len(), TT * point_len(b * nt, ldc), TT * point_len(b * nt, ldo), hw * ldo];
         with_scratch(lens, 1, |[xt, v, m, out]| {
-            for (yi, xi) in yc.chunks_exact_mut(g.y_len()).zip(xc.chunks_exact(g.x_len())) {
-                plan.x.fill(X::pixels(xi), xt);
-                // SAFETY: the patches of `plan.out` lie inside `xt` (Plan::new
-                // sizes it to their reach), and v, u, m, out have the lengths
-                // the kernels' contracts ask for (cut from the scratch above). `fits`
-                // callers run only where `avx512::usable` found AVX-512F.
-                unsafe {
-                    W::input_transform(xt.as_ptr(), plan.out, v.as_mut_ptr());
-                    kernels::point_gemms(nt, g.c, v.as_ptr(), ldc, u.as_ptr(), ldo, m.as_mut_ptr());
-                    W::output_transform(
-                        m.as_ptr(),
-                        (plan.out.ty, plan.out.tx, ldo),
-                        (g.ho, g.wo),
-                        out.as_mut_ptr(),
-                    );
+            for (yb, xb) in yc.chunks_mut(b * yl).zip(xc.chunks(b * xl)) {
+                let nb = xb.len() / xl;
+                let tiles = plan.out.batched(nb);
+                for (i, xi) in xb.chunks_exact(xl).enumerate() {
+                    plan.x.fill(X::pixels(xi), xt);
+                    // SAFETY: the patches of `plan.out` lie inside `xt`
+                    // (Plan::new sizes it to their reach); image i's tiles
+                    // start at tile i * nt of `v`, which holds nb * nt <= b *
+                    // nt tiles a point (cut from the scratch above). `fits`
+                    // callers run only where `avx512::usable` found AVX-512F.
+                    unsafe { W::input_transform(xt.as_ptr(), tiles, v.as_mut_ptr().add(i * nt * ldc)) };
                 }
-                to_planes(out, hw, ldo, bias, X::planes(yi));
+                // SAFETY: v, u, m have the lengths the contracts ask for.
+                unsafe {
+                    kernels::point_gemms(nb * nt, g.c, v.as_ptr(), ldc, u.as_ptr(), ldo, m.as_mut_ptr())
+                };
+                let ps = point_len(nb * nt, ldo);
+                for (i, yi) in yb.chunks_exact_mut(yl).enumerate() {
+                    // SAFETY: image i's tiles in `m` as in `v`; `out` has hw * ldo floats.
+                    unsafe {
+                        W::output_transform(
+                            m.as_ptr().add(i * nt * ldo),
+                            (plan.out.ty, plan.out.tx, ldo, ps),
+                            (g.ho, g.wo),
+                            out.as_mut_ptr(),
+                        )
+                    };
+                    to_planes(out, hw, ldo, bias, X::planes(yi));
+                }
             }
         });
     });
@@ -399,6 +440,8 @@ fn backward_with<W: Alg, X: Act>(
         filters::<W>(g.o, g.c, |c, o, ki, kj| w[o * ckk + c * kk + (k - 1 - ki) * k + (k - 1 - kj)])
     });
     let need_db = db.is_some();
+    let b = W::batch(nt);
+    let (xl, yl) = (g.x_len(), g.y_len());
     // Per task: the weight gradient in the transformed domain and db.
     let partials = backward_tasks(g, dx, |first, imgs, mut dxt| {
         let mut acc = zeros(TT * ldc * ldo);
@@ -407,55 +450,74 @@ fn backward_with<W: Alg, X: Act>(
         let lens = [
             plan.x.len(),
             plan.dy.len(),
-            TT * point_len(nt, ldc),
-            TT * point_len(nt, ldo),
-            dx_len(TT * point_len(ntx, ldo)),
-            dx_len(TT * point_len(ntx, ldc)),
+            TT * point_len(b * nt, ldc),
+            TT * point_len(b * nt, ldo),
+            dx_len(TT * point_len(b * ntx, ldo)),
+            dx_len(TT * point_len(b * ntx, ldc)),
             dx_len(g.h * g.w * ldc),
         ];
         with_scratch(lens, 2, |[xt, dyt, v, d, vdy, mdx, outdx]| {
-            for i in 0..imgs {
-                let img = first + i;
-                plan.x.fill(X::pixels(&x[img * g.x_len()..(img + 1) * g.x_len()]), xt);
-                let dyi = X::pixels(&dy[img * g.y_len()..(img + 1) * g.y_len()]);
-                plan.dy.fill(dyi, dyt);
-                let q = plan.dy.pad;
-                // SAFETY: the patches of `plan.out` lie inside `xt` and the
-                // 4 x 4 tiles of `plan.dwt` from (q, q) inside `dyt` (Plan::new
-                // sizes both to their reach); v, d, acc have the lengths the
-                // contracts ask for (cut from the scratch above). AVX-512F: see `fits`.
-                unsafe {
-                    W::input_transform(xt.as_ptr(), plan.out, v.as_mut_ptr());
-                    W::dy_transform(dyt.as_ptr().add((q * plan.dy.cols + q) * ldo), plan.dwt, d.as_mut_ptr());
-                    kernels::point_dw(nt, v.as_ptr(), ldc, d.as_ptr(), ldo, acc.as_mut_ptr());
-                }
-                for (o, s) in db_t.iter_mut().enumerate() {
-                    *s += pixels_sum(dyi.slice(o * hw..(o + 1) * hw));
-                }
-                if let (Some(dxt), Some(udx)) = (dxt.as_deref_mut(), udx.as_deref()) {
-                    // SAFETY: the patches of `plan.dx` lie inside `dyt`; vdy,
-                    // udx, mdx, outdx have the contracts' lengths.
+            let q = plan.dy.pad;
+            let mut i0 = 0;
+            while i0 < imgs {
+                // Images i0..i0 + nb, their tiles one after the other in
+                // v, d (and vdy, mdx), image i's from tile i * nt (i * ntx).
+                let nb = b.min(imgs - i0);
+                let (vt, dt, dxt_grid) = (plan.out.batched(nb), plan.dwt.batched(nb), plan.dx.batched(nb));
+                for i in 0..nb {
+                    let img = first + i0 + i;
+                    plan.x.fill(X::pixels(&x[img * xl..(img + 1) * xl]), xt);
+                    let dyi = X::pixels(&dy[img * yl..(img + 1) * yl]);
+                    plan.dy.fill(dyi, dyt);
+                    // SAFETY: the patches of `plan.out` lie inside `xt` and
+                    // the m x m tiles of `plan.dwt` from (q, q) inside `dyt`
+                    // (Plan::new sizes both to their reach); v, d (and vdy)
+                    // hold nb tiles' worth from the offsets (cut from the
+                    // scratch above). AVX-512F: see `fits`.
                     unsafe {
-                        W::input_transform(dyt.as_ptr(), plan.dx, vdy.as_mut_ptr());
+                        W::input_transform(xt.as_ptr(), vt, v.as_mut_ptr().add(i * nt * ldc));
+                        let dy0 = dyt.as_ptr().add((q * plan.dy.cols + q) * ldo);
+                        W::dy_transform(dy0, dt, d.as_mut_ptr().add(i * nt * ldo));
+                        if dxt.is_some() {
+                            W::input_transform(dyt.as_ptr(), dxt_grid, vdy.as_mut_ptr().add(i * ntx * ldo));
+                        }
+                    }
+                    for (o, s) in db_t.iter_mut().enumerate() {
+                        *s += pixels_sum(dyi.slice(o * hw..(o + 1) * hw));
+                    }
+                }
+                // SAFETY: v, d, acc have the contracts' lengths. The tiles
+                // are summed in image order, as image by image.
+                unsafe { kernels::point_dw(nb * nt, v.as_ptr(), ldc, d.as_ptr(), ldo, acc.as_mut_ptr()) };
+                if let (Some(dxt), Some(udx)) = (dxt.as_deref_mut(), udx.as_deref()) {
+                    // SAFETY: vdy, udx, mdx have the contracts' lengths.
+                    unsafe {
                         kernels::point_gemms(
-                            ntx,
+                            nb * ntx,
                             g.o,
                             vdy.as_ptr(),
                             ldo,
                             udx.as_ptr(),
                             ldc,
                             mdx.as_mut_ptr(),
-                        );
-                        W::output_transform(
-                            mdx.as_ptr(),
-                            (plan.dx.ty, plan.dx.tx, ldc),
-                            (g.h, g.w),
-                            outdx.as_mut_ptr(),
-                        );
+                        )
+                    };
+                    let ps = point_len(nb * ntx, ldc);
+                    for i in 0..nb {
+                        // SAFETY: image i's tiles in `mdx`; outdx has h * w * ldc floats.
+                        unsafe {
+                            W::output_transform(
+                                mdx.as_ptr().add(i * ntx * ldc),
+                                (plan.dx.ty, plan.dx.tx, ldc, ps),
+                                (g.h, g.w),
+                                outdx.as_mut_ptr(),
+                            )
+                        };
+                        let dxi = &mut dxt[(i0 + i) * xl..(i0 + i + 1) * xl];
+                        to_planes(outdx, g.h * g.w, ldc, None, X::planes(dxi));
                     }
-                    let dxi = &mut dxt[i * g.x_len()..(i + 1) * g.x_len()];
-                    to_planes(outdx, g.h * g.w, ldc, None, X::planes(dxi));
                 }
+                i0 += nb;
             }
         });
         (acc, db_t)

@@ -239,11 +239,21 @@ pub(super) struct TileGrid {
     pub tx: usize,
     pub cols: usize,
     pub ld: usize,
+    /// Floats per transform point in the transformed buffer:
+    /// `point_len(tiles, ld)` for the tiles of all the images it holds.
+    pub ps: usize,
 }
 
 impl TileGrid {
     pub(super) fn count(&self) -> usize {
         self.ty * self.tx
+    }
+
+    /// This grid in a transformed buffer that holds the tiles of `images`
+    /// images one after the other (the kernels then write one image's tiles
+    /// from where the caller points them).
+    pub(super) fn batched(self, images: usize) -> TileGrid {
+        TileGrid { ps: point_len(images * self.count(), self.ld), ..self }
     }
 }
 
@@ -298,7 +308,7 @@ unsafe fn patch_transform<const M: usize, const N: usize>(
     out: *mut f32,
     f: impl Fn([__m512; N]) -> [__m512; T],
 ) {
-    let ps = point_len(g.count(), g.ld);
+    let ps = g.ps;
     // cols[a][x] = (F x)[a] of source column x of a run of up to TX tiles:
     // neighbouring 8 x 8 patches share four columns, whose pass then runs
     // once. (As arrays moved through `from_fn` and a transpose, the compiler
@@ -338,16 +348,16 @@ unsafe fn patch_transform<const M: usize, const N: usize>(
 }
 
 /// `out[(oh * wo + ow) * ld + l] = (A^T m A)` of every tile of `ty x tx`
-/// tiles of 4 x 4 pixels (F(4, 5)), `m[p * point_len + t * ld + l]`, for
-/// the output pixels inside `ho x wo`.
+/// tiles of 4 x 4 pixels (F(4, 5)), `m[p * ps + t * ld + l]`, for the
+/// output pixels inside `ho x wo` (`tiles` is `(ty, tx, ld, ps)`).
 ///
 /// # Safety
-/// `m` has `TT * point_len(ty * tx, ld)` floats, `out` `ho * wo * ld`, `4 ty >= ho`,
-/// `4 tx >= wo`; AVX-512F.
+/// `m` has `63 * ps + ty * tx * ld` floats, `ps >= point_len(ty * tx, ld)`,
+/// `out` `ho * wo * ld`, `4 ty >= ho`, `4 tx >= wo`; AVX-512F.
 #[target_feature(enable = "avx512f")]
 pub(super) unsafe fn output_transform4(
     m: *const f32,
-    tiles: (usize, usize, usize),
+    tiles: (usize, usize, usize, usize),
     hw: (usize, usize),
     out: *mut f32,
 ) {
@@ -361,7 +371,7 @@ pub(super) unsafe fn output_transform4(
 #[target_feature(enable = "avx512f")]
 pub(super) unsafe fn output_transform6(
     m: *const f32,
-    tiles: (usize, usize, usize),
+    tiles: (usize, usize, usize, usize),
     hw: (usize, usize),
     out: *mut f32,
 ) {
@@ -373,13 +383,13 @@ pub(super) unsafe fn output_transform6(
 #[target_feature(enable = "avx512f")]
 unsafe fn output_transform<const M: usize>(
     m: *const f32,
-    (ty, tx, ld): (usize, usize, usize),
+    (ty, tx, ld, ps): (usize, usize, usize, usize),
     (ho, wo): (usize, usize),
     out: *mut f32,
     at: impl Fn([__m512; T]) -> [__m512; M],
 ) {
     let nt = ty * tx;
-    let ps = point_len(nt, ld);
+    debug_assert!(ps >= point_len(nt, ld));
     // cols[a][j] = (A^T m)[a][j], then each row a through A (see `patch_transform`).
     let mut cols = [[_mm512_setzero_ps(); T]; M];
     for y in 0..ty {
