@@ -15,6 +15,7 @@
 #   TORCH_ALLOC=glibc scripts/bench.sh   # PyTorch on glibc malloc as it comes
 #   DEVICE=cuda BIN=gpu-bundle/ddptrain scripts/bench.sh   # on a GPU machine (gpu-check.sh runs this)
 #   MODEL=resnet20 THREADS=2 scripts/bench.sh   # ResNet-20 (configs/resnet20_fashion_o2.toml)
+#   BASE_BIN=/path/to/old/ddptrain scripts/bench.sh   # an older build too, in the same rounds
 # MODEL=resnet20 measures the ResNet-20 config instead of the seed ConvNet:
 # ddptrain at O0 and O2 (amp.opt_level set on the one config), PyTorch with
 # Nesterov momentum as the config trains, batch 128 and 30 steps by default
@@ -38,6 +39,11 @@ case $MODEL in
   resnet20)
     STEPS=${STEPS:-30} BATCH=${BATCH:-128} levels=(o0 o2) title="ResNet-20"
     export BENCH_CONFIG=configs/resnet20_fashion_o2.toml TORCH_NESTEROV=1
+    # PyTorch's fastest allocator here is glibc malloc as it comes: the tuned
+    # glibc settings ran eager NCHW at 65 images/s against 609 untuned (2
+    # threads, 2026-11-25). torch.compile needs filelock and networkx
+    # importable (PYTHONPATH).
+    export TORCH_ALLOC=${TORCH_ALLOC:-glibc}
     ;;
   *) echo "bench.sh: MODEL=$MODEL: use seed or resnet20" >&2; exit 2 ;;
 esac
@@ -85,6 +91,9 @@ rows="$out/rows.txt"
 : >"$rows"
 for r in $(seq "$REPS"); do
   for l in "${levels[@]}"; do echo "$r ddptrain_$l $(run_level "$l")" >>"$rows"; done
+  if [ -n "${BASE_BIN:-}" ]; then
+    for l in "${levels[@]}"; do echo "$r base_$l $(BIN=$BASE_BIN run_level "$l")" >>"$rows"; done
+  fi
   if [ "$have_torch" = 1 ]; then
     for c in "${torch_cfgs[@]}"; do echo "$r pytorch_$c $(torch_run "$c" 2>/dev/null | tail -n1)" >>"$rows"; done
   fi
@@ -128,10 +137,15 @@ torch = [k for k in med if k.startswith("pytorch_")]
 if torch:
     fast = max(torch, key=med.get)
     print(f"fastest PyTorch configuration: {fast} ({med[fast]:.0f} images/s)")
-    for lvl in ("o0", "o2"):
-        m, rs = ratio(f"ddptrain_{lvl}", fast)
-        print(f"ddptrain {lvl.upper()} / {fast}: {m:.2f}x median of {len(rs)} interleaved pairs "
-              f"({' '.join(f'{x:.2f}' for x in rs)})")
+    for name in ("ddptrain_o0", "ddptrain_o2", "base_o0", "base_o2"):
+        if name in runs:
+            m, rs = ratio(name, fast)
+            print(f"{name} / {fast}: {m:.2f}x median of {len(rs)} interleaved pairs "
+                  f"({' '.join(f'{x:.2f}' for x in rs)})")
+for lvl in ("o0", "o1", "o2"):
+    if f"base_{lvl}" in runs:
+        m, rs = ratio(f"ddptrain_{lvl}", f"base_{lvl}")
+        print(f"ddptrain {lvl.upper()} / BASE_BIN {lvl.upper()}: {m:.2f}x (median of {len(rs)} rounds)")
 else:
     print("pytorch: not measured (set PYTHON to a python that can import torch)")
 if model == "resnet20":

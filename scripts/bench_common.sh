@@ -96,7 +96,8 @@ torch_alloc() {
 # compile), THREADS threads, batch BATCH, STEPS timed steps, ARGs appended,
 # under torch_alloc's allocator; the model is the one $BIN describes for
 # BENCH_CONFIG, else configs/mnist_o0.toml (scripts/torch_model.py), with
-# Nesterov momentum when TORCH_NESTEROV=1 (as the ResNet configs train).
+# Nesterov momentum when TORCH_NESTEROV=1 (as the ResNet configs train),
+# TORCH_WARMUP untimed steps first when set (bench_torch.py's --warmup).
 # A CFG of layouts with commas (channels_last,nchw) measures them one after
 # the other in one process and prints a "LAYOUT images/s" line for each.
 torch_ips() {
@@ -112,6 +113,7 @@ torch_ips() {
   esac
   if [ -n "${BENCH_CONFIG:-}" ]; then extra+=(--config "$BENCH_CONFIG"); fi
   if [ "${TORCH_NESTEROV:-0}" = 1 ]; then extra+=(--nesterov); fi
+  if [ -n "${TORCH_WARMUP:-}" ]; then extra+=(--warmup "$TORCH_WARMUP"); fi
   local alloc
   alloc=$(torch_alloc) || return 2
   # shellcheck disable=SC2086 # alloc is NAME=VALUE words
