@@ -142,12 +142,12 @@ if torch:
             m, rs = ratio(name, fast)
             print(f"{name} / {fast}: {m:.2f}x median of {len(rs)} interleaved pairs "
                   f"({' '.join(f'{x:.2f}' for x in rs)})")
+else:
+    print("pytorch: not measured (set PYTHON to a python that can import torch)")
 for lvl in ("o0", "o1", "o2"):
     if f"base_{lvl}" in runs:
         m, rs = ratio(f"ddptrain_{lvl}", f"base_{lvl}")
         print(f"ddptrain {lvl.upper()} / BASE_BIN {lvl.upper()}: {m:.2f}x (median of {len(rs)} rounds)")
-else:
-    print("pytorch: not measured (set PYTHON to a python that can import torch)")
 if model == "resnet20":
     # FLOP per training image of ResNet-20 on 1x28x28 as direct convolution:
     # (in, out, kernel, output side, count) of its convs; weight gradients
