@@ -187,48 +187,6 @@ fn summary(out: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap()
 }
 
-/// Largest |a - b| over the float tensors; integer ones must be equal.
-fn max_abs_diff(a: &[ddptrain::nn::StateEntry], b: &[ddptrain::nn::StateEntry]) -> f32 {
-    use ddptrain::nn::StateValue::*;
-    let mut worst = 0.0f32;
-    for ea in a {
-        let eb = b.iter().find(|e| e.name == ea.name).expect("same tensors");
-        match (&ea.value, &eb.value) {
-            (F32(x), F32(y)) => {
-                assert_eq!(x.len(), y.len(), "{}", ea.name);
-                for (p, q) in x.iter().zip(y) {
-                    worst = worst.max((p - q).abs());
-                }
-            }
-            (I64(x), I64(y)) => assert_eq!(x, y, "{}", ea.name),
-            _ => panic!("{}: dtype differs", ea.name),
-        }
-    }
-    worst
-}
-
-/// Largest |a - b| / max|b| over the float tensors, each against its own
-/// largest magnitude (a tensor near zero is held to its scale, not to 0);
-/// integer ones must be equal.
-fn max_rel_diff(a: &[ddptrain::nn::StateEntry], b: &[ddptrain::nn::StateEntry]) -> f32 {
-    use ddptrain::nn::StateValue::*;
-    let mut worst = 0.0f32;
-    for ea in a {
-        let eb = b.iter().find(|e| e.name == ea.name).expect("same tensors");
-        match (&ea.value, &eb.value) {
-            (F32(x), F32(y)) => {
-                assert_eq!(x.len(), y.len(), "{}", ea.name);
-                let scale = y.iter().fold(0f32, |m, v| m.max(v.abs())).max(f32::MIN_POSITIVE);
-                let d = x.iter().zip(y).fold(0f32, |m, (p, q)| m.max((p - q).abs()));
-                worst = worst.max(d / scale);
-            }
-            (I64(x), I64(y)) => assert_eq!(x, y, "{}", ea.name),
-            _ => panic!("{}: dtype differs", ea.name),
-        }
-    }
-    worst
-}
-
 /// The largest share of all-reduce time hidden behind backward over the
 /// logged steps (from each bucket's CUDA events on the communication stream
 /// against the event at the end of backward on the compute stream).
@@ -330,10 +288,11 @@ fn resnet20_on_the_gpu_equals_the_cpu_and_two_ranks_equal_one() {
     let one = run4(Starter::One, "one", &[]);
     let cpu = run4(Starter::One, "cpu", &["run.device=cpu"]);
     let tcp = run4(Starter::Launch(2), "tcp2", &["parallel.backend=tcp"]);
-    let mut r = vec![("the CPU", max_rel_diff(&one, &cpu)), ("tcp 2 ranks", max_rel_diff(&tcp, &one))];
+    let mut r =
+        vec![("the CPU", max_peak_rel_diff(&one, &cpu)), ("tcp 2 ranks", max_peak_rel_diff(&tcp, &one))];
     if nccl_ranks_fit(test, 2) {
         let two = run4(Starter::Launch(2), "nccl2", &[]);
-        r.push(("nccl 2 ranks", max_rel_diff(&two, &one)));
+        r.push(("nccl 2 ranks", max_peak_rel_diff(&two, &one)));
     }
     println!("ResNet-20 O0 on the GPU: max relative |dw| vs one rank {r:?}");
     for (what, dw) in r {

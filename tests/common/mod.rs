@@ -127,21 +127,29 @@ pub fn run_args(a: &[String], cwd: &Path) -> (Option<i32>, String) {
 /// The largest |difference| between two state dicts' f32 values (integer
 /// entries must be equal).
 pub fn max_abs_diff(a: &[ddptrain::nn::StateEntry], b: &[ddptrain::nn::StateEntry]) -> f32 {
-    max_diff(a, b, |_| 1.0)
+    max_diff(a, b, |_, _| 1.0)
 }
 
 /// [`max_abs_diff`] with each difference relative to `max(1, |b|)`, as
 /// `--trace-tolerance` measures: running variances of activations in the
 /// hundreds differ in more absolute digits than weights near 1 do.
 pub fn max_rel_diff(a: &[ddptrain::nn::StateEntry], b: &[ddptrain::nn::StateEntry]) -> f32 {
-    max_diff(a, b, |q| q.abs().max(1.0))
+    max_diff(a, b, |q, _| q.abs().max(1.0))
 }
 
-/// The largest `|p - q| / scale(q)` over the f32 values of `a` and `b`.
+/// [`max_abs_diff`] with each tensor's differences relative to its own
+/// largest magnitude in `b` (a tensor near zero is held to its scale, not
+/// to 0).
+pub fn max_peak_rel_diff(a: &[ddptrain::nn::StateEntry], b: &[ddptrain::nn::StateEntry]) -> f32 {
+    max_diff(a, b, |_, peak| peak.max(f32::MIN_POSITIVE))
+}
+
+/// The largest `|p - q| / scale(q, peak)` over the f32 values of `a` and
+/// `b`, `peak` the largest |q| of the tensor.
 fn max_diff(
     a: &[ddptrain::nn::StateEntry],
     b: &[ddptrain::nn::StateEntry],
-    scale: impl Fn(f32) -> f32,
+    scale: impl Fn(f32, f32) -> f32,
 ) -> f32 {
     use ddptrain::nn::StateValue::*;
     let mut worst = 0.0f32;
@@ -149,8 +157,10 @@ fn max_diff(
         let eb = b.iter().find(|e| e.name == ea.name).expect("same tensors");
         match (&ea.value, &eb.value) {
             (F32(x), F32(y)) => {
+                assert_eq!(x.len(), y.len(), "{}", ea.name);
+                let peak = y.iter().fold(0f32, |m, v| m.max(v.abs()));
                 for (p, q) in x.iter().zip(y) {
-                    worst = worst.max((p - q).abs() / scale(*q));
+                    worst = worst.max((p - q).abs() / scale(*q, peak));
                 }
             }
             (I64(x), I64(y)) => assert_eq!(x, y, "{}", ea.name),

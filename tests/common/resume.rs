@@ -10,7 +10,7 @@ use std::path::Path;
 /// The seed ConvNet of configs/mnist_o0.toml (its optimizer and schedule) on
 /// synthetic digits: 8 steps per epoch, 20 steps, a checkpoint every 5.
 pub fn cfg(out: &Path, device: &str, extra: &[&str]) -> Config {
-    let mut sets: Vec<String> = [
+    let sets = [
         "data.dataset=synthetic",
         "data.synthetic_train_size=400",
         "data.synthetic_test_size=100",
@@ -22,21 +22,15 @@ pub fn cfg(out: &Path, device: &str, extra: &[&str]) -> Config {
         "logging.progress=never",
         "logging.tensorboard=false",
         "checkpoint.every_steps=5",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    sets.push(format!("run.device={device}"));
-    sets.push(format!("run.out_dir={}", out.display()));
-    sets.extend(extra.iter().map(|s| s.to_string()));
-    config::load(&repo_root().join("configs/mnist_o0.toml"), &sets).unwrap()
+    ];
+    load("configs/mnist_o0.toml", &sets, device, out, extra)
 }
 
 /// configs/resnet20_catsdogs_o2.toml as configured (ResNet-20 under O2, its
 /// 4-pixel-padded crop and flip of 3x32x32 images) on synthetic images in
 /// place of the cats and dogs: 4 steps per epoch, a checkpoint every 3 steps.
 pub fn catsdogs(out: &Path, device: &str, extra: &[&str]) -> Config {
-    let mut sets: Vec<String> = [
+    let sets = [
         "data.dataset=synthetic",
         "data.synthetic_train_size=16",
         "data.synthetic_test_size=4",
@@ -50,15 +44,18 @@ pub fn catsdogs(out: &Path, device: &str, extra: &[&str]) -> Config {
         "logging.progress=never",
         "logging.tensorboard=false",
         "checkpoint.every_steps=3",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    sets.push(format!("run.device={device}"));
-    sets.push(format!("run.out_dir={}", out.display()));
-    sets.extend(extra.iter().map(|s| s.to_string()));
-    let path = repo_root().join("configs/resnet20_catsdogs_o2.toml");
-    config::load(&path, &sets).unwrap()
+    ];
+    load("configs/resnet20_catsdogs_o2.toml", &sets, device, out, extra)
+}
+
+/// `config` (relative to the repository) with `sets`, the device, the
+/// output directory and then `extra` set over it.
+fn load(config: &str, sets: &[&str], device: &str, out: &Path, extra: &[&str]) -> Config {
+    let mut all: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+    all.push(format!("run.device={device}"));
+    all.push(format!("run.out_dir={}", out.display()));
+    all.extend(extra.iter().map(|s| s.to_string()));
+    config::load(&repo_root().join(config), &all).unwrap()
 }
 
 pub fn read(p: &Path) -> Vec<u8> {
