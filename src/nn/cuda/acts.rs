@@ -32,6 +32,13 @@ impl Acts<'_> {
         Ok(&mut self.bufs[b])
     }
 
+    /// The buffer of `read` and, writable, that of `write`, another one.
+    pub fn read_write(&mut self, read: usize, write: usize) -> Result<(&DevBuf, &mut DevBuf)> {
+        let (r, w) = (self.buffer_of(read)?, self.buffer_of(write)?);
+        read_and_write(self.bufs, r, w)
+            .ok_or_else(|| internal(format!("activations {read} and {write} share buffer {w}")))
+    }
+
     /// The buffers of `reads` and, writable, of `write`, which must be
     /// another buffer than each of theirs.
     pub fn reads_write(&mut self, reads: &[usize], write: usize) -> Result<(Vec<&DevBuf>, &mut DevBuf)> {
@@ -45,5 +52,24 @@ impl Acts<'_> {
         let (lo, hi): (&[DevBuf], &[DevBuf]) = (lo, hi);
         let ins = rs.iter().map(|&r| if r < w { &lo[r] } else { &hi[r - w - 1] }).collect();
         Ok((ins, &mut out[0]))
+    }
+}
+
+/// `bufs[read]` and, writable, `bufs[write]`: `None` when they are one
+/// buffer or either is out of range.
+pub(super) fn read_and_write(
+    bufs: &mut [DevBuf],
+    read: usize,
+    write: usize,
+) -> Option<(&DevBuf, &mut DevBuf)> {
+    if read == write || read.max(write) >= bufs.len() {
+        return None;
+    }
+    if write < read {
+        let (lo, hi) = bufs.split_at_mut(read);
+        Some((&hi[0], &mut lo[write]))
+    } else {
+        let (lo, hi) = bufs.split_at_mut(write);
+        Some((&lo[read], &mut hi[0]))
     }
 }

@@ -189,8 +189,8 @@ pub(super) fn io<'b, T: DevElem>(
     lp: &LayerPlan,
     n: usize,
 ) -> Result<(CudaView<'b, T>, CudaViewMut<'b, T>)> {
-    let (x, y) = acts.reads_write(&[lp.src], lp.dst)?;
-    Ok((view(x[0], n * lp.in_numel)?, view_mut(y, n * lp.out_numel)?))
+    let (x, y) = acts.read_write(lp.src, lp.dst)?;
+    Ok((view(x, n * lp.in_numel)?, view_mut(y, n * lp.out_numel)?))
 }
 
 /// `(dw, db)` out of the one or two gradients `with_params` hands over.

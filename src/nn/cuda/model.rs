@@ -488,16 +488,8 @@ struct Grads<'a> {
 /// Gradient buffer `read` (a node's dy) and `write` (its input's dx): two
 /// gradients live at once, so two different buffers.
 fn pair(bufs: &mut [DevBuf], read: usize, write: usize) -> Result<(&DevBuf, &mut DevBuf)> {
-    if read == write || read.max(write) >= bufs.len() {
-        return Err(Error::internal(format!("device model: dy in gradient buffer {read}, dx in {write}")));
-    }
-    if write < read {
-        let (lo, hi) = bufs.split_at_mut(read);
-        Ok((&hi[0], &mut lo[write]))
-    } else {
-        let (lo, hi) = bufs.split_at_mut(write);
-        Ok((&lo[read], &mut hi[0]))
-    }
+    super::acts::read_and_write(bufs, read, write)
+        .ok_or_else(|| Error::internal(format!("device model: dy in gradient buffer {read}, dx in {write}")))
 }
 
 /// Whether some activation buffer has several readers (a residual's input),
