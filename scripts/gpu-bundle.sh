@@ -5,8 +5,8 @@
 # and NCCL tests), the kernel compile test and the GPU integration tests
 # (tests/gpu_trainer.rs, gpu_sync.rs, ddp_cuda.rs: gpu-check runs them with
 # DDPTRAIN_BIN and DDPTRAIN_REPO, since their build paths do not exist there),
-# copied into gpu-bundle/ (gitignored) with a MANIFEST, plus the MNIST files
-# when data/mnist has them. Debug info is stripped so the bundle stays small
+# copied into gpu-bundle/ (gitignored) with a MANIFEST, plus the MNIST and
+# cats-and-dogs files when data/ has them. Debug info is stripped so the bundle stays small
 # enough to copy (limit: 60 MB).
 #
 #   scripts/gpu-bundle.sh            # then copy the repo with gpu-bundle/ to the GPU machine
@@ -82,6 +82,14 @@ if [ -e "$mnist/t10k-labels-idx1-ubyte" ] || [ -e "$mnist/t10k-labels-idx1-ubyte
     cp -rL "$mnist" "$out/data/mnist"
 else
     echo "gpu-bundle: warning: no MNIST in $mnist (scripts/fetch-mnist.sh, or set MNIST_DIR); gpu-check will not train"
+fi
+# The ResNet-20 cats-and-dogs tests (gpu_trainer's resume test) read these.
+catsdogs=${CATSDOGS_DIR:-data/catsdogs}
+if [ -e "$catsdogs/test_batch.bin" ]; then
+    mkdir -p "$out/data"
+    cp -rL "$catsdogs" "$out/data/catsdogs"
+else
+    echo "gpu-bundle: warning: no cats and dogs in $catsdogs (scripts/fetch-catsdogs.sh, or set CATSDOGS_DIR); gpu_trainer's ResNet-20 resume test will fail"
 fi
 
 {

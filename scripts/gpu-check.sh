@@ -26,7 +26,14 @@ cd "$(dirname "$0")/.." || exit 2
 
 bundle=${DDPTRAIN_BUNDLE:-gpu-bundle}
 work=$(mktemp -d "${TMPDIR:-/tmp}/gpu-check.XXXXXX")
-trap 'rm -rf "$work"' EXIT
+# GPU_CHECK_LOGS=dir keeps every step's full log there (the table shows tails).
+keep_logs() {
+    if [ -n "${GPU_CHECK_LOGS:-}" ]; then
+        mkdir -p "$GPU_CHECK_LOGS" && cp "$work"/*.log "$GPU_CHECK_LOGS"/ 2>/dev/null
+    fi
+    rm -rf "$work"
+}
+trap keep_logs EXIT
 
 rows=()
 failed=0
@@ -310,6 +317,9 @@ fi
 # Absolute: the tests hand these paths to ranks that run in other folders.
 test_env=(CI=true "DDPTRAIN_BIN=$(cd "$bundle" 2>/dev/null && pwd)/ddptrain" "DDPTRAIN_REPO=$(pwd)")
 [ -n "$data" ] && test_env+=("DDPTRAIN_MNIST=$(cd "$data" && pwd)")
+for d in data/catsdogs "$bundle/data/catsdogs"; do
+    [ -e "$d/test_batch.bin" ] && { test_env+=("DDPTRAIN_CATSDOGS=$(cd "$d" && pwd)"); break; }
+done
 for t in gpu_trainer gpu_sync ddp_cuda; do
     exe="${t//_/-}-test"
     check="$t (integration)"

@@ -12,7 +12,8 @@
 //! f32 scalars and f32 compute: f32 operands compute in plain f32 (TF32 tensor
 //! cores only with `allow_tf32`, PyTorch's `allow_tf32` flag), f16 operands
 //! use tensor cores with f32 accumulation and one rounding of `alpha*AB + beta*C`
-//! to f16, which is the CPU twins' "widen, f32 GEMM, round" contract.
+//! to f16, which is the CPU twins' "widen, f32 GEMM, round" contract (the
+//! math mode forbids split-K's f16 reductions, which would break it).
 
 use super::Gpu;
 use crate::error::{Error, Result};
@@ -111,11 +112,13 @@ impl Blas {
         // SAFETY: a live handle and this context's stream.
         unsafe { cublas_result::set_stream(handle.0, stream.cu_stream() as _) }
             .map_err(|e| Error::cuda("cublasSetStream", e))?;
-        let mode = if allow_tf32 {
-            sys::cublasMath_t::CUBLAS_TF32_TENSOR_OP_MATH
-        } else {
-            sys::cublasMath_t::CUBLAS_DEFAULT_MATH
-        };
+        // The default math mode lets split-K reduce f16 outputs' partial
+        // sums in f16 (PyTorch's allow_fp16_reduced_precision_reduction):
+        // on an H200 that put the O1 seed ConvNet's conv1 weight gradient
+        // 46 f16 ulps from the CPU twin's f32-accumulate-then-round-once.
+        // Forbid it. TF32 is asked per call by the compute type (below),
+        // which is all cublasGemmEx needs, so this is the only mode bit.
+        let mode = sys::cublasMath_t::CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION;
         // SAFETY: a live handle and a valid enum value.
         unsafe { sys::cublasSetMathMode(*handle.handle(), mode) }
             .result()

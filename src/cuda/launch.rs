@@ -47,26 +47,45 @@ impl Kernel {
 /// The widths of `func`'s parameters, or `None` when this driver has no
 /// `cuFuncGetParamInfo` (cudarc would panic calling a missing symbol).
 fn param_sizes(func: &CudaFunction) -> Option<Vec<usize>> {
-    // SAFETY: looks a symbol up in the already loaded driver library.
-    let present = unsafe { sys::culib().get::<unsafe extern "C" fn()>(b"cuFuncGetParamInfo\0").is_ok() };
-    if !present {
+    let has = |sym: &[u8]| {
+        // SAFETY: looks a symbol up in the already loaded driver library.
+        unsafe { sys::culib().get::<unsafe extern "C" fn()>(sym).is_ok() }
+    };
+    if !has(b"cuFuncGetParamInfo\0") {
         return None;
     }
+    // With the count (CUDA 12.9+) no query runs past the last parameter:
+    // each such probe is an API error that compute-sanitizer reports.
+    // Looked up by hand: cudarc binds it only for CUDA 13.2+ headers, and
+    // drivers since 12.9 have it.
+    type ParamCount = unsafe extern "C" fn(sys::CUfunction, *mut usize) -> sys::CUresult;
+    // SAFETY: the symbol, where present, has the driver API's signature above.
+    let count = match unsafe { sys::culib().get::<ParamCount>(b"cuFuncGetParamCount\0") } {
+        Ok(get_count) => {
+            let mut n = 0usize;
+            // SAFETY: a live function handle and an out-pointer to a live usize.
+            match unsafe { get_count(func.cu_function(), &mut n) } {
+                sys::CUresult::CUDA_SUCCESS => Some(n),
+                _ => return None,
+            }
+        }
+        Err(_) => None,
+    };
     let mut sizes = Vec::new();
     // A kernel has at most a few dozen parameters; the bound keeps a driver
     // that never says "out of range" from looping forever.
-    for i in 0..256usize {
+    for i in 0..count.unwrap_or(256).min(256) {
         let (mut offset, mut size) = (0usize, 0usize);
         // SAFETY: a live function handle and two out-pointers to live usizes.
         let r = unsafe { sys::cuFuncGetParamInfo(func.cu_function(), i, &mut offset, &mut size) };
         match r {
             sys::CUresult::CUDA_SUCCESS => sizes.push(size),
-            // Past the last parameter.
-            sys::CUresult::CUDA_ERROR_INVALID_VALUE => return Some(sizes),
+            // Past the last parameter (probing, without the count).
+            sys::CUresult::CUDA_ERROR_INVALID_VALUE if count.is_none() => return Some(sizes),
             _ => return None,
         }
     }
-    None
+    count.map(|_| sizes)
 }
 
 /// Why a launch failed: its arguments do not match the kernel's signature, or

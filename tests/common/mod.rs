@@ -152,7 +152,7 @@ fn max_diff(
     scale: impl Fn(f32, f32) -> f32,
 ) -> f32 {
     use ddptrain::nn::StateValue::*;
-    let mut worst = 0.0f32;
+    let mut worst = (0.0f32, "");
     for ea in a {
         let eb = b.iter().find(|e| e.name == ea.name).expect("same tensors");
         match (&ea.value, &eb.value) {
@@ -160,14 +160,19 @@ fn max_diff(
                 assert_eq!(x.len(), y.len(), "{}", ea.name);
                 let peak = y.iter().fold(0f32, |m, v| m.max(v.abs()));
                 for (p, q) in x.iter().zip(y) {
-                    worst = worst.max((p - q).abs() / scale(*q, peak));
+                    let d = (p - q).abs() / scale(*q, peak);
+                    if d > worst.0 {
+                        worst = (d, &ea.name);
+                    }
                 }
             }
             (I64(x), I64(y)) => assert_eq!(x, y, "{}", ea.name),
             _ => panic!("{}: dtype differs", ea.name),
         }
     }
-    worst
+    // Where it is, for the failure message of whoever asserts on it.
+    println!("  largest difference {:e} in {}", worst.0, worst.1);
+    worst.0
 }
 
 /// A small conv net under O2 (f16 and f32 gradient buckets, fp32 masters,

@@ -142,6 +142,22 @@ fn compare_state(what: &str, gpu: &Gpu, d: &GpuModel, cpu: &Model, tol: f32) {
     // front of a training-mode BatchNorm has an exact gradient of zero (the
     // normalization removes any per-channel shift), so both sides compute
     // rounding noise there, which only the layer's scale bounds.
+    // The worst gradient first, printed: how far from the tolerance a pass
+    // is, and where a failure starts (on a real GPU too).
+    let mut worst = (0f32, String::new());
+    for (g, w) in got.layers.iter().zip(&cpu.layers) {
+        let (g, w) = (&g.weights.params, &w.weights.params);
+        let floor = 0.05 * w.iter().map(|p| peak(&p.grad.to_f32_vec())).fold(0f32, f32::max);
+        for (g, w) in g.iter().zip(w) {
+            for (a, b) in g.grad.to_f32_vec().iter().zip(w.grad.to_f32_vec()) {
+                let e = (a - b).abs() / b.abs().max(floor).max(f32::MIN_POSITIVE);
+                if e > worst.0 || e.is_nan() {
+                    worst = (e, w.name.clone());
+                }
+            }
+        }
+    }
+    println!("{what}: largest gradient error {:e} (relative) in {}", worst.0, worst.1);
     for (g, w) in got.layers.iter().zip(&cpu.layers) {
         let (g, w) = (&g.weights.params, &w.weights.params);
         let scale = w.iter().map(|p| peak(&p.grad.to_f32_vec())).fold(0f32, f32::max);

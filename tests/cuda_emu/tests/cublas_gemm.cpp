@@ -234,6 +234,33 @@ TEST_CASE(f16_rounding_once_differs_from_rounding_each_step) {
   CHECK(gemm_1x1_f16({1.0f + 2 * (float)u, (float)u}, {1, 1}, 1.0f, 0.0f, 0.0f) == (float)(1.0 + 4 * u));
 }
 
+// A long k into an f16 C: under the default math mode split-K may reduce in
+// f16, so the emulator does (32 slices of 128 here, each rounded to f16 and
+// summed in f16); CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION (16)
+// brings back the one rounding of the f32 sum.
+TEST_CASE(f16_long_k_is_reduced_in_f16_unless_the_math_mode_forbids_it) {
+  const int k = 4096, slices = 32;
+  std::vector<float> a(k), b(k, 1.0f);
+  double exact = 0;
+  for (int i = 0; i < k; i++) {
+    a[i] = (float)((i * 37) % 97 + 1) / 1024.0f;  // f16 values; every slice sum is exact in f32
+    exact += a[i];
+  }
+  double sliced = 0;
+  for (int s = 0; s < slices; s++) {
+    double part = 0;
+    for (int i = k * s / slices; i < k * (s + 1) / slices; i++) part += a[i];
+    sliced = round16(sliced + round16(part));
+  }
+  CHECK(cublasSetMathMode(blas(), 16) == OK);
+  float once = gemm_1x1_f16(a, b, 1.0f, 0.0f, 0.0f);
+  CHECK(cublasSetMathMode(blas(), 0) == OK);
+  float reduced = gemm_1x1_f16(a, b, 1.0f, 0.0f, 0.0f);
+  CHECK_MSG(once == round16(exact), "once %.10g, exact %.10g", once, exact);
+  CHECK_MSG(reduced == (float)sliced, "reduced %.10g, want %.10g", reduced, sliced);
+  CHECK_MSG(reduced != once, "both %.10g: the data does not tell the two apart", once);
+}
+
 // Every f16 bit pattern through the GEMM: x * 1 must round-trip bit for bit
 // (NaN stays NaN), and alpha * x must round like GCC's _Float16 conversion of
 // the f32 product (subnormals, overflow to inf and ties included).

@@ -108,6 +108,9 @@ TEST_CASE(param_info) {
     CHECK_MSG(off == want[i][0] && size == want[i][1], "param %d: %zu/%zu", i, off, size);
   }
   CHECK(cuFuncGetParamInfo(f, 3, &off, &size) == CUDA_ERROR_INVALID_VALUE);
+  size_t count = 0;
+  CHECK(cuFuncGetParamCount(f, &count) == 0 && count == 3);
+  CHECK(cuFuncGetParamCount(f, nullptr) == CUDA_ERROR_INVALID_VALUE);
 }
 
 TEST_CASE(launch_runs) {

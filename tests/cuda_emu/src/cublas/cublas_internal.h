@@ -15,7 +15,7 @@ struct Handle {
   uint64_t magic;          // kMagic while alive: a freed or foreign pointer is caught
   void* ctx;               // the CUcontext current at cublasCreate
   cudaStream_t stream;     // NULL: the legacy default stream of the current context
-  int math_mode;           // stored and reported; the arithmetic ignores it (see gemm.cpp)
+  int math_mode;           // only its DISALLOW_REDUCED_PRECISION bit changes the arithmetic (gemm_exec.cpp)
   int pointer_mode;        // where alpha / beta live
   int atomics_mode;
   void* workspace;         // recorded from cublasSetWorkspace, never used

@@ -11,6 +11,13 @@
 //     as cuBLAS does with COMPUTE_32F (accumulate and scale in f32, convert
 //     on store). Rounding each step would lose the low bits that rounding
 //     once keeps; tests/cublas_gemm.cpp shows a case where they differ.
+//   - unless the handle's math mode has CUBLAS_MATH_DISALLOW_REDUCED_
+//     PRECISION_REDUCTION, a 16-bit C with a long k is computed as the
+//     hardware's split-K may: k cut into slices, each slice's product
+//     rounded to 16 bits, the slices summed in 16 bits. cuBLAS picks split-K
+//     by shape and GPU; doing it whenever it is allowed makes the emulator
+//     at least as far from the one-rounding result as any GPU (an H200 put
+//     an O1 weight gradient 46 f16 ulps away under the default mode).
 #include <stdio.h>
 #include <string.h>
 
@@ -64,8 +71,38 @@ void widen(const uint16_t* src, int rows, int cols, int ld, bool bf16, float* ds
   }
 }
 
+uint16_t to16(float v, bool bf16) { return bf16 ? f32_to_bf16(v) : f32_to_f16(v); }
+float from16(uint16_t v, bool bf16) { return bf16 ? bf16_to_f32(v) : f16_to_f32(v); }
+
+// Slices of k that split-K reduces in 16 bits: none below 256, then one per
+// 128 values of k, at most 64.
+int reduced_slices(int k) { return k < 256 ? 1 : (k / 128 < 64 ? k / 128 : 64); }
+
+// dst = alpha * op(A) op(B) (+ beta * C when beta != 0, C already widened
+// into dst) with the product summed over `slices` slices of k, each rounded
+// to 16 bits and added in 16 bits: split-K's reduced-precision reduction.
+void gemm_sliced(const GemmCall& c, int slices, bool bf16, float alpha, const float* a, int lda, const float* b,
+                 int ldb, float beta, float* dst) {
+  size_t mn = (size_t)c.m * c.n;
+  std::vector<float> part(mn);
+  std::vector<uint16_t> sum(mn, to16(0.0f, bf16));
+  for (int s = 0; s < slices; s++) {
+    int k0 = (int)((long long)c.k * s / slices), k1 = (int)((long long)c.k * (s + 1) / slices);
+    // The slice's columns of op(A) and rows of op(B), in their storage.
+    const float* as = c.transa == CUBLAS_OP_N ? a + (size_t)k0 * lda : a + k0;
+    const float* bs = c.transb == CUBLAS_OP_N ? b + k0 : b + (size_t)k0 * ldb;
+    gemm_block(tr(c.transa), tr(c.transb), c.m, c.n, k1 - k0, 1.0f, as, lda, bs, ldb, 0.0f, part.data(), c.m);
+    for (size_t i = 0; i < mn; i++) sum[i] = to16(from16(sum[i], bf16) + from16(to16(part[i], bf16), bf16), bf16);
+  }
+  for (size_t i = 0; i < mn; i++) {
+    float v = alpha * from16(sum[i], bf16);
+    dst[i] = beta != 0.0f ? v + beta * dst[i] : v;
+  }
+}
+
 // f16 / bf16 inputs. `out16`: C is 16-bit (round once on store), else f32.
-void run_half(const GemmCall& c, bool bf16, bool out16, float alpha, float beta) {
+// `reduced`: a 16-bit C may be reduced in 16 bits (see the top of the file).
+void run_half(const GemmCall& c, bool bf16, bool out16, bool reduced, float alpha, float beta) {
   int a_rows = c.transa == CUBLAS_OP_N ? c.m : c.k, a_cols = c.transa == CUBLAS_OP_N ? c.k : c.m;
   int b_rows = c.transb == CUBLAS_OP_N ? c.k : c.n, b_cols = c.transb == CUBLAS_OP_N ? c.n : c.k;
   std::vector<float> a((size_t)a_rows * a_cols), b((size_t)b_rows * b_cols), cf;
@@ -84,8 +121,12 @@ void run_half(const GemmCall& c, bool bf16, bool out16, float alpha, float beta)
     }
     uint16_t* C = (uint16_t*)c.C + i * c.stride_c;
     if (beta != 0.0f) widen(C, c.m, c.n, c.ldc, bf16, cf.data());  // beta == 0: C is never read
-    gemm_block(tr(c.transa), tr(c.transb), c.m, c.n, c.k, alpha, a.data(), lda, b.data(), ldb, beta, cf.data(),
-               c.m);
+    int slices = reduced && alpha != 0.0f ? reduced_slices(c.k) : 1;
+    if (slices > 1)
+      gemm_sliced(c, slices, bf16, alpha, a.data(), lda, b.data(), ldb, beta, cf.data());
+    else
+      gemm_block(tr(c.transa), tr(c.transb), c.m, c.n, c.k, alpha, a.data(), lda, b.data(), ldb, beta, cf.data(),
+                 c.m);
     for (int j = 0; j < c.n; j++) {
       uint16_t* d = C + (size_t)j * c.ldc;
       const float* s = cf.data() + (size_t)j * c.m;
@@ -118,10 +159,10 @@ int gemm_run(void* user, char* err, size_t err_len) {
     switch (op->kind) {
       case Kind::F32: run_plain<float>(c, (float)alpha, (float)beta); break;
       case Kind::F64: run_plain<double>(c, alpha, beta); break;
-      case Kind::F16_F16: run_half(c, false, true, (float)alpha, (float)beta); break;
-      case Kind::F16_F32: run_half(c, false, false, (float)alpha, (float)beta); break;
-      case Kind::BF16_BF16: run_half(c, true, true, (float)alpha, (float)beta); break;
-      case Kind::BF16_F32: run_half(c, true, false, (float)alpha, (float)beta); break;
+      case Kind::F16_F16: run_half(c, false, true, op->reduced_reduction, (float)alpha, (float)beta); break;
+      case Kind::F16_F32: run_half(c, false, false, false, (float)alpha, (float)beta); break;
+      case Kind::BF16_BF16: run_half(c, true, true, op->reduced_reduction, (float)alpha, (float)beta); break;
+      case Kind::BF16_F32: run_half(c, true, false, false, (float)alpha, (float)beta); break;
     }
   } catch (const std::bad_alloc&) {
     snprintf(err, err_len, "%s (m = %d, n = %d, k = %d): out of host memory for the f32 scratch", op->fn, c.m,

@@ -41,6 +41,9 @@ struct GemmOp {
   GemmCall call;
   bool device_scalars;
   double alpha, beta;
+  // The handle's math mode lacked CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_
+  // REDUCTION when the call was made: a 16-bit C may be reduced in 16 bits.
+  bool reduced_reduction;
 };
 
 cublasStatus_t gemm_call(const GemmCall& c, const char* fn);

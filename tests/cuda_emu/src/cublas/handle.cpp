@@ -123,8 +123,9 @@ CUBLASAPI cublasStatus_t cublasGetStream_v2(cublasHandle_t handle, cudaStream_t*
 }
 
 // Valid modes: one base mode, optionally with the DISALLOW_REDUCED_PRECISION
-// bit. The arithmetic does not depend on them: f32 GEMMs always compute in
-// full f32 and f16 GEMMs always accumulate in f32 (see gemm.cpp).
+// bit. f32 GEMMs always compute in full f32 here, and f16 GEMMs accumulate
+// in f32; without the DISALLOW bit a 16-bit C is reduced split-K style in
+// 16 bits, as the hardware may (see gemm_exec.cpp).
 CUBLASAPI cublasStatus_t cublasSetMathMode(cublasHandle_t handle, int mode) {
   static const char* fn = "cublasSetMathMode";
   Handle* h = lookup(handle, fn);

@@ -56,6 +56,7 @@ int cuModuleLoadData(CUmodule* m, const void* image);
 int cuModuleUnload(CUmodule m);
 int cuModuleGetFunction(CUfunction* f, CUmodule m, const char* name);
 int cuFuncGetParamInfo(CUfunction f, size_t i, size_t* off, size_t* size);
+int cuFuncGetParamCount(CUfunction f, size_t* count);
 int cuFuncGetAttribute(int* v, int attrib, CUfunction f);
 int cuFuncSetAttribute(CUfunction f, int attrib, int v);
 int cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,

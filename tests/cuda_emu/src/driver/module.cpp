@@ -175,6 +175,14 @@ CUEMU_API int cuFuncGetParamInfo(CUfunction f, size_t index, size_t* offset, siz
   return 0;
 }
 
+CUEMU_API int cuFuncGetParamCount(CUfunction f, size_t* count) {
+  CUfunc_st* fn = get_func(f);
+  if (!fn) return fail(400, "cuFuncGetParamCount: %p is not a function of a loaded module", (void*)f);
+  if (!count) return fail(1, "cuFuncGetParamCount(%s): paramCount is NULL", fn->desc->name);
+  *count = (size_t)fn->desc->nargs;
+  return 0;
+}
+
 CUEMU_API int cuFuncGetName(const char** name, CUfunction f) {
   CUfunc_st* fn = get_func(f);
   if (!fn || !name) return 400;
