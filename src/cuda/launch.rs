@@ -57,7 +57,8 @@ fn param_sizes(func: &CudaFunction) -> Option<Vec<usize>> {
     // With the count (CUDA 12.9+) no query runs past the last parameter:
     // each such probe is an API error that compute-sanitizer reports.
     // Looked up by hand: cudarc binds it only for CUDA 13.2+ headers, and
-    // drivers since 12.9 have it.
+    // older drivers lack it (the H200's 580 driver, CUDA 13.0, did: there
+    // each kernel's load still probes once past its last parameter).
     type ParamCount = unsafe extern "C" fn(sys::CUfunction, *mut usize) -> sys::CUresult;
     // SAFETY: the symbol, where present, has the driver API's signature above.
     let count = match unsafe { sys::culib().get::<ParamCount>(b"cuFuncGetParamCount\0") } {
