@@ -430,10 +430,17 @@ pub fn backward<X: Act>(
     db: Option<&mut [f32]>,
     dx: Option<&mut [X::Out]>,
 ) {
-    if g.n > 0 && winograd::fits(g) {
+    if g.n > 0 && winograd::fits_backward(g) {
         return winograd::backward(g, x, w, dy, dw, db, dx);
     }
     backward_with(g, x, w, dy, dw, db, dx, pixel_dw(g));
+}
+
+/// Whether [`backward`] picks [`PixelDw`] for the weight gradient where it
+/// does not take Winograd (for tests timing both).
+#[cfg(test)]
+pub(super) fn dw_pixel(g: &ConvGeom) -> bool {
+    pixel_dw(g)
 }
 
 /// [`backward`] with the weight-gradient kernel chosen by the caller
