@@ -326,8 +326,9 @@ std::thread_local! {
 /// Runs `f` on this thread's scratch cut into pieces of the lengths `lens`,
 /// each on a cache line of its own: the first `zeroed` zero-filled, the
 /// others holding whatever the last use left (the kernels write them in
-/// full before reading). Fresh buffers per rayon task, allocated and
-/// zero-filled page by page, took 3% of a step.
+/// full before reading; test builds fill them with NaN to hold them to
+/// that). Fresh buffers per rayon task, allocated and zero-filled page by
+/// page, took 3% of a step.
 fn with_scratch<const N: usize, R>(
     lens: [usize; N],
     zeroed: usize,
@@ -336,8 +337,14 @@ fn with_scratch<const N: usize, R>(
     let run = |buf: &mut Lines| {
         buf.grow(Lines::split_len(&lens));
         let mut parts = buf.split(lens);
-        for p in parts.iter_mut().take(zeroed) {
-            p.fill(0.0);
+        for (i, p) in parts.iter_mut().enumerate() {
+            if i < zeroed {
+                p.fill(0.0);
+            } else if cfg!(test) {
+                // Tests poison the rest, so a kernel that reads what it did
+                // not write shows as NaN instead of a stale value.
+                p.fill(f32::NAN);
+            }
         }
         f(parts)
     };
