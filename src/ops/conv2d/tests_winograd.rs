@@ -1,7 +1,7 @@
 //! Winograd F(6x6, 3x3) against the direct AVX-512 kernels, conv by conv, on
 //! the ResNets' 3x3 stride-1 shapes: forward, input gradient and weight
 //! gradient, for every image count from 1 to 4 and counts that leave a
-//! partial group of images (see `F6x3::batch`), on 1, 2 and 3 threads, with
+//! partial group of images (see `winograd::batch`), on 1, 2 and 3 threads, with
 //! activation-like inputs (ReLU outputs: half zeros, the rest positive).
 //! The bounds are rounding's, about 3x what was measured here (at most
 //! 9.8e-6 of the output's largest magnitude, rms 3.1e-6 of its rms; 9e-6 at

@@ -6,7 +6,7 @@
 //! filter are transformed, multiplied point by point (64 small GEMMs over
 //! the channels), and transformed back (Lavin & Gray, "Fast Algorithms for
 //! Convolutional Neural Networks"). Both use the same eight points, hence
-//! the same data transform; [`Alg`] holds what differs.
+//! the same data transform; the output tile side `M` picks what differs.
 //!
 //! - forward: F(M, K) over the input padded by `p`;
 //! - input gradient: the same F(M, K) over `dy` padded by `K - 1 - p` with
@@ -31,7 +31,7 @@ use crate::ops::conv2d::avx512_direct::to_planes;
 use crate::ops::conv2d::cpu::ConvGeom;
 use crate::ops::conv2d::lines::Lines;
 use crate::ops::half_emu::{Act, Pixels};
-use kernels::{point_len, TileGrid, AT3, AT5, G3, G5, INV_F, LANES, T, TT};
+use kernels::{point_len, TileGrid, INV_F, LANES, T, TT};
 use rayon::prelude::*;
 use std::cell::RefCell;
 
@@ -53,100 +53,21 @@ pub(super) fn fits_backward(g: &ConvGeom) -> bool {
     fits(g) && (g.k != 3 || g.ho.min(g.wo) >= 8)
 }
 
-/// One Winograd algorithm over the 8 points: output tiles of `M x M`
-/// pixels for a `K x K` kernel (`M + K - 1 = T`), its filter transform `G`
-/// (`g(j, k)`, f64), the weight gradient's output transform `A^T` of F(K, M)
-/// (`at(i, j)`) and the vector transforms.
-trait Alg {
-    const M: usize;
-    const K: usize;
-    /// Images whose tiles go through the point GEMMs together, for `nt`
-    /// tiles per image.
-    fn batch(nt: usize) -> usize;
-    fn g(j: usize, k: usize) -> f64;
-    fn at(i: usize, j: usize) -> f64;
-    /// # Safety
-    /// As [`kernels::input_transform`].
-    unsafe fn input_transform(src: *const f32, g: TileGrid, v: *mut f32);
-    /// # Safety
-    /// As [`kernels::dy_transform4`].
-    unsafe fn dy_transform(src: *const f32, g: TileGrid, d: *mut f32);
-    /// # Safety
-    /// As [`kernels::output_transform4`].
-    unsafe fn output_transform(
-        m: *const f32,
-        tiles: (usize, usize, usize, usize),
-        hw: (usize, usize),
-        out: *mut f32,
-    );
-}
-
-/// Tiles per point GEMM that [`F6x3`] batches images up to.
+/// Tiles per point GEMM that F(6x6, 3x3) batches images up to.
 const GEMM_TILES: usize = 32;
 
-/// F(4x4, 5x5), and F(5x5, 4x4) for the weight gradient.
-struct F4x5;
-/// F(6x6, 3x3), and F(3x3, 6x6) for the weight gradient.
-struct F6x3;
-
-impl Alg for F4x5 {
-    const M: usize = 4;
-    const K: usize = 5;
-    /// One: MNIST's conv2 has 16 tiles an image, and its results stay
-    /// those of the kernels as they were (the sums are the same either way).
-    fn batch(_: usize) -> usize {
-        1
-    }
-    fn g(j: usize, k: usize) -> f64 {
-        G5[j][k]
-    }
-    fn at(i: usize, j: usize) -> f64 {
-        AT5[i][j]
-    }
-    unsafe fn input_transform(src: *const f32, g: TileGrid, v: *mut f32) {
-        kernels::input_transform::<4>(src, g, v)
-    }
-    unsafe fn dy_transform(src: *const f32, g: TileGrid, d: *mut f32) {
-        kernels::dy_transform4(src, g, d)
-    }
-    unsafe fn output_transform(
-        m: *const f32,
-        tiles: (usize, usize, usize, usize),
-        hw: (usize, usize),
-        out: *mut f32,
-    ) {
-        kernels::output_transform4(m, tiles, hw, out)
-    }
-}
-
-impl Alg for F6x3 {
-    const M: usize = 6;
-    const K: usize = 3;
-    /// About [`GEMM_TILES`] tiles: a 7x7 image has only 4, and the point
-    /// GEMMs then reloaded the transformed filter (64 KB a point at 64 x 64
-    /// channels) and the weight gradient's accumulators for every 4 tiles.
-    fn batch(nt: usize) -> usize {
+/// Images whose tiles go through the point GEMMs together, for `nt` tiles
+/// per image of output tiles of `m x m` pixels. F(6x6, 3x3): about
+/// [`GEMM_TILES`] tiles, as a 7x7 image has only 4, and the point GEMMs
+/// then reloaded the transformed filter (64 KB a point at 64 x 64 channels)
+/// and the weight gradient's accumulators for every 4 tiles. F(4x4, 5x5):
+/// one, as MNIST's conv2 has 16 tiles an image (the sums are the same
+/// either way).
+fn batch(m: usize, nt: usize) -> usize {
+    if m == 6 {
         (GEMM_TILES / nt).max(1)
-    }
-    fn g(j: usize, k: usize) -> f64 {
-        G3[j][k]
-    }
-    fn at(i: usize, j: usize) -> f64 {
-        AT3[i][j]
-    }
-    unsafe fn input_transform(src: *const f32, g: TileGrid, v: *mut f32) {
-        kernels::input_transform::<6>(src, g, v)
-    }
-    unsafe fn dy_transform(src: *const f32, g: TileGrid, d: *mut f32) {
-        kernels::dy_transform6(src, g, d)
-    }
-    unsafe fn output_transform(
-        m: *const f32,
-        tiles: (usize, usize, usize, usize),
-        hw: (usize, usize),
-        out: *mut f32,
-    ) {
-        kernels::output_transform6(m, tiles, hw, out)
+    } else {
+        1
     }
 }
 
@@ -208,8 +129,9 @@ struct Plan {
 }
 
 impl Plan {
-    fn new<W: Alg>(g: &ConvGeom) -> Self {
-        let (m, p, q) = (W::M, g.padding, W::K - 1 - g.padding);
+    /// For output tiles of `m x m` pixels (`K = T + 1 - m`, `g.k`).
+    fn new(g: &ConvGeom, m: usize) -> Self {
+        let (p, q) = (g.padding, g.k - 1 - g.padding);
         let (ldc, ldo) = (g.c.next_multiple_of(LANES), g.o.next_multiple_of(LANES));
         // A tile's 8 x 8 patch reaches M * tiles + T - M rows and columns.
         let reach = |n: usize| m * n.div_ceil(m) + T - m;
@@ -249,8 +171,12 @@ impl Plan {
 /// output channel runs innermost so the f64 loops vectorize, one input
 /// channel per rayon job. Each sum starts from its first term, as
 /// `Iterator::sum` (from -0.0) does, bit for bit.
-fn filters<W: Alg>(nin: usize, nout: usize, at: impl Fn(usize, usize, usize, usize) -> f32 + Sync) -> Lines {
-    let k = W::K;
+fn filters(
+    k: usize,
+    nin: usize,
+    nout: usize,
+    at: impl Fn(usize, usize, usize, usize) -> f32 + Sync,
+) -> Lines {
     let ld = nout.next_multiple_of(LANES);
     // Input channels in parallel, each its `[p][o]` block (the rest of the
     // pool would otherwise wait): w[ki][kj][o], (G w)[a][kj][o], then u.
@@ -265,11 +191,14 @@ fn filters<W: Alg>(nin: usize, nout: usize, at: impl Fn(usize, usize, usize, usi
             }
             for (t, dst) in gw.chunks_exact_mut(nout).enumerate() {
                 let (a, kj) = (t / k, t % k);
-                mul_add_rows(dst, (0..k).map(|ki| (W::g(a, ki), &w[(ki * k + kj) * nout..][..nout])));
+                mul_add_rows(
+                    dst,
+                    (0..k).map(|ki| (kernels::g(k, a, ki), &w[(ki * k + kj) * nout..][..nout])),
+                );
             }
             let gw = &gw;
             rows_f32(TT, nout, |p| {
-                (0..k).map(move |kj| (W::g(p % T, kj), &gw[(p / T * k + kj) * nout..][..nout]))
+                (0..k).map(move |kj| (kernels::g(k, p % T, kj), &gw[(p / T * k + kj) * nout..][..nout]))
             })
         })
         .collect();
@@ -359,19 +288,26 @@ fn with_scratch<const N: usize, R>(
 /// calls it for [`fits`] geometries on AVX-512 machines).
 pub(super) fn forward<X: Act>(g: &ConvGeom, x: &[X], w: &[f32], bias: Option<&[f32]>, y: &mut [X::Out]) {
     if g.k == 3 {
-        forward_with::<F6x3, X>(g, x, w, bias, y)
+        forward_with::<6, X>(g, x, w, bias, y)
     } else {
-        forward_with::<F4x5, X>(g, x, w, bias, y)
+        forward_with::<4, X>(g, x, w, bias, y)
     }
 }
 
-fn forward_with<W: Alg, X: Act>(g: &ConvGeom, x: &[X], w: &[f32], bias: Option<&[f32]>, y: &mut [X::Out]) {
-    let plan = Plan::new::<W>(g);
-    let (ckk, k) = (g.ckk(), W::K);
+/// [`forward`] with output tiles of `M x M` pixels (`g.k = T + 1 - M`).
+fn forward_with<const M: usize, X: Act>(
+    g: &ConvGeom,
+    x: &[X],
+    w: &[f32],
+    bias: Option<&[f32]>,
+    y: &mut [X::Out],
+) {
+    let plan = Plan::new(g, M);
+    let (ckk, k) = (g.ckk(), g.k);
     let kk = k * k;
-    let u = filters::<W>(g.c, g.o, |o, c, ki, kj| w[o * ckk + c * kk + ki * k + kj]);
+    let u = filters(k, g.c, g.o, |o, c, ki, kj| w[o * ckk + c * kk + ki * k + kj]);
     let (ldc, ldo, nt, hw) = (plan.x.ld, plan.dy.ld, plan.out.count(), g.out_hw());
-    let (pt, b) = (per_forward_task(g.n), W::batch(nt));
+    let (pt, b) = (per_forward_task(g.n), batch(M, nt));
     let (xl, yl) = (g.x_len(), g.y_len());
     y.par_chunks_mut(pt * yl).zip(x.par_chunks(pt * xl)).for_each(|(yc, xc)| {
         let lens = [plan.x.len(), TT * point_len(b * nt, ldc), TT * point_len(b * nt, ldo), hw * ldo];
@@ -386,7 +322,9 @@ fn forward_with<W: Alg, X: Act>(g: &ConvGeom, x: &[X], w: &[f32], bias: Option<&
                     // start at tile i * nt of `v`, which holds nb * nt <= b *
                     // nt tiles a point (cut from the scratch above). `fits`
                     // callers run only where `avx512::usable` found AVX-512F.
-                    unsafe { W::input_transform(xt.as_ptr(), tiles, v.as_mut_ptr().add(i * nt * ldc)) };
+                    unsafe {
+                        kernels::input_transform::<M>(xt.as_ptr(), tiles, v.as_mut_ptr().add(i * nt * ldc))
+                    };
                 }
                 // SAFETY: v, u, m have the lengths the contracts ask for.
                 unsafe {
@@ -396,7 +334,7 @@ fn forward_with<W: Alg, X: Act>(g: &ConvGeom, x: &[X], w: &[f32], bias: Option<&
                 for (i, yi) in yb.chunks_exact_mut(yl).enumerate() {
                     // SAFETY: image i's tiles in `m` as in `v`; `out` has hw * ldo floats.
                     unsafe {
-                        W::output_transform(
+                        kernels::output_transform::<M>(
                             m.as_ptr().add(i * nt * ldo),
                             (plan.out.ty, plan.out.tx, ldo, ps),
                             (g.ho, g.wo),
@@ -422,13 +360,14 @@ pub(super) fn backward<X: Act>(
     dx: Option<&mut [X::Out]>,
 ) {
     if g.k == 3 {
-        backward_with::<F6x3, X>(g, x, w, dy, dw, db, dx)
+        backward_with::<6, X>(g, x, w, dy, dw, db, dx)
     } else {
-        backward_with::<F4x5, X>(g, x, w, dy, dw, db, dx)
+        backward_with::<4, X>(g, x, w, dy, dw, db, dx)
     }
 }
 
-fn backward_with<W: Alg, X: Act>(
+/// [`backward`] with output tiles of `M x M` pixels (`g.k = T + 1 - M`).
+fn backward_with<const M: usize, X: Act>(
     g: &ConvGeom,
     x: &[X],
     w: &[f32],
@@ -437,17 +376,17 @@ fn backward_with<W: Alg, X: Act>(
     db: Option<&mut [f32]>,
     dx: Option<&mut [X::Out]>,
 ) {
-    let plan = Plan::new::<W>(g);
-    let (ckk, k) = (g.ckk(), W::K);
+    let plan = Plan::new(g, M);
+    let (ckk, k) = (g.ckk(), g.k);
     let kk = k * k;
     let (ldc, ldo, hw) = (plan.x.ld, plan.dy.ld, g.out_hw());
     let (nt, ntx) = (plan.out.count(), plan.dx.count());
     // The input gradient's filter: `w` flipped, input and output swapped.
-    let udx = dx.is_some().then(|| {
-        filters::<W>(g.o, g.c, |c, o, ki, kj| w[o * ckk + c * kk + (k - 1 - ki) * k + (k - 1 - kj)])
-    });
+    let udx = dx
+        .is_some()
+        .then(|| filters(k, g.o, g.c, |c, o, ki, kj| w[o * ckk + c * kk + (k - 1 - ki) * k + (k - 1 - kj)]));
     let need_db = db.is_some();
-    let b = W::batch(nt);
+    let b = batch(M, nt);
     let (xl, yl) = (g.x_len(), g.y_len());
     // Per task: the weight gradient in the transformed domain and db.
     let partials = backward_tasks(g, dx, |first, imgs, mut dxt| {
@@ -482,11 +421,15 @@ fn backward_with<W: Alg, X: Act>(
                     // hold nb tiles' worth from the offsets (cut from the
                     // scratch above). AVX-512F: see `fits`.
                     unsafe {
-                        W::input_transform(xt.as_ptr(), vt, v.as_mut_ptr().add(i * nt * ldc));
+                        kernels::input_transform::<M>(xt.as_ptr(), vt, v.as_mut_ptr().add(i * nt * ldc));
                         let dy0 = dyt.as_ptr().add((q * plan.dy.cols + q) * ldo);
-                        W::dy_transform(dy0, dt, d.as_mut_ptr().add(i * nt * ldo));
+                        kernels::dy_transform::<M>(dy0, dt, d.as_mut_ptr().add(i * nt * ldo));
                         if dxt.is_some() {
-                            W::input_transform(dyt.as_ptr(), dxt_grid, vdy.as_mut_ptr().add(i * ntx * ldo));
+                            kernels::input_transform::<M>(
+                                dyt.as_ptr(),
+                                dxt_grid,
+                                vdy.as_mut_ptr().add(i * ntx * ldo),
+                            );
                         }
                     }
                     for (o, s) in db_t.iter_mut().enumerate() {
@@ -513,7 +456,7 @@ fn backward_with<W: Alg, X: Act>(
                     for i in 0..nb {
                         // SAFETY: image i's tiles in `mdx`; outdx has h * w * ldc floats.
                         unsafe {
-                            W::output_transform(
+                            kernels::output_transform::<M>(
                                 mdx.as_ptr().add(i * ntx * ldc),
                                 (plan.dx.ty, plan.dx.tx, ldc, ps),
                                 (g.h, g.w),
@@ -531,14 +474,14 @@ fn backward_with<W: Alg, X: Act>(
     });
     let mut acc = zeros(TT * ldc * ldo);
     add_partials(&partials, &mut acc, db);
-    finish_dw::<W>(g, &acc, ldc, ldo, dw);
+    finish_dw(g, &acc, ldc, ldo, dw);
 }
 
 /// `dw[o][c] += A^T (diag(f) acc[.][c][o] diag(f)) A`: the weight gradient
 /// out of the transformed domain (`f` = [`INV_F`], the filter transform's
 /// fractions), in f64, the output channel innermost (see [`filters`]).
-fn finish_dw<W: Alg>(g: &ConvGeom, acc: &[f32], ldc: usize, ldo: usize, dw: &mut [f32]) {
-    let (k, no) = (W::K, g.o);
+fn finish_dw(g: &ConvGeom, acc: &[f32], ldc: usize, ldo: usize, dw: &mut [f32]) {
+    let (k, no) = (g.k, g.o);
     let kk = k * k;
     // Input channels in parallel, each its `[ki][kj][o]` block: s[a][b][o],
     // r[ki][b][o] = (A^T s)[ki][b], then r A.
@@ -554,10 +497,12 @@ fn finish_dw<W: Alg>(g: &ConvGeom, acc: &[f32], ldc: usize, ldo: usize, dw: &mut
             }
             for (t, dst) in r.chunks_exact_mut(no).enumerate() {
                 let (ki, b) = (t / T, t % T);
-                mul_add_rows(dst, (0..T).map(|a| (W::at(ki, a), &sv[(a * T + b) * no..][..no])));
+                mul_add_rows(dst, (0..T).map(|a| (kernels::at(k, ki, a), &sv[(a * T + b) * no..][..no])));
             }
             let r = &r;
-            rows_f32(kk, no, |t| (0..T).map(move |b| (W::at(t % k, b), &r[(t / k * T + b) * no..][..no])))
+            rows_f32(kk, no, |t| {
+                (0..T).map(move |b| (kernels::at(k, t % k, b), &r[(t / k * T + b) * no..][..no]))
+            })
         })
         .collect();
     for (c, block) in blocks.iter().enumerate() {
