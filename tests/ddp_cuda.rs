@@ -254,7 +254,9 @@ fn the_resnet_on_the_gpu_equals_the_cpu_and_two_ranks_equal_one() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = config_of("configs/resnet_mnist_o2.toml", dir.path(), "O0");
     let (one, _) = run(dir.path(), &cfg, Starter::One, "one", &[]);
-    let (cpu, _) = run(dir.path(), &cfg, Starter::One, "cpu", &["run.device=cpu"]);
+    // The CPU on its direct convs, as in the ResNet-20 test below.
+    let cpu_sets = (&["run.device=cpu"][..], &["--direct-convs"][..]);
+    let (cpu, _) = run_global_batch(dir.path(), &cfg, Starter::One, "cpu", cpu_sets, 120);
     let (tcp, _) = run(dir.path(), &cfg, Starter::Launch(2), "tcp2", &["parallel.backend=tcp"]);
     let mut r = vec![("the CPU", max_abs_diff(&one, &cpu)), ("tcp 2 ranks", max_abs_diff(&one, &tcp))];
     if nccl_ranks_fit(test, 2) {
