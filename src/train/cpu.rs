@@ -8,7 +8,7 @@ use super::stop::StopSignal;
 use super::{evaluate_shard, Ddp, EvalResult};
 use crate::amp::{Amp, StepOutcome};
 use crate::config::Config;
-use crate::data::{Augment, Dataset, EpochAugment, Loader};
+use crate::data::{Augment, Dataset, Loader};
 use crate::error::{Error, Result};
 use crate::nn::Model;
 use crate::ops;
@@ -79,14 +79,12 @@ impl Engine for CpuEngine {
     }
 
     fn begin_epoch(&mut self, epoch: u64, indices: Vec<usize>) -> Result<()> {
-        let augment = self.augment.as_ref().map(|a| EpochAugment { augment: Arc::clone(a), epoch });
-        self.loader = Some(Loader::augmented(
+        self.loader = Some(Loader::training(
             self.train_ds.clone(),
             indices,
-            self.batch_size,
-            self.drop_last,
-            self.prefetch,
-            augment,
+            (self.batch_size, self.drop_last, self.prefetch),
+            epoch,
+            self.augment.clone(),
         ));
         Ok(())
     }

@@ -256,6 +256,9 @@ pub(crate) fn run(cfg: &Config, opts: &RunOptions, setup: Setup, engine: &mut dy
     let state_dict = host.amp.state_dict(host.model)?;
     if primary {
         crate::checkpoint::save_safetensors(&weights, &state_dict)?;
+        for (name, bytes) in ckpt.extra_files() {
+            crate::checkpoint::write_atomic(&out_dir.join(name), bytes)?;
+        }
     }
     let summary = Summary {
         name: cfg.run.name.clone(),
