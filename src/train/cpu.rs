@@ -104,14 +104,15 @@ impl Engine for CpuEngine {
         ddp.sync_buffers(&mut self.model)?;
         self.model.draws.at = at;
         let (logits, saved) = self.model.forward_train(batch.images)?;
+        let shape = logits.shape().to_vec();
         let out = ops::cross_entropy::forward_backward(
-            &logits,
+            &ops::cross_entropy::as_rows(logits)?,
             &batch.labels,
             self.amp.loss_scale() / self.accum as f32,
         )?;
         // A non-finite loss stops the run before backward spreads it.
         if out.loss.is_finite() {
-            ddp.backward(&mut self.model, saved, out.dlogits, sync)?;
+            ddp.backward(&mut self.model, saved, out.dlogits.reshape(&shape)?, sync)?;
         }
         Ok(Some(out.loss))
     }
