@@ -56,17 +56,34 @@ pub(super) fn weight_and_bias<'w>(
 impl Linear {
     fn apply(&self, w: &Weights, x: &Tensor) -> Result<Tensor> {
         let weight = &w.param(0, Self::TYPE)?.value;
-        let Some(t) = self.positions else {
-            return ops::linear::forward(x, weight, w.params.get(1).map(|b| &b.value));
-        };
-        // [N, T, in] is [N * T, in] row-major: the op runs on the rows.
         let n = x.shape().first().copied().unwrap_or(0);
-        let rows = x.clone().reshape(&[n * t, self.in_features])?;
-        ops::linear::forward(&rows, weight, w.params.get(1).map(|b| &b.value))?.reshape(&[
-            n,
-            t,
-            self.out_features,
-        ])
+        let y = ops::linear::forward(
+            &self.rows(x.clone(), self.in_features)?,
+            weight,
+            w.params.get(1).map(|b| &b.value),
+        )?;
+        self.unrows(y, n, self.out_features)
+    }
+
+    /// `[N, T, width]` as `[N * T, width]` (row-major, the same data): the op
+    /// runs on the rows, each position alike. `[N, width]` as it is.
+    fn rows(&self, x: Tensor, width: usize) -> Result<Tensor> {
+        match self.positions {
+            Some(t) => {
+                let n = x.shape().first().copied().unwrap_or(0);
+                // The tensor holds n * t * width elements already: the product fits.
+                x.reshape(&[n * t, width])
+            }
+            None => Ok(x),
+        }
+    }
+
+    /// The inverse of [`Self::rows`] for a batch of `n` samples.
+    fn unrows(&self, y: Tensor, n: usize, width: usize) -> Result<Tensor> {
+        match self.positions {
+            Some(t) => y.reshape(&[n, t, width]),
+            None => Ok(y),
+        }
     }
 }
 
@@ -170,19 +187,8 @@ impl Layer for Linear {
         _cx: Ctx<'_>,
     ) -> Result<Option<Tensor>> {
         let (weight, bias) = weight_and_bias(w, Self::TYPE)?;
-        let Some(t) = self.positions else {
-            return ops::linear::backward(
-                &x,
-                &weight.value,
-                &dy,
-                &mut weight.grad,
-                bias.map(|b| &mut b.grad),
-                need_dx,
-            );
-        };
         let n = x.shape().first().copied().unwrap_or(0);
-        let x = x.reshape(&[n * t, self.in_features])?;
-        let dy = dy.reshape(&[n * t, self.out_features])?;
+        let (x, dy) = (self.rows(x, self.in_features)?, self.rows(dy, self.out_features)?);
         let dx = ops::linear::backward(
             &x,
             &weight.value,
@@ -191,7 +197,7 @@ impl Layer for Linear {
             bias.map(|b| &mut b.grad),
             need_dx,
         )?;
-        dx.map(|d| d.reshape(&[n, t, self.in_features])).transpose()
+        dx.map(|d| self.unrows(d, n, self.in_features)).transpose()
     }
 }
 
