@@ -246,6 +246,12 @@ pub struct OptimizerConfig {
     pub betas: [f64; 2],
     #[serde(default = "default_adam_eps")]
     pub eps: f64,
+    /// Weight decay applies to parameters of at least this many dimensions
+    /// (nanoGPT's groups: 2, so matmul and embedding weights decay, biases
+    /// and layernorm weights do not). Default 2 for `dataset = "text"`, 0
+    /// (every parameter, as `model.parameters()`) otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight_decay_min_dim: Option<usize>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -583,6 +589,9 @@ pub struct Expect {
     pub min_test_accuracy: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_final_loss: Option<f64>,
+    /// `dataset = "text"`: the largest final validation loss (nats per token).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_val_loss: Option<f64>,
     /// Most optimizer steps the dynamic loss scaler may skip on overflow.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_overflow_steps: Option<u64>,

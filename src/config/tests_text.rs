@@ -4,59 +4,17 @@
 use super::tests_load::{config_err, load_text};
 use super::*;
 
-/// A 2-layer, 2-head GPT of width 8 over 6 positions: configs/gpt_sotu_o2.toml's structure, small.
-pub(crate) const TINY_GPT: &str = r#"
-[run]
-device = "cpu"
-[data]
-dataset = "text"
-path = "input.txt"
-batch_size = 2
-[model]
-input_shape = [6]
-[model.blocks.Block]
-layers = [
-  { type = "residual", layers = [
-    { type = "layernorm", name = "ln_1", bias = false },
-    { type = "sequential", name = "attn", layers = [
-      { type = "linear", name = "c_attn", out_features = 24, bias = false, init_std = 0.02 },
-      { type = "causal_self_attention", name = "attention", n_head = 2 },
-      { type = "linear", name = "c_proj", out_features = 8, bias = false, init_std = 0.01 },
-    ] },
-  ] },
-  { type = "residual", layers = [
-    { type = "layernorm", name = "ln_2", bias = false },
-    { type = "sequential", name = "mlp", layers = [
-      { type = "linear", name = "c_fc", out_features = 32, bias = false, init_std = 0.02 },
-      { type = "gelu", name = "gelu" },
-      { type = "linear", name = "c_proj", out_features = 8, bias = false, init_std = 0.01 },
-    ] },
-  ] },
-]
-[[model.layers]]
-type = "sequential"
-name = "transformer"
-layers = [
-  { type = "residual", layers = [{ type = "embedding", name = "wte", num_embeddings = 256, embedding_dim = 8, init_std = 0.02 }], shortcut = [{ type = "embedding", name = "wpe", num_embeddings = 6, embedding_dim = 8, positions = true, init_std = 0.02 }] },
-  { type = "Block", name = "h", repeat = 2 },
-  { type = "layernorm", name = "ln_f", bias = false },
-]
-[[model.layers]]
-type = "linear"
-name = "lm_head"
-out_features = 256
-bias = false
-tie = "transformer.wte.weight"
-[optimizer]
-name = "adamw"
-lr = 1e-3
-[train]
-max_steps = 2
-"#;
+/// A 2-layer, 2-head GPT of width 8 over 6 positions of bytes:
+/// configs/gpt_sotu_o2.toml's structure, small (the integration tests' template).
+fn tiny_gpt() -> String {
+    let fill = [("{VOCAB}", "bytes"), ("{C3}", "24"), ("{C4}", "32"), ("{C}", "8"), ("{T}", "6")];
+    let fill = fill.into_iter().chain([("{H}", "2"), ("{L}", "2"), ("{V}", "256"), ("{P}", "0.0")]);
+    fill.fold(include_str!("../../tests/common/gpt.toml").to_owned(), |t, (k, v)| t.replace(k, v))
+}
 
 #[test]
 fn a_gpt_has_nanogpts_state_dict_keys() {
-    let (cfg, _) = load_text(TINY_GPT, &[], &[]);
+    let (cfg, _) = load_text(&tiny_gpt(), &[], &[]);
     let cfg = cfg.unwrap();
     let layers = model::resolve(&cfg.model).unwrap();
     let model = crate::nn::Model::new(&layers, 0).unwrap();
@@ -74,7 +32,7 @@ fn a_gpt_has_nanogpts_state_dict_keys() {
 
 #[test]
 fn the_device_refuses_a_gpt_naming_the_layer() {
-    let (cfg, _) = load_text(TINY_GPT, &[], &[]);
+    let (cfg, _) = load_text(&tiny_gpt(), &[], &[]);
     let layers = model::resolve(&cfg.unwrap().model).unwrap();
     let why = layers.iter().find_map(crate::nn::cuda::plan::without_kernels).unwrap();
     assert_eq!(
@@ -100,13 +58,35 @@ fn text_keys_and_shapes_are_checked() {
         ),
     ];
     for (sets, key, msg) in cases {
-        let (_, k, m) = config_err(load_text(TINY_GPT, sets, &[]).0);
+        let (_, k, m) = config_err(load_text(&tiny_gpt(), sets, &[]).0);
         assert_eq!((k.as_str(), m.as_str()), (*key, *msg), "{sets:?}");
     }
-    let small_head = TINY_GPT.replace("256", "100");
+    let small_head = tiny_gpt().replace("256", "100");
     let (_, k, m) = config_err(load_text(&small_head, &[], &[]).0);
     let want = "the model outputs 100 logits but data.vocab = \"bytes\" has 256 tokens";
     assert_eq!((k.as_str(), m.as_str()), ("model.layers[1].out_features", want));
-    let (_, k, m) = config_err(load_text(super::tests_load::MINIMAL, &["data.vocab=chars"], &[]).0);
-    assert_eq!((k.as_str(), m.as_str()), ("data.vocab", "applies to dataset = \"text\" only"));
+    for set in ["data.vocab=chars", "train.eval_every=5", "train.eval_iters=2", "expect.max_val_loss=2.5"] {
+        let (_, k, m) = config_err(load_text(super::tests_load::MINIMAL, &[set], &[]).0);
+        let key = set.split('=').next().unwrap_or_default();
+        assert_eq!((k.as_str(), m.as_str()), (key, "applies to dataset = \"text\" only"));
+    }
+}
+
+#[test]
+fn text_gates_are_checked() {
+    let cases: &[(&str, &str, &str)] = &[
+        ("expect.max_val_loss=0", "expect.max_val_loss", "must be a positive number, got 0"),
+        ("expect.max_val_loss=nan", "expect.max_val_loss", "must be a positive number, got NaN"),
+        (
+            "expect.min_test_accuracy=0.5",
+            "expect.min_test_accuracy",
+            "a language model is gated by its validation loss: set expect.max_val_loss",
+        ),
+    ];
+    for (set, key, msg) in cases {
+        let (_, k, m) = config_err(load_text(&tiny_gpt(), &[set], &[]).0);
+        assert_eq!((k.as_str(), m.as_str()), (*key, *msg), "{set}");
+    }
+    let cfg = load_text(&tiny_gpt(), &["expect.max_val_loss=2.5"], &[]).0;
+    assert_eq!(cfg.map(|c| c.expect.max_val_loss).ok(), Some(Some(2.5)));
 }

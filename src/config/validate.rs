@@ -168,9 +168,16 @@ impl Config {
         if d.dataset == DatasetKind::Text {
             return self.check_text();
         }
-        if d.vocab.is_some() || d.val_fraction.is_some() {
-            let key = if d.vocab.is_some() { "data.vocab" } else { "data.val_fraction" };
-            return Err(bad(key, "applies to dataset = \"text\" only"));
+        // Keys of a language model's run, named so a misplaced one is not ignored.
+        let text_only = [
+            ("data.vocab", d.vocab.is_some()),
+            ("data.val_fraction", d.val_fraction.is_some()),
+            ("train.eval_every", self.train.eval_every.is_some()),
+            ("train.eval_iters", self.train.eval_iters.is_some()),
+            ("expect.max_val_loss", self.expect.max_val_loss.is_some()),
+        ];
+        if let Some((key, _)) = text_only.iter().find(|(_, set)| *set) {
+            return Err(bad(*key, "applies to dataset = \"text\" only"));
         }
         if d.batch_size == 0 {
             return Err(bad("data.batch_size", "must be at least 1"));
@@ -473,10 +480,19 @@ impl Config {
                 ));
             }
         }
-        if let Some(l) = self.expect.max_final_loss {
-            if !(l.is_finite() && l > 0.0) {
-                return Err(bad("expect.max_final_loss", format!("must be a positive number, got {l}")));
+        for (key, gate) in [
+            ("expect.max_final_loss", self.expect.max_final_loss),
+            ("expect.max_val_loss", self.expect.max_val_loss),
+        ] {
+            if let Some(l) = gate.filter(|l| !(l.is_finite() && *l > 0.0)) {
+                return Err(bad(key, format!("must be a positive number, got {l}")));
             }
+        }
+        if self.data.dataset == DatasetKind::Text && self.expect.min_test_accuracy.is_some() {
+            return Err(bad(
+                "expect.min_test_accuracy",
+                "a language model is gated by its validation loss: set expect.max_val_loss",
+            ));
         }
         Ok(())
     }

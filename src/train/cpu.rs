@@ -157,8 +157,8 @@ impl Engine for CpuEngine {
     }
 
     fn evaluate(&mut self, ddp: &mut Ddp) -> Result<EvalResult> {
-        // The epoch's loader (and its prefetch thread) is done with.
-        self.loader = None;
+        // The loader stays: `train.eval_every` evaluates inside an epoch,
+        // whose remaining batches it still holds.
         ddp.sync_buffers(&mut self.model)?;
         let local = evaluate_shard(
             &self.model,

@@ -35,8 +35,17 @@ pub struct Summary {
     pub final_loss: f64,
     pub test_accuracy: Option<f64>,
     pub test_loss: Option<f64>,
-    /// Training images per second over all ranks, counting training steps only (not evaluation).
+    /// `dataset = "text"`: the last validation loss (mean nats per token
+    /// over `train.eval_iters` batches) and its exponential.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub val_loss: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub perplexity: Option<f64>,
+    /// Training images (text: windows) per second over all ranks, counting training steps only (not evaluation).
     pub images_per_s: f64,
+    /// `dataset = "text"`: `images_per_s` times `block_size`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokens_per_s: Option<f64>,
     /// DDP only: mean share of gradient all-reduce time hidden behind backward.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub allreduce_hidden_fraction: Option<f64>,
@@ -269,7 +278,12 @@ pub(crate) fn start(cfg: &Config, opts: &RunOptions) -> Result<Started> {
     model.draws.rank = ddp.rank() as u64;
     let plan = RunPlan::new(cfg, train_ds.len(), ddp.world_size(), ddp.rank())?;
     let sizes: Vec<usize> = model.params().iter().map(|p| p.value.numel()).collect();
-    let mut optimizer = Optimizer::new(optimizer_config(&cfg.optimizer), &sizes)?;
+    let min_dim = cfg.optimizer.weight_decay_min_dim.unwrap_or(match cfg.data.dataset {
+        config::DatasetKind::Text => 2,
+        _ => 0,
+    });
+    let decay: Vec<bool> = model.params().iter().map(|p| p.value.shape().len() >= min_dim).collect();
+    let mut optimizer = Optimizer::new(optimizer_config(&cfg.optimizer), &sizes)?.with_decay_mask(&decay)?;
     let shape = crate::checkpoint::RunShape {
         world_size: ddp.world_size(),
         rank: ddp.rank(),

@@ -213,3 +213,28 @@ timeout_s = 120
     );
     write(dir, &format!("{device}-{train_size}.toml"), &body)
 }
+
+/// tests/common/gpt.toml filled in: nanoGPT's GPT with `n_layer` blocks of
+/// `n_head` heads, `n_embd` wide, over `block_size` positions and `vocab`
+/// tokens of `data.vocab = vocab_kind`, dropout `p` after the embeddings.
+pub fn gpt_config(
+    vocab_kind: &str,
+    vocab: usize,
+    (n_layer, n_head, n_embd, block_size): (usize, usize, usize, usize),
+    p: &str,
+) -> String {
+    let n = |x: usize| x.to_string();
+    [
+        ("{VOCAB}", vocab_kind.to_owned()),
+        ("{C3}", n(3 * n_embd)),
+        ("{C4}", n(4 * n_embd)),
+        ("{C}", n(n_embd)),
+        ("{T}", n(block_size)),
+        ("{H}", n(n_head)),
+        ("{L}", n(n_layer)),
+        ("{V}", n(vocab)),
+        ("{P}", p.to_owned()),
+    ]
+    .into_iter()
+    .fold(include_str!("gpt.toml").to_owned(), |t, (k, v)| t.replace(k, &v))
+}
