@@ -214,6 +214,25 @@ timeout_s = 120
     write(dir, &format!("{device}-{train_size}.toml"), &body)
 }
 
+/// The python that has torch, numpy and safetensors, or `None` when the test
+/// is skipped.
+pub fn torch_python(test: &str) -> Option<String> {
+    let python = std::env::var("DDPTRAIN_TORCH_PYTHON").unwrap_or_else(|_| "python3".into());
+    let probe = Command::new(&python).args(["-c", "import torch, numpy, safetensors"]).output();
+    if probe.is_ok_and(|o| o.status.success()) {
+        return Some(python);
+    }
+    let why = format!("{python} cannot import torch, numpy and safetensors");
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!(
+            "{test}: {why}, and CI=true forbids skipping the PyTorch oracle: scripts/test.sh installs them \
+             into .venv/ and sets DDPTRAIN_TORCH_PYTHON"
+        );
+    }
+    println!("{test}: skipped: {why} (set DDPTRAIN_TORCH_PYTHON)");
+    None
+}
+
 /// tests/common/gpt.toml filled in: nanoGPT's GPT with `n_layer` blocks of
 /// `n_head` heads, `n_embd` wide, over `block_size` positions and `vocab`
 /// tokens of `data.vocab = vocab_kind`, dropout `p` after the embeddings.
