@@ -233,6 +233,18 @@ pub fn torch_python(test: &str) -> Option<String> {
     None
 }
 
+/// The State of the Union addresses scripts/fetch-sotu.sh writes (scripts/test.sh
+/// fetches them first), or `DDPTRAIN_SOTU`.
+pub fn sotu_dir() -> PathBuf {
+    let dir = from_env("DDPTRAIN_SOTU", repo_root().join("data/sotu"));
+    assert!(
+        dir.join("2021_joseph_r_biden_d.txt").exists(),
+        "{} has no State of the Union addresses: run scripts/fetch-sotu.sh (scripts/test.sh does)",
+        dir.display()
+    );
+    dir
+}
+
 /// tests/common/gpt.toml filled in: nanoGPT's GPT with `n_layer` blocks of
 /// `n_head` heads, `n_embd` wide, over `block_size` positions and `vocab`
 /// tokens of `data.vocab = vocab_kind`, dropout `p` after the embeddings.
