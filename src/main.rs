@@ -212,13 +212,28 @@ fn run_train(args: &TrainArgs) -> anyhow::Result<u8> {
     if let Some(path) = &args.check_trace {
         println!("PASS trace {}: all {} steps match", path.display(), summary.steps);
     }
-    let acc = summary.test_accuracy.map_or("n/a".to_string(), |a| format!("{:.2}%", a * 100.0));
+    // A language model's figures: validation loss and perplexity, tokens/s.
+    let (score, rate) = match summary.tokens_per_s {
+        Some(tps) => (
+            summary
+                .val_loss
+                .zip(summary.perplexity)
+                .map_or("val loss n/a".to_string(), |(l, p)| format!("val loss {l:.4} (perplexity {p:.2})")),
+            format!("{tps:.0} tokens/s"),
+        ),
+        None => (
+            format!(
+                "test accuracy {}",
+                summary.test_accuracy.map_or("n/a".to_string(), |a| format!("{:.2}%", a * 100.0))
+            ),
+            format!("{:.0} images/s", summary.images_per_s),
+        ),
+    };
     println!(
-        "done: {} steps, {} epochs, final loss {:.4}, test accuracy {acc}, {:.0} images/s, {:.1}s; wrote {}",
+        "done: {} steps, {} epochs, final loss {:.4}, {score}, {rate}, {:.1}s; wrote {}",
         summary.steps,
         summary.epochs,
         summary.final_loss,
-        summary.images_per_s,
         summary.wall_s,
         cfg.run.out_dir.display()
     );

@@ -24,6 +24,8 @@ pub enum Purpose {
     /// Training-time augmentation, indexed by (epoch, sample) so a sample's
     /// crop and flip do not depend on batch size, rank count or resume.
     Augment = 5,
+    /// Text windows' offsets, indexed by (epoch and split, sample) (`data::text`).
+    TextWindow = 6,
 }
 
 /// SplitMix64's finalizer: well-mixed keys for nearby inputs.
@@ -41,6 +43,15 @@ fn stream_key(seed: u64, purpose: Purpose, index: u64) -> u64 {
 
 pub fn stream(seed: u64, purpose: Purpose, index: u64) -> ChaCha8Rng {
     ChaCha8Rng::seed_from_u64(stream_key(seed, purpose, index))
+}
+
+/// The stream of (seed, purpose, `major`) on ChaCha's stream number `minor`:
+/// 2^64 independent streams per index, each reached without drawing the
+/// others (a text window's draw from its epoch and sample index).
+pub fn stream_at(seed: u64, purpose: Purpose, major: u64, minor: u64) -> ChaCha8Rng {
+    let mut rng = stream(seed, purpose, major);
+    rng.set_stream(minor);
+    rng
 }
 
 /// Philox4x32's multipliers and Weyl key increments (Random123's

@@ -21,25 +21,6 @@ use std::process::{Command, Output};
 
 const SEED_CONFIG: &str = "configs/mnist_o0.toml";
 
-/// The python that has torch, numpy and safetensors, or `None` when the test
-/// is skipped.
-fn torch_python(test: &str) -> Option<String> {
-    let python = std::env::var("DDPTRAIN_TORCH_PYTHON").unwrap_or_else(|_| "python3".into());
-    let probe = Command::new(&python).args(["-c", "import torch, numpy, safetensors"]).output();
-    if probe.is_ok_and(|o| o.status.success()) {
-        return Some(python);
-    }
-    let why = format!("{python} cannot import torch, numpy and safetensors");
-    if std::env::var("CI").is_ok_and(|v| v == "true") {
-        panic!(
-            "{test}: {why}, and CI=true forbids skipping the PyTorch oracle: scripts/test.sh installs them \
-             into .venv/ and sets DDPTRAIN_TORCH_PYTHON"
-        );
-    }
-    println!("{test}: skipped: {why} (set DDPTRAIN_TORCH_PYTHON)");
-    None
-}
-
 /// The configs whose models the oracle checks: those of `configs/` with
 /// MNIST's input shape and classes (the digits torch_parity.py feeds them),
 /// relative to the repository root, in file name order, one per distinct

@@ -50,7 +50,7 @@ pub fn cast_model(model: &mut Model, policy: &Policy) {
     };
     for layer in &mut model.layers {
         let dt = match layer.kind.amp_class() {
-            AmpClass::Fp16 => policy.param_dtype(false),
+            AmpClass::Fp16 | AmpClass::Fp32 => policy.param_dtype(false),
             AmpClass::BatchNorm => policy.param_dtype(true),
             // No parameters; nothing to cast.
             AmpClass::Passthrough | AmpClass::Promote => continue,

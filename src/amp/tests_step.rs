@@ -19,6 +19,8 @@ fn linear(w: Vec<f32>, b: Vec<f32>) -> Model {
                 in_features: inp,
                 out_features: out,
                 bias: true,
+                positions: None,
+                init_std: None,
             }),
             weights: Weights {
                 params: vec![
@@ -36,6 +38,8 @@ fn linear(w: Vec<f32>, b: Vec<f32>) -> Model {
                 in_features: inp,
                 out_features: out,
                 bias: true,
+                positions: None,
+                init_std: None,
             }),
             inputs: vec![0],
             in_shape: vec![inp],
@@ -177,7 +181,7 @@ fn cast_model_follows_the_policy() {
         for layer in &model.layers {
             let w = &layer.weights;
             match layer.kind.amp_class() {
-                AmpClass::Fp16 => {
+                AmpClass::Fp16 | AmpClass::Fp32 => {
                     let weight = &w.params[0];
                     assert_eq!((weight.value.dtype(), weight.grad.dtype()), (conv, conv), "{level}")
                 }

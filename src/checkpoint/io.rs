@@ -56,8 +56,15 @@ pub fn parse_safetensors(bytes: &[u8], path: &Path) -> Result<Vec<StateEntry>> {
 /// Writes entries as a safetensors file (f32 tensors, i64 scalars), through a
 /// temporary file renamed into place so a reader never sees a partial file.
 pub fn save_safetensors(path: &Path, entries: &[StateEntry]) -> Result<()> {
-    let data = entries_to_bytes(entries, path)?;
-    let tmp = path.with_extension("safetensors.tmp");
+    write_atomic(path, &entries_to_bytes(entries, path)?)
+}
+
+/// Writes `data` beside `path` and renames it into place, so a reader
+/// never sees half a file.
+pub fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(".tmp");
+    let tmp = path.with_file_name(name);
     std::fs::write(&tmp, data).map_err(|e| Error::io(format!("cannot write {}", tmp.display()), e))?;
     std::fs::rename(&tmp, path)
         .map_err(|e| Error::io(format!("cannot rename {} into place", tmp.display()), e))?;

@@ -25,7 +25,7 @@ mod state;
 #[cfg(test)]
 mod tests_share;
 
-pub use io::{entries_to_bytes, load_safetensors, save_safetensors};
+pub use io::{entries_to_bytes, load_safetensors, save_safetensors, write_atomic};
 pub use load::{
     load_eval_weights, load_for_eval, parse_checkpoint, read_checkpoint, read_raw, EvalSource,
     LoadedCheckpoint, RawCheckpoint,

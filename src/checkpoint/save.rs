@@ -63,6 +63,9 @@ pub struct Checkpointer {
     /// Rank 0's hold on `run.out_dir`: kept here because the checkpointer
     /// lives exactly as long as the run that writes into that directory.
     lock: Option<super::RunLock>,
+    /// Files every checkpoint carries besides the weights (a text run's
+    /// `vocab.json`), as (name, contents).
+    extra_files: Vec<(&'static str, Vec<u8>)>,
 }
 
 /// The settings a resumed run must share with the checkpoint: the config less
@@ -132,7 +135,19 @@ impl Checkpointer {
             save_pause: None,
             halt_after: None,
             lock: None,
+            extra_files: Vec::new(),
         }
+    }
+
+    /// Adds `name` with `contents` to every checkpoint this run writes.
+    pub fn with_file(mut self, name: &'static str, contents: Vec<u8>) -> Self {
+        self.extra_files.push((name, contents));
+        self
+    }
+
+    /// The files [`Checkpointer::with_file`] added, as (name, contents).
+    pub fn extra_files(&self) -> &[(&'static str, Vec<u8>)] {
+        &self.extra_files
     }
 
     /// Keeps `lock` (see [`super::RunLock`]) until this checkpointer, and so the run, ends.
@@ -307,6 +322,13 @@ impl Checkpointer {
             files.insert(
                 file.to_string(),
                 FileDigest { bytes: bytes.len() as u64, sha256: sha256_hex(&bytes) },
+            );
+        }
+        for (file, bytes) in &self.extra_files {
+            write_synced(&tmp.join(file), bytes)?;
+            files.insert(
+                file.to_string(),
+                FileDigest { bytes: bytes.len() as u64, sha256: sha256_hex(bytes) },
             );
         }
         let state = CheckpointState {

@@ -112,7 +112,16 @@ fn derived_defaults(fig: &Figment, path: &Path) -> Layer {
     // torchvision recipes for it write them (a mistyped dataset gets none).
     let kind = fig.extract_inner::<DatasetKind>("data.dataset").unwrap_or_default();
     data.insert("path".into(), Value::from(kind.default_path()));
-    let channels = fig.extract_inner::<[u64; 3]>("model.input_shape").map_or(1, |s| s[0]).min(64);
+    // Text has no channels to normalize (and its input_shape is [block_size]).
+    let channels = match kind {
+        DatasetKind::Text => 1,
+        _ => fig
+            .extract_inner::<Vec<u64>>("model.input_shape")
+            .ok()
+            .and_then(|s| s.first().copied())
+            .unwrap_or(1)
+            .min(64),
+    };
     let (mean, std) = match kind.default_normalize() {
         Some((m, s)) => (m.to_vec(), s.to_vec()),
         // Arrays of unknown content: ToTensor's scaling only.
@@ -361,9 +370,6 @@ fn convert_error(e: figment::Error, file: &str) -> Error {
         }
         Kind::InvalidValue(actual, expected) => {
             format!("invalid value {}: expected {}", describe(actual), readable_type(expected))
-        }
-        Kind::InvalidLength(n, _) if format_key(&path) == "model.input_shape" => {
-            format!("expected [C, H, W] (3 numbers), found {n} element(s)")
         }
         Kind::InvalidLength(n, expected) => format!("expected {expected}, found {n} element(s)"),
         Kind::DuplicateField(field) => {

@@ -208,12 +208,12 @@ pub fn estimate(cfg: &Config, layers: &[ResolvedLayer], m: &Machine) -> Result<E
     let activations = saved.checked_add(live).ok_or_else(io_err)?;
     let eval = mul(&[largest_io, eval_batch, 4, 2]).ok_or_else(|| size_err(&file, "data.eval_batch_size"))?;
 
-    let [c, h, w] = cfg.model.input_shape;
+    let mut dims: Vec<u128> = cfg.model.input_shape.iter().map(|&d| d as u128).collect();
+    dims.push(4);
+    let shape_bytes = mul(&dims).ok_or_else(|| size_err(&file, "model.input_shape"))?;
     let sample = match m.sample_numel {
-        Some(n) => u128::from(n) * 4,
-        None => {
-            mul(&[c as u128, h as u128, w as u128, 4]).ok_or_else(|| size_err(&file, "model.input_shape"))?
-        }
+        Some(n) if cfg.data.dataset != DatasetKind::Text => u128::from(n) * 4,
+        _ => shape_bytes,
     };
     let data_key = match cfg.data.dataset {
         DatasetKind::Synthetic => "data.synthetic_train_size",
@@ -221,11 +221,15 @@ pub fn estimate(cfg: &Config, layers: &[ResolvedLayer], m: &Machine) -> Result<E
         | DatasetKind::FashionMnist
         | DatasetKind::Cifar10
         | DatasetKind::Cifar100
-        | DatasetKind::Npz => "data.path",
+        | DatasetKind::Npz
+        | DatasetKind::Text => "data.path",
     };
-    // Normalized f32 pixels and a u32 label per sample (MNIST also holds the file's bytes while decoding).
+    // Normalized f32 pixels and a u32 label per sample (MNIST also holds the
+    // file's bytes while decoding); text (whose "samples" are its bytes) the
+    // bytes read, the decoded string and a u32 per token.
     let samples = u128::from(m.train_samples) + u128::from(m.test_samples);
-    let dataset = mul(&[samples, sample + 4]).ok_or_else(|| size_err(&file, data_key))?;
+    let per_sample = if cfg.data.dataset == DatasetKind::Text { 9 } else { sample + 4 };
+    let dataset = mul(&[samples, per_sample]).ok_or_else(|| size_err(&file, data_key))?;
     let prefetch = mul(&[cfg.data.prefetch as u128 + 2, batch, sample])
         .ok_or_else(|| size_err(&file, "data.prefetch"))?;
     let data = Part { what: "dataset", bytes: dataset, key: Some(data_key) };

@@ -29,6 +29,8 @@ mod tests_memory;
 #[cfg(test)]
 mod tests_model;
 #[cfg(test)]
+mod tests_text;
+#[cfg(test)]
 pub(crate) mod tests_tie;
 #[cfg(test)]
 mod tests_validate;

@@ -61,7 +61,9 @@ pub fn resolve(model: &ModelConfig) -> Result<Vec<ResolvedLayer>> {
                 || err(&l.key, "the model's parameter count does not fit in 64 bits".to_owned()),
             )?;
     }
-    if shape.len() != 1 {
+    // A language model maps [T] token ids to [T, vocab_size] logits.
+    let language_model = input.len() == 1 && shape.len() == 2;
+    if shape.len() != 1 && !language_model {
         return Err(err(
             "model.layers",
             format!("the model's output is {shape:?} per sample; a classifier must end in 1-D logits (add flatten and linear layers)"),

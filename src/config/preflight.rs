@@ -127,6 +127,8 @@ fn sample_counts(cfg: &Config) -> (u64, u64, Option<u64>) {
             let numel = cifar::CIFAR_SHAPE.iter().product::<usize>() as u64;
             (count(Split::Train), count(Split::Test), Some(numel))
         }
+        // The text's bytes (its tokens, at most as many), counted as train samples.
+        DatasetKind::Text => (text_bytes(&d.path), 0, None),
         DatasetKind::Npz => {
             let header = |split| npz_x_shape(&crate::data::npz::file(&d.path, split));
             let (train, test) = (header(Split::Train), header(Split::Test));
@@ -134,6 +136,17 @@ fn sample_counts(cfg: &Config) -> (u64, u64, Option<u64>) {
             (train.map_or(0, |s| s[0]), test.map_or(0, |s| s[0]), numel)
         }
     }
+}
+
+/// The size of a text file, or of the `*.txt` files under a directory (0
+/// when unreadable: loading reports that).
+fn text_bytes(path: &Path) -> u64 {
+    crate::data::text::files(path)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|p| std::fs::metadata(p).ok())
+        .map(|m| m.len())
+        .sum()
 }
 
 /// The shape of `x` in an .npz archive, read from its header only.

@@ -84,8 +84,8 @@ pub enum Device {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelConfig {
-    /// Per-sample input shape `[C, H, W]`.
-    pub input_shape: [usize; 3],
+    /// Per-sample input shape: `[C, H, W]` for images, `[block_size]` for text.
+    pub input_shape: Vec<usize>,
     pub layers: Vec<LayerConfig>,
     /// Blocks defined once and used by name in `layers` (`config::blocks`).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
@@ -132,6 +132,13 @@ pub struct DataConfig {
     /// torchvision's `RandomHorizontalFlip(p)`, on training samples only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub random_horizontal_flip: Option<f64>,
+    /// `dataset = "text"`: `"bytes"` (default) or `"chars"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vocab: Option<crate::data::text::VocabKind>,
+    /// `dataset = "text"`: the share of the tokens, at the end, held out
+    /// for validation (default 0.1, as nanoGPT's prepare.py).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub val_fraction: Option<f64>,
 }
 
 impl DataConfig {
@@ -154,6 +161,8 @@ pub enum DatasetKind {
     /// `train.npz` / `test.npz` with arrays `x` and `y`.
     Npz,
     Synthetic,
+    /// A UTF-8 text file, or the `*.txt` files under a directory, as tokens (`data::text`).
+    Text,
 }
 
 impl DatasetKind {
@@ -165,6 +174,7 @@ impl DatasetKind {
             DatasetKind::Cifar10 => "data/cifar10",
             DatasetKind::Cifar100 => "data/cifar100",
             DatasetKind::Npz => "data/npz",
+            DatasetKind::Text => "data/sotu",
         }
     }
 
@@ -176,7 +186,7 @@ impl DatasetKind {
             DatasetKind::FashionMnist => Some((&[0.2860], &[0.3530])),
             DatasetKind::Cifar10 => Some((&[0.4914, 0.4822, 0.4465], &[0.2470, 0.2435, 0.2616])),
             DatasetKind::Cifar100 => Some((&[0.5071, 0.4865, 0.4409], &[0.2673, 0.2564, 0.2762])),
-            DatasetKind::Npz => None,
+            DatasetKind::Npz | DatasetKind::Text => None,
         }
     }
 
@@ -185,7 +195,7 @@ impl DatasetKind {
         match self {
             DatasetKind::Mnist | DatasetKind::FashionMnist | DatasetKind::Cifar10 => Some(10),
             DatasetKind::Cifar100 => Some(100),
-            DatasetKind::Npz | DatasetKind::Synthetic => None,
+            DatasetKind::Npz | DatasetKind::Synthetic | DatasetKind::Text => None,
         }
     }
 }
@@ -236,6 +246,12 @@ pub struct OptimizerConfig {
     pub betas: [f64; 2],
     #[serde(default = "default_adam_eps")]
     pub eps: f64,
+    /// Weight decay applies to parameters of at least this many dimensions
+    /// (nanoGPT's groups: 2, so matmul and embedding weights decay, biases
+    /// and layernorm weights do not). Default 2 for `dataset = "text"`, 0
+    /// (every parameter, as `model.parameters()`) otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight_decay_min_dim: Option<usize>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -300,6 +316,27 @@ pub struct TrainConfig {
     pub grad_clip_norm: Option<f32>,
     #[serde(default = "default_one")]
     pub grad_accum_steps: u64,
+    /// Text: the validation loss every this many optimizer steps (and at
+    /// the end; nanoGPT's `eval_interval`); `None` evaluates after each epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_every: Option<u64>,
+    /// Text: batches of `data.eval_batch_size` windows the validation loss
+    /// is the mean over (nanoGPT's `eval_iters`, default 200).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_iters: Option<u64>,
+}
+
+impl TrainConfig {
+    /// nanoGPT's `eval_iters` default.
+    pub fn eval_iters(&self) -> u64 {
+        self.eval_iters.unwrap_or(200)
+    }
+}
+
+impl DataConfig {
+    pub fn val_fraction(&self) -> f64 {
+        self.val_fraction.unwrap_or(0.1)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -552,6 +589,9 @@ pub struct Expect {
     pub min_test_accuracy: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_final_loss: Option<f64>,
+    /// `dataset = "text"`: the largest final validation loss (nats per token).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_val_loss: Option<f64>,
     /// Most optimizer steps the dynamic loss scaler may skip on overflow.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_overflow_steps: Option<u64>,

@@ -287,10 +287,10 @@ fn nested_layer_errors_have_the_full_key() {
 
 #[test]
 fn unknown_layer_type_lists_types() {
-    let text = MINIMAL.replace(r#"type = "flatten""#, r#"type = "gelu""#);
+    let text = MINIMAL.replace(r#"type = "flatten""#, r#"type = "silu""#);
     let (_, key, msg) = config_err(load_text(&text, &[], &[]).0);
     assert_eq!(key, "model.layers[0].type");
-    assert!(msg.contains("\"gelu\"") && msg.contains("conv2d, batchnorm2d, relu, maxpool2d"), "{msg}");
+    assert!(msg.contains("\"silu\"") && msg.contains("conv2d, batchnorm2d, relu, maxpool2d"), "{msg}");
     assert!(msg.contains("dropout"), "{msg}");
 }
 

@@ -86,7 +86,11 @@ impl Config {
     }
 
     fn check_model(&self) -> Result<()> {
+        self.check_input_rank()?;
         let layers = model::resolve(&self.model)?;
+        if self.data.dataset == DatasetKind::Text {
+            return self.check_language_model(&layers);
+        }
         let classes = self.data.num_classes;
         if classes < 2 {
             return Err(bad("data.num_classes", format!("must be at least 2, got {classes}")));
@@ -113,8 +117,68 @@ impl Config {
         Ok(())
     }
 
+    /// Images are `[C, H, W]`; text is `[block_size]` token ids.
+    fn check_input_rank(&self) -> Result<()> {
+        let n = self.model.input_shape.len();
+        match self.data.dataset {
+            DatasetKind::Text if n != 1 => Err(bad(
+                "model.input_shape",
+                format!("expected [block_size] (1 number) for dataset = \"text\", found {n} element(s)"),
+            )),
+            DatasetKind::Text => Ok(()),
+            _ if n != 3 => {
+                Err(bad("model.input_shape", format!("expected [C, H, W] (3 numbers), found {n} element(s)")))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// A language model maps `[T]` token ids to `[T, vocab]` logits; the
+    /// vocabulary it must cover is known once the text is read (bytes: 256).
+    fn check_language_model(&self, layers: &[model::ResolvedLayer]) -> Result<()> {
+        let t = self.model.input_shape.first().copied().unwrap_or(0);
+        let out = layers.last().map(|l| l.out_shape.clone()).unwrap_or_default();
+        let key = || match layers.iter().rev().find(|l| matches!(l.kind, LayerKind::Linear { .. })) {
+            Some(l) => format!("{}.out_features", l.key),
+            None => "model.layers".to_owned(),
+        };
+        let [ot, v] = out[..] else {
+            return Err(bad(
+                key(),
+                format!("a language model's output must be [block_size, vocab_size] logits, got {out:?}"),
+            ));
+        };
+        if ot != t {
+            return Err(bad(
+                key(),
+                format!("the model outputs {ot} positions but model.input_shape is [{t}]"),
+            ));
+        }
+        if self.data.vocab.unwrap_or_default() == crate::data::text::VocabKind::Bytes && v < 256 {
+            return Err(bad(
+                key(),
+                format!("the model outputs {v} logits but data.vocab = \"bytes\" has 256 tokens"),
+            ));
+        }
+        Ok(())
+    }
+
     fn check_data(&self) -> Result<()> {
         let d = &self.data;
+        if d.dataset == DatasetKind::Text {
+            return self.check_text();
+        }
+        // Keys of a language model's run, named so a misplaced one is not ignored.
+        let text_only = [
+            ("data.vocab", d.vocab.is_some()),
+            ("data.val_fraction", d.val_fraction.is_some()),
+            ("train.eval_every", self.train.eval_every.is_some()),
+            ("train.eval_iters", self.train.eval_iters.is_some()),
+            ("expect.max_val_loss", self.expect.max_val_loss.is_some()),
+        ];
+        if let Some((key, _)) = text_only.iter().find(|(_, set)| *set) {
+            return Err(bad(*key, "applies to dataset = \"text\" only"));
+        }
         if d.batch_size == 0 {
             return Err(bad("data.batch_size", "must be at least 1"));
         }
@@ -172,6 +236,39 @@ impl Config {
         self.check_augment()
     }
 
+    fn check_text(&self) -> Result<()> {
+        let d = &self.data;
+        if d.batch_size == 0 {
+            return Err(bad("data.batch_size", "must be at least 1"));
+        }
+        if d.eval_batch_size == 0 {
+            return Err(bad("data.eval_batch_size", "must be at least 1"));
+        }
+        let vf = d.val_fraction();
+        if !(vf > 0.0 && vf < 1.0) {
+            return Err(bad("data.val_fraction", format!("must be in (0, 1), got {vf}")));
+        }
+        if self.train.eval_iters() == 0 {
+            return Err(bad("train.eval_iters", "must be at least 1"));
+        }
+        if self.train.eval_every == Some(0) {
+            return Err(bad(
+                "train.eval_every",
+                "must be at least 1 (leave it out to evaluate after each epoch)",
+            ));
+        }
+        if d.path.as_os_str().is_empty() {
+            return Err(bad("data.path", "must not be empty"));
+        }
+        if d.augments() || d.layout == Layout::Nhwc {
+            return Err(bad(
+                if d.augments() { "data.random_crop" } else { "data.layout" },
+                "applies to images, not to dataset = \"text\"",
+            ));
+        }
+        Ok(())
+    }
+
     /// torchvision's rules for RandomCrop and RandomHorizontalFlip, and one
     /// of ours: test images are not cropped, so the crop must be the size
     /// the model takes.
@@ -186,7 +283,7 @@ impl Config {
             }
         }
         let Some(c) = d.random_crop else { return Ok(()) };
-        let [_, h, w] = self.model.input_shape;
+        let [_, h, w] = self.model.input_shape[..] else { return Ok(()) };
         if c.size == 0 {
             return Err(bad("data.random_crop.size", "must be at least 1"));
         }
@@ -383,10 +480,19 @@ impl Config {
                 ));
             }
         }
-        if let Some(l) = self.expect.max_final_loss {
-            if !(l.is_finite() && l > 0.0) {
-                return Err(bad("expect.max_final_loss", format!("must be a positive number, got {l}")));
+        for (key, gate) in [
+            ("expect.max_final_loss", self.expect.max_final_loss),
+            ("expect.max_val_loss", self.expect.max_val_loss),
+        ] {
+            if let Some(l) = gate.filter(|l| !(l.is_finite() && *l > 0.0)) {
+                return Err(bad(key, format!("must be a positive number, got {l}")));
             }
+        }
+        if self.data.dataset == DatasetKind::Text && self.expect.min_test_accuracy.is_some() {
+            return Err(bad(
+                "expect.min_test_accuracy",
+                "a language model is gated by its validation loss: set expect.max_val_loss",
+            ));
         }
         Ok(())
     }

@@ -124,12 +124,7 @@ pub fn load(dir: &Path, kind: Cifar, split: Split, norm: &Normalize) -> Result<D
     for path in &paths {
         read_file(path, kind, &mut pixels, &mut labels)?;
     }
-    Ok(Dataset {
-        images: norm.apply(&pixels, PLANE),
-        labels,
-        sample_shape: CIFAR_SHAPE,
-        num_classes: kind.classes(),
-    })
+    Ok(Dataset::images(norm.apply(&pixels, PLANE), labels, CIFAR_SHAPE, kind.classes()))
 }
 
 /// Appends the records of one file.

@@ -25,6 +25,11 @@ pub struct DeviceDataset {
 impl DeviceDataset {
     /// Copies `ds` to the device (once, before training).
     pub fn upload(gpu: &Gpu, ds: &Dataset) -> Result<Self> {
+        // Text batches are drawn on the host; the device path takes images
+        // (a GPT layer is refused for the device before it gets here).
+        let shape = ds
+            .chw()
+            .ok_or_else(|| Error::internal("the device dataset holds [C, H, W] images, not text windows"))?;
         let s = gpu.stream();
         let bytes = ds.images.len() * 4 + ds.labels.len() * 4;
         let err = |e| Error::cuda(format!("copying the dataset to the device ({bytes} bytes)"), e);
@@ -35,7 +40,7 @@ impl DeviceDataset {
             images: images.map_err(err)?,
             labels: labels.map_err(err)?,
             sample_len: ds.sample_numel(),
-            shape: ds.sample_shape,
+            shape,
             len: ds.len(),
         })
     }

@@ -9,7 +9,8 @@ use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-/// One batch: `images` is `[B, C, H, W]`, `labels` has `B` entries.
+/// One batch: `images` is `[B, C, H, W]` and `labels` has `B` entries; for
+/// text, `images` is `[B, T]` token ids and `labels` the `B * T` targets.
 #[derive(Debug, Clone)]
 pub struct Batch {
     pub images: Tensor,
@@ -36,12 +37,18 @@ struct Work {
     indices: Arc<Vec<usize>>,
     batch_size: usize,
     augment: Option<EpochAugment>,
+    /// The epoch the batches belong to (it keys text windows' offsets).
+    epoch: u64,
 }
 
 impl Work {
     fn batch(&self, k: usize) -> Batch {
         let end = ((k + 1) * self.batch_size).min(self.indices.len());
-        build(&self.ds, &self.indices[k * self.batch_size..end], self.augment.as_ref())
+        let idx = &self.indices[k * self.batch_size..end];
+        match &self.ds.text {
+            Some(t) => text_batch(t, self.epoch, idx),
+            None => build(&self.ds, idx, self.augment.as_ref()),
+        }
     }
 }
 
@@ -75,6 +82,19 @@ impl Loader {
         Self::with_thread(ds, indices, batch_size, drop_last, prefetch, augment, true)
     }
 
+    /// The training batches of `epoch`: augmented when `augment` is set,
+    /// and for text, windows drawn for that epoch.
+    pub fn training(
+        ds: Arc<Dataset>,
+        indices: Vec<usize>,
+        (batch_size, drop_last, prefetch): (usize, bool, usize),
+        epoch: u64,
+        augment: Option<Arc<super::Augment>>,
+    ) -> Self {
+        let augment = augment.map(|augment| EpochAugment { augment, epoch });
+        Self::start(Self::work(ds, indices, batch_size, augment, epoch), drop_last, prefetch, true)
+    }
+
     /// `new`, or with `threaded = false` the fallback used when no thread can
     /// be spawned (so tests can reach it).
     pub(crate) fn with_thread(
@@ -86,13 +106,27 @@ impl Loader {
         augment: Option<EpochAugment>,
         threaded: bool,
     ) -> Self {
+        let epoch = augment.as_ref().map_or(0, |a| a.epoch);
+        Self::start(Self::work(ds, indices, batch_size, augment, epoch), drop_last, prefetch, threaded)
+    }
+
+    fn work(
+        ds: Arc<Dataset>,
+        indices: Vec<usize>,
+        batch_size: usize,
+        augment: Option<EpochAugment>,
+        epoch: u64,
+    ) -> Work {
         assert!(batch_size > 0, "Loader: batch_size must be at least 1");
         if let Some(&bad) = indices.iter().find(|&&i| i >= ds.len()) {
             panic!("Loader: index {bad} is out of range for a dataset of {} samples", ds.len());
         }
-        let num_batches =
-            if drop_last { indices.len() / batch_size } else { indices.len().div_ceil(batch_size) };
-        let work = Work { ds, indices: Arc::new(indices), batch_size, augment };
+        Work { ds, indices: Arc::new(indices), batch_size, augment, epoch }
+    }
+
+    fn start(work: Work, drop_last: bool, prefetch: usize, threaded: bool) -> Self {
+        let (n, batch_size) = (work.indices.len(), work.batch_size);
+        let num_batches = if drop_last { n / batch_size } else { n.div_ceil(batch_size) };
         if !threaded {
             return Loader { rx: None, handle: None, inline: Some(work), num_batches, yielded: 0 };
         }
@@ -116,16 +150,29 @@ impl Loader {
     }
 }
 
+/// Text windows `idx` of `epoch`: `[B, T]` input ids and `B * T` targets.
+fn text_batch(t: &super::text::Windows, epoch: u64, idx: &[usize]) -> Batch {
+    let mut inputs = Vec::with_capacity(idx.len() * t.block_size);
+    let mut targets = Vec::with_capacity(idx.len() * t.block_size);
+    for &i in idx {
+        t.push(epoch, i, &mut inputs, &mut targets);
+    }
+    let images = Tensor::from_vec(&[idx.len(), t.block_size], inputs)
+        .expect("a text batch holds exactly B windows of block_size ids");
+    Batch { images, labels: targets }
+}
+
 fn build(ds: &Dataset, idx: &[usize], augment: Option<&EpochAugment>) -> Batch {
-    let shape = augment.map_or(ds.sample_shape, |a| a.augment.out_shape(ds.sample_shape));
+    let chw = ds.chw().expect("an image dataset's samples are [C, H, W]");
+    let shape = augment.map_or(chw, |a| a.augment.out_shape(chw));
     let per: usize = shape.iter().product();
     let mut images = Vec::with_capacity(idx.len() * per);
     let mut labels = Vec::with_capacity(idx.len());
     for &i in idx {
         match augment {
             Some(a) => {
-                let d = a.augment.draw(a.epoch, ds.len(), i, ds.sample_shape);
-                a.augment.apply(ds.sample(i), ds.sample_shape, d, &mut images);
+                let d = a.augment.draw(a.epoch, ds.len(), i, chw);
+                a.augment.apply(ds.sample(i), chw, d, &mut images);
             }
             None => images.extend_from_slice(ds.sample(i)),
         }

@@ -14,6 +14,7 @@ mod loader;
 pub mod npz;
 mod sampler;
 mod synthetic;
+pub mod text;
 
 #[cfg(test)]
 mod tests;
@@ -21,6 +22,8 @@ mod tests;
 mod tests_augment;
 #[cfg(test)]
 mod tests_formats;
+#[cfg(test)]
+mod tests_text;
 
 pub use augment::{Augment, Crop, EpochAugment};
 pub use loader::{Batch, Loader};
@@ -34,23 +37,45 @@ use std::path::Path;
 pub const MNIST_CLASSES: usize = 10;
 const MNIST_SIDE: usize = 28;
 
-/// Samples in memory: `images` is `[n, C, H, W]` row-major, already normalized.
+/// Samples in memory: `images` is `[n, C, H, W]` row-major, already
+/// normalized; or, for text, windows of a token stream (`text`, with
+/// `images` and `labels` empty).
 #[derive(Debug, Clone)]
 pub struct Dataset {
     pub images: Vec<f32>,
     pub labels: Vec<u32>,
-    /// `[C, H, W]`.
-    pub sample_shape: [usize; 3],
+    /// `[C, H, W]` for images, `[block_size]` for text.
+    pub sample_shape: Vec<usize>,
+    /// Classes, or the vocabulary's size.
     pub num_classes: usize,
+    /// Set for `dataset = "text"`: each sample is a window of the stream.
+    pub text: Option<text::Windows>,
 }
 
 impl Dataset {
+    /// Images with their labels.
+    pub fn images(images: Vec<f32>, labels: Vec<u32>, sample_shape: [usize; 3], num_classes: usize) -> Self {
+        Dataset { images, labels, sample_shape: sample_shape.to_vec(), num_classes, text: None }
+    }
+
+    /// Samples per epoch (text: windows).
     pub fn len(&self) -> usize {
-        self.labels.len()
+        match &self.text {
+            Some(t) => t.count,
+            None => self.labels.len(),
+        }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.labels.is_empty()
+        self.len() == 0
+    }
+
+    /// `[C, H, W]` of an image dataset; `None` for text.
+    pub fn chw(&self) -> Option<[usize; 3]> {
+        match (&self.text, &self.sample_shape[..]) {
+            (None, &[c, h, w]) => Some([c, h, w]),
+            _ => None,
+        }
     }
 
     /// Values per sample, `C * H * W`.
@@ -225,10 +250,10 @@ pub fn load_idx(set: IdxSet, dir: &Path, split: Split, norm: &Normalize) -> Resu
             ),
         ));
     }
-    Ok(Dataset {
-        images: norm.apply(&images.pixels, images.rows * images.cols),
-        labels: labels.labels.iter().map(|&l| l as u32).collect(),
-        sample_shape: [1, images.rows, images.cols],
-        num_classes: MNIST_CLASSES,
-    })
+    Ok(Dataset::images(
+        norm.apply(&images.pixels, images.rows * images.cols),
+        labels.labels.iter().map(|&l| l as u32).collect(),
+        [1, images.rows, images.cols],
+        MNIST_CLASSES,
+    ))
 }

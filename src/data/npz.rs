@@ -152,7 +152,7 @@ pub fn load(dir: &Path, split: Split, norm: &Normalize, nhwc: bool, num_classes:
             v
         }
     };
-    Ok(Dataset { images, labels, sample_shape: [c, h, w], num_classes })
+    Ok(Dataset::images(images, labels, [c, h, w], num_classes))
 }
 
 /// `[N, H, W, C]` values as `[N, C, H, W]` (`dims` is `[N, C, H, W]`).

@@ -21,5 +21,5 @@ pub fn synthetic(seed: u64, split: Split, n: usize, sample_shape: [usize; 3], nu
         images.extend((0..per).map(|_| rng.sample::<f32, _>(StandardNormal)));
         labels.push(rng.random_range(0..num_classes) as u32);
     }
-    Dataset { images, labels, sample_shape, num_classes }
+    Dataset::images(images, labels, sample_shape, num_classes)
 }

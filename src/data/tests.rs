@@ -73,7 +73,7 @@ fn load_mnist_reads_raw_and_gz_alike_and_prefers_raw() {
     let b = load_mnist(dg.path(), Split::Test, &norm).unwrap();
     assert_eq!(a.images, b.images);
     assert_eq!(a.labels, b.labels);
-    assert_eq!((a.len(), a.sample_shape, a.num_classes), (20, [1, 28, 28], 10));
+    assert_eq!((a.len(), a.chw(), a.num_classes), (20, Some([1, 28, 28]), 10));
     assert_eq!(a.labels, labels.iter().map(|&l| l as u32).collect::<Vec<_>>());
     assert_eq!(a.images.len(), 20 * PIX);
     // Test split only: the train files are missing.
@@ -264,7 +264,7 @@ fn label_out_of_range_is_refused() {
 fn synthetic_is_seeded_and_well_formed() {
     let a = synthetic(7, Split::Train, 500, [1, 28, 28], 10);
     let b = synthetic(7, Split::Train, 500, [1, 28, 28], 10);
-    assert_eq!((a.len(), a.sample_shape, a.num_classes), (500, [1, 28, 28], 10));
+    assert_eq!((a.len(), a.chw(), a.num_classes), (500, Some([1, 28, 28]), 10));
     assert_eq!(a.images.len(), 500 * PIX);
     assert_eq!(a.images, b.images);
     assert_eq!(a.labels, b.labels);
@@ -368,12 +368,7 @@ fn sampler_drop_last_cuts_the_tail() {
 /// 10 samples of [1, 2, 2], sample i filled with i, label i % 3.
 fn tiny_dataset() -> Arc<Dataset> {
     let images = (0..10).flat_map(|i| [i as f32; 4]).collect();
-    Arc::new(Dataset {
-        images,
-        labels: (0..10).map(|i| i % 3).collect(),
-        sample_shape: [1, 2, 2],
-        num_classes: 3,
-    })
+    Arc::new(Dataset::images(images, (0..10).map(|i| i % 3).collect(), [1, 2, 2], 3))
 }
 
 fn batches(loader: Loader) -> Vec<(Vec<usize>, Vec<f32>, Vec<u32>)> {

@@ -79,12 +79,8 @@ fn a_sample_gets_the_same_crop_whatever_the_batch_size_rank_count_or_prefetch() 
         (0..ds.len())
             .map(|i| {
                 let mut out = Vec::new();
-                augment.apply(
-                    ds.sample(i),
-                    ds.sample_shape,
-                    augment.draw(e, ds.len(), i, ds.sample_shape),
-                    &mut out,
-                );
+                let chw = ds.chw().unwrap();
+                augment.apply(ds.sample(i), chw, augment.draw(e, ds.len(), i, chw), &mut out);
                 out
             })
             .collect()

@@ -46,7 +46,7 @@ fn cifar10_reads_every_batch_in_numeric_order_channel_planar() {
     let norm = Normalize::identity(3);
     let train = cifar::load(dir.path(), Cifar::Ten, Split::Train, &norm).unwrap();
     assert_eq!(train.labels, vec![0, 1, 4, 5, 9], "data_batch_1, _2, _10");
-    assert_eq!((train.sample_shape, train.num_classes), ([3, 32, 32], 10));
+    assert_eq!((train.chw(), train.num_classes), (Some([3, 32, 32]), 10));
     // Record bytes are the [3, 32, 32] image as stored: red plane first.
     let want: Vec<f32> = record(&[4], 4)[1..].iter().map(|&p| f32::from(p) / 255.0).collect();
     assert_eq!(train.sample(2), &want[..]);
@@ -202,7 +202,7 @@ fn npz_err(arrays: &[(&str, Vec<u8>)]) -> String {
 fn npz_uint8_nchw_nhwc_and_compressed_read_alike() {
     let (ds, _d) = npz_load(&good_arrays(), false);
     let ds = ds.unwrap();
-    assert_eq!((ds.len(), ds.sample_shape, ds.labels.clone()), (2, [3, 2, 2], vec![1, 0]));
+    assert_eq!((ds.len(), ds.chw(), ds.labels.clone()), (2, Some([3, 2, 2]), vec![1, 0]));
     let want: Vec<f32> = (0..24).map(|p| p as f32 / 255.0).collect();
     assert_eq!(ds.images, want, "uint8 scaled by 1/255 as ToTensor does");
 
@@ -376,7 +376,7 @@ fn fashion_mnist_reads_idx_files_and_names_its_fetch_script() {
     write_images(&dir.path().join("t10k-images-idx3-ubyte.gz"), 28, 28, &[255; 2 * 784]).unwrap();
     write_labels(&dir.path().join("t10k-labels-idx1-ubyte.gz"), &[9, 0]).unwrap();
     let ds = load_idx(IdxSet::FashionMnist, dir.path(), Split::Test, &norm).unwrap();
-    assert_eq!((ds.labels.clone(), ds.sample_shape, ds.num_classes), (vec![9, 0], [1, 28, 28], 10));
+    assert_eq!((ds.labels.clone(), ds.chw(), ds.num_classes), (vec![9, 0], Some([1, 28, 28]), 10));
     assert_eq!(ds.images[0], (1.0 - 0.2860) / 0.3530);
     write_labels(&dir.path().join("t10k-labels-idx1-ubyte.gz"), &[9, 10]).unwrap();
     let msg = err_text(load_idx(IdxSet::FashionMnist, dir.path(), Split::Test, &norm));

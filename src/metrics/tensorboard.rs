@@ -44,6 +44,8 @@ impl TensorBoard {
     pub fn record(&mut self, record: &serde_json::Value) {
         let (prefix, x) = match record["kind"].as_str() {
             Some("train") => ("train", record["step"].as_u64()),
+            // A language model's evaluation is on its validation split.
+            Some("eval") if record.get("val_loss").is_some() => ("val", record["step"].as_u64()),
             Some("eval") => ("test", record["step"].as_u64()),
             _ => return,
         };
@@ -53,7 +55,7 @@ impl TensorBoard {
                 continue;
             }
             if let Some(v) = v.as_f64() {
-                let name = k.strip_prefix("test_").unwrap_or(k);
+                let name = k.strip_prefix("test_").or_else(|| k.strip_prefix("val_")).unwrap_or(k);
                 self.writer.add_scalar(&format!("{prefix}/{name}"), v as f32, x as usize);
             }
         }

@@ -26,3 +26,11 @@ pub fn fan_in_uniform(rng: &mut impl Rng, shape: &[usize], fan_in: usize) -> Res
     }
     uniform(rng, shape, 1.0 / (fan_in as f64).sqrt())
 }
+
+/// `nn.init.normal_(t, mean=0.0, std=std)` (nn.Embedding's default with
+/// std 1; nanoGPT's `_init_weights` with std 0.02).
+pub fn normal(rng: &mut impl Rng, shape: &[usize], std: f64) -> Result<Tensor> {
+    let n: usize = shape.iter().product();
+    let v = (0..n).map(|_| (rng.sample::<f64, _>(rand_distr::StandardNormal) * std) as f32).collect();
+    Tensor::from_vec(shape, v)
+}

@@ -291,12 +291,22 @@ impl Model {
         })
     }
 
+    /// The input as the model takes it: cast to `dt` as apex casts
+    /// floating inputs, unless every reader is an embedding (token ids,
+    /// which PyTorch holds as integers and apex leaves alone).
+    fn cast_input(&self, x: Tensor, dt: DType) -> Result<Tensor> {
+        let mut readers =
+            (0..self.layers.len()).filter(|&i| self.inputs(i).is_ok_and(|ins| ins.contains(&0)));
+        let ids = readers.all(|i| matches!(self.layers[i].kind, LayerKind::Embedding(_)));
+        Ok(if ids { x } else { x.into_dtype(dt) })
+    }
+
     /// Training-mode forward: logits and the saved state of every layer.
     pub fn forward_train(&mut self, x: Tensor) -> Result<(Tensor, Vec<Saved>)> {
         let prec = self.precision;
         let readers = self.readers()?;
         let n = self.layers.len();
-        let mut values = Values::new(x.into_dtype(prec.input), readers.clone());
+        let mut values = Values::new(self.cast_input(x, prec.input)?, readers.clone());
         let mut saved = Vec::with_capacity(n);
         let mut i = 0;
         while i < n {
@@ -352,7 +362,7 @@ impl Model {
 
     /// Evaluation-mode forward (BatchNorm uses running statistics).
     pub fn forward_eval(&self, x: Tensor) -> Result<Tensor> {
-        let mut values = Values::new(x.into_dtype(self.precision.input), self.readers()?);
+        let mut values = Values::new(self.cast_input(x, self.precision.input)?, self.readers()?);
         for i in 0..self.layers.len() {
             let xs = values.inputs(self.inputs(i)?)?;
             values.put(i + 1, self.lent(i)?.forward_eval(xs, self.precision)?)?;

@@ -10,13 +10,17 @@ pub mod elem;
 pub use elem::Elem;
 
 pub mod add;
+pub mod attention;
 pub mod avg_pool2d;
 pub mod batch_norm;
 pub mod conv2d;
 pub mod cross_entropy;
 pub mod dropout;
+pub mod embedding;
+pub mod gelu;
 pub mod gemm;
 pub(crate) mod half_emu;
+pub mod layer_norm;
 pub mod linear;
 pub mod max_pool2d;
 pub mod relu;

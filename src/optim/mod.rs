@@ -182,6 +182,9 @@ pub struct Optimizer {
     param_sizes: Vec<usize>,
     state: Vec<ParamState>,
     step_count: u64,
+    /// Per parameter: whether `weight_decay` applies (nanoGPT's two param
+    /// groups, the second with `weight_decay=0.0`); all by default.
+    decay: Vec<bool>,
 }
 
 impl Optimizer {
@@ -193,7 +196,28 @@ impl Optimizer {
             return Err(Error::shape("optimizer got an empty parameter list"));
         }
         let state = param_sizes.iter().map(|&n| Self::initial_state(cfg.kind, n)).collect();
-        Ok(Optimizer { cfg, param_sizes: param_sizes.to_vec(), state, step_count: 0 })
+        let decay = vec![true; param_sizes.len()];
+        Ok(Optimizer { cfg, param_sizes: param_sizes.to_vec(), state, step_count: 0, decay })
+    }
+
+    /// Weight decay on parameter `i` only where `decay[i]`: PyTorch's param
+    /// groups `[{params: decayed, weight_decay}, {params: rest, weight_decay: 0.0}]`,
+    /// as nanoGPT's `configure_optimizers` builds them.
+    pub fn with_decay_mask(mut self, decay: &[bool]) -> Result<Self> {
+        if decay.len() != self.param_sizes.len() {
+            return Err(Error::shape(format!(
+                "weight decay mask has {} entries for {} parameters",
+                decay.len(),
+                self.param_sizes.len()
+            )));
+        }
+        self.decay = decay.to_vec();
+        Ok(self)
+    }
+
+    /// Whether every parameter is decayed (the one group PyTorch builds from `model.parameters()`).
+    pub fn decays_every_param(&self) -> bool {
+        self.cfg.weight_decay == 0.0 || self.decay.iter().all(|&d| d)
     }
 
     fn initial_state(kind: OptimizerKind, n: usize) -> ParamState {
@@ -235,31 +259,33 @@ impl Optimizer {
         let weight_decay = widen(cfg.weight_decay);
         match cfg.kind {
             OptimizerKind::Sgd => {
-                let hp = sgd::SgdScalars::new(
-                    lr,
-                    widen(cfg.momentum),
-                    widen(cfg.dampening),
-                    cfg.nesterov,
-                    weight_decay,
-                );
-                for ((param, grad), state) in params.iter_mut().zip(grads).zip(&mut self.state) {
+                let hp = |wd| {
+                    sgd::SgdScalars::new(lr, widen(cfg.momentum), widen(cfg.dampening), cfg.nesterov, wd)
+                };
+                let groups = [hp(0.0), hp(weight_decay)];
+                let params = params.iter_mut().zip(grads).zip(&self.decay);
+                for (((param, grad), &decay), state) in params.zip(&mut self.state) {
                     if let ParamState::Sgd { momentum_buffer } = state {
-                        sgd::update(param, grad, momentum_buffer, &hp);
+                        sgd::update(param, grad, momentum_buffer, &groups[usize::from(decay)]);
                     }
                 }
             }
             OptimizerKind::Adam | OptimizerKind::AdamW => {
-                let hp = adam::AdamScalars::new(
-                    lr,
-                    (widen(cfg.betas.0), widen(cfg.betas.1)),
-                    widen(cfg.eps),
-                    weight_decay,
-                    cfg.kind == OptimizerKind::AdamW,
-                    self.step_count + 1,
-                );
-                for ((param, grad), state) in params.iter_mut().zip(grads).zip(&mut self.state) {
+                let hp = |wd| {
+                    adam::AdamScalars::new(
+                        lr,
+                        (widen(cfg.betas.0), widen(cfg.betas.1)),
+                        widen(cfg.eps),
+                        wd,
+                        cfg.kind == OptimizerKind::AdamW,
+                        self.step_count + 1,
+                    )
+                };
+                let groups = [hp(0.0), hp(weight_decay)];
+                let params = params.iter_mut().zip(grads).zip(&self.decay);
+                for (((param, grad), &decay), state) in params.zip(&mut self.state) {
                     if let ParamState::Adam { exp_avg, exp_avg_sq } = state {
-                        adam::update(param, grad, exp_avg, exp_avg_sq, &hp);
+                        adam::update(param, grad, exp_avg, exp_avg_sq, &groups[usize::from(decay)]);
                     }
                 }
             }

@@ -158,6 +158,45 @@ mod tests {
         }
     }
 
+    /// nanoGPT's `get_lr(it)` (train.py), transcribed.
+    fn nanogpt_get_lr(
+        it: u64,
+        learning_rate: f64,
+        warmup_iters: u64,
+        lr_decay_iters: u64,
+        min_lr: f64,
+    ) -> f64 {
+        if it < warmup_iters {
+            return learning_rate * (it + 1) as f64 / (warmup_iters + 1) as f64;
+        }
+        if it > lr_decay_iters {
+            return min_lr;
+        }
+        let decay_ratio = (it - warmup_iters) as f64 / (lr_decay_iters - warmup_iters) as f64;
+        let coeff = 0.5 * (1.0 + (std::f64::consts::PI * decay_ratio).cos());
+        min_lr + coeff * (learning_rate - min_lr)
+    }
+
+    #[test]
+    fn warmup_and_cosine_compose_as_nanogpts_get_lr() {
+        // configs/gpt_sotu_o2.toml's: lr 1e-3, warmup 100, cosine to 1e-4
+        // over max_steps (nanoGPT's lr_decay_iters = max_iters) = 2000.
+        let s = LrSchedule {
+            base_lr: 1e-3,
+            kind: ScheduleKind::Cosine { eta_min: 1e-4 },
+            warmup_steps: 100,
+            total_steps: 2000,
+        };
+        for it in 0..2100 {
+            let want = nanogpt_get_lr(it, 1e-3, 100, 2000, 1e-4);
+            // The warmup ramp reaches lr at step warmup - 1 where nanoGPT's
+            // reaches lr * warmup / (warmup + 1): a ratio of (warmup + 1) / warmup.
+            let want = if it < 100 { want * 101.0 / 100.0 } else { want };
+            let got = s.lr_at_f64(it);
+            assert!((got - want).abs() <= 1e-15, "it {it}: {got} vs nanoGPT's {want}");
+        }
+    }
+
     #[test]
     fn cosine_endpoints_midpoint_and_clamp() {
         let s = schedule(ScheduleKind::Cosine { eta_min: 0.001 }, 10, 110);

@@ -433,3 +433,42 @@ fn fma_and_portable_paths_agree_bit_for_bit() {
         }
     }
 }
+
+#[test]
+fn param_groups_decay_only_the_masked_parameters() {
+    // nanoGPT's groups: [{decay, weight_decay=0.5}, {no decay, weight_decay=0.0}].
+    // Each parameter steps exactly as a one-group optimizer with its group's decay.
+    for cfg in [
+        OptimizerConfig { weight_decay: 0.5, ..OptimizerConfig::adamw(0.01) },
+        OptimizerConfig { weight_decay: 0.5, momentum: 0.9, ..OptimizerConfig::sgd(0.01) },
+    ] {
+        let lr = cfg.lr;
+        let mut grouped =
+            Optimizer::new(cfg.clone(), &[2, 2]).unwrap().with_decay_mask(&[true, false]).unwrap();
+        assert!(!grouped.decays_every_param());
+        let mut decayed = Optimizer::new(cfg.clone(), &[2]).unwrap();
+        let mut plain = Optimizer::new(OptimizerConfig { weight_decay: 0.0, ..cfg.clone() }, &[2]).unwrap();
+        let (mut a, mut b) = ([1.0f32, -2.0], [0.5f32, 3.0]);
+        let (mut a1, mut b1) = (a, b);
+        for g in [[0.1f32, -0.2], [0.3, 0.05], [-0.4, 0.2]] {
+            grouped.step(&mut [&mut a[..], &mut b[..]], &[&g, &g], lr).unwrap();
+            decayed.step(&mut [&mut a1[..]], &[&g], lr).unwrap();
+            plain.step(&mut [&mut b1[..]], &[&g], lr).unwrap();
+        }
+        assert_eq!((a, b), (a1, b1), "{:?}", cfg.kind);
+        assert_ne!(a1, {
+            let mut c = [1.0f32, -2.0];
+            let mut o = Optimizer::new(OptimizerConfig { weight_decay: 0.0, ..cfg.clone() }, &[2]).unwrap();
+            for g in [[0.1f32, -0.2], [0.3, 0.05], [-0.4, 0.2]] {
+                o.step(&mut [&mut c[..]], &[&g], lr).unwrap();
+            }
+            c
+        });
+    }
+    let err =
+        Optimizer::new(OptimizerConfig::adamw(0.1), &[2, 2]).unwrap().with_decay_mask(&[true]).unwrap_err();
+    assert!(err.to_string().contains("weight decay mask has 1 entries for 2 parameters"), "{err}");
+    // No decay at all: one group, whatever the mask.
+    let o = Optimizer::new(OptimizerConfig::adam(0.1), &[2]).unwrap().with_decay_mask(&[false]).unwrap();
+    assert!(o.decays_every_param());
+}

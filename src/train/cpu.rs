@@ -8,7 +8,7 @@ use super::stop::StopSignal;
 use super::{evaluate_shard, Ddp, EvalResult};
 use crate::amp::{Amp, StepOutcome};
 use crate::config::Config;
-use crate::data::{Augment, Dataset, EpochAugment, Loader};
+use crate::data::{Augment, Dataset, Loader};
 use crate::error::{Error, Result};
 use crate::nn::Model;
 use crate::ops;
@@ -79,14 +79,12 @@ impl Engine for CpuEngine {
     }
 
     fn begin_epoch(&mut self, epoch: u64, indices: Vec<usize>) -> Result<()> {
-        let augment = self.augment.as_ref().map(|a| EpochAugment { augment: Arc::clone(a), epoch });
-        self.loader = Some(Loader::augmented(
+        self.loader = Some(Loader::training(
             self.train_ds.clone(),
             indices,
-            self.batch_size,
-            self.drop_last,
-            self.prefetch,
-            augment,
+            (self.batch_size, self.drop_last, self.prefetch),
+            epoch,
+            self.augment.clone(),
         ));
         Ok(())
     }
@@ -106,14 +104,15 @@ impl Engine for CpuEngine {
         ddp.sync_buffers(&mut self.model)?;
         self.model.draws.at = at;
         let (logits, saved) = self.model.forward_train(batch.images)?;
+        let shape = logits.shape().to_vec();
         let out = ops::cross_entropy::forward_backward(
-            &logits,
+            &ops::cross_entropy::as_rows(logits)?,
             &batch.labels,
             self.amp.loss_scale() / self.accum as f32,
         )?;
         // A non-finite loss stops the run before backward spreads it.
         if out.loss.is_finite() {
-            ddp.backward(&mut self.model, saved, out.dlogits, sync)?;
+            ddp.backward(&mut self.model, saved, out.dlogits.reshape(&shape)?, sync)?;
         }
         Ok(Some(out.loss))
     }
@@ -158,8 +157,8 @@ impl Engine for CpuEngine {
     }
 
     fn evaluate(&mut self, ddp: &mut Ddp) -> Result<EvalResult> {
-        // The epoch's loader (and its prefetch thread) is done with.
-        self.loader = None;
+        // The loader stays: `train.eval_every` evaluates inside an epoch,
+        // whose remaining batches it still holds.
         ddp.sync_buffers(&mut self.model)?;
         let local = evaluate_shard(
             &self.model,

@@ -32,7 +32,7 @@ pub fn evaluate_shard(
     let loader = Loader::new(ds.clone(), indices, batch_size, false, prefetch);
     let (mut loss_sum, mut correct, mut total) = (0.0f64, 0usize, 0usize);
     for batch in loader {
-        let logits = model.forward_eval(batch.images)?;
+        let logits = ops::cross_entropy::as_rows(model.forward_eval(batch.images)?)?;
         let (l, c) = ops::cross_entropy::forward(&logits, &batch.labels)?;
         loss_sum += l;
         correct += c;

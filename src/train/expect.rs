@@ -31,6 +31,16 @@ pub fn check(expect: &Expect, s: &Summary) -> Vec<Verdict> {
             line: format!("expect.max_final_loss: expected <= {max:.4}, got {:.4}", s.final_loss),
         });
     }
+    if let Some(max) = expect.max_val_loss {
+        let got = s.val_loss;
+        let passed = got.is_some_and(|l| l.is_finite() && l <= max);
+        let got = got.map_or("no evaluation ran".to_string(), |l| format!("{l:.4}"));
+        out.push(Verdict {
+            gate: "max_val_loss",
+            passed,
+            line: format!("expect.max_val_loss: expected <= {max:.4}, got {got}"),
+        });
+    }
     if let Some(max) = expect.max_overflow_steps {
         out.push(Verdict {
             gate: "max_overflow_steps",

@@ -35,8 +35,17 @@ pub struct Summary {
     pub final_loss: f64,
     pub test_accuracy: Option<f64>,
     pub test_loss: Option<f64>,
-    /// Training images per second over all ranks, counting training steps only (not evaluation).
+    /// `dataset = "text"`: the last validation loss (mean nats per token
+    /// over `train.eval_iters` batches) and its exponential.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub val_loss: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub perplexity: Option<f64>,
+    /// Training images (text: windows) per second over all ranks, counting training steps only (not evaluation).
     pub images_per_s: f64,
+    /// `dataset = "text"`: `images_per_s` times `block_size`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokens_per_s: Option<f64>,
     /// DDP only: mean share of gradient all-reduce time hidden behind backward.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub allreduce_hidden_fraction: Option<f64>,
@@ -97,9 +106,73 @@ fn select_device(cfg: &Config) -> Result<crate::cuda::select::Device> {
     Ok(device)
 }
 
+/// The train and validation windows of `dataset = "text"`: the training
+/// split's samples per epoch are its tokens over `block_size` (an epoch
+/// reads about as many tokens as the split holds), the validation split's
+/// `train.eval_iters` batches of `data.eval_batch_size`.
+fn load_text(cfg: &Config) -> Result<(Arc<Dataset>, Arc<Dataset>)> {
+    let d = &cfg.data;
+    let block_size = cfg.model.input_shape.first().copied().unwrap_or(0);
+    let corpus = data::text::load(&d.path, d.vocab.unwrap_or_default(), d.val_fraction(), block_size)?;
+    let eval_windows = usize::try_from(cfg.train.eval_iters())
+        .ok()
+        .and_then(|n| n.checked_mul(d.eval_batch_size))
+        .ok_or_else(|| {
+            Error::config(
+                cfg.config_path.display().to_string(),
+                "train.eval_iters",
+                "times data.eval_batch_size overflows",
+            )
+        })?;
+    let split = |tokens: &Arc<Vec<u32>>, count: usize, split: Split| Dataset {
+        images: Vec::new(),
+        labels: Vec::new(),
+        sample_shape: vec![block_size],
+        num_classes: corpus.vocab.size(),
+        text: Some(data::text::Windows {
+            tokens: Arc::clone(tokens),
+            vocab: Arc::clone(&corpus.vocab),
+            block_size,
+            count,
+            seed: cfg.run.seed,
+            split,
+        }),
+    };
+    let per_epoch = (corpus.train.len() / block_size.max(1)).max(1);
+    let train = split(&corpus.train, per_epoch, Split::Train);
+    let val = split(&corpus.val, eval_windows, Split::Test);
+    Ok((Arc::new(train), Arc::new(val)))
+}
+
+/// The model's logits must cover the text's vocabulary (more is allowed, as
+/// nanoGPT pads GPT-2's to 50304).
+fn check_vocab(cfg: &Config, resolved: &[config::model::ResolvedLayer], ds: &Dataset) -> Result<()> {
+    let Some(text) = &ds.text else { return Ok(()) };
+    let Some(last) = resolved.last() else { return Ok(()) };
+    let logits = last.out_shape.last().copied().unwrap_or(0);
+    let need = text.vocab.size();
+    if logits < need {
+        return Err(Error::config(
+            cfg.config_path.display().to_string(),
+            format!("{}.out_features", last.key),
+            format!(
+                "the model outputs {logits} logits but the text in {} has {need} distinct tokens (data.vocab = {:?}); set the vocabulary size to at least {need}",
+                cfg.data.path.display(),
+                cfg.data.vocab.unwrap_or_default()
+            ),
+        ));
+    }
+    Ok(())
+}
+
 pub fn load_datasets(cfg: &Config) -> Result<(Arc<Dataset>, Arc<Dataset>)> {
     let d = &cfg.data;
-    let [c, h, w] = cfg.model.input_shape;
+    if d.dataset == config::DatasetKind::Text {
+        return load_text(cfg);
+    }
+    let [c, h, w] = cfg.model.input_shape[..] else {
+        return Err(Error::internal("validation let through an image input_shape that is not [C, H, W]"));
+    };
     let norm = Normalize { mean: d.mean.clone(), std: d.std.clone() };
     let load = |split: Split| -> Result<Dataset> {
         use config::DatasetKind as K;
@@ -112,6 +185,7 @@ pub fn load_datasets(cfg: &Config) -> Result<(Arc<Dataset>, Arc<Dataset>)> {
                 let nhwc = d.layout == config::Layout::Nhwc;
                 data::npz::load(&d.path, split, &norm, nhwc, d.num_classes)
             }
+            K::Text => Err(Error::internal("text is loaded by load_text")),
             K::Synthetic => {
                 let n = if split == Split::Train { d.synthetic_train_size } else { d.synthetic_test_size };
                 Ok(data::synthetic(cfg.run.seed, split, n, [c, h, w], d.num_classes))
@@ -122,7 +196,7 @@ pub fn load_datasets(cfg: &Config) -> Result<(Arc<Dataset>, Arc<Dataset>)> {
     let test = load(Split::Test)?;
     let file = cfg.config_path.display().to_string();
     for (ds, split) in [(&train, "train"), (&test, "test")] {
-        if ds.sample_shape != [c, h, w] {
+        if ds.sample_shape[..] != [c, h, w] {
             return Err(Error::config(
                 file,
                 "model.input_shape",
@@ -177,6 +251,7 @@ pub fn prepare(cfg: &Config) -> Result<Prepared> {
         model.load_state_dict(entries, path)?;
     }
     let (train_ds, test_ds) = load_datasets(cfg)?;
+    check_vocab(cfg, &resolved, &train_ds)?;
     Ok(Prepared { model, train_ds, test_ds })
 }
 
@@ -203,7 +278,12 @@ pub(crate) fn start(cfg: &Config, opts: &RunOptions) -> Result<Started> {
     model.draws.rank = ddp.rank() as u64;
     let plan = RunPlan::new(cfg, train_ds.len(), ddp.world_size(), ddp.rank())?;
     let sizes: Vec<usize> = model.params().iter().map(|p| p.value.numel()).collect();
-    let mut optimizer = Optimizer::new(optimizer_config(&cfg.optimizer), &sizes)?;
+    let min_dim = cfg.optimizer.weight_decay_min_dim.unwrap_or(match cfg.data.dataset {
+        config::DatasetKind::Text => 2,
+        _ => 0,
+    });
+    let decay: Vec<bool> = model.params().iter().map(|p| p.value.shape().len() >= min_dim).collect();
+    let mut optimizer = Optimizer::new(optimizer_config(&cfg.optimizer), &sizes)?.with_decay_mask(&decay)?;
     let shape = crate::checkpoint::RunShape {
         world_size: ddp.world_size(),
         rank: ddp.rank(),
@@ -214,6 +294,11 @@ pub(crate) fn start(cfg: &Config, opts: &RunOptions) -> Result<Started> {
     };
     let mut ckpt = crate::checkpoint::Checkpointer::new(cfg, shape)
         .with_test_hooks(opts.save_pause, opts.halt_after_steps);
+    // A text run's vocabulary goes with its weights, so evaluation and
+    // generation decode as training encoded.
+    if let Some(text) = &train_ds.text {
+        ckpt = ckpt.with_file(data::text::VOCAB_FILE, text.vocab.to_json()?);
+    }
     // apex's amp.initialize: cast the model, set up masters and the loss scaler.
     let policy = amp::Policy::resolve(&cfg.amp)?;
     let mut amp = amp::Amp::new(policy, amp::LossScaler::from_config(&cfg.amp)?, &mut model);
@@ -260,7 +345,7 @@ pub fn train(cfg: &Config) -> Result<Summary> {
 pub fn train_with(cfg: &Config, opts: &RunOptions) -> Result<Summary> {
     // Before the device is chosen: "cuda" without a GPU names the file and key.
     config::preflight(cfg)?;
-    match select_device(cfg)? {
+    match device_for_model(cfg, select_device(cfg)?)? {
         crate::cuda::select::Device::Cuda(gpu) => {
             let (s, setup) = start(cfg, opts)?.split();
             let mut engine = cuda::CudaEngine::new(
@@ -302,6 +387,28 @@ pub fn train_with(cfg: &Config, opts: &RunOptions) -> Result<Summary> {
             }
         }
     }
+}
+
+/// The device, unless the model has a layer without device kernels: then
+/// `"cuda"` is a config error naming the layer, and `"auto"` trains on the
+/// CPU with one warning line.
+fn device_for_model(
+    cfg: &Config,
+    device: crate::cuda::select::Device,
+) -> Result<crate::cuda::select::Device> {
+    use crate::cuda::select::Device;
+    if !matches!(device, Device::Cuda(_)) {
+        return Ok(device);
+    }
+    let resolved = config::model::resolve(&cfg.model)?;
+    let Some(why) = resolved.iter().find_map(crate::nn::cuda::plan::without_kernels) else {
+        return Ok(device);
+    };
+    if cfg.run.device == config::Device::Cuda {
+        return Err(Error::config(cfg.config_path.display().to_string(), "run.device", why));
+    }
+    eprintln!("ddptrain: warning: {why}; run.device = \"auto\" trains on the CPU");
+    Ok(Device::Cpu)
 }
 
 /// What the data and the config make of a run: the sampler, the steps and

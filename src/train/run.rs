@@ -78,6 +78,10 @@ pub(crate) fn run(cfg: &Config, opts: &RunOptions, setup: Setup, engine: &mut dy
         stop::install()?;
     }
     let mut interrupted: Option<stop::StopSignal> = None;
+    // A language model's figures are per token; its evaluation is the validation loss.
+    let text = Text::of(cfg);
+    // The step of the last `train.eval_every` evaluation (none at an epoch's end twice).
+    let mut evaluated_at: Option<u64> = None;
 
     'train: while c.step < total_steps {
         let skip = resume_at.take().unwrap_or(0);
@@ -163,8 +167,9 @@ pub(crate) fn run(cfg: &Config, opts: &RunOptions, setup: Setup, engine: &mut dy
                 let ips = c.window_images as f64 / c.window_time_s.max(1e-9);
                 c.final_loss = loss;
                 let lr = stepped.lr;
+                let (rate, unit) = text.rate(ips);
                 let mut rec = json!({"kind": "train", "step": step, "epoch": c.epoch, "loss": loss, "lr": lr,
-                    "images_per_s": ips, "loss_scale": scaler.state.scale, "overflow_steps": scaler.state.overflow_steps});
+                    unit.replace('/', "_per_"): rate, "loss_scale": scaler.state.scale, "overflow_steps": scaler.state.overflow_steps});
                 if let Some(g) = c.grad_norm {
                     rec["grad_norm"] = json!(g);
                 }
@@ -175,7 +180,7 @@ pub(crate) fn run(cfg: &Config, opts: &RunOptions, setup: Setup, engine: &mut dy
                 progress.set_step(step, &format!("loss {loss:.4}"));
                 if progress_is_plain(cfg) || step.is_multiple_of(log_every * 10) || step == total_steps {
                     progress.println(&format!(
-                        "step {step:>6}/{total_steps} | epoch {} | loss {loss:.4} | lr {lr:.5} | {ips:.0} images/s",
+                        "step {step:>6}/{total_steps} | epoch {} | loss {loss:.4} | lr {lr:.5} | {rate:.0} {unit}",
                         c.epoch
                     ));
                 }
@@ -183,6 +188,11 @@ pub(crate) fn run(cfg: &Config, opts: &RunOptions, setup: Setup, engine: &mut dy
             }
             if trace_divergence.is_some() {
                 break 'train;
+            }
+            // nanoGPT's eval_interval; the last step's evaluation is the one after the loop.
+            if cfg.train.eval_every.is_some_and(|n| step.is_multiple_of(n)) && step < total_steps {
+                evaluate(engine, &mut ddp, &mut c, &mut metrics_out, |l| progress.println(l), text)?;
+                evaluated_at = Some(step);
             }
             let host = engine.host(if saving { HostSync::WeightsAndGrads } else { HostSync::Stale })?;
             ckpt.after_step(
@@ -216,13 +226,9 @@ pub(crate) fn run(cfg: &Config, opts: &RunOptions, setup: Setup, engine: &mut dy
         c.epoch += 1;
         // A skip at the epoch's last step, before the evaluation's line.
         report(engine.scaler()?.skip);
-        let ev = engine.evaluate(&mut ddp)?;
-        metrics_out.write(&json!({"kind": "eval", "step": c.step, "epoch": c.epoch, "test_accuracy": ev.accuracy, "test_loss": ev.loss, "correct": ev.correct, "total": ev.total}))?;
-        progress.println(&format!(
-            "epoch {} | step {} | test accuracy {:.4} ({}/{}) | test loss {:.4}",
-            c.epoch, c.step, ev.accuracy, ev.correct, ev.total, ev.loss
-        ));
-        c.last_eval = Some(ev.into());
+        if evaluated_at != Some(c.step) {
+            evaluate(engine, &mut ddp, &mut c, &mut metrics_out, |l| progress.println(l), text)?;
+        }
         engine.fold_loss(&mut c.window_loss)?;
         let host = engine.host(HostSync::WeightsAndGrads)?;
         ckpt.after_epoch(
@@ -256,14 +262,21 @@ pub(crate) fn run(cfg: &Config, opts: &RunOptions, setup: Setup, engine: &mut dy
     let state_dict = host.amp.state_dict(host.model)?;
     if primary {
         crate::checkpoint::save_safetensors(&weights, &state_dict)?;
+        for (name, bytes) in ckpt.extra_files() {
+            crate::checkpoint::write_atomic(&out_dir.join(name), bytes)?;
+        }
     }
     let summary = Summary {
         name: cfg.run.name.clone(),
         final_loss: c.final_loss,
-        test_accuracy: c.last_eval.map(|e| e.accuracy),
-        test_loss: c.last_eval.map(|e| e.loss),
+        test_accuracy: c.last_eval.filter(|_| text.is_none()).map(|e| e.accuracy),
+        test_loss: c.last_eval.filter(|_| text.is_none()).map(|e| e.loss),
+        val_loss: c.last_eval.filter(|_| text.is_some()).map(|e| e.loss),
+        perplexity: c.last_eval.filter(|_| text.is_some()).map(|e| e.loss.exp()),
         // Every rank trains equal batches: the job's throughput is world x this rank's.
         images_per_s: (c.train_images * ddp.world_size()) as f64 / c.train_time_s.max(1e-9),
+        tokens_per_s: text
+            .tokens_per_s((c.train_images * ddp.world_size()) as f64 / c.train_time_s.max(1e-9)),
         allreduce_hidden_fraction: engine.allreduce_hidden_fraction(&ddp)?,
         steps: c.step,
         epochs: full_epochs(c.step, steps_per_epoch),
@@ -292,6 +305,69 @@ pub(crate) fn run(cfg: &Config, opts: &RunOptions, setup: Setup, engine: &mut dy
     Ok(summary)
 }
 
+/// A language model's run: its windows are `block_size` tokens each.
+#[derive(Debug, Clone, Copy)]
+struct Text {
+    block_size: usize,
+}
+
+impl Text {
+    fn of(cfg: &Config) -> Option<Text> {
+        (cfg.data.dataset == config::DatasetKind::Text)
+            .then(|| Text { block_size: cfg.model.input_shape.first().copied().unwrap_or(0) })
+    }
+}
+
+/// Throughput in the run's unit: tokens for text, images otherwise.
+trait Rate {
+    fn rate(self, samples_per_s: f64) -> (f64, &'static str);
+    fn tokens_per_s(self, samples_per_s: f64) -> Option<f64>;
+}
+
+impl Rate for Option<Text> {
+    fn rate(self, samples_per_s: f64) -> (f64, &'static str) {
+        match self.tokens_per_s(samples_per_s) {
+            Some(t) => (t, "tokens/s"),
+            None => (samples_per_s, "images/s"),
+        }
+    }
+
+    fn tokens_per_s(self, samples_per_s: f64) -> Option<f64> {
+        self.map(|t| samples_per_s * t.block_size as f64)
+    }
+}
+
+/// Evaluates, records the result in `c` (so checkpoints and the summary
+/// carry it) and writes its metrics record and log line: accuracy and loss
+/// on the test split, or a language model's validation loss and perplexity.
+fn evaluate(
+    engine: &mut dyn Engine,
+    ddp: &mut Ddp,
+    c: &mut TrainProgress,
+    metrics_out: &mut MetricsWriter,
+    println: impl Fn(&str),
+    text: Option<Text>,
+) -> Result<()> {
+    let ev = engine.evaluate(ddp)?;
+    let (step, epoch) = (c.step, c.epoch);
+    if text.is_some() {
+        let ppl = ev.loss.exp();
+        metrics_out.write(&json!({"kind": "eval", "step": step, "epoch": epoch, "val_loss": ev.loss, "perplexity": ppl, "tokens": ev.total}))?;
+        println(&format!(
+            "step {step} | epoch {epoch} | val loss {:.4} | perplexity {ppl:.2} ({} tokens)",
+            ev.loss, ev.total
+        ));
+    } else {
+        metrics_out.write(&json!({"kind": "eval", "step": step, "epoch": epoch, "test_accuracy": ev.accuracy, "test_loss": ev.loss, "correct": ev.correct, "total": ev.total}))?;
+        println(&format!(
+            "epoch {epoch} | step {step} | test accuracy {:.4} ({}/{}) | test loss {:.4}",
+            ev.accuracy, ev.correct, ev.total, ev.loss
+        ));
+    }
+    c.last_eval = Some(ev.into());
+    Ok(())
+}
+
 /// Full passes over the training set in `steps` optimizer steps (the
 /// micro-batches an epoch leaves over for accumulation do not count).
 fn full_epochs(steps: u64, steps_per_epoch: u64) -> u64 {
@@ -312,6 +388,7 @@ fn already_complete(
     (device, num_params): (String, usize),
 ) -> Result<Summary> {
     let resumed_from = ckpt.resumed_from().map(PathBuf::from);
+    let text = Text::of(cfg);
     if ddp.is_primary() {
         eprintln!(
             "ddptrain: {} is complete ({} of {} steps, checkpoint {}); nothing to train (set checkpoint.resume = \"never\" to train it again)",
@@ -325,9 +402,13 @@ fn already_complete(
     let summary = Summary {
         name: cfg.run.name.clone(),
         final_loss: p.final_loss,
-        test_accuracy: p.last_eval.map(|e| e.accuracy),
-        test_loss: p.last_eval.map(|e| e.loss),
+        test_accuracy: p.last_eval.filter(|_| text.is_none()).map(|e| e.accuracy),
+        test_loss: p.last_eval.filter(|_| text.is_none()).map(|e| e.loss),
+        val_loss: p.last_eval.filter(|_| text.is_some()).map(|e| e.loss),
+        perplexity: p.last_eval.filter(|_| text.is_some()).map(|e| e.loss.exp()),
         images_per_s: (p.train_images * ddp.world_size()) as f64 / p.train_time_s.max(1e-9),
+        tokens_per_s: text
+            .tokens_per_s((p.train_images * ddp.world_size()) as f64 / p.train_time_s.max(1e-9)),
         allreduce_hidden_fraction: None,
         steps: p.step,
         epochs,

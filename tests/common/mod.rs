@@ -218,3 +218,59 @@ timeout_s = 120
     );
     write(dir, &format!("{device}-{train_size}.toml"), &body)
 }
+
+/// The python that has torch, numpy and safetensors, or `None` when the test
+/// is skipped.
+pub fn torch_python(test: &str) -> Option<String> {
+    let python = std::env::var("DDPTRAIN_TORCH_PYTHON").unwrap_or_else(|_| "python3".into());
+    let probe = Command::new(&python).args(["-c", "import torch, numpy, safetensors"]).output();
+    if probe.is_ok_and(|o| o.status.success()) {
+        return Some(python);
+    }
+    let why = format!("{python} cannot import torch, numpy and safetensors");
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!(
+            "{test}: {why}, and CI=true forbids skipping the PyTorch oracle: scripts/test.sh installs them \
+             into .venv/ and sets DDPTRAIN_TORCH_PYTHON"
+        );
+    }
+    println!("{test}: skipped: {why} (set DDPTRAIN_TORCH_PYTHON)");
+    None
+}
+
+/// The State of the Union addresses scripts/fetch-sotu.sh writes (scripts/test.sh
+/// fetches them first), or `DDPTRAIN_SOTU`.
+pub fn sotu_dir() -> PathBuf {
+    let dir = from_env("DDPTRAIN_SOTU", repo_root().join("data/sotu"));
+    assert!(
+        dir.join("2021_joseph_r_biden_d.txt").exists(),
+        "{} has no State of the Union addresses: run scripts/fetch-sotu.sh (scripts/test.sh does)",
+        dir.display()
+    );
+    dir
+}
+
+/// tests/common/gpt.toml filled in: nanoGPT's GPT with `n_layer` blocks of
+/// `n_head` heads, `n_embd` wide, over `block_size` positions and `vocab`
+/// tokens of `data.vocab = vocab_kind`, dropout `p` after the embeddings.
+pub fn gpt_config(
+    vocab_kind: &str,
+    vocab: usize,
+    (n_layer, n_head, n_embd, block_size): (usize, usize, usize, usize),
+    p: &str,
+) -> String {
+    let n = |x: usize| x.to_string();
+    [
+        ("{VOCAB}", vocab_kind.to_owned()),
+        ("{C3}", n(3 * n_embd)),
+        ("{C4}", n(4 * n_embd)),
+        ("{C}", n(n_embd)),
+        ("{T}", n(block_size)),
+        ("{H}", n(n_head)),
+        ("{L}", n(n_layer)),
+        ("{V}", n(vocab)),
+        ("{P}", p.to_owned()),
+    ]
+    .into_iter()
+    .fold(include_str!("gpt.toml").to_owned(), |t, (k, v)| t.replace(k, &v))
+}

@@ -142,6 +142,36 @@ pub struct Plan {
     pub classes: usize,
 }
 
+/// Why node `r` cannot run on the device yet (the transformer layers'
+/// kernels are still to come), naming it; `None` when it can.
+pub fn without_kernels(r: &crate::config::model::ResolvedLayer) -> Option<String> {
+    let missing = match &r.kind {
+        LayerKind::Embedding(_)
+        | LayerKind::LayerNorm(_)
+        | LayerKind::Gelu(_)
+        | LayerKind::CausalSelfAttention(_) => true,
+        // A linear over [T, C] (a transformer's) has no device launch yet.
+        LayerKind::Linear(_) => r.in_shape.len() != 1,
+        LayerKind::Conv2d(_)
+        | LayerKind::BatchNorm2d(_)
+        | LayerKind::Relu(_)
+        | LayerKind::MaxPool2d(_)
+        | LayerKind::AvgPool2d(_)
+        | LayerKind::AdaptiveAvgPool2d(_)
+        | LayerKind::Flatten(_)
+        | LayerKind::Dropout(_)
+        | LayerKind::Add(_) => false,
+    };
+    missing.then(|| {
+        format!(
+            "layer `{}` ({}, input {:?}) has no CUDA kernels yet; train this model with run.device = \"cpu\"",
+            r.name,
+            r.kind.type_name(),
+            r.in_shape
+        )
+    })
+}
+
 fn internal(msg: String) -> Error {
     Error::internal(format!("device model plan: {msg}"))
 }
@@ -240,7 +270,16 @@ impl Plan {
             }
             index_of.push(params.clone());
             let (weight, bias) = (params.first().copied(), params.get(1).copied());
+            if let Some(why) = without_kernels(r) {
+                return Err(Error::Unsupported(why));
+            }
             let step = match &layer.kind {
+                LayerKind::Embedding(_)
+                | LayerKind::LayerNorm(_)
+                | LayerKind::Gelu(_)
+                | LayerKind::CausalSelfAttention(_) => {
+                    return Err(internal(format!("{} passed the device check without kernels", r.name)))
+                }
                 LayerKind::Conv2d(conv) => {
                     let [c, h, wd] = chw(&r.name, &r.in_shape)?;
                     let (o, k, s, p) = (conv.out_channels, conv.kernel_size, conv.stride, conv.padding);

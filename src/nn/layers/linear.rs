@@ -1,4 +1,5 @@
-//! `nn.Linear` over `[N, in_features]`.
+//! `nn.Linear` over `[N, in_features]`, or `[N, T, in_features]` (a
+//! transformer's, each position alike).
 //!
 //! Gradients: `weight.grad += dy^T x`, `bias.grad += sum(dy)`, dx `=`.
 
@@ -20,6 +21,10 @@ use crate::tensor::Tensor;
 pub struct Config {
     pub out_features: usize,
     pub bias: bool,
+    /// nanoGPT's `_init_weights`: weight ~ N(0, init_std), bias 0
+    /// (PyTorch's kaiming-uniform default when unset).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub init_std: Option<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -27,6 +32,11 @@ pub struct Linear {
     pub in_features: usize,
     pub out_features: usize,
     pub bias: bool,
+    /// Positions per sample: `Some(T)` for a `[T, in_features]` input.
+    #[serde(skip)]
+    pub positions: Option<usize>,
+    #[serde(skip)]
+    pub init_std: Option<f64>,
 }
 
 /// The weight and the optional bias of a conv or linear layer, both mutable.
@@ -46,7 +56,34 @@ pub(super) fn weight_and_bias<'w>(
 impl Linear {
     fn apply(&self, w: &Weights, x: &Tensor) -> Result<Tensor> {
         let weight = &w.param(0, Self::TYPE)?.value;
-        ops::linear::forward(x, weight, w.params.get(1).map(|b| &b.value))
+        let n = x.shape().first().copied().unwrap_or(0);
+        let y = ops::linear::forward(
+            &self.rows(x.clone(), self.in_features)?,
+            weight,
+            w.params.get(1).map(|b| &b.value),
+        )?;
+        self.unrows(y, n, self.out_features)
+    }
+
+    /// `[N, T, width]` as `[N * T, width]` (row-major, the same data): the op
+    /// runs on the rows, each position alike. `[N, width]` as it is.
+    fn rows(&self, x: Tensor, width: usize) -> Result<Tensor> {
+        match self.positions {
+            Some(t) => {
+                let n = x.shape().first().copied().unwrap_or(0);
+                // The tensor holds n * t * width elements already: the product fits.
+                x.reshape(&[n * t, width])
+            }
+            None => Ok(x),
+        }
+    }
+
+    /// The inverse of [`Self::rows`] for a batch of `n` samples.
+    fn unrows(&self, y: Tensor, n: usize, width: usize) -> Result<Tensor> {
+        match self.positions {
+            Some(t) => y.reshape(&[n, t, width]),
+            None => Ok(y),
+        }
     }
 }
 
@@ -56,25 +93,31 @@ impl Layer for Linear {
     type Saved = Tensor;
 
     const TYPE: &'static str = "linear";
-    const KEYS: &'static [&'static str] = &["type", "name", "out_features", "bias"];
+    const KEYS: &'static [&'static str] = &["type", "name", "out_features", "bias", "init_std"];
 
     fn config<E: serde::de::Error>(raw: &RawLayer) -> Result<Config, E> {
         Ok(Config {
             out_features: raw.out_features.ok_or_else(|| E::missing_field("out_features"))?,
             bias: raw.bias.unwrap_or(true),
+            init_std: raw.init_std,
         })
     }
 
     fn resolve(cfg: &Config, shape: &[usize], key: &str) -> Result<(Self, Vec<usize>)> {
-        let &Config { out_features, bias } = cfg;
-        let [in_features] = *shape else {
+        let &Config { out_features, bias, init_std } = cfg;
+        let (positions, in_features) = match *shape {
+            [i] => (None, i),
+            [t, i] => (Some(t), i),
+            _ => (None, 0),
+        };
+        if !(1..=2).contains(&shape.len()) {
             return Err(config_err(
                 key,
                 format!(
-                    "linear needs a 1-D input, but its input is {shape:?}: add a flatten layer before it"
+                    "linear needs a 1-D input (or [T, in_features]), but its input is {shape:?}: add a flatten layer before it"
                 ),
             ));
-        };
+        }
         positive(out_features, key, "out_features")?;
         if numel(&[out_features, in_features]).is_none() {
             return Err(config_err(
@@ -82,7 +125,17 @@ impl Layer for Linear {
                 format!("the weight [{out_features}, {in_features}] has more elements than fit in 64 bits"),
             ));
         }
-        Ok((Linear { in_features, out_features, bias }, vec![out_features]))
+        if let Some(std) = init_std.filter(|s| !(s.is_finite() && *s >= 0.0)) {
+            return Err(config_err(
+                format!("{key}.init_std"),
+                format!("must be a finite std >= 0, got {std}"),
+            ));
+        }
+        let out = match positions {
+            Some(t) => vec![t, out_features],
+            None => vec![out_features],
+        };
+        Ok((Linear { in_features, out_features, bias, positions, init_std }, out))
     }
 
     fn params(&self) -> Vec<(&'static str, Vec<usize>)> {
@@ -95,6 +148,13 @@ impl Layer for Linear {
 
     fn init(&self, rng: &mut ChaCha8Rng) -> Result<(Vec<Tensor>, Vec<BufferValue>)> {
         let fan_in = self.in_features;
+        if let Some(std) = self.init_std {
+            let mut values = vec![init::normal(rng, &[self.out_features, fan_in], std)?];
+            if self.bias {
+                values.push(Tensor::zeros(&[self.out_features]));
+            }
+            return Ok((values, Vec::new()));
+        }
         let mut values = vec![init::kaiming_uniform(rng, &[self.out_features, fan_in], fan_in)?];
         if self.bias {
             values.push(init::fan_in_uniform(rng, &[self.out_features], fan_in)?);
@@ -127,7 +187,17 @@ impl Layer for Linear {
         _cx: Ctx<'_>,
     ) -> Result<Option<Tensor>> {
         let (weight, bias) = weight_and_bias(w, Self::TYPE)?;
-        ops::linear::backward(&x, &weight.value, &dy, &mut weight.grad, bias.map(|b| &mut b.grad), need_dx)
+        let n = x.shape().first().copied().unwrap_or(0);
+        let (x, dy) = (self.rows(x, self.in_features)?, self.rows(dy, self.out_features)?);
+        let dx = ops::linear::backward(
+            &x,
+            &weight.value,
+            &dy,
+            &mut weight.grad,
+            bias.map(|b| &mut b.grad),
+            need_dx,
+        )?;
+        dx.map(|d| self.unrows(d, n, self.in_features)).transpose()
     }
 }
 

@@ -15,22 +15,30 @@
 
 pub mod adaptive_avgpool2d;
 pub mod add;
+pub mod attention;
 pub mod avgpool2d;
 pub mod batchnorm2d;
 pub mod conv2d;
 pub mod dropout;
+pub mod embedding;
 pub mod flatten;
+pub mod gelu;
+pub mod layernorm;
 pub mod linear;
 pub mod maxpool2d;
 pub mod relu;
 
 pub use adaptive_avgpool2d::AdaptiveAvgPool2d;
 pub use add::Add;
+pub use attention::CausalSelfAttention;
 pub use avgpool2d::AvgPool2d;
 pub use batchnorm2d::BatchNorm2d;
 pub use conv2d::Conv2d;
 pub use dropout::Dropout;
+pub use embedding::Embedding;
 pub use flatten::Flatten;
+pub use gelu::Gelu;
+pub use layernorm::LayerNorm;
 pub use linear::Linear;
 pub use maxpool2d::MaxPool2d;
 pub use relu::Relu;
@@ -98,6 +106,10 @@ pub enum AmpClass {
     /// Batch normalization: weights and running statistics stay f32 under
     /// `keep_batchnorm_fp32`, else are cast with the model.
     BatchNorm,
+    /// apex's FP32_FUNCS with weights (layer_norm, embedding): O1 leaves
+    /// them f32; O2 and O3 cast their weights with the model (`model.half()`),
+    /// and the op keeps its statistics in f32.
+    Fp32,
     /// No parameters; computes in the dtype that reaches it.
     Passthrough,
     /// apex's promote functions (add): operands of different dtypes meet
@@ -458,6 +470,10 @@ registry! {
         flatten::Flatten,
         linear::Linear,
         dropout::Dropout,
+        embedding::Embedding,
+        layernorm::LayerNorm,
+        gelu::Gelu,
+        attention::CausalSelfAttention,
     ],
     joins: [add::Add],
 }

@@ -58,6 +58,16 @@ fn unsupported(op: &str, t: &Tensor) -> Error {
     ))
 }
 
+/// A language model's `[N, T, V]` logits as `[N * T, V]` rows, as
+/// nanoGPT's `F.cross_entropy(logits.view(-1, V), targets.view(-1))`
+/// (targets are already `N * T` labels); other logits as they are.
+pub fn as_rows(logits: Tensor) -> Result<Tensor> {
+    match *logits.shape() {
+        [n, t, v] => logits.reshape(&[n * t, v]),
+        _ => Ok(logits),
+    }
+}
+
 /// Mean loss, hit count, and `dlogits = grad_scale * (softmax - onehot) / N`.
 /// `grad_scale` is the loss scale under mixed precision (1 otherwise).
 /// f16 logits: softmax and loss in f32; `dlogits` is rounded to f16 (so a

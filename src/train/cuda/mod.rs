@@ -109,6 +109,14 @@ impl CudaEngine {
         accum: usize,
         resumed: bool,
     ) -> Result<Self> {
+        // The device's optimizer runs over one flat buffer with one weight decay.
+        if !optimizer.decays_every_param() {
+            return Err(Error::config(
+                cfg.config_path.display().to_string(),
+                "optimizer.weight_decay_min_dim",
+                "leaves some parameters without weight decay, which the CUDA optimizer cannot do yet (it decays every parameter): set it to 0 or train with run.device = \"cpu\"",
+            ));
+        }
         let d = &cfg.data;
         let opts_r = ReducerOptions::from_config(&cfg.parallel);
         let (first_bucket_bytes, bucket_cap_bytes) = crate::dist::cuda::bucket_bytes(&opts_r);

@@ -1,0 +1,38 @@
+//! GELU, PyTorch's `F.gelu(x, approximate=...)`: the exact form
+//! `x * Φ(x) = 0.5 x (1 + erf(x / √2))` (`nn.GELU()`), or the tanh form
+//! `0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))` (`approximate="tanh"`, GPT-2's).
+//!
+//! f16 tensors are widened, computed in f32 and rounded once on store.
+
+pub mod cpu;
+#[cfg(test)]
+mod tests;
+
+use super::cpu_f32;
+use super::half_emu::{any_f16, f32_of};
+use crate::error::Result;
+use crate::tensor::Tensor;
+
+const OP: &str = "gelu";
+
+pub fn forward(x: &Tensor, tanh: bool) -> Result<Tensor> {
+    if any_f16([Some(x)]) {
+        return Ok(forward(&f32_of(x), tanh)?.into_dtype(x.dtype()));
+    }
+    let xs = cpu_f32(OP, "input", x)?;
+    let mut y = vec![0f32; xs.len()];
+    cpu::forward(xs, &mut y, tanh);
+    Tensor::from_vec(x.shape(), y)
+}
+
+/// dx from the forward's input `x` and the upstream `dy`.
+pub fn backward(x: &Tensor, dy: &Tensor, tanh: bool) -> Result<Tensor> {
+    dy.check_shape("gelu backward: dy (must match x)", x.shape())?;
+    if any_f16([Some(x), Some(dy)]) {
+        return Ok(backward(&f32_of(x), &f32_of(dy), tanh)?.into_dtype(dy.dtype()));
+    }
+    let (xs, dys) = (cpu_f32(OP, "input", x)?, cpu_f32(OP, "dy", dy)?);
+    let mut dx = vec![0f32; xs.len()];
+    cpu::backward(xs, dys, &mut dx, tanh);
+    Tensor::from_vec(x.shape(), dx)
+}

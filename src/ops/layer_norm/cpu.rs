@@ -1,0 +1,95 @@
+//! LayerNorm's CPU kernels, generic over f32/f64. Rows are independent in
+//! forward and in dx (parallel over rows); the weight and bias gradients sum
+//! over rows in row order per chunk, chunks then added in order, so the sum
+//! does not depend on the thread count.
+
+use crate::ops::Elem;
+use rayon::prelude::*;
+
+/// Rows per parallel task.
+const ROWS: usize = 64;
+
+#[allow(clippy::too_many_arguments)]
+pub fn forward<T: Elem>(
+    c: usize,
+    x: &[T],
+    w: &[T],
+    b: Option<&[T]>,
+    eps: f32,
+    y: &mut [T],
+    mean: &mut [T],
+    rstd: &mut [T],
+) {
+    let eps = <T as Elem>::from_f32(eps);
+    let inv_c = T::one() / T::from_usize(c).unwrap_or_else(T::one);
+    y.par_chunks_mut(c).zip(x.par_chunks(c)).zip(mean.par_iter_mut().zip(rstd.par_iter_mut())).for_each(
+        |((y, x), (m, r))| {
+            let mu = x.iter().copied().sum::<T>() * inv_c;
+            let var = x.iter().map(|&v| (v - mu) * (v - mu)).sum::<T>() * inv_c;
+            let rs = T::one() / (var + eps).sqrt();
+            for (k, (y, &v)) in y.iter_mut().zip(x).enumerate() {
+                let h = (v - mu) * rs * w[k];
+                *y = match b {
+                    Some(b) => h + b[k],
+                    None => h,
+                };
+            }
+            (*m, *r) = (mu, rs);
+        },
+    );
+}
+
+/// `dx = rstd * (g - mean(g) - xhat * mean(g * xhat))` with `g = dy * w`;
+/// `dw += sum(dy * xhat)`, `db += sum(dy)` over rows.
+#[allow(clippy::too_many_arguments)]
+pub fn backward<T: Elem>(
+    c: usize,
+    x: &[T],
+    w: &[T],
+    mean: &[T],
+    rstd: &[T],
+    dy: &[T],
+    dx: &mut [T],
+    dw: &mut [T],
+    db: Option<&mut [T]>,
+) {
+    let inv_c = T::one() / T::from_usize(c).unwrap_or_else(T::one);
+    let partials: Vec<(Vec<T>, Vec<T>)> = dx
+        .par_chunks_mut(c * ROWS)
+        .zip(x.par_chunks(c * ROWS).zip(dy.par_chunks(c * ROWS)))
+        .enumerate()
+        .map(|(chunk, (dx, (x, dy)))| {
+            let (mut pw, mut pb) = (vec![T::zero(); c], vec![T::zero(); c]);
+            for (r, ((dx, x), dy)) in dx.chunks_mut(c).zip(x.chunks(c)).zip(dy.chunks(c)).enumerate() {
+                let row = chunk * ROWS + r;
+                let (mu, rs) = (mean[row], rstd[row]);
+                let (mut sg, mut sgx) = (T::zero(), T::zero());
+                for k in 0..c {
+                    let xhat = (x[k] - mu) * rs;
+                    let g = dy[k] * w[k];
+                    sg = sg + g;
+                    sgx = sgx + g * xhat;
+                    pw[k] = pw[k] + dy[k] * xhat;
+                    pb[k] = pb[k] + dy[k];
+                }
+                let (mg, mgx) = (sg * inv_c, sgx * inv_c);
+                for k in 0..c {
+                    let xhat = (x[k] - mu) * rs;
+                    dx[k] = rs * (dy[k] * w[k] - mg - xhat * mgx);
+                }
+            }
+            (pw, pb)
+        })
+        .collect();
+    let mut db = db;
+    for (pw, pb) in partials {
+        for (d, p) in dw.iter_mut().zip(pw) {
+            *d = *d + p;
+        }
+        if let Some(db) = db.as_deref_mut() {
+            for (d, p) in db.iter_mut().zip(pb) {
+                *d = *d + p;
+            }
+        }
+    }
+}
