@@ -63,25 +63,25 @@ pub const SYNTH: &[&str] = &[
 /// The MNIST digits fetched by scripts/fetch-mnist.sh (scripts/test.sh fetches them first),
 /// or `DDPTRAIN_MNIST`: on the GPU machine they may be only in the bundle (gpu-bundle/data/mnist).
 pub fn mnist_dir() -> PathBuf {
-    let dir = from_env("DDPTRAIN_MNIST", repo_root().join("data/mnist"));
-    assert!(
-        dir.join("train-images-idx3-ubyte").exists(),
-        "{} has no MNIST files: run scripts/fetch-mnist.sh (scripts/test.sh does)",
-        dir.display()
-    );
-    dir
+    fetched_dir(
+        "DDPTRAIN_MNIST",
+        "data/mnist",
+        "train-images-idx3-ubyte",
+        "MNIST files",
+        "scripts/fetch-mnist.sh",
+    )
 }
 
 /// The cats and dogs scripts/fetch-catsdogs.sh writes (scripts/test.sh fetches
 /// them first), or `DDPTRAIN_CATSDOGS`.
 pub fn catsdogs_dir() -> PathBuf {
-    let dir = from_env("DDPTRAIN_CATSDOGS", repo_root().join("data/catsdogs"));
-    assert!(
-        dir.join("test_batch.bin").exists(),
-        "{} has no CIFAR-10 files: run scripts/fetch-catsdogs.sh (scripts/test.sh does)",
-        dir.display()
-    );
-    dir
+    fetched_dir(
+        "DDPTRAIN_CATSDOGS",
+        "data/catsdogs",
+        "test_batch.bin",
+        "CIFAR-10 files",
+        "scripts/fetch-catsdogs.sh",
+    )
 }
 
 pub fn write(dir: &Path, name: &str, body: &str) -> PathBuf {
@@ -241,13 +241,13 @@ pub fn torch_python(test: &str) -> Option<String> {
 /// The State of the Union addresses scripts/fetch-sotu.sh writes (scripts/test.sh
 /// fetches them first), or `DDPTRAIN_SOTU`.
 pub fn sotu_dir() -> PathBuf {
-    let dir = from_env("DDPTRAIN_SOTU", repo_root().join("data/sotu"));
-    assert!(
-        dir.join("2021_joseph_r_biden_d.txt").exists(),
-        "{} has no State of the Union addresses: run scripts/fetch-sotu.sh (scripts/test.sh does)",
-        dir.display()
-    );
-    dir
+    fetched_dir(
+        "DDPTRAIN_SOTU",
+        "data/sotu",
+        "2021_joseph_r_biden_d.txt",
+        "State of the Union addresses",
+        "scripts/fetch-sotu.sh",
+    )
 }
 
 /// tests/common/gpt.toml filled in: nanoGPT's GPT with `n_layer` blocks of
@@ -273,4 +273,12 @@ pub fn gpt_config(
     ]
     .into_iter()
     .fold(include_str!("gpt.toml").to_owned(), |t, (k, v)| t.replace(k, &v))
+}
+
+/// `env` when set, else `default` under the repository root; asserts that
+/// `probe` is in it, naming the script that fetches the `what`.
+fn fetched_dir(env: &str, default: &str, probe: &str, what: &str, script: &str) -> PathBuf {
+    let dir = from_env(env, repo_root().join(default));
+    assert!(dir.join(probe).exists(), "{} has no {what}: run {script} (scripts/test.sh does)", dir.display());
+    dir
 }
