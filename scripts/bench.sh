@@ -14,6 +14,12 @@
 #   STEPS=500 REPS=7 THREADS=2 BATCH=256 PYTHON=/path/to/python scripts/bench.sh
 #   TORCH_ALLOC=glibc scripts/bench.sh   # PyTorch on glibc malloc as it comes
 #   DEVICE=cuda BIN=gpu-bundle/ddptrain scripts/bench.sh   # on a GPU machine (gpu-check.sh runs this)
+#   MODEL=resnet20 THREADS=2 scripts/bench.sh   # ResNet-20 (configs/resnet20_fashion_o2.toml)
+#   BASE_BIN=/path/to/old/ddptrain scripts/bench.sh   # an older build too, in the same rounds
+# MODEL=resnet20 measures the ResNet-20 config instead of the seed ConvNet:
+# ddptrain at O0 and O2 (amp.opt_level set on the one config), PyTorch with
+# Nesterov momentum as the config trains, batch 128 and 30 steps by default
+# (a step is ~50x the seed's), no world-2 run.
 # PyTorch runs under its fastest allocator (torch_alloc in bench_common.sh:
 # tcmalloc when installed, else glibc malloc tuned by its environment).
 # On the GPU: ddptrain O0 and O2 against PyTorch eager fp32 and PyTorch
@@ -23,18 +29,30 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-STEPS=${STEPS:-300}
+MODEL=${MODEL:-seed}
 THREADS=${THREADS:-$(nproc)}
 PYTHON=${PYTHON:-python3}
 DEVICE=${DEVICE:-cpu}
-BATCH=${BATCH:-100}
 REPS=${REPS:-5}
+case $MODEL in
+  seed) STEPS=${STEPS:-300} BATCH=${BATCH:-100} levels=(o0 o1 o2) title="seed ConvNet" ;;
+  resnet20)
+    STEPS=${STEPS:-30} BATCH=${BATCH:-128} levels=(o0 o2) title="ResNet-20"
+    export BENCH_CONFIG=configs/resnet20_fashion_o2.toml TORCH_NESTEROV=1
+    # PyTorch's fastest allocator here is glibc malloc as it comes: the tuned
+    # glibc settings ran eager NCHW at 65 images/s against 609 untuned (2
+    # threads, 2026-11-25). torch.compile needs filelock and networkx
+    # importable (PYTHONPATH).
+    export TORCH_ALLOC=${TORCH_ALLOC:-glibc}
+    ;;
+  *) echo "bench.sh: MODEL=$MODEL: use seed or resnet20" >&2; exit 2 ;;
+esac
 
 # shellcheck source=scripts/bench_common.sh
 . scripts/bench_common.sh
 bench_setup
 
-# images/s of the seed ConvNet at one opt level (same model, data, batch and threads).
+# images/s of the model at one opt level (same model, data, batch and threads).
 run_level() { ddptrain_ips "$1" 1 "$THREADS" "$BATCH" "$STEPS" "$out/$1" --set run.device="$DEVICE"; }
 ratio() { python3 -c "import sys; print(f'{float(sys.argv[1]) / float(sys.argv[2]):.2f}x')" "$1" "$2"; }
 
@@ -42,12 +60,14 @@ if [ "$DEVICE" = cuda ]; then
   gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n1)
   ours=$(run_level o0)
   ours_o2=$(run_level o2)
-  echo "seed ConvNet, batch $BATCH, $STEPS steps, on ${gpu:-an unnamed GPU}"
+  echo "$title, batch $BATCH, $STEPS steps, on ${gpu:-an unnamed GPU}"
   printf '%-28s %12s\n' "trainer" "images/s"
   printf '%-28s %12s\n' "ddptrain O0" "$ours" "ddptrain O2" "$ours_o2"
   if "$PYTHON" -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
-    fp32=$("$PYTHON" scripts/bench_torch.py --bin "$BIN" --steps "$STEPS" --batch "$BATCH" --device cuda)
-    amp=$("$PYTHON" scripts/bench_torch.py --bin "$BIN" --steps "$STEPS" --batch "$BATCH" --device cuda --amp)
+    targs=(--bin "$BIN" --steps "$STEPS" --batch "$BATCH" --device cuda)
+    if [ -n "${BENCH_CONFIG:-}" ]; then targs+=(--config "$BENCH_CONFIG" --nesterov); fi
+    fp32=$("$PYTHON" scripts/bench_torch.py "${targs[@]}")
+    amp=$("$PYTHON" scripts/bench_torch.py "${targs[@]}" --amp)
     printf '%-28s %12s\n' "pytorch fp32" "$fp32" "pytorch autocast+GradScaler" "$amp"
     echo "ratio ddptrain O0/pytorch fp32: $(ratio "$ours" "$fp32")"
     echo "ratio ddptrain O2/pytorch autocast+GradScaler: $(ratio "$ours_o2" "$amp")"
@@ -70,7 +90,10 @@ torch_run() { torch_ips "$1" "$THREADS" "$BATCH" "$STEPS"; }
 rows="$out/rows.txt"
 : >"$rows"
 for r in $(seq "$REPS"); do
-  for l in o0 o1 o2; do echo "$r ddptrain_$l $(run_level $l)" >>"$rows"; done
+  for l in "${levels[@]}"; do echo "$r ddptrain_$l $(run_level "$l")" >>"$rows"; done
+  if [ -n "${BASE_BIN:-}" ]; then
+    for l in "${levels[@]}"; do echo "$r base_$l $(BIN=$BASE_BIN run_level "$l")" >>"$rows"; done
+  fi
   if [ "$have_torch" = 1 ]; then
     for c in "${torch_cfgs[@]}"; do echo "$r pytorch_$c $(torch_run "$c" 2>/dev/null | tail -n1)" >>"$rows"; done
   fi
@@ -79,15 +102,17 @@ done
 # World 2 on the same cores: two ranks of batch BATCH/2 (the same global batch),
 # each with half the cores (launch's split), over the TCP transport on loopback,
 # with 16 KB / 64 KB buckets (see ddptrain_ips in scripts/bench_common.sh).
-ours_w2=$(ddptrain_ips o0 2 "" "$BATCH" "$STEPS" "$out/w2")
-hidden_w2=$(python3 -c "import json,sys; print(round(100 * json.load(open(sys.argv[1]))['allreduce_hidden_fraction']))" "$out/w2/summary.json")
+if [ "$MODEL" = seed ]; then
+  ours_w2=$(ddptrain_ips o0 2 "" "$BATCH" "$STEPS" "$out/w2")
+  hidden_w2=$(python3 -c "import json,sys; print(round(100 * json.load(open(sys.argv[1]))['allreduce_hidden_fraction']))" "$out/w2/summary.json")
+fi
 
-echo "seed ConvNet, batch $BATCH, $THREADS threads, $STEPS steps, $REPS rounds, $(nproc) cores: $(cpu_model)"
+echo "$title, batch $BATCH, $THREADS threads, $STEPS steps, $REPS rounds, $(nproc) cores: $(cpu_model)"
 echo "FMA peak (examples/fma_peak.rs): $peak_line"
 if [ "$have_torch" = 1 ]; then echo "PyTorch's allocator (TORCH_ALLOC=${TORCH_ALLOC:-auto}): $(torch_alloc || true)"; fi
-python3 - "$rows" "$peak" "$BATCH" <<'PY'
+python3 - "$rows" "$peak" "$BATCH" "$MODEL" <<'PY'
 import collections, statistics, sys
-rows, peak, batch = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
+rows, peak, batch, model = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 runs = collections.defaultdict(dict)  # trainer -> round -> images/s
 for line in open(rows):
     r, name, v = (line.split() + [""])[:3]
@@ -104,17 +129,37 @@ def ratio(a, b):
     return statistics.median(rs), rs
 
 for lvl in ("o1", "o2"):
+    if f"ddptrain_{lvl}" not in runs:
+        continue
     m, rs = ratio(f"ddptrain_{lvl}", "ddptrain_o0")
     print(f"ddptrain {lvl.upper()}/O0: {m:.2f}x (median of {len(rs)} rounds)")
 torch = [k for k in med if k.startswith("pytorch_")]
 if torch:
     fast = max(torch, key=med.get)
-    m, rs = ratio("ddptrain_o0", fast)
     print(f"fastest PyTorch configuration: {fast} ({med[fast]:.0f} images/s)")
-    print(f"ddptrain O0 / {fast}: {m:.2f}x median of {len(rs)} interleaved pairs "
-          f"({' '.join(f'{x:.2f}' for x in rs)})")
+    for name in ("ddptrain_o0", "ddptrain_o2", "base_o0", "base_o2"):
+        if name in runs:
+            m, rs = ratio(name, fast)
+            print(f"{name} / {fast}: {m:.2f}x median of {len(rs)} interleaved pairs "
+                  f"({' '.join(f'{x:.2f}' for x in rs)})")
 else:
     print("pytorch: not measured (set PYTHON to a python that can import torch)")
+for lvl in ("o0", "o1", "o2"):
+    if f"base_{lvl}" in runs:
+        m, rs = ratio(f"ddptrain_{lvl}", f"base_{lvl}")
+        print(f"ddptrain {lvl.upper()} / BASE_BIN {lvl.upper()}: {m:.2f}x (median of {len(rs)} rounds)")
+if model == "resnet20":
+    # FLOP per training image of ResNet-20 on 1x28x28 as direct convolution:
+    # (in, out, kernel, output side, count) of its convs; weight gradients
+    # cost a forward again, input gradients too except conv1's.
+    convs = [(1, 16, 3, 28, 1), (16, 16, 3, 28, 6), (16, 32, 3, 14, 1), (32, 32, 3, 14, 5),
+             (16, 32, 1, 14, 1), (32, 64, 3, 7, 1), (64, 64, 3, 7, 5), (32, 64, 1, 7, 1)]
+    fwd = [2 * c * o * k * k * s * s * n for c, o, k, s, n in convs]
+    flop = 3 * sum(fwd) - fwd[0] + 3 * 2 * 64 * 10
+    share = med["ddptrain_o0"] * flop / (peak * 1e9)
+    print(f"ddptrain O0: {flop / 1e6:.1f} MFLOP/image as direct convolution x "
+          f"{med['ddptrain_o0']:.0f} images/s = {share * 100:.0f}% of the FMA peak")
+    sys.exit(0)
 # FLOP per training image of the seed ConvNet: forward of conv1 (1->16, 5x5,
 # 28x28), conv2 (16->32, 5x5, 14x14) and fc (1568->10); every weight
 # gradient costs a forward's FLOP again, and input gradients are taken for
@@ -130,5 +175,5 @@ print(f"ddptrain O0: {flop / 1e6:.1f} MFLOP/image as direct convolution x {med['
       f"{share * 100:.0f}% of the FMA peak; the {wino / 1e6:.1f} MFLOP of products it runs "
       f"(Winograd conv2, transforms not counted) = {done * 100:.0f}%")
 PY
-printf '%-24s %15s   (2 ranks x batch %d, 16/64 KB buckets: %d%% of all-reduce time hidden behind backward)\n' "ddptrain O0 world 2" "$ours_w2" $((BATCH / 2)) "$hidden_w2"
+if [ "$MODEL" = seed ]; then printf '%-24s %15s   (2 ranks x batch %d, 16/64 KB buckets: %d%% of all-reduce time hidden behind backward)\n' "ddptrain O0 world 2" "$ours_w2" $((BATCH / 2)) "$hidden_w2"; fi
 echo "load average: $(loadavg)"

@@ -19,7 +19,8 @@ json_field() {
 }
 
 # ddptrain_ips LEVEL WORLD THREADS BATCH STEPS DIR [ARG...]: one ddptrain run of
-# configs/mnist_LEVEL.toml on synthetic data: STEPS steps of global batch BATCH
+# configs/mnist_LEVEL.toml (or, when BENCH_CONFIG is set, of that config with
+# amp.opt_level=LEVEL) on synthetic data: STEPS steps of global batch BATCH
 # (BATCH/WORLD per rank; STEPS x BATCH training images, one test batch), rayon
 # THREADS per rank (empty: launch's even split of the cores), run dir DIR, ARGs
 # appended. Prints images/s from DIR/summary.json (training steps only, all
@@ -31,7 +32,9 @@ json_field() {
 ddptrain_ips() {
   local level=$1 world=$2 threads=$3 batch=$4 steps=$5 dir=$6
   shift 6
-  local env=() args=(--config "configs/mnist_$level.toml" --set data.dataset=synthetic
+  local config=(--config "configs/mnist_$level.toml")
+  if [ -n "${BENCH_CONFIG:-}" ]; then config=(--config "$BENCH_CONFIG" --set "amp.opt_level=${level^^}"); fi
+  local env=() args=("${config[@]}" --set data.dataset=synthetic
     --set data.synthetic_train_size=$((steps * batch)) --set data.synthetic_test_size="$batch"
     --set data.batch_size=$((batch / world)) --set train.max_steps="$steps" --set run.out_dir="$dir"
     --set logging.progress=never --set expect.min_test_accuracy=0.0 "$@")
@@ -92,7 +95,9 @@ torch_alloc() {
 # (scripts/bench_torch.py) in configuration CFG (nchw, channels_last or
 # compile), THREADS threads, batch BATCH, STEPS timed steps, ARGs appended,
 # under torch_alloc's allocator; the model is the one $BIN describes for
-# configs/mnist_o0.toml (scripts/torch_model.py).
+# BENCH_CONFIG, else configs/mnist_o0.toml (scripts/torch_model.py), with
+# Nesterov momentum when TORCH_NESTEROV=1 (as the ResNet configs train),
+# TORCH_WARMUP untimed steps first when set (bench_torch.py's --warmup).
 # A CFG of layouts with commas (channels_last,nchw) measures them one after
 # the other in one process and prints a "LAYOUT images/s" line for each.
 torch_ips() {
@@ -106,6 +111,9 @@ torch_ips() {
     *,*) extra=(--layouts "$cfg") ;;
     *) echo "torch_ips: unknown configuration $cfg" >&2; return 2 ;;
   esac
+  if [ -n "${BENCH_CONFIG:-}" ]; then extra+=(--config "$BENCH_CONFIG"); fi
+  if [ "${TORCH_NESTEROV:-0}" = 1 ]; then extra+=(--nesterov); fi
+  if [ -n "${TORCH_WARMUP:-}" ]; then extra+=(--warmup "$TORCH_WARMUP"); fi
   local alloc
   alloc=$(torch_alloc) || return 2
   # shellcheck disable=SC2086 # alloc is NAME=VALUE words

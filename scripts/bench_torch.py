@@ -1,7 +1,7 @@
 """PyTorch twin of scripts/bench.sh: the model of --config (default the seed
 ConvNet, configs/mnist_o0.toml, as scripts/torch_model.py builds it from
 `BIN check --json`, BIN being --bin, else $BIN, else target/release/ddptrain;
-or --json FILE, a saved description), SGD(momentum 0.9, wd 5e-4), synthetic
+or --json FILE, a saved description), SGD(momentum 0.9, wd 5e-4; --nesterov for Nesterov momentum), synthetic
 data, the same batch and thread count. Prints training images/s.
 --device cuda runs it on the GPU (data on the device, as ddptrain keeps it);
 --amp adds autocast(float16) + GradScaler, PyTorch's own mixed precision.
@@ -40,6 +40,7 @@ def parse_args():
     p.add_argument("--bucket-cap-mb", type=float, default=None)
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--layouts", type=lambda v: v.split(","), default=None)
+    p.add_argument("--nesterov", action="store_true")
     add_description_args(p)
     p.set_defaults(
         bin=os.environ.get("BIN") or os.path.join(os.environ.get("CARGO_TARGET_DIR") or "target", "release", "ddptrain"),
@@ -70,7 +71,7 @@ def train(a, layout, rank=0, world=1):
     model = build(a.desc).to(dev, memory_format=fmt)
     if world > 1:
         model = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=a.bucket_cap_mb)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4, nesterov=a.nesterov)
     net = torch.compile(model) if a.compile else model
     loss_fn = nn.CrossEntropyLoss()
     scaler = torch.amp.GradScaler(a.device, enabled=a.amp)

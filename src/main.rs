@@ -45,6 +45,9 @@ struct TrainArgs {
     /// Test hook: pause this long after every optimizer step.
     #[arg(long, hide = true)]
     debug_step_pause_ms: Option<u64>,
+    /// Test hook: no Winograd on the CPU (see `ops::conv2d::set_winograd`).
+    #[arg(long, hide = true)]
+    direct_convs: bool,
 }
 
 #[derive(Args, Clone)]
@@ -188,6 +191,9 @@ fn run_train(args: &TrainArgs) -> anyhow::Result<u8> {
         stop_on_signals: true,
         step_pause: args.debug_step_pause_ms.map(std::time::Duration::from_millis),
     };
+    if args.direct_convs {
+        ddptrain::ops::conv2d::set_winograd(false);
+    }
     let summary = train::train_with(&cfg, &opts)?;
     if let Some(sig) = summary.interrupted {
         // Before any gate: an interrupted run is not judged, it is resumed.

@@ -160,6 +160,46 @@ fn device_cuda_without_a_gpu_is_a_clear_error_and_auto_falls_back_with_one_warni
     assert_eq!(read_json(&out.join("summary.json"))["device"], "cpu");
 }
 
+/// ResNet-20 without its ReLUs, 3 SGD steps on the CPU: Winograd F(6x6,
+/// 3x3) against the direct kernels (`--direct-convs`) through the model,
+/// its graph and its threads. With no ReLU, no element of the gradient
+/// hangs on the sign of a value within rounding of zero, so the two runs
+/// differ by rounding only: measured 1.7e-6 at most (a BatchNorm running
+/// variance). With the ReLUs the same runs differ by 2e-2 (conv1's weight),
+/// because a BatchNorm output a few ulps from zero passes its gradient in
+/// one run and blocks it in the other (`ops::conv2d::set_winograd`).
+#[test]
+fn winograd_trains_a_relu_free_resnet20_as_the_direct_kernels_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let seed = std::fs::read_to_string(repo_root().join("configs/resnet20_fashion_o2.toml")).unwrap();
+    let model = &seed[seed.find("[model]").unwrap()..seed.find("[data]").unwrap()];
+    let model = model
+        .replace("    { type = \"relu\", name = \"relu\" },\n", "")
+        .replace("  { type = \"relu\", name = \"relu\" },\n", "")
+        .replace("[[model.layers]]\ntype = \"relu\"\nname = \"relu\"\n\n", "");
+    assert!(!model.contains("relu"), "a ReLU left in the model:\n{model}");
+    let body = format!(
+        "{model}\n[run]\nseed = 7\ndevice = \"cpu\"\n[data]\ndataset = \"synthetic\"\n\
+         synthetic_train_size = 12\nsynthetic_test_size = 4\nbatch_size = 4\n\
+         [optimizer]\nname = \"sgd\"\nlr = 0.1\nmomentum = 0.9\n[amp]\nopt_level = \"O0\"\n\
+         [train]\nmax_steps = 3\n[logging]\nprogress = \"never\"\ntensorboard = false\n"
+    );
+    let cfg = write(dir.path(), "r20.toml", &body);
+    let run = |name: &str, flags: &[&str]| {
+        let out = dir.path().join(name);
+        let out_set = format!("run.out_dir={}", out.display());
+        let mut args = vec!["--config", cfg.to_str().unwrap(), "--set", &out_set];
+        args.extend_from_slice(flags);
+        let o = ddptrain(&args, dir.path());
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+        ddptrain::checkpoint::load_safetensors(&out.join("model.safetensors")).unwrap()
+    };
+    let (winograd, direct) = (run("winograd", &[]), run("direct", &["--direct-convs"]));
+    let d = max_rel_diff(&winograd, &direct);
+    println!("ResNet-20 without ReLUs, Winograd vs direct convs after 3 steps: max |dw| {d:e}");
+    assert!(d < 1e-5, "{d:e}");
+}
+
 /// nanoGPT's parameter groups leave the 1-D parameters undecayed; the
 /// device's optimizer has one weight decay for its flat buffer, so a GPU run
 /// refuses such a grouping, naming the key (the CPU trains it).

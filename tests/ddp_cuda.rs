@@ -133,16 +133,17 @@ fn run(
     name: &str,
     sets: &[&str],
 ) -> (Vec<ddptrain::nn::StateEntry>, PathBuf) {
-    run_global_batch(dir, cfg, how, name, sets, 120)
+    run_global_batch(dir, cfg, how, name, (sets, &[]), 120)
 }
 
-/// [`run`] with the global batch `global` split over the ranks.
+/// [`run`] with the global batch `global` split over the ranks, and the
+/// `--set` values and other arguments of `(sets, flags)`.
 fn run_global_batch(
     dir: &Path,
     cfg: &Path,
     how: Starter,
     name: &str,
-    sets: &[&str],
+    (sets, flags): (&[&str], &[&str]),
     global: usize,
 ) -> (Vec<ddptrain::nn::StateEntry>, PathBuf) {
     let out = dir.join(name);
@@ -172,6 +173,7 @@ fn run_global_batch(
     for s in [out_set.as_str(), batch.as_str()].iter().chain(sets) {
         cmd.args(["--set", s]);
     }
+    cmd.args(flags);
     let o = cmd.current_dir(dir).output().unwrap();
     let t = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
     assert_eq!(o.status.code(), Some(0), "{how:?}:\n{t}");
@@ -252,7 +254,9 @@ fn the_resnet_on_the_gpu_equals_the_cpu_and_two_ranks_equal_one() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = config_of("configs/resnet_mnist_o2.toml", dir.path(), "O0");
     let (one, _) = run(dir.path(), &cfg, Starter::One, "one", &[]);
-    let (cpu, _) = run(dir.path(), &cfg, Starter::One, "cpu", &["run.device=cpu"]);
+    // The CPU on its direct convs, as in the ResNet-20 test below.
+    let cpu_sets = (&["run.device=cpu"][..], &["--direct-convs"][..]);
+    let (cpu, _) = run_global_batch(dir.path(), &cfg, Starter::One, "cpu", cpu_sets, 120);
     let (tcp, _) = run(dir.path(), &cfg, Starter::Launch(2), "tcp2", &["parallel.backend=tcp"]);
     let mut r = vec![("the CPU", max_abs_diff(&one, &cpu)), ("tcp 2 ranks", max_abs_diff(&one, &tcp))];
     if nccl_ranks_fit(test, 2) {
@@ -271,7 +275,10 @@ fn the_resnet_on_the_gpu_equals_the_cpu_and_two_ranks_equal_one() {
 /// over NCCL and over tcp within 1e-5 relative of 1 rank. A global batch of
 /// 4 (2 per rank): the emulated device checks every access, and what is
 /// compared (the graph, the buckets, SyncBatchNorm, the reductions' order)
-/// does not depend on the batch.
+/// does not depend on the batch. The CPU runs its direct conv kernels
+/// (`--direct-convs`): Winograd's few ulps more rounding flip ReLUs whose
+/// input lies within them of zero, each a whole element of gradient
+/// (`ops::conv2d::set_winograd`).
 #[test]
 fn resnet20_on_the_gpu_equals_the_cpu_and_two_ranks_equal_one() {
     let test = "resnet20_on_the_gpu_equals_the_cpu_and_two_ranks_equal_one";
@@ -281,17 +288,17 @@ fn resnet20_on_the_gpu_equals_the_cpu_and_two_ranks_equal_one() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = config_of("configs/resnet20_fashion_o2.toml", dir.path(), "O0");
     let small = ["data.synthetic_train_size=12", "data.synthetic_test_size=4"];
-    let run4 = |how, name: &str, extra: &[&str]| {
+    let run4 = |how, name: &str, extra: &[&str], flags: &[&str]| {
         let sets: Vec<&str> = small.iter().chain(extra).copied().collect();
-        run_global_batch(dir.path(), &cfg, how, name, &sets, 4).0
+        run_global_batch(dir.path(), &cfg, how, name, (&sets, flags), 4).0
     };
-    let one = run4(Starter::One, "one", &[]);
-    let cpu = run4(Starter::One, "cpu", &["run.device=cpu"]);
-    let tcp = run4(Starter::Launch(2), "tcp2", &["parallel.backend=tcp"]);
+    let one = run4(Starter::One, "one", &[], &[]);
+    let cpu = run4(Starter::One, "cpu", &["run.device=cpu"], &["--direct-convs"]);
+    let tcp = run4(Starter::Launch(2), "tcp2", &["parallel.backend=tcp"], &[]);
     let mut r =
         vec![("the CPU", max_peak_rel_diff(&one, &cpu)), ("tcp 2 ranks", max_peak_rel_diff(&tcp, &one))];
     if nccl_ranks_fit(test, 2) {
-        let two = run4(Starter::Launch(2), "nccl2", &[]);
+        let two = run4(Starter::Launch(2), "nccl2", &[], &[]);
         r.push(("nccl 2 ranks", max_peak_rel_diff(&two, &one)));
     }
     println!("ResNet-20 O0 on the GPU: max relative |dw| vs one rank {r:?}");

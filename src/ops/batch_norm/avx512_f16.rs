@@ -57,14 +57,15 @@ unsafe fn block_sums(p: *const f16, nv: usize, shift: f32) -> (f64, f64) {
     (lanes_to_f64(sv), lanes_to_f64(qv))
 }
 
-/// The (fewer than 16) f16 of a block's tail widened in one conversion,
-/// for the scalar adds that sum them in order; lanes past the tail are 0.
-fn widen_tail(t: &[f16]) -> [f32; LANES] {
+/// The (fewer than 16) f16 (or f32) of a block's tail widened in one
+/// conversion, for the scalar adds that sum them in order; lanes past the
+/// tail are 0.
+fn widen_tail<T: Load16>(t: &[T]) -> [f32; LANES] {
     assert!(t.len() < LANES);
     let mut out = [0.0f32; LANES];
     // SAFETY: loads the `t.len()` elements of `t` (masked) and stores one
     // vector into `out`; AVX-512F/BW/VL are checked by the caller.
-    unsafe { _mm512_storeu_ps(out.as_mut_ptr(), f16::load16(t.as_ptr(), masks(t.len()).0)) };
+    unsafe { _mm512_storeu_ps(out.as_mut_ptr(), T::load16(t.as_ptr(), masks(t.len()).0)) };
     out
 }
 
@@ -177,9 +178,11 @@ unsafe fn dz_plane_avx512(g: *const f16, codes: &[u8], w: usize, dz: *mut f32) {
     }
 }
 
-/// `(sum dz, sum dz * (x - mean))` of one plane of f16 `x`, bit for bit
-/// `cpu::plane_backward_sums` of its widened copy.
-pub fn plane_backward_sums(x: &[f16], dz: &[f32], mean: f32) -> (f64, f64) {
+/// `(sum dz, sum dz * (x - mean))` of one plane of f16 `x` and f32 or f16
+/// `dz`, bit for bit `cpu::plane_backward_sums` of their widened copies (an
+/// f16 `dz` widened in its loads: widening both planes into scratch first
+/// took as long as the sums).
+pub fn plane_backward_sums<D: Load16>(x: &[f16], dz: &[D], mean: f32) -> (f64, f64) {
     assert_eq!(x.len(), dz.len());
     let (mut s_tot, mut q_tot) = (0.0f64, 0.0f64);
     for (xb, db) in x.chunks(BLOCK).zip(dz.chunks(BLOCK)) {
@@ -188,7 +191,9 @@ pub fn plane_backward_sums(x: &[f16], dz: &[f32], mean: f32) -> (f64, f64) {
         // AVX-512F/BW/VL are checked by the caller through `avx512::usable`.
         let (s, q) = unsafe { backward_block_sums(xb.as_ptr(), db.as_ptr(), nv, mean) };
         let (mut rs, mut rq) = (0.0f32, 0.0f32);
-        for (&xv, &g) in widen_tail(&xb[nv * LANES..]).iter().zip(&db[nv * LANES..]) {
+        let tail = xb.len() - nv * LANES;
+        let gt = widen_tail(&db[nv * LANES..]);
+        for (&xv, &g) in widen_tail(&xb[nv * LANES..]).iter().zip(&gt).take(tail) {
             rs += g;
             rq += g * (xv - mean);
         }
@@ -199,11 +204,11 @@ pub fn plane_backward_sums(x: &[f16], dz: &[f32], mean: f32) -> (f64, f64) {
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn backward_block_sums(x: *const f16, dz: *const f32, nv: usize, mean: f32) -> (f64, f64) {
+unsafe fn backward_block_sums<D: Load16>(x: *const f16, dz: *const D, nv: usize, mean: f32) -> (f64, f64) {
     let mv = _mm512_set1_ps(mean);
     let (mut sv, mut qv) = (_mm512_setzero_ps(), _mm512_setzero_ps());
     for v in 0..nv {
-        let g = _mm512_loadu_ps(dz.add(v * LANES));
+        let g = D::load16(dz.add(v * LANES), 0xffff);
         let xv = f16::load16(x.add(v * LANES), 0xffff);
         sv = _mm512_add_ps(sv, g);
         qv = _mm512_add_ps(qv, _mm512_mul_ps(g, _mm512_sub_ps(xv, mv)));

@@ -36,6 +36,10 @@ pub fn backward_sums(
 ) -> BackwardSums {
     cpu::backward_sums_with(n, c, hw, invstd, |i, ch| {
         let off = (i * c + ch) * hw;
+        #[cfg(target_arch = "x86_64")]
+        if super::avx512::usable() {
+            return super::avx512_f16::plane_backward_sums(&x[off..][..hw], &dy[off..][..hw], mean[ch]);
+        }
         with_widened(&x[off..][..hw], &dy[off..][..hw], |xp, dp| cpu::plane_backward_sums(xp, dp, mean[ch]))
     })
 }

@@ -215,6 +215,10 @@ fn avx512_f16_planes_equal_the_generic() {
             let mean = 0.1f32;
             let sums = avx512_f16::plane_backward_sums(&x, &dz0, mean);
             same_sums(&what, sums, super::cpu::plane_backward_sums(&xw, &dz0, mean));
+            // An f16 `dz` (a plain BatchNorm2d's dy) widened in the loads.
+            let (gw, xs) = (g.iter().map(|v| v.to_f32()).collect::<Vec<_>>(), &x[..op]);
+            let sums = avx512_f16::plane_backward_sums(xs, &g, mean);
+            same_sums(&what, sums, super::cpu::plane_backward_sums(&xw[..op], &gw, mean));
             let shift = xw[0];
             same_sums(&what, avx512_f16::plane_sums(&x, shift), super::cpu::plane_sums_generic(&xw, shift));
 

@@ -284,7 +284,7 @@ pub(super) fn as_uninit(s: &mut [f32]) -> &mut [MaybeUninit<f32>] {
 /// f16 activations (`X = f16`) are widened image by image as they are
 /// loaded and the output rounded image by image as it is stored.
 pub fn forward<X: Act>(g: &ConvGeom, x: &[X], w: &[f32], bias: Option<&[f32]>, y: &mut [X::Out]) {
-    if g.n > 0 && winograd::fits(g) {
+    if g.n > 0 && super::winograd_on() && winograd::fits(g) {
         return winograd::forward(g, x, w, bias, y);
     }
     forward_direct(g, x, w, bias, y);
@@ -430,10 +430,24 @@ pub fn backward<X: Act>(
     db: Option<&mut [f32]>,
     dx: Option<&mut [X::Out]>,
 ) {
-    if g.n > 0 && winograd::fits(g) {
+    if g.n > 0 && super::winograd_on() && winograd::fits_backward(g) {
         return winograd::backward(g, x, w, dy, dw, db, dx);
     }
     backward_with(g, x, w, dy, dw, db, dx, pixel_dw(g));
+}
+
+/// Whether [`forward`] and [`backward`] take Winograd for `g` (for tests
+/// that compare it with the direct kernels).
+#[cfg(test)]
+pub(super) fn takes_winograd(g: &ConvGeom) -> (bool, bool) {
+    (winograd::fits(g), winograd::fits_backward(g))
+}
+
+/// Whether [`backward`] picks [`PixelDw`] for the weight gradient where it
+/// does not take Winograd (for tests timing both).
+#[cfg(test)]
+pub(super) fn dw_pixel(g: &ConvGeom) -> bool {
+    pixel_dw(g)
 }
 
 /// [`backward`] with the weight-gradient kernel chosen by the caller

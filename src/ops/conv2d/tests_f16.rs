@@ -48,6 +48,10 @@ fn f16_kernels_that_widen_in_their_loads_and_round_in_their_stores_match_f32_rou
     let args = Conv2dArgs { stride: 1, padding: 2 };
     same_as_f32_rounded_once(&[3, 1, 28, 28], &[16, 1, 5, 5], args, 10);
     same_as_f32_rounded_once(&[3, 16, 14, 14], &[32, 16, 5, 5], args, 20);
+    // ResNet-20's 3x3 convs: Winograd F(6x6, 3x3) at 28x28, 14x14 and 7x7.
+    same_as_f32_rounded_once(&[2, 16, 28, 28], &[16, 16, 3, 3], ARGS, 30);
+    same_as_f32_rounded_once(&[2, 32, 14, 14], &[32, 32, 3, 3], ARGS, 40);
+    same_as_f32_rounded_once(&[2, 64, 7, 7], &[64, 64, 3, 3], ARGS, 50);
 }
 
 #[test]

@@ -1,14 +1,17 @@
-//! Winograd F(4x4, 5x5) convolution on AVX-512, for 5x5 stride-1 kernels
-//! with enough channels on both sides (MNIST's conv2). Each 4 x 4 block of
-//! output pixels (a tile) costs 64 products per channel pair instead of 400:
-//! the 8 x 8 input patch and the filter are transformed, multiplied point by
-//! point (64 small GEMMs over the channels), and transformed back
-//! (Lavin & Gray, "Fast Algorithms for Convolutional Neural Networks").
+//! Winograd convolution on AVX-512 over 8 x 8 patches: F(4x4, 5x5) for 5x5
+//! stride-1 kernels (MNIST's conv2) and F(6x6, 3x3) for 3x3 stride-1
+//! kernels (the ResNets' convs), with enough channels on both sides. Each
+//! `M x M` block of output pixels (a tile) costs 64 products per channel
+//! pair instead of 400 (5x5) or 324 (3x3): the 8 x 8 input patch and the
+//! filter are transformed, multiplied point by point (64 small GEMMs over
+//! the channels), and transformed back (Lavin & Gray, "Fast Algorithms for
+//! Convolutional Neural Networks"). Both use the same eight points, hence
+//! the same data transform; the output tile side `M` picks what differs.
 //!
-//! - forward: F(4, 5) over the input padded by `p`;
-//! - input gradient: the same F(4, 5) over `dy` padded by `K - 1 - p` with
+//! - forward: F(M, K) over the input padded by `p`;
+//! - input gradient: the same F(M, K) over `dy` padded by `K - 1 - p` with
 //!   the flipped, transposed filter (a full correlation);
-//! - weight gradient: F(5, 4), the 4 x 4 `dy` tile as the filter over the
+//! - weight gradient: F(K, M), the M x M `dy` tile as the filter over the
 //!   forward's own 8 x 8 patches, summed over tiles and images in the
 //!   transformed domain and transformed back once per call.
 //!
@@ -28,17 +31,44 @@ use crate::ops::conv2d::avx512_direct::to_planes;
 use crate::ops::conv2d::cpu::ConvGeom;
 use crate::ops::conv2d::lines::Lines;
 use crate::ops::half_emu::{Act, Pixels};
-use kernels::{point_len, TileGrid, AT5, G5, INV_F, LANES, M, T, TT};
+use kernels::{point_len, TileGrid, INV_F, LANES, T, TT};
 use rayon::prelude::*;
 use std::cell::RefCell;
 
-const K: usize = 5;
-
-/// Whether [`forward`] and [`backward`] take this geometry: a 5x5 stride-1
-/// kernel with at least 8 channels in and out (MNIST's conv1, with one
-/// input channel, would spend its time in the transforms).
+/// Whether [`forward`] and [`backward`] take this geometry: a 5x5 or 3x3
+/// stride-1 kernel with at least 8 channels in and out (MNIST's conv1 and
+/// the ResNets' first conv, with one input channel, would spend their time
+/// in the transforms).
 pub(super) fn fits(g: &ConvGeom) -> bool {
-    g.k == K && g.stride == 1 && g.padding < K && g.c >= 8 && g.o >= 8
+    (g.k == 5 || g.k == 3) && g.stride == 1 && g.padding < g.k && g.c >= 8 && g.o >= 8
+}
+
+/// Whether [`backward`] takes this geometry: as [`fits`], but 3x3 kernels
+/// only over at least 8 x 8 output pixels. On ResNet-20's 7x7 stage (64
+/// channels, 4 tiles of 6 x 6 an image, a third of them padding) the
+/// weight gradient's transformed accumulators (1 MB a task) cost more than
+/// the products saved: 11.2 ms per batch of 128 against 8.8 ms for the
+/// direct kernels (forward: 3.7 ms against 4.7 ms, so it stays).
+pub(super) fn fits_backward(g: &ConvGeom) -> bool {
+    fits(g) && (g.k != 3 || g.ho.min(g.wo) >= 8)
+}
+
+/// Tiles per point GEMM that F(6x6, 3x3) batches images up to.
+const GEMM_TILES: usize = 32;
+
+/// Images whose tiles go through the point GEMMs together, for `nt` tiles
+/// per image of output tiles of `m x m` pixels. F(6x6, 3x3): about
+/// [`GEMM_TILES`] tiles, as a 7x7 image has only 4, and the point GEMMs
+/// then reloaded the transformed filter (64 KB a point at 64 x 64 channels)
+/// and the weight gradient's accumulators for every 4 tiles. F(4x4, 5x5):
+/// one, as MNIST's conv2 has 16 tiles an image (the sums are the same
+/// either way).
+fn batch(m: usize, nt: usize) -> usize {
+    if m == 6 {
+        (GEMM_TILES / nt).max(1)
+    } else {
+        1
+    }
 }
 
 /// An image pixel-major, `[rows][cols][ld]`: its `ch` planes of `h x w`
@@ -75,9 +105,11 @@ impl PixelMajor {
         }
     }
 
-    /// The tiles of an output grid of `ho x wo` pixels over this image.
-    fn tiles(&self, (ho, wo): (usize, usize)) -> TileGrid {
-        TileGrid { ty: ho.div_ceil(M), tx: wo.div_ceil(M), cols: self.cols, ld: self.ld }
+    /// The tiles of `m x m` pixels of an output grid of `ho x wo` pixels
+    /// over this image.
+    fn tiles(&self, m: usize, (ho, wo): (usize, usize)) -> TileGrid {
+        let (ty, tx) = (ho.div_ceil(m), wo.div_ceil(m));
+        TileGrid { ty, tx, cols: self.cols, ld: self.ld, ps: point_len(ty * tx, self.ld) }
     }
 }
 
@@ -97,11 +129,12 @@ struct Plan {
 }
 
 impl Plan {
-    fn new(g: &ConvGeom) -> Self {
-        let (p, q) = (g.padding, K - 1 - g.padding);
+    /// For output tiles of `m x m` pixels (`K = T + 1 - m`, `g.k`).
+    fn new(g: &ConvGeom, m: usize) -> Self {
+        let (p, q) = (g.padding, g.k - 1 - g.padding);
         let (ldc, ldo) = (g.c.next_multiple_of(LANES), g.o.next_multiple_of(LANES));
-        // A tile's 8 x 8 patch reaches 4 * tiles + 4 rows and columns.
-        let reach = |n: usize| M * n.div_ceil(M) + T - M;
+        // A tile's 8 x 8 patch reaches M * tiles + T - M rows and columns.
+        let reach = |n: usize| m * n.div_ceil(m) + T - m;
         let x = PixelMajor {
             rows: reach(g.ho).max(p + g.h),
             cols: reach(g.wo).max(p + g.w),
@@ -112,23 +145,23 @@ impl Plan {
             ch: g.c,
         };
         let dy = PixelMajor {
-            rows: reach(g.h).max(q + M * g.ho.div_ceil(M)),
-            cols: reach(g.w).max(q + M * g.wo.div_ceil(M)),
+            rows: reach(g.h).max(q + m * g.ho.div_ceil(m)),
+            cols: reach(g.w).max(q + m * g.wo.div_ceil(m)),
             ld: ldo,
             pad: q,
             h: g.ho,
             w: g.wo,
             ch: g.o,
         };
-        let out = x.tiles((g.ho, g.wo));
-        let dx = dy.tiles((g.h, g.w));
-        let dwt = dy.tiles((g.ho, g.wo));
+        let out = x.tiles(m, (g.ho, g.wo));
+        let dx = dy.tiles(m, (g.h, g.w));
+        let dwt = dy.tiles(m, (g.ho, g.wo));
         // What makes the kernels' raw reads sound: every 8 x 8 patch inside
-        // its image, every 4 x 4 `dy` tile (from (q, q)) inside `dy`.
+        // its image, every m x m `dy` tile (from (q, q)) inside `dy`.
         let inside = |pm: &PixelMajor, tg: TileGrid, from: usize, side: usize| {
-            from + M * (tg.ty - 1) + side <= pm.rows && from + M * (tg.tx - 1) + side <= pm.cols
+            from + m * (tg.ty - 1) + side <= pm.rows && from + m * (tg.tx - 1) + side <= pm.cols
         };
-        assert!(inside(&x, out, 0, T) && inside(&dy, dx, 0, T) && inside(&dy, dwt, q, M));
+        assert!(inside(&x, out, 0, T) && inside(&dy, dx, 0, T) && inside(&dy, dwt, q, m));
         Plan { x, dy, out, dx, dwt }
     }
 }
@@ -138,26 +171,34 @@ impl Plan {
 /// output channel runs innermost so the f64 loops vectorize, one input
 /// channel per rayon job. Each sum starts from its first term, as
 /// `Iterator::sum` (from -0.0) does, bit for bit.
-fn filters(nin: usize, nout: usize, at: impl Fn(usize, usize, usize, usize) -> f32 + Sync) -> Lines {
+fn filters(
+    k: usize,
+    nin: usize,
+    nout: usize,
+    at: impl Fn(usize, usize, usize, usize) -> f32 + Sync,
+) -> Lines {
     let ld = nout.next_multiple_of(LANES);
     // Input channels in parallel, each its `[p][o]` block (the rest of the
     // pool would otherwise wait): w[ki][kj][o], (G w)[a][kj][o], then u.
     let blocks: Vec<Vec<f32>> = (0..nin)
         .into_par_iter()
         .map(|i| {
-            let (mut w, mut gw) = (vec![0f64; K * K * nout], vec![0f64; T * K * nout]);
+            let (mut w, mut gw) = (vec![0f64; k * k * nout], vec![0f64; T * k * nout]);
             for (t, wt) in w.chunks_exact_mut(nout).enumerate() {
                 for (o, v) in wt.iter_mut().enumerate() {
-                    *v = at(o, i, t / K, t % K) as f64;
+                    *v = at(o, i, t / k, t % k) as f64;
                 }
             }
             for (t, dst) in gw.chunks_exact_mut(nout).enumerate() {
-                let (a, kj) = (t / K, t % K);
-                mul_add_rows(dst, (0..K).map(|ki| (G5[a][ki], &w[(ki * K + kj) * nout..][..nout])));
+                let (a, kj) = (t / k, t % k);
+                mul_add_rows(
+                    dst,
+                    (0..k).map(|ki| (kernels::g(k, a, ki), &w[(ki * k + kj) * nout..][..nout])),
+                );
             }
             let gw = &gw;
             rows_f32(TT, nout, |p| {
-                (0..K).map(move |kj| (G5[p % T][kj], &gw[(p / T * K + kj) * nout..][..nout]))
+                (0..k).map(move |kj| (kernels::g(k, p % T, kj), &gw[(p / T * k + kj) * nout..][..nout]))
             })
         })
         .collect();
@@ -214,8 +255,9 @@ std::thread_local! {
 /// Runs `f` on this thread's scratch cut into pieces of the lengths `lens`,
 /// each on a cache line of its own: the first `zeroed` zero-filled, the
 /// others holding whatever the last use left (the kernels write them in
-/// full before reading). Fresh buffers per rayon task, allocated and
-/// zero-filled page by page, took 3% of a step.
+/// full before reading; test builds fill them with NaN to hold them to
+/// that). Fresh buffers per rayon task, allocated and zero-filled page by
+/// page, took 3% of a step.
 fn with_scratch<const N: usize, R>(
     lens: [usize; N],
     zeroed: usize,
@@ -224,8 +266,14 @@ fn with_scratch<const N: usize, R>(
     let run = |buf: &mut Lines| {
         buf.grow(Lines::split_len(&lens));
         let mut parts = buf.split(lens);
-        for p in parts.iter_mut().take(zeroed) {
-            p.fill(0.0);
+        for (i, p) in parts.iter_mut().enumerate() {
+            if i < zeroed {
+                p.fill(0.0);
+            } else if cfg!(test) {
+                // Tests poison the rest, so a kernel that reads what it did
+                // not write shows as NaN instead of a stale value.
+                p.fill(f32::NAN);
+            }
         }
         f(parts)
     };
@@ -239,31 +287,62 @@ fn with_scratch<const N: usize, R>(
 /// `y[N, O, Ho, Wo] = conv(x, w) + bias`, as [`super::forward`] (which
 /// calls it for [`fits`] geometries on AVX-512 machines).
 pub(super) fn forward<X: Act>(g: &ConvGeom, x: &[X], w: &[f32], bias: Option<&[f32]>, y: &mut [X::Out]) {
-    let plan = Plan::new(g);
-    let (ckk, kk) = (g.ckk(), K * K);
-    let u = filters(g.c, g.o, |o, c, ki, kj| w[o * ckk + c * kk + ki * K + kj]);
+    if g.k == 3 {
+        forward_with::<6, X>(g, x, w, bias, y)
+    } else {
+        forward_with::<4, X>(g, x, w, bias, y)
+    }
+}
+
+/// [`forward`] with output tiles of `M x M` pixels (`g.k = T + 1 - M`).
+fn forward_with<const M: usize, X: Act>(
+    g: &ConvGeom,
+    x: &[X],
+    w: &[f32],
+    bias: Option<&[f32]>,
+    y: &mut [X::Out],
+) {
+    let plan = Plan::new(g, M);
+    let (ckk, k) = (g.ckk(), g.k);
+    let kk = k * k;
+    let u = filters(k, g.c, g.o, |o, c, ki, kj| w[o * ckk + c * kk + ki * k + kj]);
     let (ldc, ldo, nt, hw) = (plan.x.ld, plan.dy.ld, plan.out.count(), g.out_hw());
-    let pt = per_forward_task(g.n);
-    y.par_chunks_mut(pt * g.y_len()).zip(x.par_chunks(pt * g.x_len())).for_each(|(yc, xc)| {
-        let lens = [plan.x.len(), TT * point_len(nt, ldc), TT * point_len(nt, ldo), hw * ldo];
+    let (pt, b) = (per_forward_task(g.n), batch(M, nt));
+    let (xl, yl) = (g.x_len(), g.y_len());
+    y.par_chunks_mut(pt * yl).zip(x.par_chunks(pt * xl)).for_each(|(yc, xc)| {
+        let lens = [plan.x.len(), TT * point_len(b * nt, ldc), TT * point_len(b * nt, ldo), hw * ldo];
         with_scratch(lens, 1, |[xt, v, m, out]| {
-            for (yi, xi) in yc.chunks_exact_mut(g.y_len()).zip(xc.chunks_exact(g.x_len())) {
-                plan.x.fill(X::pixels(xi), xt);
-                // SAFETY: the patches of `plan.out` lie inside `xt` (Plan::new
-                // sizes it to their reach), and v, u, m, out have the lengths
-                // the kernels' contracts ask for (cut from the scratch above). `fits`
-                // callers run only where `avx512::usable` found AVX-512F.
-                unsafe {
-                    kernels::input_transform(xt.as_ptr(), plan.out, v.as_mut_ptr());
-                    kernels::point_gemms(nt, g.c, v.as_ptr(), ldc, u.as_ptr(), ldo, m.as_mut_ptr());
-                    kernels::output_transform(
-                        m.as_ptr(),
-                        (plan.out.ty, plan.out.tx, ldo),
-                        (g.ho, g.wo),
-                        out.as_mut_ptr(),
-                    );
+            for (yb, xb) in yc.chunks_mut(b * yl).zip(xc.chunks(b * xl)) {
+                let nb = xb.len() / xl;
+                let tiles = plan.out.batched(nb);
+                for (i, xi) in xb.chunks_exact(xl).enumerate() {
+                    plan.x.fill(X::pixels(xi), xt);
+                    // SAFETY: the patches of `plan.out` lie inside `xt`
+                    // (Plan::new sizes it to their reach); image i's tiles
+                    // start at tile i * nt of `v`, which holds nb * nt <= b *
+                    // nt tiles a point (cut from the scratch above). `fits`
+                    // callers run only where `avx512::usable` found AVX-512F.
+                    unsafe {
+                        kernels::input_transform::<M>(xt.as_ptr(), tiles, v.as_mut_ptr().add(i * nt * ldc))
+                    };
                 }
-                to_planes(out, hw, ldo, bias, X::planes(yi));
+                // SAFETY: v, u, m have the lengths the contracts ask for.
+                unsafe {
+                    kernels::point_gemms(nb * nt, g.c, v.as_ptr(), ldc, u.as_ptr(), ldo, m.as_mut_ptr())
+                };
+                let ps = point_len(nb * nt, ldo);
+                for (i, yi) in yb.chunks_exact_mut(yl).enumerate() {
+                    // SAFETY: image i's tiles in `m` as in `v`; `out` has hw * ldo floats.
+                    unsafe {
+                        kernels::output_transform::<M>(
+                            m.as_ptr().add(i * nt * ldo),
+                            (plan.out.ty, plan.out.tx, ldo, ps),
+                            (g.ho, g.wo),
+                            out.as_mut_ptr(),
+                        )
+                    };
+                    to_planes(out, hw, ldo, bias, X::planes(yi));
+                }
             }
         });
     });
@@ -280,15 +359,35 @@ pub(super) fn backward<X: Act>(
     db: Option<&mut [f32]>,
     dx: Option<&mut [X::Out]>,
 ) {
-    let plan = Plan::new(g);
-    let (ckk, kk) = (g.ckk(), K * K);
+    if g.k == 3 {
+        backward_with::<6, X>(g, x, w, dy, dw, db, dx)
+    } else {
+        backward_with::<4, X>(g, x, w, dy, dw, db, dx)
+    }
+}
+
+/// [`backward`] with output tiles of `M x M` pixels (`g.k = T + 1 - M`).
+fn backward_with<const M: usize, X: Act>(
+    g: &ConvGeom,
+    x: &[X],
+    w: &[f32],
+    dy: &[X],
+    dw: &mut [f32],
+    db: Option<&mut [f32]>,
+    dx: Option<&mut [X::Out]>,
+) {
+    let plan = Plan::new(g, M);
+    let (ckk, k) = (g.ckk(), g.k);
+    let kk = k * k;
     let (ldc, ldo, hw) = (plan.x.ld, plan.dy.ld, g.out_hw());
     let (nt, ntx) = (plan.out.count(), plan.dx.count());
     // The input gradient's filter: `w` flipped, input and output swapped.
     let udx = dx
         .is_some()
-        .then(|| filters(g.o, g.c, |c, o, ki, kj| w[o * ckk + c * kk + (K - 1 - ki) * K + (K - 1 - kj)]));
+        .then(|| filters(k, g.o, g.c, |c, o, ki, kj| w[o * ckk + c * kk + (k - 1 - ki) * k + (k - 1 - kj)]));
     let need_db = db.is_some();
+    let b = batch(M, nt);
+    let (xl, yl) = (g.x_len(), g.y_len());
     // Per task: the weight gradient in the transformed domain and db.
     let partials = backward_tasks(g, dx, |first, imgs, mut dxt| {
         let mut acc = zeros(TT * ldc * ldo);
@@ -297,59 +396,78 @@ pub(super) fn backward<X: Act>(
         let lens = [
             plan.x.len(),
             plan.dy.len(),
-            TT * point_len(nt, ldc),
-            TT * point_len(nt, ldo),
-            dx_len(TT * point_len(ntx, ldo)),
-            dx_len(TT * point_len(ntx, ldc)),
+            TT * point_len(b * nt, ldc),
+            TT * point_len(b * nt, ldo),
+            dx_len(TT * point_len(b * ntx, ldo)),
+            dx_len(TT * point_len(b * ntx, ldc)),
             dx_len(g.h * g.w * ldc),
         ];
         with_scratch(lens, 2, |[xt, dyt, v, d, vdy, mdx, outdx]| {
-            for i in 0..imgs {
-                let img = first + i;
-                plan.x.fill(X::pixels(&x[img * g.x_len()..(img + 1) * g.x_len()]), xt);
-                let dyi = X::pixels(&dy[img * g.y_len()..(img + 1) * g.y_len()]);
-                plan.dy.fill(dyi, dyt);
-                let q = plan.dy.pad;
-                // SAFETY: the patches of `plan.out` lie inside `xt` and the
-                // 4 x 4 tiles of `plan.dwt` from (q, q) inside `dyt` (Plan::new
-                // sizes both to their reach); v, d, acc have the lengths the
-                // contracts ask for (cut from the scratch above). AVX-512F: see `fits`.
-                unsafe {
-                    kernels::input_transform(xt.as_ptr(), plan.out, v.as_mut_ptr());
-                    kernels::dy_transform(
-                        dyt.as_ptr().add((q * plan.dy.cols + q) * ldo),
-                        plan.dwt,
-                        d.as_mut_ptr(),
-                    );
-                    kernels::point_dw(nt, v.as_ptr(), ldc, d.as_ptr(), ldo, acc.as_mut_ptr());
-                }
-                for (o, s) in db_t.iter_mut().enumerate() {
-                    *s += pixels_sum(dyi.slice(o * hw..(o + 1) * hw));
-                }
-                if let (Some(dxt), Some(udx)) = (dxt.as_deref_mut(), udx.as_deref()) {
-                    // SAFETY: the patches of `plan.dx` lie inside `dyt`; vdy,
-                    // udx, mdx, outdx have the contracts' lengths.
+            let q = plan.dy.pad;
+            let mut i0 = 0;
+            while i0 < imgs {
+                // Images i0..i0 + nb, their tiles one after the other in
+                // v, d (and vdy, mdx), image i's from tile i * nt (i * ntx).
+                let nb = b.min(imgs - i0);
+                let (vt, dt, dxt_grid) = (plan.out.batched(nb), plan.dwt.batched(nb), plan.dx.batched(nb));
+                for i in 0..nb {
+                    let img = first + i0 + i;
+                    plan.x.fill(X::pixels(&x[img * xl..(img + 1) * xl]), xt);
+                    let dyi = X::pixels(&dy[img * yl..(img + 1) * yl]);
+                    plan.dy.fill(dyi, dyt);
+                    // SAFETY: the patches of `plan.out` lie inside `xt` and
+                    // the m x m tiles of `plan.dwt` from (q, q) inside `dyt`
+                    // (Plan::new sizes both to their reach); v, d (and vdy)
+                    // hold nb tiles' worth from the offsets (cut from the
+                    // scratch above). AVX-512F: see `fits`.
                     unsafe {
-                        kernels::input_transform(dyt.as_ptr(), plan.dx, vdy.as_mut_ptr());
+                        kernels::input_transform::<M>(xt.as_ptr(), vt, v.as_mut_ptr().add(i * nt * ldc));
+                        let dy0 = dyt.as_ptr().add((q * plan.dy.cols + q) * ldo);
+                        kernels::dy_transform::<M>(dy0, dt, d.as_mut_ptr().add(i * nt * ldo));
+                        if dxt.is_some() {
+                            kernels::input_transform::<M>(
+                                dyt.as_ptr(),
+                                dxt_grid,
+                                vdy.as_mut_ptr().add(i * ntx * ldo),
+                            );
+                        }
+                    }
+                    for (o, s) in db_t.iter_mut().enumerate() {
+                        *s += pixels_sum(dyi.slice(o * hw..(o + 1) * hw));
+                    }
+                }
+                // SAFETY: v, d, acc have the contracts' lengths. The tiles
+                // are summed in image order, as image by image.
+                unsafe { kernels::point_dw(nb * nt, v.as_ptr(), ldc, d.as_ptr(), ldo, acc.as_mut_ptr()) };
+                if let (Some(dxt), Some(udx)) = (dxt.as_deref_mut(), udx.as_deref()) {
+                    // SAFETY: vdy, udx, mdx have the contracts' lengths.
+                    unsafe {
                         kernels::point_gemms(
-                            ntx,
+                            nb * ntx,
                             g.o,
                             vdy.as_ptr(),
                             ldo,
                             udx.as_ptr(),
                             ldc,
                             mdx.as_mut_ptr(),
-                        );
-                        kernels::output_transform(
-                            mdx.as_ptr(),
-                            (plan.dx.ty, plan.dx.tx, ldc),
-                            (g.h, g.w),
-                            outdx.as_mut_ptr(),
-                        );
+                        )
+                    };
+                    let ps = point_len(nb * ntx, ldc);
+                    for i in 0..nb {
+                        // SAFETY: image i's tiles in `mdx`; outdx has h * w * ldc floats.
+                        unsafe {
+                            kernels::output_transform::<M>(
+                                mdx.as_ptr().add(i * ntx * ldc),
+                                (plan.dx.ty, plan.dx.tx, ldc, ps),
+                                (g.h, g.w),
+                                outdx.as_mut_ptr(),
+                            )
+                        };
+                        let dxi = &mut dxt[(i0 + i) * xl..(i0 + i + 1) * xl];
+                        to_planes(outdx, g.h * g.w, ldc, None, X::planes(dxi));
                     }
-                    let dxi = &mut dxt[i * g.x_len()..(i + 1) * g.x_len()];
-                    to_planes(outdx, g.h * g.w, ldc, None, X::planes(dxi));
                 }
+                i0 += nb;
             }
         });
         (acc, db_t)
@@ -363,13 +481,14 @@ pub(super) fn backward<X: Act>(
 /// out of the transformed domain (`f` = [`INV_F`], the filter transform's
 /// fractions), in f64, the output channel innermost (see [`filters`]).
 fn finish_dw(g: &ConvGeom, acc: &[f32], ldc: usize, ldo: usize, dw: &mut [f32]) {
-    let (kk, no) = (K * K, g.o);
+    let (k, no) = (g.k, g.o);
+    let kk = k * k;
     // Input channels in parallel, each its `[ki][kj][o]` block: s[a][b][o],
     // r[ki][b][o] = (A^T s)[ki][b], then r A.
     let blocks: Vec<Vec<f32>> = (0..g.c)
         .into_par_iter()
         .map(|c| {
-            let (mut sv, mut r) = (vec![0f64; TT * no], vec![0f64; K * T * no]);
+            let (mut sv, mut r) = (vec![0f64; TT * no], vec![0f64; k * T * no]);
             for (p, dst) in sv.chunks_exact_mut(no).enumerate() {
                 let (fa, fb) = (INV_F[p / T], INV_F[p % T]);
                 for (d, a) in dst.iter_mut().zip(&acc[(p * ldc + c) * ldo..]) {
@@ -378,10 +497,12 @@ fn finish_dw(g: &ConvGeom, acc: &[f32], ldc: usize, ldo: usize, dw: &mut [f32]) 
             }
             for (t, dst) in r.chunks_exact_mut(no).enumerate() {
                 let (ki, b) = (t / T, t % T);
-                mul_add_rows(dst, (0..T).map(|a| (AT5[ki][a], &sv[(a * T + b) * no..][..no])));
+                mul_add_rows(dst, (0..T).map(|a| (kernels::at(k, ki, a), &sv[(a * T + b) * no..][..no])));
             }
             let r = &r;
-            rows_f32(kk, no, |t| (0..T).map(move |b| (AT5[t % K][b], &r[(t / K * T + b) * no..][..no])))
+            rows_f32(kk, no, |t| {
+                (0..T).map(move |b| (kernels::at(k, t % k, b), &r[(t / k * T + b) * no..][..no]))
+            })
         })
         .collect();
     for (c, block) in blocks.iter().enumerate() {

@@ -1,9 +1,10 @@
-//! The vector kernels of [`super`]: the F(4x4, 5x5) transforms and the
-//! per-point GEMMs, 16 channels along the lanes.
+//! The vector kernels of [`super`]: the F(4x4, 5x5) and F(6x6, 3x3)
+//! transforms and the per-point GEMMs, 16 channels along the lanes.
 //!
 //! The matrices come from Toom-Cook over the points 0, 1, -1, 2, -2, 1/2,
-//! -1/2, inf. F(4, 5) (forward and input gradient) and F(5, 4) (weight
-//! gradient) share the data transform `B^T`. Every coefficient applied to
+//! -1/2, inf. `B^T` depends on the eight points only, so F(4, 5) and
+//! F(6, 3) (forward and input gradient) and F(5, 4) and F(3, 6) (weight
+//! gradient) all share the data transform `B^T`. Every coefficient applied to
 //! data is a multiple of a power of two with at most five significant bits
 //! (21/4, 17/4, 5/2, ...); the other fractions live in the filter transform,
 //! done once per call in f64, and in the weight gradient's final transform.
@@ -14,40 +15,40 @@ use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
 
 pub(super) const LANES: usize = 16;
-/// Output pixels per tile side.
-pub(super) const M: usize = 4;
-/// Points per axis (a tile's input patch side, `M + 5 - 1`), and transform
-/// points per tile.
+/// Points per axis (a tile's input patch side, `M + K - 1` for output tiles
+/// of `M x M` pixels: 4 + 5 - 1 and 6 + 3 - 1), and transform points per
+/// tile.
 pub(super) const T: usize = 8;
 pub(super) const TT: usize = T * T;
 
-/// F(4, 5)'s filter transform `G` (8 x 5): row `j` is `a_j^k / f_j` for the
-/// point `a_j` and `f_j = prod_{l != j} (a_j - a_l)` ([`INV_F`]), and picks
-/// the last tap for the point at infinity.
-pub(super) const G5: [[f64; 5]; T] = [
-    [-1.0, 0.0, 0.0, 0.0, 0.0],
-    [-2.0 / 9.0, -2.0 / 9.0, -2.0 / 9.0, -2.0 / 9.0, -2.0 / 9.0],
-    [-2.0 / 9.0, 2.0 / 9.0, -2.0 / 9.0, 2.0 / 9.0, -2.0 / 9.0],
-    [1.0 / 90.0, 1.0 / 45.0, 2.0 / 45.0, 4.0 / 45.0, 8.0 / 45.0],
-    [1.0 / 90.0, -1.0 / 45.0, 2.0 / 45.0, -4.0 / 45.0, 8.0 / 45.0],
-    [32.0 / 45.0, 16.0 / 45.0, 8.0 / 45.0, 4.0 / 45.0, 2.0 / 45.0],
-    [32.0 / 45.0, -16.0 / 45.0, 8.0 / 45.0, -4.0 / 45.0, 2.0 / 45.0],
-    [0.0, 0.0, 0.0, 0.0, 1.0],
-];
+/// The seven finite points `a_j` (the eighth is at infinity).
+const POINTS: [f64; T - 1] = [0.0, 1.0, -1.0, 2.0, -2.0, 0.5, -0.5];
 
-/// F(5, 4)'s output transform `A^T` (5 x 8): `a_j^i`, and the point at
-/// infinity in the last row.
-pub(super) const AT5: [[f64; T]; 5] = [
-    [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0],
-    [0.0, 1.0, -1.0, 2.0, -2.0, 0.5, -0.5, 0.0],
-    [0.0, 1.0, 1.0, 4.0, 4.0, 0.25, 0.25, 0.0],
-    [0.0, 1.0, -1.0, 8.0, -8.0, 0.125, -0.125, 0.0],
-    [0.0, 1.0, 1.0, 16.0, 16.0, 0.0625, 0.0625, 1.0],
-];
+/// Entry `(j, k)` of the filter transform `G` (`T x taps`) of F(T + 1 -
+/// taps, taps): `a_j^k / f_j` for `f_j = prod_{l != j} (a_j - a_l)`
+/// ([`INV_F`]), and the last tap for the point at infinity. The points are
+/// powers of two (or 0), so each entry is `1 / f_j` rounded once and scaled
+/// exactly: the tables F(4, 5) and F(6, 3) were written out as, bit for bit.
+pub(super) fn g(taps: usize, j: usize, k: usize) -> f64 {
+    if j == T - 1 {
+        return if k + 1 == taps { 1.0 } else { 0.0 };
+    }
+    POINTS[j].powi(k as i32) * INV_F[j]
+}
 
-/// F(5, 4)'s filter transform is `diag(INV_F) * G4` with the power-of-two
-/// `G4` of [`g4`]; `INV_F` (`1 / f_j`) is applied in the final transform
-/// instead.
+/// Entry `(i, j)` of the output transform `A^T` (`rows x T`) of F(rows,
+/// T + 1 - rows): `a_j^i` (exact), and the point at infinity in the last row.
+pub(super) fn at(rows: usize, i: usize, j: usize) -> f64 {
+    if j == T - 1 {
+        return if i + 1 == rows { 1.0 } else { 0.0 };
+    }
+    POINTS[j].powi(i as i32)
+}
+
+/// `1 / f_j` for the finite points (see [`g`]), and 1 for infinity. The
+/// weight gradient's filter side, F(K, M)'s filter transform, is `diag(INV_F)`
+/// times the power-of-two rows of [`g_rows`]; `INV_F` is applied in its
+/// final transform instead.
 pub(super) const INV_F: [f64; T] =
     [-1.0, -2.0 / 9.0, -2.0 / 9.0, 1.0 / 90.0, 1.0 / 90.0, 32.0 / 45.0, 32.0 / 45.0, 1.0];
 
@@ -79,34 +80,45 @@ fn bt(x: [__m512; T]) -> [__m512; T] {
     ]
 }
 
-/// F(4, 5)'s `A^T m`: the rows `a_j^i` for i < 4 (1, 1/2, 1/4, 1/8 at the
-/// halves), with the point at infinity in the last.
+/// `A^T m` of F(M, T + 1 - M): the rows `a_j^i` for i < M (powers of two:
+/// 1, 1/2, 1/4, ... at the halves), with the point at infinity in the last.
+/// `M` is 4 or 6; the loop unrolls to the sums as written out per size.
 #[inline]
 #[target_feature(enable = "avx512f")]
-fn at4(m: [__m512; T]) -> [__m512; M] {
+fn at_rows<const M: usize>(m: [__m512; T]) -> [__m512; M] {
     let c = _mm512_set1_ps;
     let (s1, d1) = (_mm512_add_ps(m[1], m[2]), _mm512_sub_ps(m[1], m[2]));
     let (s2, d2) = (_mm512_add_ps(m[3], m[4]), _mm512_sub_ps(m[3], m[4]));
     let (s3, d3) = (_mm512_add_ps(m[5], m[6]), _mm512_sub_ps(m[5], m[6]));
-    [
-        _mm512_add_ps(_mm512_add_ps(m[0], s1), _mm512_add_ps(s2, s3)),
-        _mm512_fmadd_ps(c(2.0), d2, _mm512_fmadd_ps(c(0.5), d3, d1)),
-        _mm512_fmadd_ps(c(4.0), s2, _mm512_fmadd_ps(c(0.25), s3, s1)),
-        _mm512_add_ps(_mm512_fmadd_ps(c(8.0), d2, _mm512_fmadd_ps(c(0.125), d3, d1)), m[7]),
-    ]
+    let mut out = [_mm512_add_ps(_mm512_add_ps(m[0], s1), _mm512_add_ps(s2, s3)); M];
+    for (i, row) in out.iter_mut().enumerate().skip(1) {
+        // Odd rows take the differences of each +-a pair, even rows the sums.
+        let (one, two, half) = if i % 2 == 1 { (d1, d2, d3) } else { (s1, s2, s3) };
+        let p = (1u32 << i) as f32;
+        *row = _mm512_fmadd_ps(c(p), two, _mm512_fmadd_ps(c(1.0 / p), half, one));
+    }
+    out[M - 1] = _mm512_add_ps(out[M - 1], m[7]);
+    out
 }
 
-/// `G4 u`: the rows `a_j^k` for k < 4 (exact: powers of two), and the last
-/// value for the point at infinity.
+/// `(G_N u)` without [`INV_F`], F(T + 1 - N, N)'s filter side for the
+/// weight gradient's `N x N` `dy` tiles: the rows `a_j^k` for k < N (powers
+/// of two, exact), and the last value for the point at infinity. `N` is 4
+/// or 6; the loops unroll to the sums as written out per size.
 #[inline]
 #[target_feature(enable = "avx512f")]
-fn g4(u: [__m512; M]) -> [__m512; T] {
+fn g_rows<const N: usize>(u: [__m512; N]) -> [__m512; T] {
     let c = _mm512_set1_ps;
-    let (e1, o1) = (_mm512_add_ps(u[0], u[2]), _mm512_add_ps(u[1], u[3]));
-    let e2 = _mm512_fmadd_ps(c(4.0), u[2], u[0]);
-    let o2 = _mm512_fmadd_ps(c(8.0), u[3], _mm512_add_ps(u[1], u[1]));
-    let e3 = _mm512_fmadd_ps(c(0.25), u[2], u[0]);
-    let o3 = _mm512_fmadd_ps(c(0.125), u[3], _mm512_mul_ps(c(0.5), u[1]));
+    // Even and odd taps: e1 + o1 and e1 - o1 at +-1, e2/o2 at +-2, e3/o3 at +-1/2.
+    let (mut e1, mut e2, mut e3) = (u[0], u[0], u[0]);
+    let (mut o1, mut o2, mut o3) = (u[1], _mm512_add_ps(u[1], u[1]), _mm512_mul_ps(c(0.5), u[1]));
+    for (k, &uk) in u.iter().enumerate().skip(2) {
+        let p = (1u32 << k) as f32;
+        let (s1, s2, s3) = if k % 2 == 0 { (&mut e1, &mut e2, &mut e3) } else { (&mut o1, &mut o2, &mut o3) };
+        *s1 = _mm512_add_ps(*s1, uk);
+        *s2 = _mm512_fmadd_ps(c(p), uk, *s2);
+        *s3 = _mm512_fmadd_ps(c(1.0 / p), uk, *s3);
+    }
     [
         u[0],
         _mm512_add_ps(e1, o1),
@@ -115,7 +127,7 @@ fn g4(u: [__m512; M]) -> [__m512; T] {
         _mm512_sub_ps(e2, o2),
         _mm512_add_ps(e3, o3),
         _mm512_sub_ps(e3, o3),
-        u[3],
+        u[N - 1],
     ]
 }
 
@@ -167,60 +179,77 @@ pub(super) const fn point_len(nt: usize, ld: usize) -> usize {
 }
 
 /// Tiles of the output grid and how a tile finds its data: tile `t = ty *
-/// tx + j` reads the 8 x 8 patch at pixel `(4 ty, 4 j)` of a pixel-major
-/// source (`cols` pixels per row, `ld` floats per pixel).
+/// tx + j` reads the 8 x 8 patch at pixel `(M ty, M j)` of a pixel-major
+/// source (`cols` pixels per row, `ld` floats per pixel), `M` the tile side
+/// of the kernels' const parameter.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct TileGrid {
     pub ty: usize,
     pub tx: usize,
     pub cols: usize,
     pub ld: usize,
+    /// Floats per transform point in the transformed buffer:
+    /// `point_len(tiles, ld)` for the tiles of all the images it holds.
+    pub ps: usize,
 }
 
 impl TileGrid {
     pub(super) fn count(&self) -> usize {
         self.ty * self.tx
     }
+
+    /// This grid in a transformed buffer that holds the tiles of `images`
+    /// images one after the other (the kernels then write one image's tiles
+    /// from where the caller points them).
+    pub(super) fn batched(self, images: usize) -> TileGrid {
+        TileGrid { ps: point_len(images * self.count(), self.ld), ..self }
+    }
 }
 
 /// `v[p * point_len + t * ld + l] = (B^T d B)[p]` for the patch `d` of every tile
-/// `t` (`nt` tiles) and lane `l < ld`.
+/// `t` (`nt` tiles, `M` apart) and lane `l < ld`.
 ///
 /// # Safety
-/// `src` holds every patch (`(4 ty + 3) * cols + 4 tx + 3` pixels of `ld`
-/// floats) and `v` has `TT * point_len(nt, ld)` floats; AVX-512F.
+/// `src` holds every patch (`(M ty + 7 - M) * cols + M tx + 7 - M` pixels of
+/// `ld` floats) and `v` has `TT * point_len(nt, ld)` floats; AVX-512F.
 #[target_feature(enable = "avx512f")]
-pub(super) unsafe fn input_transform(src: *const f32, g: TileGrid, v: *mut f32) {
-    patch_transform::<T>(src, g, v, |x| bt(x))
+pub(super) unsafe fn input_transform<const M: usize>(src: *const f32, g: TileGrid, v: *mut f32) {
+    patch_transform::<M, T>(src, g, v, |x| bt(x))
 }
 
-/// `d[p * point_len + t * ld + l] = (G4 u G4^T)[p]` for the 4 x 4 pixels `u` at
-/// `(4 ty, 4 tx)` of every tile of `g` (the weight gradient's filter side).
+/// `d[p * point_len + t * ld + l] = (G_M u G_M^T)[p]` for the M x M pixels
+/// `u` at `(M ty, M tx)` of every tile of `g` (F(T + 1 - M, M)'s filter
+/// side, see [`g_rows`]).
 ///
 /// # Safety
-/// `src` holds pixels up to `(4 ty - 1) * cols + 4 tx - 1` (`ld` floats
-/// each), `d` has `TT * point_len(nt, ld)` floats; AVX-512F.
+/// `src` holds pixels up to `(M ty - 1) * cols + M tx - 1` (`ld` floats
+/// each), `d` has `TT * point_len(nt, ld)` floats; `M` is 4 or 6; AVX-512F.
 #[target_feature(enable = "avx512f")]
-pub(super) unsafe fn dy_transform(src: *const f32, g: TileGrid, d: *mut f32) {
-    patch_transform::<M>(src, g, d, |u| g4(u))
+pub(super) unsafe fn dy_transform<const M: usize>(src: *const f32, g: TileGrid, d: *mut f32) {
+    patch_transform::<M, M>(src, g, d, |u| g_rows(u))
 }
+
+/// Source columns a run of [`patch_transform`] keeps: `TX * M + T - M`
+/// for the largest tile side `M` (6).
+const RUN_COLS: usize = 4 * 6 + T - 6;
 
 /// `out[p * point_len + t * ld + l] = (F x F^T)[p]` for the `N x N` pixels
-/// `x` at `(4 ty, 4 tx)` of every tile of `g`, where `f` applies `F` to a
+/// `x` at `(M ty, M tx)` of every tile of `g`, where `f` applies `F` to a
 /// column: the columns through `f`, then each row of the result.
 ///
 /// # Safety
-/// `src` holds pixels up to `(4 ty + N - 5) * cols + 4 tx + N - 5` (`ld`
-/// floats each), `out` has `TT * point_len(nt, ld)` floats; AVX-512F.
+/// `src` holds pixels up to `(M ty + N - M - 1) * cols + M tx + N - M - 1`
+/// (`ld` floats each), `out` has `TT * point_len(nt, ld)` floats; `M <= 6`,
+/// `N <= T`; AVX-512F.
 #[inline]
 #[target_feature(enable = "avx512f")]
-unsafe fn patch_transform<const N: usize>(
+unsafe fn patch_transform<const M: usize, const N: usize>(
     src: *const f32,
     g: TileGrid,
     out: *mut f32,
     f: impl Fn([__m512; N]) -> [__m512; T],
 ) {
-    let ps = point_len(g.count(), g.ld);
+    let ps = g.ps;
     // cols[a][x] = (F x)[a] of source column x of a run of up to TX tiles:
     // neighbouring 8 x 8 patches share four columns, whose pass then runs
     // once. (As arrays moved through `from_fn` and a transpose, the compiler
@@ -228,7 +257,8 @@ unsafe fn patch_transform<const N: usize>(
     // Uninitialized: zero-filled it was a 10 KB memset per call. Each run
     // writes columns `..M * run + N - M` before the rows read them.
     const TX: usize = 4;
-    let mut cols = [[MaybeUninit::<__m512>::uninit(); TX * M + T - M]; T];
+    debug_assert!(TX * M + N - M <= RUN_COLS);
+    let mut cols = [[MaybeUninit::<__m512>::uninit(); RUN_COLS]; T];
     for ty in 0..g.ty {
         for l0 in (0..g.ld).step_by(LANES) {
             for tx0 in (0..g.tx).step_by(TX) {
@@ -259,20 +289,21 @@ unsafe fn patch_transform<const N: usize>(
 }
 
 /// `out[(oh * wo + ow) * ld + l] = (A^T m A)` of every tile of `ty x tx`
-/// tiles, `m[p * point_len + t * ld + l]`, for the output pixels inside `ho x wo`.
+/// tiles of `M x M` pixels (F(M, T + 1 - M)), `m[p * ps + t * ld + l]`, for
+/// the output pixels inside `ho x wo` (`tiles` is `(ty, tx, ld, ps)`).
 ///
 /// # Safety
-/// `m` has `TT * point_len(ty * tx, ld)` floats, `out` `ho * wo * ld`, `4 ty >= ho`,
-/// `4 tx >= wo`; AVX-512F.
+/// `m` has `63 * ps + ty * tx * ld` floats, `ps >= point_len(ty * tx, ld)`,
+/// `out` `ho * wo * ld`, `M ty >= ho`, `M tx >= wo`; `M` is 4 or 6; AVX-512F.
 #[target_feature(enable = "avx512f")]
-pub(super) unsafe fn output_transform(
+pub(super) unsafe fn output_transform<const M: usize>(
     m: *const f32,
-    (ty, tx, ld): (usize, usize, usize),
+    (ty, tx, ld, ps): (usize, usize, usize, usize),
     (ho, wo): (usize, usize),
     out: *mut f32,
 ) {
     let nt = ty * tx;
-    let ps = point_len(nt, ld);
+    debug_assert!(ps >= point_len(nt, ld));
     // cols[a][j] = (A^T m)[a][j], then each row a through A (see `patch_transform`).
     let mut cols = [[_mm512_setzero_ps(); T]; M];
     for y in 0..ty {
@@ -284,13 +315,13 @@ pub(super) unsafe fn output_transform(
                     for (i, e) in v.iter_mut().enumerate() {
                         *e = _mm512_loadu_ps(m.add((i * T + j) * ps + t * ld + l0));
                     }
-                    for (row, e) in cols.iter_mut().zip(at4(v)) {
+                    for (row, e) in cols.iter_mut().zip(at_rows::<M>(v)) {
                         row[j] = e;
                     }
                 }
                 for (a, row) in cols.iter().enumerate() {
                     let oh = M * y + a;
-                    for (b, v) in at4(*row).into_iter().enumerate() {
+                    for (b, v) in at_rows::<M>(*row).into_iter().enumerate() {
                         let ow = M * x + b;
                         if oh < ho && ow < wo {
                             _mm512_storeu_ps(out.add((oh * wo + ow) * ld + l0), v);
