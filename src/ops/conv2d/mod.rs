@@ -37,8 +37,9 @@ static WINOGRAD: AtomicBool = AtomicBool::new(true);
 /// one BatchNorm output of layer2.2.bn1 within 1e-5 of zero (-3.9e-6)
 /// flipped so and moved weights by up to 1.5e-4, while every conv matched
 /// the direct kernels to 9e-6 of its scale (2e-7 without ReLUs). So the
-/// device-parity tests compare the device with the direct kernels, and
-/// Winograd is held to those conv by conv (`tests_winograd.rs`).
+/// device-parity tests and the PyTorch oracle (`scripts/torch_parity.py`)
+/// train on the direct kernels, and Winograd is held to those conv by conv
+/// (`tests_winograd.rs`) and through a ReLU-free ResNet-20.
 pub fn set_winograd(on: bool) {
     WINOGRAD.store(on, Ordering::Relaxed);
 }
