@@ -29,6 +29,11 @@ pub enum Error {
     #[error("not yet supported: {0}")]
     Unsupported(String),
 
+    /// A command-line argument that cannot be used as given (a prompt with a
+    /// character the model's vocabulary lacks, a temperature of 0, ...).
+    #[error("{0}")]
+    Usage(String),
+
     /// Training produced something that cannot go on (NaN loss, ...).
     #[error("training error: {0}")]
     Training(String),

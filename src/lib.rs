@@ -11,6 +11,7 @@ pub mod cuda;
 pub mod data;
 pub mod dist;
 pub mod error;
+pub mod generate;
 pub mod launch;
 pub mod metrics;
 pub mod nn;

@@ -64,6 +64,52 @@ struct EvalArgs {
 }
 
 #[derive(Args, Clone)]
+struct SampleArgs {
+    /// A text run's checkpoint directory, its `ckpt` folder (the latest), its out_dir (the
+    /// final model.safetensors) or a model file.
+    #[arg(long, required = true, value_name = "PATH")]
+    checkpoint: PathBuf,
+    /// The run's config (default: the config.toml the run wrote beside its weights).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Override a config value, as for training (for example amp.opt_level).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    sets: Vec<String>,
+    /// The text to continue.
+    #[arg(long, default_value = "\n", hide_default_value = true)]
+    prompt: String,
+    /// How many tokens to generate after the prompt.
+    #[arg(long, default_value_t = 500)]
+    tokens: usize,
+    /// Divides the logits: below 1 more predictable text, above 1 more varied.
+    #[arg(long, default_value_t = ddptrain::generate::DEFAULT_TEMPERATURE)]
+    temperature: f64,
+    /// Draw only from the K most likely tokens at each step, or "all".
+    #[arg(long, default_value = "200", value_parser = parse_top_k)]
+    top_k: TopK,
+    /// The seed of the draws: the same seed gives the same text.
+    #[arg(long, default_value_t = 1337)]
+    seed: u64,
+    /// How many samples to print, separated by a line of dashes.
+    #[arg(long, default_value_t = 1)]
+    num_samples: usize,
+}
+
+/// `--top-k`: a count, or every token.
+#[derive(Clone, Copy)]
+struct TopK(Option<usize>);
+
+fn parse_top_k(s: &str) -> Result<TopK, String> {
+    if s == "all" {
+        return Ok(TopK(None));
+    }
+    match s.parse::<usize>() {
+        Ok(0) | Err(_) => Err(format!("`{s}` is not a count of tokens of at least 1, or \"all\"")),
+        Ok(k) => Ok(TopK(Some(k))),
+    }
+}
+
+#[derive(Args, Clone)]
 struct CheckArgs {
     #[command(flatten)]
     config: ConfigArgs,
@@ -89,6 +135,8 @@ enum Command {
     Train(TrainArgs),
     /// Score a checkpoint or a model file on the test split: print accuracy and loss.
     Eval(EvalArgs),
+    /// Generate text from a text run's checkpoint, as nanoGPT's sample.py (prompt, temperature, top-k).
+    Sample(SampleArgs),
     /// Validate the config; print the resolved config and the model summary.
     Check(CheckArgs),
     /// Start this node's ranks with torchrun's environment: `launch --nproc-per-node N -- <ddptrain args>`.
@@ -104,7 +152,7 @@ const EXIT_EXPECT: u8 = 3;
 
 fn exit_code_for(err: &anyhow::Error) -> u8 {
     match err.downcast_ref::<Error>() {
-        Some(Error::Config { .. } | Error::Unsupported(_)) => EXIT_CONFIG,
+        Some(Error::Config { .. } | Error::Unsupported(_) | Error::Usage(_)) => EXIT_CONFIG,
         _ => EXIT_FAILURE,
     }
 }
@@ -174,6 +222,30 @@ fn eval(args: &EvalArgs) -> anyhow::Result<u8> {
         "{what} at {level}: test accuracy {:.4} ({}/{}), test loss {:.4}",
         ev.accuracy, ev.correct, ev.total, ev.loss
     );
+    Ok(0)
+}
+
+/// Prints `--num-samples` continuations of the prompt (the prompt included,
+/// as nanoGPT prints them).
+fn sample(args: &SampleArgs) -> anyhow::Result<u8> {
+    use ddptrain::generate::{self, Sampling};
+    let lm = generate::open(&args.checkpoint, args.config.as_deref(), &args.sets)?;
+    let prompt = lm.vocab.encode(&args.prompt).map_err(|c| {
+        Error::Usage(format!(
+            "the prompt has {c:?}, which is not in the model's vocabulary ({} characters, {}): leave it out",
+            lm.vocab.size(),
+            lm.vocab_path.display()
+        ))
+    })?;
+    let s = Sampling { tokens: args.tokens, temperature: args.temperature, top_k: args.top_k.0 };
+    for i in 0..args.num_samples {
+        let mut rng = ddptrain::rng::stream(args.seed, ddptrain::rng::Purpose::Generate, i as u64);
+        let ids = generate::generate(&lm.model, lm.block_size, &prompt, s, &mut rng)?;
+        if i > 0 {
+            println!("---------------");
+        }
+        println!("{}{}", args.prompt, lm.vocab.decode(&ids));
+    }
     Ok(0)
 }
 
@@ -250,6 +322,7 @@ fn main() -> ExitCode {
         Some(Command::Check(a)) => check(a),
         Some(Command::Train(a)) => run_train(a),
         Some(Command::Eval(a)) => eval(a),
+        Some(Command::Sample(a)) => sample(a),
         Some(Command::Launch(a)) => ddptrain::launch::run(a).map_err(Into::into),
         Some(Command::DistSelftest(a)) => ddptrain::dist::selftest::run(a).map_err(Into::into),
         None => run_train(&cli.train),

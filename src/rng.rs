@@ -26,6 +26,9 @@ pub enum Purpose {
     Augment = 5,
     /// Text windows' offsets, indexed by (epoch and split, sample) (`data::text`).
     TextWindow = 6,
+    /// `ddptrain sample`'s draws, indexed by the sample number: sample 3 of
+    /// a seed is the same text whether 1 or 10 were asked for.
+    Generate = 7,
 }
 
 /// SplitMix64's finalizer: well-mixed keys for nearby inputs.

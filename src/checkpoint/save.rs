@@ -64,8 +64,21 @@ pub struct Checkpointer {
     /// lives exactly as long as the run that writes into that directory.
     lock: Option<super::RunLock>,
     /// Files every checkpoint carries besides the weights (a text run's
-    /// `vocab.json`), as (name, contents).
-    extra_files: Vec<(&'static str, Vec<u8>)>,
+    /// `vocab.json`), as (name, contents), with `digested` set for those
+    /// state.json records (see [`Checkpointer::with_file`]).
+    extra_files: Vec<ExtraFile>,
+}
+
+/// A file every checkpoint and the run's out_dir get besides the weights.
+#[derive(Debug, Clone)]
+pub struct ExtraFile {
+    pub name: &'static str,
+    pub contents: Vec<u8>,
+    /// Recorded with its size and SHA-256 in state.json, as part of what the
+    /// checkpoint is; a copy for readers only (the run's config.toml, which
+    /// names this run's out_dir) is not, so that a resumed run's checkpoints
+    /// equal an unbroken run's.
+    pub digested: bool,
 }
 
 /// The settings a resumed run must share with the checkpoint: the config less
@@ -139,14 +152,15 @@ impl Checkpointer {
         }
     }
 
-    /// Adds `name` with `contents` to every checkpoint this run writes.
-    pub fn with_file(mut self, name: &'static str, contents: Vec<u8>) -> Self {
-        self.extra_files.push((name, contents));
+    /// Adds `name` with `contents` to every checkpoint this run writes
+    /// (`digested`: see [`ExtraFile::digested`]).
+    pub fn with_file(mut self, name: &'static str, contents: Vec<u8>, digested: bool) -> Self {
+        self.extra_files.push(ExtraFile { name, contents, digested });
         self
     }
 
-    /// The files [`Checkpointer::with_file`] added, as (name, contents).
-    pub fn extra_files(&self) -> &[(&'static str, Vec<u8>)] {
+    /// The files [`Checkpointer::with_file`] added.
+    pub fn extra_files(&self) -> &[ExtraFile] {
         &self.extra_files
     }
 
@@ -324,12 +338,12 @@ impl Checkpointer {
                 FileDigest { bytes: bytes.len() as u64, sha256: sha256_hex(&bytes) },
             );
         }
-        for (file, bytes) in &self.extra_files {
-            write_synced(&tmp.join(file), bytes)?;
-            files.insert(
-                file.to_string(),
-                FileDigest { bytes: bytes.len() as u64, sha256: sha256_hex(bytes) },
-            );
+        for f in &self.extra_files {
+            write_synced(&tmp.join(f.name), &f.contents)?;
+            if f.digested {
+                let digest = FileDigest { bytes: f.contents.len() as u64, sha256: sha256_hex(&f.contents) };
+                files.insert(f.name.to_string(), digest);
+            }
         }
         let state = CheckpointState {
             version: FORMAT_VERSION,

@@ -37,6 +37,10 @@ mod tests_validate;
 
 use sha2::{Digest, Sha256};
 
+/// The resolved config a run writes into its out_dir and every checkpoint,
+/// so that what reads them later (`ddptrain sample`) needs no other file.
+pub const CONFIG_FILE: &str = "config.toml";
+
 pub use diff::{describe_diff, diff_keys};
 pub use layers::LayerConfig;
 pub use load::{load, load_with_env};

@@ -297,8 +297,11 @@ pub(crate) fn start(cfg: &Config, opts: &RunOptions) -> Result<Started> {
     // A text run's vocabulary goes with its weights, so evaluation and
     // generation decode as training encoded.
     if let Some(text) = &train_ds.text {
-        ckpt = ckpt.with_file(data::text::VOCAB_FILE, text.vocab.to_json()?);
+        ckpt = ckpt.with_file(data::text::VOCAB_FILE, text.vocab.to_json()?, true);
     }
+    let resolved =
+        format!("# The resolved config of the run that wrote this folder.\n{}", cfg.to_toml_string());
+    ckpt = ckpt.with_file(config::CONFIG_FILE, resolved.into_bytes(), false);
     // apex's amp.initialize: cast the model, set up masters and the loss scaler.
     let policy = amp::Policy::resolve(&cfg.amp)?;
     let mut amp = amp::Amp::new(policy, amp::LossScaler::from_config(&cfg.amp)?, &mut model);

@@ -262,8 +262,8 @@ pub(crate) fn run(cfg: &Config, opts: &RunOptions, setup: Setup, engine: &mut dy
     let state_dict = host.amp.state_dict(host.model)?;
     if primary {
         crate::checkpoint::save_safetensors(&weights, &state_dict)?;
-        for (name, bytes) in ckpt.extra_files() {
-            crate::checkpoint::write_atomic(&out_dir.join(name), bytes)?;
+        for f in ckpt.extra_files() {
+            crate::checkpoint::write_atomic(&out_dir.join(f.name), &f.contents)?;
         }
     }
     let summary = Summary {
