@@ -15,11 +15,15 @@
 #   TORCH_ALLOC=glibc scripts/bench.sh   # PyTorch on glibc malloc as it comes
 #   DEVICE=cuda BIN=gpu-bundle/ddptrain scripts/bench.sh   # on a GPU machine (gpu-check.sh runs this)
 #   MODEL=resnet20 THREADS=2 scripts/bench.sh   # ResNet-20 (configs/resnet20_fashion_o2.toml)
+#   MODEL=gpt THREADS=2 scripts/bench.sh        # the baby GPT (configs/gpt_sotu_o2.toml), tokens/s
 #   BASE_BIN=/path/to/old/ddptrain scripts/bench.sh   # an older build too, in the same rounds
 # MODEL=resnet20 measures the ResNet-20 config instead of the seed ConvNet:
 # ddptrain at O0 and O2 (amp.opt_level set on the one config), PyTorch with
 # Nesterov momentum as the config trains, batch 128 and 30 steps by default
-# (a step is ~50x the seed's), no world-2 run.
+# (a step is ~50x the seed's), no world-2 run. MODEL=gpt measures the baby
+# GPT's training tokens/s on the SOTU corpus (BENCH_TEXT, default data/sotu)
+# at O0 and O2, batch 12 and 100 steps by default, against PyTorch's nanoGPT
+# (eager and torch.compile) with AdamW on random windows of the same shape.
 # PyTorch runs under its fastest allocator (torch_alloc in bench_common.sh:
 # tcmalloc when installed, else glibc malloc tuned by its environment).
 # On the GPU: ddptrain O0 and O2 against PyTorch eager fp32 and PyTorch
@@ -45,7 +49,12 @@ case $MODEL in
     # importable (PYTHONPATH).
     export TORCH_ALLOC=${TORCH_ALLOC:-glibc}
     ;;
-  *) echo "bench.sh: MODEL=$MODEL: use seed or resnet20" >&2; exit 2 ;;
+  gpt)
+    STEPS=${STEPS:-100} BATCH=${BATCH:-12} levels=(o0 o2) title="baby GPT"
+    export BENCH_CONFIG=configs/gpt_sotu_o2.toml BENCH_TEXT=${BENCH_TEXT:-data/sotu}
+    export TORCH_ALLOC=${TORCH_ALLOC:-glibc}
+    ;;
+  *) echo "bench.sh: MODEL=$MODEL: use seed, resnet20 or gpt" >&2; exit 2 ;;
 esac
 
 # shellcheck source=scripts/bench_common.sh
@@ -86,6 +95,7 @@ peak=${peak_line%% *}
 have_torch=0
 if [ -z "$(torch_why)" ]; then have_torch=1; fi
 torch_cfgs=("nchw" "channels_last" "compile")
+if [ "$MODEL" = gpt ]; then torch_cfgs=("eager" "compile"); fi
 torch_run() { torch_ips "$1" "$THREADS" "$BATCH" "$STEPS"; }
 rows="$out/rows.txt"
 : >"$rows"
@@ -113,13 +123,14 @@ if [ "$have_torch" = 1 ]; then echo "PyTorch's allocator (TORCH_ALLOC=${TORCH_AL
 python3 - "$rows" "$peak" "$BATCH" "$MODEL" <<'PY'
 import collections, statistics, sys
 rows, peak, batch, model = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+unit = "tokens/s" if model == "gpt" else "images/s"
 runs = collections.defaultdict(dict)  # trainer -> round -> images/s
 for line in open(rows):
     r, name, v = (line.split() + [""])[:3]
     if v:
         runs[name][int(r)] = float(v)
 med = {k: statistics.median(v.values()) for k, v in runs.items()}
-print(f"{'trainer':<24} {'median images/s':>15}   per round")
+print(f"{'trainer':<24} {'median ' + unit:>15}   per round")
 for k, v in runs.items():
     print(f"{k:<24} {med[k]:>15.0f}   {' '.join(f'{x:.0f}' for x in v.values())}")
 
@@ -136,7 +147,7 @@ for lvl in ("o1", "o2"):
 torch = [k for k in med if k.startswith("pytorch_")]
 if torch:
     fast = max(torch, key=med.get)
-    print(f"fastest PyTorch configuration: {fast} ({med[fast]:.0f} images/s)")
+    print(f"fastest PyTorch configuration: {fast} ({med[fast]:.0f} {unit})")
     for name in ("ddptrain_o0", "ddptrain_o2", "base_o0", "base_o2"):
         if name in runs:
             m, rs = ratio(name, fast)
@@ -148,6 +159,16 @@ for lvl in ("o0", "o1", "o2"):
     if f"base_{lvl}" in runs:
         m, rs = ratio(f"ddptrain_{lvl}", f"base_{lvl}")
         print(f"ddptrain {lvl.upper()} / BASE_BIN {lvl.upper()}: {m:.2f}x (median of {len(rs)} rounds)")
+if model == "gpt":
+    # nanoGPT's estimate_mfu: 6 FLOP per parameter per token (the
+    # position table left out) plus attention's 12 x layers x width x block.
+    layers, width, block, vocab = 4, 128, 64, 98
+    params = layers * 12 * width * width + vocab * width
+    flop = 6 * params + 12 * layers * width * block
+    share = med["ddptrain_o0"] * flop / (peak * 1e9)
+    print(f"ddptrain O0: {flop / 1e6:.2f} MFLOP/token x {med['ddptrain_o0']:.0f} tokens/s = "
+          f"{share * 100:.1f}% of the FMA peak")
+    sys.exit(0)
 if model == "resnet20":
     # FLOP per training image of ResNet-20 on 1x28x28 as direct convolution:
     # (in, out, kernel, output side, count) of its convs; weight gradients

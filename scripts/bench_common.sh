@@ -24,7 +24,7 @@ json_field() {
 # (BATCH/WORLD per rank; STEPS x BATCH training images, one test batch), rayon
 # THREADS per rank (empty: launch's even split of the cores), run dir DIR, ARGs
 # appended. Prints images/s from DIR/summary.json (training steps only, all
-# ranks). WORLD > 1 goes through `ddptrain launch --nproc-per-node WORLD` on
+# ranks); with BENCH_TEXT set, a text config's tokens/s on the corpus there. WORLD > 1 goes through `ddptrain launch --nproc-per-node WORLD` on
 # MASTER_PORT (default 29517) with 16 KB / 64 KB buckets: the seed ConvNet's
 # 116 KB of gradients fit in DDP's default 1 MB first bucket, whose all-reduce
 # can only start when backward ends; small buckets let the fc and conv2 buckets
@@ -34,10 +34,16 @@ ddptrain_ips() {
   shift 6
   local config=(--config "configs/mnist_$level.toml")
   if [ -n "${BENCH_CONFIG:-}" ]; then config=(--config "$BENCH_CONFIG" --set "amp.opt_level=${level^^}"); fi
-  local env=() args=("${config[@]}" --set data.dataset=synthetic
-    --set data.synthetic_train_size=$((steps * batch)) --set data.synthetic_test_size="$batch"
+  local data=(--set data.dataset=synthetic --set data.synthetic_train_size=$((steps * batch))
+    --set data.synthetic_test_size="$batch" --set expect.min_test_accuracy=0.0) field=images_per_s
+  # A language model reads its corpus (BENCH_TEXT) and scores one validation batch.
+  if [ -n "${BENCH_TEXT:-}" ]; then
+    data=(--set data.path="$BENCH_TEXT" --set train.eval_iters=1 --set expect.max_val_loss=100.0)
+    field=tokens_per_s
+  fi
+  local env=() args=("${config[@]}" "${data[@]}"
     --set data.batch_size=$((batch / world)) --set train.max_steps="$steps" --set run.out_dir="$dir"
-    --set logging.progress=never --set expect.min_test_accuracy=0.0 "$@")
+    --set logging.progress=never "$@")
   if [ -n "$threads" ]; then env=(RAYON_NUM_THREADS="$threads"); fi
   if [ "$world" = 1 ]; then
     env "${env[@]}" "$BIN" "${args[@]}" >/dev/null
@@ -45,7 +51,7 @@ ddptrain_ips() {
     env "${env[@]}" "$BIN" launch --nproc-per-node "$world" --master-port "${MASTER_PORT:-29517}" -- \
       "${args[@]}" --set parallel.first_bucket_mb=0.015625 --set parallel.bucket_cap_mb=0.0625 >/dev/null
   fi
-  json_field "$dir/summary.json" images_per_s
+  json_field "$dir/summary.json" "$field"
 }
 
 # torch_why: empty when $PYTHON can import torch, else why not (one line).
@@ -93,7 +99,7 @@ torch_alloc() {
 
 # torch_ips CFG THREADS BATCH STEPS [ARG...]: PyTorch's images/s on the CPU
 # (scripts/bench_torch.py) in configuration CFG (nchw, channels_last or
-# compile), THREADS threads, batch BATCH, STEPS timed steps, ARGs appended,
+# compile; eager is nchw by the name a language model's is known by), THREADS threads, batch BATCH, STEPS timed steps, ARGs appended,
 # under torch_alloc's allocator; the model is the one $BIN describes for
 # BENCH_CONFIG, else configs/mnist_o0.toml (scripts/torch_model.py), with
 # Nesterov momentum when TORCH_NESTEROV=1 (as the ResNet configs train),
@@ -105,7 +111,7 @@ torch_ips() {
   shift 4
   local extra=()
   case $cfg in
-    nchw) ;;
+    nchw | eager) ;;
     channels_last) extra=(--layout channels_last) ;;
     compile) extra=(--compile) ;;
     *,*) extra=(--layouts "$cfg") ;;

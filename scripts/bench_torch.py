@@ -16,7 +16,12 @@ steps). --bucket-cap-mb sets DDP's bucket_cap_mb (PyTorch's default when
 left out).
 --layouts nchw,channels_last measures the layouts one after the other in this
 one process (each from a fresh model, optimizer and data, with its own warmup)
-and prints one "LAYOUT images/s" line per layout, in the order given."""
+and prints one "LAYOUT images/s" line per layout, in the order given.
+A language model (a text config, input [block_size]; nanoGPT's GPT as
+torch_model.py builds it) trains on random token windows with AdamW (lr
+1e-3, betas (0.9, 0.99), weight decay 0.1 on the 2-D and larger parameters,
+as nanoGPT's groups), cross-entropy over [B*T, V], and the figure printed is
+training tokens/s."""
 import argparse
 import os
 import socket
@@ -61,30 +66,44 @@ def parse_args():
 
 
 def train(a, layout, rank=0, world=1):
-    """a.warmup steps, then a.steps timed steps in LAYOUT; returns the global images/s (on rank 0)."""
+    """a.warmup steps, then a.steps timed steps in LAYOUT; returns the global images/s (tokens/s for a language model; on rank 0)."""
     torch.set_num_threads(a.threads)
     torch.manual_seed(rank)
     batch = a.batch // world
 
     dev = torch.device(a.device)
     fmt = torch.channels_last if layout == "channels_last" else torch.contiguous_format
+    text = len(a.desc["input_shape"]) == 1
+    if text:
+        fmt = torch.contiguous_format
     model = build(a.desc).to(dev, memory_format=fmt)
     if world > 1:
         model = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=a.bucket_cap_mb)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4, nesterov=a.nesterov)
+    if text:
+        ps = list(model.parameters())
+        groups = [{"params": [p for p in ps if p.dim() >= 2], "weight_decay": 0.1},
+                  {"params": [p for p in ps if p.dim() < 2], "weight_decay": 0.0}]
+        opt = torch.optim.AdamW(groups, lr=1e-3, betas=(0.9, 0.99))
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4, nesterov=a.nesterov)
     net = torch.compile(model) if a.compile else model
     loss_fn = nn.CrossEntropyLoss()
     scaler = torch.amp.GradScaler(a.device, enabled=a.amp)
     n = 50 * batch
-    images = torch.randn(n, *a.desc["input_shape"], device=dev).contiguous(memory_format=fmt)
-    classes = a.desc["nodes"][a.desc["output"] - 1]["out_shape"][0]
-    labels = torch.randint(0, classes, (n,), device=dev)
+    classes = a.desc["nodes"][a.desc["output"] - 1]["out_shape"][-1]
+    if text:
+        windows = torch.randint(0, classes, (n, a.desc["input_shape"][0] + 1), device=dev)
+        images, labels = windows[:, :-1], windows[:, 1:]
+    else:
+        images = torch.randn(n, *a.desc["input_shape"], device=dev).contiguous(memory_format=fmt)
+        labels = torch.randint(0, classes, (n,), device=dev)
 
     def step(i):
         j = (i * batch) % n
         x, y = images[j : j + batch], labels[j : j + batch]
         with torch.autocast(a.device, dtype=torch.float16, enabled=a.amp):
-            loss = loss_fn(net(x), y)
+            logits = net(x)
+            loss = loss_fn(logits.reshape(-1, classes), y.reshape(-1))
         opt.zero_grad()
         scaler.scale(loss).backward()
         scaler.step(opt)
@@ -103,7 +122,8 @@ def train(a, layout, rank=0, world=1):
     for i in range(a.steps):
         step(i)
     sync()
-    return a.steps * batch * world / (time.perf_counter() - t)
+    per_sample = a.desc["input_shape"][0] if text else 1
+    return a.steps * batch * world * per_sample / (time.perf_counter() - t)
 
 
 def rank_main(rank, a, port, results):
