@@ -393,6 +393,10 @@ fn long_run(dir: &Path, world: usize, timeout_s: u64) -> (Ranks, Vec<Lines>, Vec
         for s in [
             format!("run.out_dir={}", dir.join("long").display()),
             format!("data.batch_size={}", 120 / world),
+            // Epochs of 300 steps: an epoch's end evaluates and logs over the
+            // TCP communicator, whose own lost-peer error would race the NCCL
+            // watchdog's if the rank died there (3-step epochs once did).
+            "data.synthetic_train_size=36000".to_string(),
             format!("parallel.timeout_s={timeout_s}"),
             "train.max_steps=100000".to_string(),
             // No logging steps: between steps only NCCL talks, not the TCP communicator.

@@ -41,6 +41,12 @@ impl Mask {
         Mask { draws, threshold, scale }
     }
 
+    /// Whether every element is kept unscaled (p = 0): applying the mask is
+    /// then the identity, bit for bit, and needs no draws.
+    pub fn keeps_all(&self) -> bool {
+        self.threshold == 0 && self.scale == 1.0
+    }
+
     /// Whether element `e` is kept, given its group's words.
     #[inline(always)]
     pub fn kept(&self, words: &[u32; 4], e: u64) -> bool {
@@ -56,6 +62,9 @@ impl Mask {
 /// `t = t * mask * scale` in place: f32 as is, f16 widened, computed in
 /// f32 and rounded once.
 pub fn apply_(t: &mut Tensor, m: &Mask) -> Result<()> {
+    if m.keeps_all() {
+        return Ok(());
+    }
     match t.dtype() {
         DType::F32 => {
             cpu::apply_par(m, t.as_f32_mut()?);
