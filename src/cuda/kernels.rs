@@ -20,6 +20,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("add.cu", include_str!("../../kernels/add.cu")),
     ("dropout.cu", include_str!("../../kernels/dropout.cu")),
     ("layer_norm.cu", include_str!("../../kernels/layer_norm.cu")),
+    ("gelu.cu", include_str!("../../kernels/gelu.cu")),
 ];
 
 /// (include name, source) of the headers the kernel files `#include "..."`.
