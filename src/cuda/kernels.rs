@@ -21,6 +21,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("dropout.cu", include_str!("../../kernels/dropout.cu")),
     ("layer_norm.cu", include_str!("../../kernels/layer_norm.cu")),
     ("gelu.cu", include_str!("../../kernels/gelu.cu")),
+    ("embedding.cu", include_str!("../../kernels/embedding.cu")),
 ];
 
 /// (include name, source) of the headers the kernel files `#include "..."`.
