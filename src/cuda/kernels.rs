@@ -22,6 +22,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("layer_norm.cu", include_str!("../../kernels/layer_norm.cu")),
     ("gelu.cu", include_str!("../../kernels/gelu.cu")),
     ("embedding.cu", include_str!("../../kernels/embedding.cu")),
+    ("attention.cu", include_str!("../../kernels/attention.cu")),
 ];
 
 /// (include name, source) of the headers the kernel files `#include "..."`.
