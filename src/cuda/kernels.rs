@@ -19,6 +19,10 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("avg_pool2d.cu", include_str!("../../kernels/avg_pool2d.cu")),
     ("add.cu", include_str!("../../kernels/add.cu")),
     ("dropout.cu", include_str!("../../kernels/dropout.cu")),
+    ("layer_norm.cu", include_str!("../../kernels/layer_norm.cu")),
+    ("gelu.cu", include_str!("../../kernels/gelu.cu")),
+    ("embedding.cu", include_str!("../../kernels/embedding.cu")),
+    ("attention.cu", include_str!("../../kernels/attention.cu")),
 ];
 
 /// (include name, source) of the headers the kernel files `#include "..."`.

@@ -50,3 +50,12 @@ pub fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f32) {
         );
     }
 }
+
+/// Every element identical to the CPU's, bit for bit (the contract of the
+/// kernels that add in the CPU twin's order).
+pub fn assert_identical(what: &str, got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(g.to_bits() == w.to_bits(), "{what}[{i}]: got {g:e}, CPU gives {w:e}");
+    }
+}

@@ -10,6 +10,7 @@
 //! f16 inputs are widened, computed in f32, the output rounded once.
 
 pub mod cpu;
+pub mod cuda;
 #[cfg(test)]
 mod tests;
 

@@ -7,6 +7,7 @@
 //! the output rounded once.
 
 pub mod cpu;
+pub mod cuda;
 #[cfg(test)]
 mod tests;
 

@@ -5,6 +5,7 @@
 //! f16 tensors are widened, computed in f32 and rounded once on store.
 
 pub mod cpu;
+pub mod cuda;
 #[cfg(test)]
 mod tests;
 

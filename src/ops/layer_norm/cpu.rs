@@ -6,8 +6,9 @@
 use crate::ops::Elem;
 use rayon::prelude::*;
 
-/// Rows per parallel task.
-const ROWS: usize = 64;
+/// Rows per parallel task, and per partial sum of the weight and bias
+/// gradients (kernels/layer_norm.cu takes the same chunks, so the sums agree).
+pub const ROWS: usize = 64;
 
 #[allow(clippy::too_many_arguments)]
 pub fn forward<T: Elem>(

@@ -5,6 +5,7 @@
 //! f32; f16 inputs are widened and the output rounded once).
 
 pub mod cpu;
+pub mod cuda;
 #[cfg(test)]
 mod tests;
 
