@@ -10,15 +10,9 @@ use std::path::{Path, PathBuf};
 
 const LINE: &str = "the cat sat on the mat.\n";
 
-/// A 1-layer character GPT (block 16) trained on LINE repeated, at O2 with
-/// a checkpoint every 50 steps; returns (dir, config, out_dir).
-fn trained() -> (tempfile::TempDir, PathBuf, PathBuf) {
-    let dir = tempfile::tempdir().unwrap();
-    let data = write(dir.path(), "input.txt", &LINE.repeat(200));
-    let vocab = LINE.chars().collect::<std::collections::BTreeSet<_>>().len();
-    let cfg = write(dir.path(), "gpt.toml", &gpt_config("chars", vocab, (1, 2, 32, 16), "0.0"));
-    let out = dir.path().join("out");
-    let sets = [
+/// The training run's settings over the config, as `--set` values.
+fn recipe(data: &Path, out: &Path) -> Vec<String> {
+    vec![
         format!("data.path={}", data.display()),
         format!("run.out_dir={}", out.display()),
         "run.seed=3".into(),
@@ -28,9 +22,19 @@ fn trained() -> (tempfile::TempDir, PathBuf, PathBuf) {
         "train.eval_every=150".into(),
         "train.eval_iters=1".into(),
         "checkpoint.every_steps=50".into(),
-    ];
+    ]
+}
+
+/// A 1-layer character GPT (block 16) trained on LINE repeated, at O2 with
+/// a checkpoint every 50 steps; returns (dir, config, out_dir).
+fn trained() -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let data = write(dir.path(), "input.txt", &LINE.repeat(200));
+    let vocab = LINE.chars().collect::<std::collections::BTreeSet<_>>().len();
+    let cfg = write(dir.path(), "gpt.toml", &gpt_config("chars", vocab, (1, 2, 32, 16), "0.0"));
+    let out = dir.path().join("out");
     let mut args = vec!["--config".to_owned(), cfg.display().to_string()];
-    for s in sets {
+    for s in recipe(&data, &out) {
         args.extend(["--set".to_owned(), s]);
     }
     let (code, t) = run_args(&args, dir.path());
@@ -94,18 +98,7 @@ fn sample_continues_the_text_a_model_was_trained_on() {
 
     // The config the run wrote is the one it ran: it loads, to the same settings.
     let written = ddptrain::config::load(&out.join("config.toml"), &[]).unwrap();
-    let sets = [
-        format!("data.path={}", d.join("input.txt").display()),
-        format!("run.out_dir={}", out.display()),
-        "run.seed=3".into(),
-        "amp.opt_level=\"O2\"".into(),
-        "optimizer.lr=1e-2".into(),
-        "train.max_steps=150".into(),
-        "train.eval_every=150".into(),
-        "train.eval_iters=1".into(),
-        "checkpoint.every_steps=50".into(),
-    ];
-    let original = ddptrain::config::load(&cfg, &sets).unwrap();
+    let original = ddptrain::config::load(&cfg, &recipe(&d.join("input.txt"), &out)).unwrap();
     assert_eq!(written.fingerprint_json(), original.fingerprint_json());
     assert!(out.join("ckpt/step_00000050/config.toml").is_file());
 }
