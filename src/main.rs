@@ -133,7 +133,8 @@ struct ConfigArgs {
 enum Command {
     /// Train (the default when no subcommand is given).
     Train(TrainArgs),
-    /// Score a checkpoint or a model file on the test split: print accuracy and loss.
+    /// Score a checkpoint or a model file on the test split: print accuracy and loss (a text
+    /// run's: validation loss and perplexity).
     Eval(EvalArgs),
     /// Generate text from a text run's checkpoint, as nanoGPT's sample.py (prompt, temperature, top-k).
     Sample(SampleArgs),
@@ -204,11 +205,22 @@ fn eval(args: &EvalArgs) -> anyhow::Result<u8> {
         EvalSource::ModelFile => (None, None),
     };
     let ev = train::evaluate(&model, &test_ds, cfg.data.eval_batch_size, cfg.data.prefetch)?;
+    // A language model is scored as its run's evaluations are: validation
+    // loss per token and perplexity over the fixed validation windows.
+    let text = cfg.data.dataset == config::DatasetKind::Text;
     if args.json {
         let kind = if step.is_some() { "checkpoint" } else { "model file" };
-        let rec = serde_json::json!({"checkpoint": args.checkpoint, "kind": kind, "step": step,
-            "epoch": epoch, "opt_level": level, "test_accuracy": ev.accuracy, "test_loss": ev.loss,
-            "correct": ev.correct, "total": ev.total});
+        let mut rec = serde_json::json!({"checkpoint": args.checkpoint, "kind": kind, "step": step,
+            "epoch": epoch, "opt_level": level});
+        let scores = if text {
+            serde_json::json!({"val_loss": ev.loss, "perplexity": ev.loss.exp(), "tokens": ev.total})
+        } else {
+            serde_json::json!({"test_accuracy": ev.accuracy, "test_loss": ev.loss, "correct": ev.correct,
+                "total": ev.total})
+        };
+        if let (Some(r), serde_json::Value::Object(sc)) = (rec.as_object_mut(), scores) {
+            r.extend(sc);
+        }
         println!("{rec}");
         return Ok(0);
     }
@@ -218,10 +230,19 @@ fn eval(args: &EvalArgs) -> anyhow::Result<u8> {
         }
         _ => format!("model file {}", args.checkpoint.display()),
     };
-    println!(
-        "{what} at {level}: test accuracy {:.4} ({}/{}), test loss {:.4}",
-        ev.accuracy, ev.correct, ev.total, ev.loss
-    );
+    if text {
+        println!(
+            "{what} at {level}: val loss {:.4} (perplexity {:.2}) over {} tokens",
+            ev.loss,
+            ev.loss.exp(),
+            ev.total
+        );
+    } else {
+        println!(
+            "{what} at {level}: test accuracy {:.4} ({}/{}), test loss {:.4}",
+            ev.accuracy, ev.correct, ev.total, ev.loss
+        );
+    }
     Ok(0)
 }
 

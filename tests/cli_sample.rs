@@ -101,6 +101,27 @@ fn sample_continues_the_text_a_model_was_trained_on() {
     let original = ddptrain::config::load(&cfg, &recipe(&d.join("input.txt"), &out)).unwrap();
     assert_eq!(written.fingerprint_json(), original.fingerprint_json());
     assert!(out.join("ckpt/step_00000050/config.toml").is_file());
+
+    // `ddptrain eval` scores a text checkpoint as the run's evaluation did.
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("summary.json")).unwrap()).unwrap();
+    let sets: Vec<String> =
+        recipe(&d.join("input.txt"), &out).into_iter().flat_map(|s| ["--set".into(), s]).collect();
+    let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
+    let c = cfg.display().to_string();
+    let o = ddptrain(&[&["eval", "--config", &c, "--checkpoint", &last, "--json"], &sets[..]].concat(), d);
+    let rec: serde_json::Value =
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", common::text(&o)));
+    assert_eq!(rec["val_loss"].as_f64(), summary["val_loss"].as_f64(), "{rec}");
+    assert_eq!(rec["tokens"], 4 * 16, "eval_iters = 1 batch of 4 windows of 16 tokens: {rec}");
+    assert!(rec.get("test_accuracy").is_none(), "{rec}");
+    let o = ddptrain(&[&["eval", "--config", &c, "--checkpoint", &last], &sets[..]].concat(), d);
+    let line = format!(
+        "at O2: val loss {:.4} (perplexity {:.2}) over 64 tokens",
+        summary["val_loss"].as_f64().unwrap(),
+        summary["val_loss"].as_f64().unwrap().exp()
+    );
+    assert!(common::text(&o).contains(&line), "{}", common::text(&o));
 }
 
 #[test]
