@@ -2,70 +2,109 @@
 // src/ops/gelu/cpu.rs). Elementwise: each output element is written (`=`)
 // by one thread; dx is written, never accumulated.
 //
-// Numerics: as the CPU, the function and its slope are evaluated in f64 and
-// rounded once to f32 (then to T on store); backward is dx = dy * slope with
-// the slope rounded to f32 first, one f32 multiply. Every f64 operation the
-// CPU rounds on its own is an _rn intrinsic (NVRTC contracts a*b+c into an
-// FMA otherwise). erf, exp and tanh are the device's f64 functions (CUDA's:
-// within 2 ulp of f64; the emulated device: the host's libm) against Rust's
-// (libm's erf, the host's exp and tanh), so the rounded f32 results agree
-// except where an f64 result lies within a few f64 ulp of an f32 rounding
-// boundary: the parity test holds f32 to 1 f32 ulp, f16 to its rounding.
+// Numerics: the CPU's f32 formulas, operation for operation: Φ(x) as a
+// mirrored erfc(|x|/√2)/2 with erfc's Chebyshev fit, the tanh form as
+// x σ(2u), every exp the CPU's own (range reduction and a degree-7
+// polynomial), and e^(-x²/2) split as e^-h e^-d with h exact. Each
+// operation is an _rn intrinsic (NVRTC would contract a*b+c into an FMA,
+// which the CPU never does), with no library function in between, so the
+// results are the CPU's bits.
 #include "common.cuh"
 
 namespace {
 
-// The CPU's constants, to f64's precision: √(2/π), the cubic coefficient,
-// 1/√2 and 2/√π.
-constexpr double kK = 0.7978845608028654;
-constexpr double kC = 0.044715;
-constexpr double kFrac1Sqrt2 = 0.70710678118654752440;
-constexpr double kFrac2SqrtPi = 1.12837916709551257390;
+constexpr float kK = 0.7978846f;
+constexpr float kC = 0.044715f;
+constexpr float kFrac1Sqrt2 = 0.70710678118654752440f;
+constexpr float kFrac1Sqrt2Pi = 0.3989423f;
+constexpr float kLog2E = 1.44269504088896340736f;
+constexpr float kLn2Hi = 0.69314575f;
+constexpr float kLn2Lo = 1.4286068e-6f;
+// erfc's coefficients, constant term first.
+__device__ const float kErfc[10] = {-1.2655122f,  1.0000237f, 0.37409196f, 0.09678418f, -0.18628806f,
+                                    0.27886807f, -1.13520398f, 1.48851587f, -0.82215223f, 0.17087277f};
+// The exp polynomial's coefficients after 1/5040, highest degree first.
+__device__ const float kExp[7] = {1.0f / 720.0f, 1.0f / 120.0f, 1.0f / 24.0f, 1.0f / 6.0f, 0.5f, 1.0f, 1.0f};
 
-__device__ __forceinline__ double gelu_value(double x, bool tanh_form) {
+__device__ __forceinline__ float ddp_exp(float x) {
+  // Clamped as Rust's f32::clamp: a NaN stays NaN.
+  const float xc = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+  const float k = floorf(__fadd_rn(__fmul_rn(xc, kLog2E), 0.5f));
+  const float r = __fsub_rn(__fsub_rn(xc, __fmul_rn(k, kLn2Hi)), __fmul_rn(k, kLn2Lo));
+  float p = 1.0f / 5040.0f;
+  for (int i = 0; i < 7; ++i) p = __fadd_rn(__fmul_rn(p, r), kExp[i]);
+  // NaN's k converts to some integer; p is NaN then, and so the product.
+  const float v = __fmul_rn(p, __int_as_float(((int)k + 127) << 23));
+  return x < -87.0f ? 0.0f : (x > 88.0f ? __int_as_float(0x7f800000) : v);
+}
+
+// x²/2 as h + d, h exact.
+__device__ __forceinline__ void half_square(float x, float* h, float* d) {
+  const float xh = __uint_as_float(__float_as_uint(x) & 0xFFFFF000u);
+  *h = __fmul_rn(0.5f, __fmul_rn(xh, xh));
+  const float dd = __fmul_rn(0.5f, __fmul_rn(__fsub_rn(x, xh), __fadd_rn(x, xh)));
+  // ±∞ (and NaN) leave ∞ - ∞ in d: h alone then says what exp(-h) is.
+  *d = dd != dd ? 0.0f : dd;
+}
+
+__device__ __forceinline__ float cdf(float x, float d, float exp_h) {
+  const float z = __fmul_rn(fabsf(x), kFrac1Sqrt2);
+  const float t = __fdiv_rn(1.0f, __fadd_rn(1.0f, __fmul_rn(0.5f, z)));
+  float p = kErfc[9];
+  for (int i = 8; i >= 0; --i) p = __fadd_rn(__fmul_rn(p, t), kErfc[i]);
+  const float half_erfc = __fmul_rn(0.5f, __fmul_rn(t, __fmul_rn(exp_h, ddp_exp(__fsub_rn(p, d)))));
+  return x <= 0.0f ? half_erfc : __fsub_rn(1.0f, half_erfc);
+}
+
+// σ(2u) and σ(-2u), u = K (x + C x³).
+__device__ __forceinline__ void tanh_sigmoid(float x, float* s, float* rest) {
+  const float cube = __fmul_rn(__fmul_rn(__fmul_rn(kC, x), x), x);
+  const float u = __fmul_rn(kK, __fadd_rn(x, cube));
+  const float e = ddp_exp(__fmul_rn(-2.0f, u));
+  *s = __fdiv_rn(1.0f, __fadd_rn(1.0f, e));
+  *rest = __fdiv_rn(1.0f, __fadd_rn(1.0f, __fdiv_rn(1.0f, e)));
+}
+
+__device__ __forceinline__ float gelu_value(float x, bool tanh_form) {
   if (tanh_form) {
-    // K * (x + C * x * x * x), left to right as the CPU.
-    const double cube = __dmul_rn(__dmul_rn(__dmul_rn(kC, x), x), x);
-    const double t = tanh(__dmul_rn(kK, __dadd_rn(x, cube)));
-    return __dmul_rn(__dmul_rn(0.5, x), __dadd_rn(1.0, t));
+    float s, rest;
+    tanh_sigmoid(x, &s, &rest);
+    return __fmul_rn(x, s);
   }
-  return __dmul_rn(__dmul_rn(0.5, x), __dadd_rn(1.0, erf(__dmul_rn(x, kFrac1Sqrt2))));
+  float h, d;
+  half_square(x, &h, &d);
+  return __fmul_rn(x, cdf(x, d, ddp_exp(-h)));
 }
 
 // d gelu / dx.
-__device__ __forceinline__ double gelu_slope(double x, bool tanh_form) {
+__device__ __forceinline__ float gelu_slope(float x, bool tanh_form) {
   if (tanh_form) {
-    const double cube = __dmul_rn(__dmul_rn(__dmul_rn(kC, x), x), x);
-    const double t = tanh(__dmul_rn(kK, __dadd_rn(x, cube)));
-    // 0.5 (1 + t) + 0.5 x (1 - t t) K (1 + 3 C x x)
-    const double left = __dmul_rn(0.5, __dadd_rn(1.0, t));
-    const double poly = __dadd_rn(1.0, __dmul_rn(__dmul_rn(__dmul_rn(3.0, kC), x), x));
-    const double right =
-        __dmul_rn(__dmul_rn(__dmul_rn(__dmul_rn(0.5, x), __dsub_rn(1.0, __dmul_rn(t, t))), kK), poly);
-    return __dadd_rn(left, right);
+    float s, rest;
+    tanh_sigmoid(x, &s, &rest);
+    // s + 2 x s rest K (1 + 3 C x x), left to right as the CPU.
+    const float a = __fmul_rn(__fmul_rn(__fmul_rn(__fmul_rn(2.0f, x), s), rest), kK);
+    const float poly = __fadd_rn(1.0f, __fmul_rn(__fmul_rn(3.0f * kC, x), x));
+    return __fadd_rn(s, __fmul_rn(a, poly));
   }
-  // Φ(x) + x φ(x)
-  const double cdf = __dmul_rn(0.5, __dadd_rn(1.0, erf(__dmul_rn(x, kFrac1Sqrt2))));
-  const double e = exp(__dmul_rn(__dmul_rn(-0.5, x), x));
-  const double pdf = __dmul_rn(__dmul_rn(__dmul_rn(e, 0.5), kFrac2SqrtPi), kFrac1Sqrt2);
-  return __dadd_rn(cdf, __dmul_rn(x, pdf));
+  float h, d;
+  half_square(x, &h, &d);
+  const float exp_h = ddp_exp(-h);
+  const float pdf = __fmul_rn(kFrac1Sqrt2Pi, __fmul_rn(exp_h, ddp_exp(-d)));
+  return __fadd_rn(cdf(x, d, exp_h), __fmul_rn(x, pdf));
 }
 
 }  // namespace
 
 template <typename T>
 __device__ void gelu_forward_impl(const T* x, T* y, long long n, int tanh_form) {
-  DDP_FOR_EACH(i, n) {
-    const double v = (double)ddp::to_f32(x[i]);
-    y[i] = ddp::from_f32<T>(__double2float_rn(gelu_value(v, tanh_form != 0)));
-  }
+  DDP_FOR_EACH(i, n) { y[i] = ddp::from_f32<T>(gelu_value(ddp::to_f32(x[i]), tanh_form != 0)); }
 }
 DDP_INSTANTIATE(gelu_forward, (const T* x, T* y, long long n, int tanh_form), (x, y, n, tanh_form))
 
 template <typename T>
 __device__ void gelu_backward_impl(const T* x, const T* dy, T* dx, long long n, int tanh_form) {
   DDP_FOR_EACH(i, n) {
-    const float slope = __double2float_rn(gelu_slope((double)ddp::to_f32(x[i]), tanh_form != 0));
+    const float slope = gelu_slope(ddp::to_f32(x[i]), tanh_form != 0);
     dx[i] = ddp::from_f32<T>(__fmul_rn(ddp::to_f32(dy[i]), slope));
   }
 }

@@ -8,7 +8,7 @@
 
 use super::{backward, forward};
 use crate::cuda::blas::Blas;
-use crate::cuda::testing::{assert_close, download, poisoned, rounded, upload};
+use crate::cuda::testing::{download, poisoned, rounded, upload};
 use crate::cuda::{DeviceFloat, Gpu};
 use crate::ops::attention::cpu::{self, Dims};
 use crate::ops::testing::rand_vec_f32;
@@ -18,12 +18,12 @@ use half::f16;
 fn compare<T: DeviceFloat>(what: &str, got: &[f32], want: &[f32]) -> f32 {
     let peak = want.iter().fold(0f32, |m, v| m.max(v.abs())).max(f32::MIN_POSITIVE);
     let worst = got.iter().zip(want).fold(0f32, |m, (g, w)| m.max((g - w).abs()));
-    if T::SUFFIX == "f16" {
-        assert!(got.iter().all(|v| !v.is_nan()), "{what}: NaN");
-        assert!(worst <= 1e-2 * peak, "{what}: worst error {worst:e} against a peak of {peak:e}");
-    } else {
-        assert_close(what, got, want, 1e-5);
-    }
+    // Against the peak, as the other GEMM parity tests (linear): cuBLAS and
+    // the CPU's GEMMs add in their own orders, and att v cancels to values
+    // far below its terms, so an element's own relative error means little.
+    let tol = if T::SUFFIX == "f16" { 1e-2 } else { 1e-5 };
+    assert!(got.iter().all(|v| !v.is_nan()), "{what}: NaN");
+    assert!(worst <= tol * peak, "{what}: worst error {worst:e} against a peak of {peak:e}");
     worst / peak
 }
 

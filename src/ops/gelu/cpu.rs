@@ -1,5 +1,19 @@
-//! GELU's CPU kernels, elementwise, generic over f32/f64 (f64 in the
-//! gradient tests). erf is libm's, evaluated in f64 and rounded once.
+//! GELU's CPU kernels, elementwise.
+//!
+//! Training runs [`forward`] and [`backward`] in f32 on formulas with no
+//! cancellation: the exact form through `Φ(x) = erfc(-x/√2) / 2` with erfc's
+//! Chebyshev fit (fractional error under 1.2e-7, Numerical Recipes' `erfcc`),
+//! the tanh form through `(1 + tanh u) / 2 = σ(2u)`, each exp from [`exp`]
+//! below. Every operation is one IEEE f32 operation rounded to nearest (no
+//! fused multiply-adds, no library calls), so kernels/gelu.cu, doing the same
+//! operations in the same order with `_rn` intrinsics, gives the same bits.
+//! Against f64 evaluated exactly they differ by a few f32 ulp
+//! (`f32_forms_track_the_exact_ones` in tests.rs measures it); libm's f64
+//! erf per element took a fifth of a baby GPT's training step.
+//!
+//! [`forward_exact`] and [`backward_exact`], f64 with libm's erfc and exp
+//! (not `1 + erf` or `1 + tanh`, which cancel to 0 far below 0 even in f64), are the
+//! reference the finite-difference and accuracy tests hold them to.
 
 use crate::ops::Elem;
 use rayon::prelude::*;
@@ -10,44 +24,170 @@ const PAR_CHUNK: usize = 1 << 14;
 const K: f64 = 0.797_884_560_802_865_4;
 const C: f64 = 0.044_715;
 
-#[inline]
-fn value(x: f64, tanh: bool) -> f64 {
-    if tanh {
-        0.5 * x * (1.0 + (K * (x + C * x * x * x)).tanh())
+/// The same constants in f32, and 1/√2, 1/√(2π), log2(e), ln 2 split so
+/// that `k * LN2_HI` is exact for every exponent `k` [`exp`] uses.
+const K32: f32 = 0.797_884_6;
+const C32: f32 = 0.044_715;
+const FRAC_1_SQRT_2: f32 = std::f32::consts::FRAC_1_SQRT_2;
+const FRAC_1_SQRT_2PI: f32 = 0.398_942_3;
+const LOG2_E: f32 = std::f32::consts::LOG2_E;
+const LN2_HI: f32 = 0.693_145_75;
+const LN2_LO: f32 = 1.428_606_8e-6;
+/// erfcc's coefficients, constant term first.
+const ERFC: [f32; 10] = [
+    -1.265_512_2,
+    1.000_023_7,
+    0.374_091_96,
+    0.096_784_18,
+    -0.186_288_06,
+    0.278_868_07,
+    -1.135_203_98,
+    1.488_515_87,
+    -0.822_152_23,
+    0.170_872_77,
+];
+
+/// e^x: `2^k e^r`, k = ⌊x log2 e + 1/2⌋, `r = x - k ln 2` in two exact
+/// steps, e^r by its Taylor polynomial of degree 7 (truncation under 6e-9
+/// on |r| ≤ ln 2 / 2); 0 below -87 and infinity above 88, where 2^k would
+/// leave the normal range.
+#[inline(always)]
+pub fn exp(x: f32) -> f32 {
+    let xc = x.clamp(-87.0, 88.0);
+    let k = (xc * LOG2_E + 0.5).floor();
+    let r = (xc - k * LN2_HI) - k * LN2_LO;
+    let mut p = 1.0 / 5040.0;
+    for c in [1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
+        p = p * r + c;
+    }
+    // k is in [-126, 127]: 2^k is a normal f32, built from its exponent bits.
+    let v = p * f32::from_bits(((k as i32 + 127) as u32) << 23);
+    if x < -87.0 {
+        0.0
+    } else if x > 88.0 {
+        f32::INFINITY
     } else {
-        0.5 * x * (1.0 + libm::erf(x * std::f64::consts::FRAC_1_SQRT_2))
+        v
     }
 }
 
-/// d gelu / dx.
-#[inline]
-fn slope(x: f64, tanh: bool) -> f64 {
-    if tanh {
-        let t = (K * (x + C * x * x * x)).tanh();
-        0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * K * (1.0 + 3.0 * C * x * x)
+/// x² / 2 as `h + d`, `h` exact in f32 (x with its low 12 significand bits
+/// cleared, squared) and `d` small: `exp(-h) * exp(-d)` is then e^(-x²/2) to
+/// about an ulp where `exp(-x * x / 2)` would carry the rounding of x²/2,
+/// 1e-6 relative by x = 5.
+#[inline(always)]
+fn half_square(x: f32) -> (f32, f32) {
+    let xh = f32::from_bits(x.to_bits() & 0xFFFF_F000);
+    let d = 0.5 * ((x - xh) * (x + xh));
+    // ±∞ (and NaN) leave ∞ - ∞ in d: h alone then says what exp(-h) is.
+    (0.5 * (xh * xh), if d.is_nan() { 0.0 } else { d })
+}
+
+/// `Φ(x)`, the standard normal CDF, as `erfc(|x|/√2) / 2` mirrored, given
+/// `half_square(x)` and `e^-h`.
+#[inline(always)]
+fn cdf(x: f32, d: f32, exp_h: f32) -> f32 {
+    let z = x.abs() * FRAC_1_SQRT_2;
+    let t = 1.0 / (1.0 + 0.5 * z);
+    let mut p = ERFC[9];
+    for &c in ERFC[..9].iter().rev() {
+        p = p * t + c;
+    }
+    // erfcc's exp(-z² + p), z² = x²/2 = h + d.
+    let half_erfc = 0.5 * (t * (exp_h * exp(p - d)));
+    if x <= 0.0 {
+        half_erfc
     } else {
-        // Φ(x) + x φ(x).
-        let cdf = 0.5 * (1.0 + libm::erf(x * std::f64::consts::FRAC_1_SQRT_2));
+        1.0 - half_erfc
+    }
+}
+
+/// σ(2u) = (1 + tanh u) / 2 of the tanh form, `u = K (x + C x³)`, and
+/// σ(-2u) = 1 - σ(2u) without the cancellation of that difference.
+#[inline(always)]
+fn tanh_sigmoid(x: f32) -> (f32, f32) {
+    let u = K32 * (x + C32 * x * x * x);
+    let e = exp(-2.0 * u);
+    // Both as 1 / (1 + ·), so that e = 0 or ∞ gives 0 and 1, not ∞ · 0.
+    (1.0 / (1.0 + e), 1.0 / (1.0 + 1.0 / e))
+}
+
+#[inline(always)]
+fn value(x: f32, tanh: bool) -> f32 {
+    if tanh {
+        x * tanh_sigmoid(x).0
+    } else {
+        let (h, d) = half_square(x);
+        x * cdf(x, d, exp(-h))
+    }
+}
+
+/// d gelu / dx: `Φ(x) + x φ(x)`, or for the tanh form `s + 2 x s (1 - s) K
+/// (1 + 3 C x²)` with `s = σ(2u)` (`(1 - tanh² u) / 2 = 2 s (1 - s)`) and
+/// `1 - s` as σ(-2u).
+#[inline(always)]
+fn slope(x: f32, tanh: bool) -> f32 {
+    if tanh {
+        let (s, rest) = tanh_sigmoid(x);
+        s + 2.0 * x * s * rest * K32 * (1.0 + 3.0 * C32 * x * x)
+    } else {
+        let (h, d) = half_square(x);
+        let exp_h = exp(-h);
+        cdf(x, d, exp_h) + x * (FRAC_1_SQRT_2PI * (exp_h * exp(-d)))
+    }
+}
+
+pub fn forward(x: &[f32], y: &mut [f32], tanh: bool) {
+    y.par_chunks_mut(PAR_CHUNK).zip(x.par_chunks(PAR_CHUNK)).for_each(|(y, x)| {
+        for (y, &x) in y.iter_mut().zip(x) {
+            *y = value(x, tanh);
+        }
+    });
+}
+
+pub fn backward(x: &[f32], dy: &[f32], dx: &mut [f32], tanh: bool) {
+    dx.par_chunks_mut(PAR_CHUNK).zip(x.par_chunks(PAR_CHUNK).zip(dy.par_chunks(PAR_CHUNK))).for_each(
+        |(dx, (x, dy))| {
+            for ((dx, &x), &dy) in dx.iter_mut().zip(x).zip(dy) {
+                *dx = dy * slope(x, tanh);
+            }
+        },
+    );
+}
+
+#[inline]
+fn value_exact(x: f64, tanh: bool) -> f64 {
+    if tanh {
+        // 0.5 x (1 + tanh u), as x σ(2u): no cancellation for x << 0.
+        x / (1.0 + (-2.0 * K * (x + C * x * x * x)).exp())
+    } else {
+        0.5 * x * libm::erfc(-x * std::f64::consts::FRAC_1_SQRT_2)
+    }
+}
+
+#[inline]
+fn slope_exact(x: f64, tanh: bool) -> f64 {
+    if tanh {
+        let s = 1.0 / (1.0 + (-2.0 * K * (x + C * x * x * x)).exp());
+        s + 2.0 * x * s * (1.0 - s) * K * (1.0 + 3.0 * C * x * x)
+    } else {
+        let cdf = 0.5 * libm::erfc(-x * std::f64::consts::FRAC_1_SQRT_2);
         let pdf =
             (-0.5 * x * x).exp() * 0.5 * std::f64::consts::FRAC_2_SQRT_PI * std::f64::consts::FRAC_1_SQRT_2;
         cdf + x * pdf
     }
 }
 
-pub fn forward<T: Elem>(x: &[T], y: &mut [T], tanh: bool) {
-    y.par_chunks_mut(PAR_CHUNK).zip(x.par_chunks(PAR_CHUNK)).for_each(|(y, x)| {
-        for (y, &x) in y.iter_mut().zip(x) {
-            *y = T::from_f64(value(x.to_f64(), tanh)).unwrap_or_else(T::nan);
-        }
-    });
+/// The reference forward, in T's precision from f64 (the tests' f64).
+pub fn forward_exact<T: Elem>(x: &[T], y: &mut [T], tanh: bool) {
+    for (y, &x) in y.iter_mut().zip(x) {
+        *y = T::from_f64(value_exact(x.to_f64(), tanh)).unwrap_or_else(T::nan);
+    }
 }
 
-pub fn backward<T: Elem>(x: &[T], dy: &[T], dx: &mut [T], tanh: bool) {
-    dx.par_chunks_mut(PAR_CHUNK).zip(x.par_chunks(PAR_CHUNK).zip(dy.par_chunks(PAR_CHUNK))).for_each(
-        |(dx, (x, dy))| {
-            for ((dx, &x), &dy) in dx.iter_mut().zip(x).zip(dy) {
-                *dx = dy * T::from_f64(slope(x.to_f64(), tanh)).unwrap_or_else(T::nan);
-            }
-        },
-    );
+/// The reference backward.
+pub fn backward_exact<T: Elem>(x: &[T], dy: &[T], dx: &mut [T], tanh: bool) {
+    for ((dx, &x), &dy) in dx.iter_mut().zip(x).zip(dy) {
+        *dx = dy * T::from_f64(slope_exact(x.to_f64(), tanh)).unwrap_or_else(T::nan);
+    }
 }

@@ -10,7 +10,7 @@ fn exact_and_tanh_forms_match_known_values() {
     let tanh = [-0.003_637_39, -0.158_808_01, 0.0, 0.345_714_01, 1.954_597_7];
     for (form, want) in [(false, exact), (true, tanh)] {
         let mut y = [0.0f64; 5];
-        cpu::forward(&x, &mut y, form);
+        cpu::forward_exact(&x, &mut y, form);
         for (g, w) in y.iter().zip(want) {
             assert!((g - w).abs() < 1e-6, "tanh={form}: {y:?} vs {want:?}");
         }
@@ -23,10 +23,10 @@ fn backward_matches_finite_differences() {
     let r = rand_vec(64, 2);
     for tanh in [false, true] {
         let mut dx = vec![0.0; 64];
-        cpu::backward(&x, &r, &mut dx, tanh);
+        cpu::backward_exact(&x, &r, &mut dx, tanh);
         let f = |x: &[f64]| {
             let mut y = vec![0.0; x.len()];
-            cpu::forward(x, &mut y, tanh);
+            cpu::forward_exact(x, &mut y, tanh);
             dot(&r, &y)
         };
         check_grad(&format!("gelu tanh={tanh}"), &x, &dx, f, 1e-6);
@@ -41,4 +41,71 @@ fn f16_is_computed_in_f32_and_rounded_once() {
     let y32 = super::forward(&x16.to_dtype(crate::tensor::DType::F32), false).unwrap();
     assert_eq!(y16.dtype(), crate::tensor::DType::F16);
     assert_eq!(y16.to_f32_vec(), y32.into_dtype(crate::tensor::DType::F16).to_f32_vec());
+}
+
+/// The f32 forms against the exact ones over [-12, 12] (every 2^-10) and
+/// past: each value within 8 f32 ulp of the exact result, or 1e-30 where
+/// it is that small; each slope within 8 ulp of it or of 1; the tanh
+/// form's tail below x = -3 within 1e-5 of it.
+#[test]
+fn f32_forms_track_the_exact_ones() {
+    let mut x: Vec<f32> = (-12 * 1024..=12 * 1024).map(|i| i as f32 / 1024.0).collect();
+    x.extend([-1e4, -100.0, -30.0, 30.0, 100.0, 1e4, 1e-30, -1e-30, f32::MIN_POSITIVE]);
+    let ones = vec![1.0f32; x.len()];
+    for tanh in [false, true] {
+        let (mut y, mut y64) = (vec![0.0f32; x.len()], vec![0.0f64; x.len()]);
+        let (mut d, mut d64) = (vec![0.0f32; x.len()], vec![0.0f64; x.len()]);
+        let x64: Vec<f64> = x.iter().map(|&v| f64::from(v)).collect();
+        cpu::forward(&x, &mut y, tanh);
+        cpu::forward_exact(&x64, &mut y64, tanh);
+        cpu::backward(&x, &ones, &mut d, tanh);
+        cpu::backward_exact(&x64, &vec![1.0; x.len()], &mut d64, tanh);
+        let mut worst = (0.0f64, 0.0f32);
+        for (what, got, want) in [("value", &y, &y64), ("slope", &d, &d64)] {
+            for ((&g, &w), &xi) in got.iter().zip(want.iter()).zip(&x) {
+                let ulp = f64::from(f32::EPSILON) * w.abs().max(f64::from(f32::MIN_POSITIVE));
+                let err = (f64::from(g) - w).abs();
+                // The slope is a sum of terms up to ~1.3 whose difference
+                // nears 0 around x = -0.75: 8 ulp of 1 there.
+                let floor = if what == "slope" { 8.0 * f64::from(f32::EPSILON) } else { 1e-30 };
+                // The tanh form's exp argument, 2u = 2K (x + C x³), carries
+                // its own rounding (an ulp of 59 at x = -8.6): 4e-6 relative
+                // in values under 1e-3 from x = -3 down.
+                let tail = tanh && xi < -3.0 && err <= 1e-5 * w.abs();
+                assert!(
+                    err <= 8.0 * ulp || err <= floor || tail,
+                    "tanh={tanh} {what} at {xi}: {g} against {w}"
+                );
+                if err > floor && !tail && err / ulp > worst.0 {
+                    worst = (err / ulp, xi);
+                }
+            }
+        }
+        println!("tanh={tanh}: worst {:.2} ulp at x = {}", worst.0, worst.1);
+    }
+}
+
+#[test]
+fn infinities_give_what_the_exact_forms_give() {
+    for tanh in [false, true] {
+        let x = [f32::INFINITY, f32::NEG_INFINITY, f32::NAN];
+        let mut y = [0.0f32; 3];
+        cpu::forward(&x, &mut y, tanh);
+        assert_eq!(y[0], f32::INFINITY, "tanh={tanh}");
+        assert!(y[1].is_nan() && y[2].is_nan(), "tanh={tanh}: -inf * 0 as PyTorch's: {y:?}");
+    }
+}
+
+#[test]
+fn exp_is_within_an_ulp_and_a_half_over_its_range() {
+    assert_eq!((cpu::exp(-87.5), cpu::exp(88.5)), (0.0, f32::INFINITY));
+    assert!(cpu::exp(f32::NAN).is_nan());
+    let mut worst = 0.0f64;
+    for i in -87 * 256..=88 * 256 {
+        let x = i as f32 / 256.0;
+        let (g, w) = (f64::from(cpu::exp(x)), f64::from(x).exp());
+        worst = worst.max((g - w).abs() / (w * f64::from(f32::EPSILON)));
+    }
+    println!("exp: worst {worst:.2} ulp");
+    assert!(worst <= 1.5, "{worst}");
 }
