@@ -71,8 +71,13 @@ fn corpus(dir: &Path) -> std::path::PathBuf {
     path
 }
 
-/// (worst relative weight difference and where, worst relative loss difference).
-fn compare(opt_level: &str) -> (f32, String, f64) {
+/// The device's run against the CPU's at `opt_level` (skipped without a
+/// GPU): weights within `weight_tol` of each tensor's scale, every step's
+/// loss and the validation loss within `loss_tol` relative.
+fn parity(test: &str, opt_level: &str, weight_tol: f32, loss_tol: f64) {
+    if crate::cuda::test_gpu(test).is_none() {
+        return;
+    }
     let tmp = tempfile::tempdir().unwrap();
     let text = corpus(tmp.path());
     let cpu = run(&text, "cpu", opt_level, tmp.path());
@@ -95,7 +100,9 @@ fn compare(opt_level: &str) -> (f32, String, f64) {
         "GPT {opt_level} 3 steps: max relative weight difference {d:.3e} (in {name}); losses cpu {:?} gpu {:?} (max relative {dl:.3e}); val loss cpu {cv} gpu {gv}",
         cpu.losses, gpu.losses
     );
-    (d, name, dl.max((gv - cv).abs() / cv))
+    let dl = dl.max((gv - cv).abs() / cv);
+    assert!(d < weight_tol, "{opt_level}: weights differ by {d:e} (relative) in {name}");
+    assert!(dl < loss_tol, "{opt_level}: losses differ by {dl:e} (relative)");
 }
 
 /// fp32 on both: the GEMMs' summation orders (linear and attention) are
@@ -104,12 +111,7 @@ fn compare(opt_level: &str) -> (f32, String, f64) {
 /// (h.1.mlp.c_fc.weight), losses 3.5e-8 relative.
 #[test]
 fn a_gpt_trains_three_o0_steps_on_the_gpu_like_the_cpu() {
-    if crate::cuda::test_gpu("a_gpt_trains_three_o0_steps_on_the_gpu_like_the_cpu").is_none() {
-        return;
-    }
-    let (d, name, dl) = compare("O0");
-    assert!(d < 1e-5, "O0: weights differ by {d:e} (relative) in {name}");
-    assert!(dl < 1e-5, "O0: losses differ by {dl:e} (relative)");
+    parity("a_gpt_trains_three_o0_steps_on_the_gpu_like_the_cpu", "O0", 1e-5, 1e-5);
 }
 
 /// O2: f16 weights (LayerNorm's too, run on f32 copies) and activations,
@@ -124,12 +126,7 @@ fn a_gpt_trains_three_o0_steps_on_the_gpu_like_the_cpu() {
 /// average out) one f16 ulp, 2^-11.
 #[test]
 fn a_gpt_trains_three_o2_steps_on_the_gpu_tracking_the_cpu() {
-    if crate::cuda::test_gpu("a_gpt_trains_three_o2_steps_on_the_gpu_tracking_the_cpu").is_none() {
-        return;
-    }
-    let (d, name, dl) = compare("O2");
-    assert!(d < 1.0 / 512.0, "O2: weights differ by {d:e} (relative) in {name}");
-    assert!(dl < 1.0 / 2048.0, "O2: losses differ by {dl:e} (relative)");
+    parity("a_gpt_trains_three_o2_steps_on_the_gpu_tracking_the_cpu", "O2", 1.0 / 512.0, 1.0 / 2048.0);
 }
 
 /// O1: f32 weights and activations, the linears (lm_head too, on wte's
@@ -139,10 +136,5 @@ fn a_gpt_trains_three_o2_steps_on_the_gpu_tracking_the_cpu() {
 /// rounding boundary moves an output by an f16 ulp: O2's bounds.
 #[test]
 fn a_gpt_trains_three_o1_steps_on_the_gpu_tracking_the_cpu() {
-    if crate::cuda::test_gpu("a_gpt_trains_three_o1_steps_on_the_gpu_tracking_the_cpu").is_none() {
-        return;
-    }
-    let (d, name, dl) = compare("O1");
-    assert!(d < 1.0 / 512.0, "O1: weights differ by {d:e} (relative) in {name}");
-    assert!(dl < 1.0 / 2048.0, "O1: losses differ by {dl:e} (relative)");
+    parity("a_gpt_trains_three_o1_steps_on_the_gpu_tracking_the_cpu", "O1", 1.0 / 512.0, 1.0 / 2048.0);
 }
