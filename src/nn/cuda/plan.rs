@@ -177,9 +177,7 @@ pub struct Plan {
     /// `[T, V]` (a label per position), else `[classes]` (positions 1).
     pub classes: usize,
     pub positions: usize,
-    /// LayerNorm: the most rows per sample (their saved statistics) and the
-    /// largest backward workspace for `max_batch` (f32s).
-    pub ln_rows: usize,
+    /// The largest LayerNorm backward workspace for `max_batch` (f32s).
     pub ln_workspace: usize,
     /// The largest attention matrix per sample (`H * T * T`).
     pub att: usize,
@@ -268,7 +266,6 @@ impl Plan {
             channels: 0,
             classes: 0,
             positions: 1,
-            ln_rows: 0,
             ln_workspace: 0,
             att: 0,
             tokens: false,

@@ -76,7 +76,6 @@ pub(super) fn plan_step(
                 return Err(bad(format!("layernorm over {c}")));
             }
             plan.channels = plan.channels.max(c);
-            plan.ln_rows = plan.ln_rows.max(rows);
             let batch = Rows { rows: plan.max_batch * rows, c };
             plan.ln_workspace = plan.ln_workspace.max(lnk::backward_workspace_len(batch));
             let param_dtype = model.param_value(node, 0)?.dtype();
