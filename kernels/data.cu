@@ -16,6 +16,22 @@ extern "C" __global__ void gather_batch(const float* images, const unsigned int*
   }
 }
 
+// A text batch (CPU twin: Windows::push in src/data/text.rs): row i is the
+// window of the token stream starting at starts[offset + i] (drawn on the
+// host), its first `t` tokens the input ids (as f32) and the next `t` its
+// targets. gather_batch's signature, with the stream as `labels`.
+extern "C" __global__ void gather_text(const float* unused, const unsigned int* tokens,
+                                       const unsigned int* starts, long long offset, long long n,
+                                       long long t, float* x, unsigned int* y) {
+  DDP_FOR_EACH(k, n * t) {
+    long long i = k / t;
+    long long j = k - i * t;
+    long long at = (long long)starts[offset + i] + j;
+    x[k] = (float)tokens[at];
+    y[k] = tokens[at + 1];
+  }
+}
+
 // gather_batch with torchvision's RandomCrop (constant padding) then
 // RandomHorizontalFlip (CPU twin: Augment::apply in src/data/augment.rs).
 // Row i's draws are draws[3 * (offset + i) ..]: the crop's top and left in the

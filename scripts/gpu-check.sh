@@ -8,7 +8,7 @@
 #      /usr/local/cuda*/lib64 (DDPTRAIN_CUDA_LIBS=dir:dir goes first); CUDA headers for NVRTC (DDPTRAIN_CUDA_INCLUDE)
 #   2. the GPU's name (nvidia-smi)
 #   3. every kernels/*.cu compiles with NVRTC (kernels-compile-test)
-#   4. the GPU unit tests: kernel parity vs the CPU twins (`tests_cuda`),
+#   4. the GPU unit tests: kernel parity vs the CPU twins (`tests_cuda`), the GPT against the CPU (`tests_gpt`),
 #      cuBLAS, NCCL at world size 1, device selection. A test that prints
 #      "skipped: no CUDA device" here is a FAILURE.
 #   5. configs/mnist_o2.toml with run.device=cuda reaches its accuracy gate
@@ -189,7 +189,7 @@ fi
 # --- 4. GPU unit tests --------------------------------------------------------
 if have lib-tests; then
     log="$work/unit.log"
-    DDPTRAIN_REPO="$(pwd)" timeout 900 "$bundle/lib-tests" tests_cuda cuda::blas cuda::nccl cuda::select tests_race tests_snapshot tests_fault \
+    DDPTRAIN_REPO="$(pwd)" timeout 900 "$bundle/lib-tests" tests_cuda tests_gpt cuda::blas cuda::nccl cuda::select tests_race tests_snapshot tests_fault \
         --test-threads=1 --show-output >"$log" 2>&1
     rc=$?
     read -r p f <<<"$(counts "$log")"

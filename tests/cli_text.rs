@@ -102,10 +102,14 @@ fn a_text_run_reports_validation_loss_perplexity_and_tokens() {
     assert!(t.contains(&format!("PASS expect.max_val_loss: expected <= 100.0000, got {val:.4}")), "{t}");
 }
 
-fn cfg(dir: &Path, out: &Path) -> Config {
+fn cfg(dir: &Path, out: &Path, device: &str) -> Config {
     // Dropout draws: a resume must redraw the masks an unbroken run would.
     let (cfg, mut sets) = setup(dir, "0.1");
-    sets.extend([format!("run.out_dir={}", out.display()), "checkpoint.every_steps=3".to_owned()]);
+    sets.extend([
+        format!("run.out_dir={}", out.display()),
+        "checkpoint.every_steps=3".to_owned(),
+        format!("run.device={device}"),
+    ]);
     config::load(&cfg, &sets).unwrap()
 }
 
@@ -125,11 +129,25 @@ fn metrics(out: &Path) -> Vec<serde_json::Value> {
 
 #[test]
 fn a_text_run_resumed_mid_run_is_bitwise() {
+    resumed_mid_run_is_bitwise("cpu");
+}
+
+/// On the device: the windows of the resumed epoch cut out of the token
+/// stream again, the dropout masks redrawn, the optimizer's decay groups kept.
+#[test]
+fn a_text_run_on_the_gpu_resumed_mid_run_is_bitwise() {
+    if ddptrain::cuda::test_gpu("a_text_run_on_the_gpu_resumed_mid_run_is_bitwise").is_some() {
+        resumed_mid_run_is_bitwise("cuda");
+    }
+}
+
+fn resumed_mid_run_is_bitwise(device: &str) {
     let dir = tempfile::tempdir().unwrap();
     let (a, b) = (dir.path().join("a"), dir.path().join("b"));
-    let straight = train::train(&cfg(dir.path(), &a)).unwrap();
+    let straight = train::train(&cfg(dir.path(), &a, device)).unwrap();
+    assert!(straight.device.starts_with(device), "{}", straight.device);
     // Halted after step 7: the checkpoint of step 6 (after the evaluation of step 4) resumes.
-    let cb = cfg(dir.path(), &b);
+    let cb = cfg(dir.path(), &b, device);
     halted(&cb, 7);
     let resumed = train::train(&cb).unwrap();
     assert_eq!(resumed.resumed_from.as_deref(), Some(b.join("ckpt/step_00000006").as_path()));

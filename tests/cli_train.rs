@@ -201,26 +201,25 @@ fn winograd_trains_a_relu_free_resnet20_as_the_direct_kernels_do() {
 }
 
 /// nanoGPT's parameter groups leave the 1-D parameters undecayed; the
-/// device's optimizer has one weight decay for its flat buffer, so a GPU run
-/// refuses such a grouping, naming the key (the CPU trains it).
+/// device's optimizer keeps them too (its numerics against the CPU's are
+/// src/optim/tests_cuda.rs's and the GPT run's in src/train/cuda/tests_gpt.rs).
 #[test]
-fn parameter_groups_are_refused_on_the_gpu() {
-    let test = "parameter_groups_are_refused_on_the_gpu";
+fn parameter_groups_train_on_the_gpu() {
+    let test = "parameter_groups_train_on_the_gpu";
     if ddptrain::cuda::test_gpu(test).is_none() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
     let cfg = repo_root().join("configs/mnist_o0.toml").display().to_string();
-    // The config's SGD with weight decay 5e-4: groups apply to every optimizer.
-    let sets = ["run.device=cuda", "optimizer.weight_decay_min_dim=2"];
+    // The config's SGD with weight decay 5e-4: groups apply to every
+    // optimizer. Four steps on random digits: the accuracy gate is not the point.
+    let sets = ["run.device=cuda", "optimizer.weight_decay_min_dim=2", "expect.min_test_accuracy=0.0"];
     let mut args: Vec<&str> = vec!["--config", &cfg];
     args.extend(sets.iter().flat_map(|s| ["--set", s]));
     args.extend_from_slice(SYNTH);
     // Unlike `ddptrain()`, the device stays visible.
     let o = std::process::Command::new(ddptrain_bin()).args(&args).current_dir(dir.path()).output().unwrap();
     let t = text(&o);
-    assert_eq!(o.status.code(), Some(2), "{t}");
-    let want = "`optimizer.weight_decay_min_dim`: leaves some parameters without weight decay, which the CUDA \
-                optimizer cannot do yet (it decays every parameter): set it to 0 or train with run.device = \"cpu\"";
-    assert!(t.contains(want), "{t}");
+    assert_eq!(o.status.code(), Some(0), "{t}");
+    assert!(t.contains("device cuda:"), "{t}");
 }

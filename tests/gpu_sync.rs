@@ -3,7 +3,7 @@
 //! that the stream-order race checker finds nothing over whole runs (world
 //! 1 in this process; world 2 as two `launch`ed ranks sharing the device over
 //! the tcp backend), at O0 and O2 with gradient accumulation and SyncBN, and
-//! over 20 steps of ResNet-20 at O2.
+//! over 20 steps of ResNet-20 at O2, and a small GPT on text at O0 and O2.
 //! One test function: the counters are per process, so nothing may run beside it.
 
 mod common;
@@ -76,6 +76,30 @@ fn run_resnet20(steps: u64, out: &Path) -> i64 {
     emu::counter("host_syncs").unwrap_or(0) - before
 }
 
+/// Host synchronizations of a whole in-process run of `steps` steps of a
+/// 2-layer GPT (tests/common/gpt.toml) on a few KB of text: about 80 steps
+/// of 4 windows per epoch, so `steps` stay inside the first; logging and
+/// checkpoints only at the end.
+fn run_gpt(level: &str, steps: u64, out: &Path) -> i64 {
+    std::fs::create_dir_all(out).unwrap();
+    let body: String =
+        (0..40).map(|i| format!("The state of the union is strong, said speaker {i}.\n")).collect();
+    let text = write(out, "input.txt", &body);
+    let path = write(out, "gpt.toml", &gpt_config("bytes", 256, (2, 2, 16, 8), "0.0"));
+    let sets = [
+        "run.device=cuda".to_string(),
+        format!("run.out_dir={}", out.join("run").display()),
+        format!("amp.opt_level=\"{level}\""),
+        format!("data.path={:?}", text.display().to_string()),
+        format!("train.max_steps={steps}"),
+        "logging.every_steps=1000".into(),
+    ];
+    let cfg = ddptrain::config::load(&path, &sets).unwrap();
+    let before = emu::counter("host_syncs").unwrap_or(0);
+    ddptrain::train::train(&cfg).unwrap();
+    emu::counter("host_syncs").unwrap_or(0) - before
+}
+
 /// An ordinary step (no logging, checkpoint or trace) makes this many
 /// host-blocking calls: the loss scaler read one step late (see
 /// `amp::cuda::ScalerSnapshot`), which the learning-rate schedule needs on
@@ -106,6 +130,15 @@ fn ordinary_steps_block_the_host_a_fixed_number_of_times_and_nothing_races() {
     if emu::counter("host_syncs").is_some() {
         println!("ResNet-20 O2: {short} host syncs in 2 steps, {long} in 22");
         assert_eq!(long - short, 20 * HOST_SYNCS_PER_STEP, "ResNet-20: host syncs of 20 ordinary steps");
+    }
+    // The GPT (configs/gpt_sotu_o2.toml's model, small) on text at O0 and O2.
+    for level in ["O0", "O2"] {
+        let short = run_gpt(level, 2, &tmp.path().join(format!("gpt_{level}_2")));
+        let long = run_gpt(level, 7, &tmp.path().join(format!("gpt_{level}_7")));
+        if emu::counter("host_syncs").is_some() {
+            println!("GPT {level}: {short} host syncs in 2 steps, {long} in 7");
+            assert_eq!(long - short, 5 * HOST_SYNCS_PER_STEP, "GPT {level}: host syncs of 5 ordinary steps");
+        }
     }
     if let Some(c) = emu::counters() {
         println!("world 1 counters: {c:?}");

@@ -1,9 +1,14 @@
 //! A dataset held on the device (MNIST is a few tens of MB) and the launcher
 //! that assembles a batch from it: no host copy inside a training step.
 //! CPU twin: the loader's `build` (row i of a batch is sample `indices[i]`,
-//! augmented with the draws of its sample when the run augments).
+//! augmented with the draws of its sample when the run augments). A text
+//! split is its token stream; the host draws each pass's window offsets
+//! (`Windows::offset`, as the loader does) and uploads them with the pass,
+//! so the gather cuts the windows out of the stream on the device (CPU
+//! twin: `Windows::push`).
 
 use super::augment::{Augment, Draw};
+use super::text::Windows;
 use super::Dataset;
 use crate::cuda::{as_i64, check_len, launch_1d, Gpu, KernelFn};
 use crate::error::{Error, Result};
@@ -12,24 +17,28 @@ use cudarc::driver::{CudaSlice, CudaViewMut};
 const FILE: &str = "data.cu";
 static GATHER_BATCH: KernelFn = KernelFn::new(FILE, "gather_batch");
 static GATHER_BATCH_AUGMENT: KernelFn = KernelFn::new(FILE, "gather_batch_augment");
+static GATHER_TEXT: KernelFn = KernelFn::new(FILE, "gather_text");
 
-/// Normalized images (f32) and labels of a whole split, on the device.
+/// Normalized images (f32) and labels of a whole split, on the device; or,
+/// for text, the split's token stream in `labels`.
 pub struct DeviceDataset {
     images: CudaSlice<f32>,
     labels: CudaSlice<u32>,
     sample_len: usize,
     shape: [usize; 3],
     len: usize,
+    /// Text: the host's windows (each pass's offsets are drawn from them).
+    text: Option<Windows>,
 }
 
 impl DeviceDataset {
     /// Copies `ds` to the device (once, before training).
     pub fn upload(gpu: &Gpu, ds: &Dataset) -> Result<Self> {
-        // Text batches are drawn on the host; the device path takes images
-        // (a GPT layer is refused for the device before it gets here).
-        let shape = ds
-            .chw()
-            .ok_or_else(|| Error::internal("the device dataset holds [C, H, W] images, not text windows"))?;
+        if let Some(t) = &ds.text {
+            return Self::upload_text(gpu, ds, t);
+        }
+        let shape =
+            ds.chw().ok_or_else(|| Error::internal("the device dataset holds [C, H, W] images or text"))?;
         let s = gpu.stream();
         let bytes = ds.images.len() * 4 + ds.labels.len() * 4;
         let err = |e| Error::cuda(format!("copying the dataset to the device ({bytes} bytes)"), e);
@@ -42,6 +51,27 @@ impl DeviceDataset {
             sample_len: ds.sample_numel(),
             shape,
             len: ds.len(),
+            text: None,
+        })
+    }
+
+    fn upload_text(gpu: &Gpu, ds: &Dataset, t: &Windows) -> Result<Self> {
+        if t.tokens.len() <= t.block_size {
+            return Err(Error::shape(format!(
+                "a text split of {} tokens holds no window of {} + 1",
+                t.tokens.len(),
+                t.block_size
+            )));
+        }
+        let s = gpu.stream();
+        let err = |e| Error::cuda(format!("copying the {} tokens to the device", t.tokens.len()), e);
+        Ok(DeviceDataset {
+            images: s.alloc_zeros(1).map_err(err)?,
+            labels: s.clone_htod(t.tokens.as_slice()).map_err(err)?,
+            sample_len: t.block_size,
+            shape: [0; 3],
+            len: ds.len(),
+            text: Some(t.clone()),
         })
     }
 
@@ -53,9 +83,18 @@ impl DeviceDataset {
         self.len == 0
     }
 
-    /// Values per sample (C*H*W).
+    /// Values per sample (C*H*W, or a text window's block_size ids).
     pub fn sample_len(&self) -> usize {
         self.sample_len
+    }
+
+    /// Labels per sample: one per image, a target per position of a window.
+    pub fn labels_per_sample(&self) -> usize {
+        if self.text.is_some() {
+            self.sample_len
+        } else {
+            1
+        }
     }
 }
 
@@ -88,15 +127,19 @@ impl DeviceAugment {
 }
 
 impl DeviceIndices {
-    /// `indices` must be valid sample indices of `ds` (the sampler's).
-    pub fn upload(gpu: &Gpu, ds: &DeviceDataset, indices: &[usize]) -> Result<Self> {
+    /// `indices` must be valid sample indices of `ds` (the sampler's);
+    /// `epoch` keys a text split's windows (the validation split's are
+    /// epoch 0's).
+    pub fn upload(gpu: &Gpu, ds: &DeviceDataset, indices: &[usize], epoch: u64) -> Result<Self> {
         const OP: &str = "uploading the epoch's sample order";
         let mut host = Vec::with_capacity(indices.len().max(1));
         for &i in indices {
             if i >= ds.len {
                 return Err(Error::shape(format!("{OP}: index {i} is out of range for {} samples", ds.len)));
             }
-            host.push(u32::try_from(i).map_err(|_| Error::shape(format!("{OP}: index {i} exceeds u32")))?);
+            // Text: the window's first token in the stream (below its length).
+            let v = ds.text.as_ref().map_or(i, |t| t.offset(epoch, i));
+            host.push(u32::try_from(v).map_err(|_| Error::shape(format!("{OP}: index {v} exceeds u32")))?);
         }
         if host.is_empty() {
             host.push(0);
@@ -115,7 +158,7 @@ impl DeviceIndices {
         epoch: u64,
     ) -> Result<Self> {
         const OP: &str = "uploading the epoch's augmentation draws";
-        let mut order = Self::upload(gpu, ds, indices)?;
+        let mut order = Self::upload(gpu, ds, indices, epoch)?;
         let mut host = Vec::with_capacity(3 * indices.len().max(1));
         for &i in indices {
             let Draw { top, left, flip } = a.draw(epoch, ds.len, i, ds.shape);
@@ -160,11 +203,12 @@ fn check_rows(
         )));
     }
     check_len(op, "x", x_len, n * ds.sample_len)?;
-    check_len(op, "labels", y_len, n)
+    check_len(op, "labels", y_len, n * ds.labels_per_sample())
 }
 
 /// Batch rows `offset..offset + n` of `order`: images into `x` (`n *
-/// sample_len` f32) and labels into `y` (`n` u32), on the compute stream.
+/// sample_len` f32) and labels into `y` (`n` u32), on the compute stream;
+/// for text, each row's input ids (as f32) and its `sample_len` targets.
 pub fn gather_batch(
     gpu: &Gpu,
     ds: &DeviceDataset,
@@ -180,13 +224,14 @@ pub fn gather_batch(
         return Ok(());
     }
     let (off, rows, per) = (as_i64(OP, offset)?, as_i64(OP, n)?, as_i64(OP, ds.sample_len)?);
-    let f = gpu.kernel(&GATHER_BATCH)?;
+    let f = gpu.kernel(if ds.text.is_some() { &GATHER_TEXT } else { &GATHER_BATCH })?;
     let mut b = f.launch_on(gpu.stream());
     b.arg(&ds.images).arg(&ds.labels).arg(&order.indices).arg(&off).arg(&rows).arg(&per);
     b.arg(x).arg(y);
-    // SAFETY: argument types and order match gather_batch; x and y are sized
-    // for n rows (checked), every index was range-checked at upload, and
-    // offset + n is within the uploaded indices.
+    // SAFETY: argument types and order match gather_batch and gather_text;
+    // x and y are sized for n rows (checked), every index was range-checked
+    // at upload (a text offset leaves room for its window in the stream),
+    // and offset + n is within the uploaded indices.
     unsafe { b.launch(launch_1d(n * ds.sample_len)) }.map_err(|e| Error::cuda(OP, e))?;
     Ok(())
 }

@@ -32,6 +32,8 @@ pub struct DeviceOptimizer {
     state: Vec<CudaSlice<f32>>,
     /// Completed (not skipped) steps: Adam's `state['step']`.
     step_count: CudaSlice<i64>,
+    /// Per parameter: whether weight decay applies ([`Optimizer::decay`]).
+    decay: Vec<bool>,
 }
 
 impl DeviceOptimizer {
@@ -52,7 +54,8 @@ impl DeviceOptimizer {
             |n: usize| s.alloc_zeros::<f32>(n.max(1)).map_err(|e| Error::cuda("optimizer state alloc", e));
         let state = (0..buffers).map(|_| alloc(total)).collect::<Result<Vec<_>>>()?;
         let step_count = s.alloc_zeros::<i64>(1).map_err(|e| Error::cuda("optimizer state alloc", e))?;
-        Ok(DeviceOptimizer { cfg, param_sizes: param_sizes.to_vec(), total, state, step_count })
+        let decay = vec![true; param_sizes.len()];
+        Ok(DeviceOptimizer { cfg, param_sizes: param_sizes.to_vec(), total, state, step_count, decay })
     }
 
     pub fn config(&self) -> &OptimizerConfig {
@@ -73,7 +76,7 @@ impl DeviceOptimizer {
         gpu: &Gpu,
         master: &mut CudaViewMut<'_, f32>,
         grads: &CudaView<'_, f32>,
-        model: Option<&mut CudaViewMut<'_, T>>,
+        mut model: Option<&mut CudaViewMut<'_, T>>,
         lr: f32,
         found_inf: &CudaSlice<i32>,
     ) -> Result<()> {
@@ -87,59 +90,14 @@ impl DeviceOptimizer {
         if !(lr.is_finite() && lr >= 0.0) {
             return Err(Error::Training(format!("learning rate {lr} is not a finite number >= 0")));
         }
-        let n = as_i64(OP, self.total)?;
-        let null: u64 = 0;
-        let cfg = launch_1d(self.total);
-        let c = &self.cfg;
-        if self.total > 0 {
-            match c.kind {
-                OptimizerKind::Sgd => {
-                    // The Python-side scalars, as sgd::SgdScalars rounds them.
-                    let lr64 = widen(lr);
-                    let neg_lr = (-lr64) as f32;
-                    let momentum = widen(c.momentum) as f32;
-                    let one_minus_dampening = (1.0 - widen(c.dampening)) as f32;
-                    let weight_decay = widen(c.weight_decay) as f32;
-                    let nesterov = i32::from(c.nesterov);
-                    let f = gpu.kernel(T::pick(&SGD_STEP))?;
-                    let mut b = f.launch_on(gpu.stream());
-                    b.arg(&mut *master).arg(grads);
-                    match self.state.first_mut() {
-                        Some(buf) => b.arg(buf),
-                        None => b.arg(&null),
-                    };
-                    match model {
-                        Some(m) => b.arg(m),
-                        None => b.arg(&null),
-                    };
-                    b.arg(&n).arg(&self.step_count).arg(found_inf).arg(&neg_lr).arg(&momentum);
-                    b.arg(&one_minus_dampening).arg(&weight_decay).arg(&nesterov);
-                    // SAFETY: argument types and order match sgd_step_impl; every
-                    // buffer holds `total` elements (checked above); the momentum
-                    // buffer is null only when momentum == 0, where it is unused.
-                    unsafe { b.launch(cfg) }.map_err(|e| Error::cuda(OP, e))?;
-                }
-                OptimizerKind::Adam | OptimizerKind::AdamW => {
-                    let (lr64, beta1, beta2) = (widen(lr), widen(c.betas.0), widen(c.betas.1));
-                    let (eps, weight_decay) = (widen(c.eps), widen(c.weight_decay));
-                    let decoupled = i32::from(c.kind == OptimizerKind::AdamW);
-                    let f = gpu.kernel(T::pick(&ADAM_STEP))?;
-                    let [m1, m2] = self.state.as_mut_slice() else {
-                        return Err(Error::Training(format!("{OP}: Adam state is not two buffers")));
-                    };
-                    let mut b = f.launch_on(gpu.stream());
-                    b.arg(&mut *master).arg(grads).arg(m1).arg(m2);
-                    match model {
-                        Some(m) => b.arg(m),
-                        None => b.arg(&null),
-                    };
-                    b.arg(&n).arg(&self.step_count).arg(found_inf).arg(&lr64).arg(&beta1).arg(&beta2);
-                    b.arg(&eps).arg(&weight_decay).arg(&decoupled);
-                    // SAFETY: argument types and order match adam_step_impl; every
-                    // buffer holds `total` elements (checked above).
-                    unsafe { b.launch(cfg) }.map_err(|e| Error::cuda(OP, e))?;
-                }
-            }
+        // One launch per run of parameters that share a weight decay (all of
+        // them unless the optimizer leaves some undecayed, as nanoGPT's
+        // groups do): the CPU steps those with weight_decay = 0.
+        for (range, decay) in self.segments() {
+            let weight_decay = if decay { self.cfg.weight_decay } else { 0.0 };
+            let (m, g) = (&mut master.slice_mut(range.clone()), &grads.slice(range.clone()));
+            let mut model = model.as_mut().map(|v| v.slice_mut(range.clone()));
+            self.launch(gpu, range, weight_decay, m, g, model.as_mut(), lr, found_inf)?;
         }
         let f = gpu.kernel(&OPTIM_ADVANCE_STEP)?;
         let mut b = f.launch_on(gpu.stream());
@@ -147,6 +105,94 @@ impl DeviceOptimizer {
         let one = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1, 1, 1), shared_mem_bytes: 0 };
         // SAFETY: argument types and order match optim_advance_step.
         unsafe { b.launch(one) }.map_err(|e| Error::cuda(OP, e))?;
+        Ok(())
+    }
+
+    /// Runs of consecutive elements whose parameters share a decay flag.
+    fn segments(&self) -> Vec<(std::ops::Range<usize>, bool)> {
+        let mut out: Vec<(std::ops::Range<usize>, bool)> = Vec::new();
+        let mut at = 0;
+        for (&size, &decay) in self.param_sizes.iter().zip(&self.decay) {
+            match out.last_mut() {
+                Some((r, d)) if *d == decay => r.end += size,
+                _ => out.push((at..at + size, decay)),
+            }
+            at += size;
+        }
+        out.retain(|(r, _)| !r.is_empty());
+        out
+    }
+
+    /// The update kernel over the elements `range` of the flat buffers
+    /// (`master`, `grads` and `model` are already that range).
+    #[allow(clippy::too_many_arguments)]
+    fn launch<T: DeviceFloat>(
+        &mut self,
+        gpu: &Gpu,
+        range: std::ops::Range<usize>,
+        weight_decay: f32,
+        master: &mut CudaViewMut<'_, f32>,
+        grads: &CudaView<'_, f32>,
+        model: Option<&mut CudaViewMut<'_, T>>,
+        lr: f32,
+        found_inf: &CudaSlice<i32>,
+    ) -> Result<()> {
+        const OP: &str = "optimizer step";
+        let n = as_i64(OP, range.len())?;
+        let null: u64 = 0;
+        let cfg = launch_1d(range.len());
+        let c = &self.cfg;
+        match c.kind {
+            OptimizerKind::Sgd => {
+                // The Python-side scalars, as sgd::SgdScalars rounds them.
+                let lr64 = widen(lr);
+                let neg_lr = (-lr64) as f32;
+                let momentum = widen(c.momentum) as f32;
+                let one_minus_dampening = (1.0 - widen(c.dampening)) as f32;
+                let weight_decay = widen(weight_decay) as f32;
+                let nesterov = i32::from(c.nesterov);
+                let f = gpu.kernel(T::pick(&SGD_STEP))?;
+                let mut momentum_buffer = self.state.first_mut().map(|b| b.slice_mut(range));
+                let mut b = f.launch_on(gpu.stream());
+                b.arg(master).arg(grads);
+                match momentum_buffer.as_mut() {
+                    Some(buf) => b.arg(buf),
+                    None => b.arg(&null),
+                };
+                match model {
+                    Some(m) => b.arg(m),
+                    None => b.arg(&null),
+                };
+                b.arg(&n).arg(&self.step_count).arg(found_inf).arg(&neg_lr).arg(&momentum);
+                b.arg(&one_minus_dampening).arg(&weight_decay).arg(&nesterov);
+                // SAFETY: argument types and order match sgd_step_impl; every
+                // buffer holds the range's `n` elements (the caller checked
+                // the whole); the momentum buffer is null only when momentum
+                // == 0, where it is unused.
+                unsafe { b.launch(cfg) }.map_err(|e| Error::cuda(OP, e))?;
+            }
+            OptimizerKind::Adam | OptimizerKind::AdamW => {
+                let (lr64, beta1, beta2) = (widen(lr), widen(c.betas.0), widen(c.betas.1));
+                let (eps, weight_decay) = (widen(c.eps), widen(weight_decay));
+                let decoupled = i32::from(c.kind == OptimizerKind::AdamW);
+                let f = gpu.kernel(T::pick(&ADAM_STEP))?;
+                let [m1, m2] = self.state.as_mut_slice() else {
+                    return Err(Error::Training(format!("{OP}: Adam state is not two buffers")));
+                };
+                let (mut m1, mut m2) = (m1.slice_mut(range.clone()), m2.slice_mut(range));
+                let mut b = f.launch_on(gpu.stream());
+                b.arg(master).arg(grads).arg(&mut m1).arg(&mut m2);
+                match model {
+                    Some(m) => b.arg(m),
+                    None => b.arg(&null),
+                };
+                b.arg(&n).arg(&self.step_count).arg(found_inf).arg(&lr64).arg(&beta1).arg(&beta2);
+                b.arg(&eps).arg(&weight_decay).arg(&decoupled);
+                // SAFETY: argument types and order match adam_step_impl; every
+                // buffer holds the range's `n` elements.
+                unsafe { b.launch(cfg) }.map_err(|e| Error::cuda(OP, e))?;
+            }
+        }
         Ok(())
     }
 
@@ -168,7 +214,7 @@ impl DeviceOptimizer {
             .iter()
             .map(|b| gpu.stream().clone_dtoh(b).map_err(|e| Error::cuda("reading optimizer state", e)))
             .collect::<Result<_>>()?;
-        let mut cpu = Optimizer::new(self.cfg.clone(), &self.param_sizes)?;
+        let mut cpu = Optimizer::new(self.cfg.clone(), &self.param_sizes)?.with_decay_mask(&self.decay)?;
         let names: &[&str] = match self.cfg.kind {
             // PyTorch has no momentum buffer before the first step.
             OptimizerKind::Sgd if step_count == 0 => &[],
@@ -191,6 +237,7 @@ impl DeviceOptimizer {
     /// The device twin of `cpu` (config, state and step count).
     pub fn from_host(gpu: &Gpu, cpu: &Optimizer) -> Result<Self> {
         let mut me = Self::new(gpu, cpu.config().clone(), cpu.param_sizes())?;
+        me.decay = cpu.decay().to_vec();
         let mut flat: Vec<Vec<f32>> = vec![Vec::with_capacity(me.total); me.state.len()];
         for st in cpu.state() {
             let parts: Vec<&[f32]> = match st {

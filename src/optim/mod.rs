@@ -215,6 +215,11 @@ impl Optimizer {
         Ok(self)
     }
 
+    /// Per parameter: whether weight decay applies to it.
+    pub fn decay(&self) -> &[bool] {
+        &self.decay
+    }
+
     /// Whether every parameter is decayed (the one group PyTorch builds from `model.parameters()`).
     pub fn decays_every_param(&self) -> bool {
         self.cfg.weight_decay == 0.0 || self.decay.iter().all(|&d| d)

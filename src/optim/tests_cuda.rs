@@ -31,12 +31,17 @@ fn split(flat: &[f32]) -> Vec<Vec<f32>> {
 /// `steps` steps of `cfg` on both sides; the steps listed in `skipped` have
 /// the overflow flag set (the CPU does not step then, as Amp::step).
 fn parity<T: DeviceFloat>(test: &str, cfg: OptimizerConfig, with_model: bool) {
+    parity_decaying::<T>(test, cfg, with_model, &[true; SIZES.len()]);
+}
+
+/// `parity` with weight decay on the parameters `decay` marks only.
+fn parity_decaying<T: DeviceFloat>(test: &str, cfg: OptimizerConfig, with_model: bool, decay: &[bool]) {
     let Some(gpu) = crate::cuda::test_gpu(test) else { return };
     let total: usize = SIZES.iter().sum();
     let init = rand_vec_f32(total, 1);
-    let mut cpu = Optimizer::new(cfg.clone(), &SIZES).unwrap();
+    let mut cpu = Optimizer::new(cfg, &SIZES).unwrap().with_decay_mask(decay).unwrap();
     let mut cpu_params = split(&init);
-    let mut dev = DeviceOptimizer::new(&gpu, cfg, &SIZES).unwrap();
+    let mut dev = DeviceOptimizer::from_host(&gpu, &cpu).unwrap();
     let mut master = upload::<f32>(&gpu, &init);
     // The model copy starts poisoned: every element must be written by a step.
     let mut model = upload::<T>(&gpu, &vec![f32::NAN; total]);
@@ -71,6 +76,7 @@ fn parity<T: DeviceFloat>(test: &str, cfg: OptimizerConfig, with_model: bool) {
     }
     let host = dev.to_host(&gpu).unwrap();
     assert_eq!(host.step_count(), cpu.step_count(), "{test}: skipped steps are not counted");
+    assert_eq!(host.decay(), decay, "{test}: the decay flags come back");
     let (a, b) = (host.state_tensors(), cpu.state_tensors());
     assert_eq!(a.len(), b.len(), "{test}: state tensors");
     for ((na, ia, va), (nb, ib, vb)) in a.iter().zip(&b) {
@@ -114,6 +120,23 @@ fn adam_with_l2_matches_cpu_f16_model() {
 fn adamw_matches_cpu_f32_and_f16() {
     parity::<f32>("adamw_matches_cpu_f32", OptimizerConfig::adamw(1e-3), false);
     parity::<half::f16>("adamw_matches_cpu_f16", OptimizerConfig::adamw(1e-3), true);
+}
+
+/// nanoGPT's groups: the middle parameter (a LayerNorm weight, say) is not
+/// decayed, its neighbours are.
+#[test]
+fn per_parameter_weight_decay_matches_cpu() {
+    let mask = [true, false, true];
+    let adamw = OptimizerConfig { weight_decay: 0.1, ..OptimizerConfig::adamw(1e-3) };
+    parity_decaying::<half::f16>("per_parameter_weight_decay_matches_cpu (adamw)", adamw, true, &mask);
+    let adam = OptimizerConfig { weight_decay: 1e-2, ..OptimizerConfig::adam(1e-3) };
+    parity_decaying::<f32>("per_parameter_weight_decay_matches_cpu (adam)", adam, false, &mask);
+    parity_decaying::<f32>(
+        "per_parameter_weight_decay_matches_cpu (sgd)",
+        sgd_momentum(),
+        true,
+        &[false, true, false],
+    );
 }
 
 #[test]

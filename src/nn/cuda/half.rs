@@ -75,8 +75,8 @@ pub(super) fn forward(
             let g = ConvGeom { n, ..geom };
             convk::forward(gpu, blas, &g, &x16, &w, b.as_ref(), &mut whole_mut::<f16>(ctx.col)?, &mut y16)?
         }
-        Step::Linear { in_features, out_features, .. } => {
-            lin::forward(gpu, blas, n, in_features, out_features, &x16, &w, b.as_ref(), &mut y16)?
+        Step::Linear { in_features, out_features, rows, .. } => {
+            lin::forward(gpu, blas, n * rows, in_features, out_features, &x16, &w, b.as_ref(), &mut y16)?
         }
         ref other => return Err(internal(format!("{other:?} run as an O1 conv/linear"))),
     }
@@ -134,10 +134,10 @@ pub(super) fn backward(
                 dx16.as_mut(),
             )?
         }
-        Step::Linear { in_features, out_features, .. } => lin::backward(
+        Step::Linear { in_features, out_features, rows, .. } => lin::backward(
             gpu,
             blas,
-            n,
+            n * rows,
             in_features,
             out_features,
             &x16,

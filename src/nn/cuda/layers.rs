@@ -50,6 +50,7 @@ pub(super) struct Ctx<'a> {
     pub dy_t: &'a mut DevBuf,
     pub bn: &'a mut BnScratch,
     pub half: Option<&'a mut HalfScratch>,
+    pub tf: &'a mut super::transformer::TransformerScratch,
 }
 
 /// What a layer keeps between its forward and its backward.
@@ -60,6 +61,9 @@ pub(super) enum LayerState {
     MaxPool(CudaSlice<u32>),
     /// O1: the layer's input cast to f16, which its backward reads.
     HalfInput(CudaSlice<f16>),
+    LayerNorm(Box<super::transformer::LnState>),
+    /// The attention matrix (softmax), in the activation dtype.
+    Attention(DevBuf),
 }
 
 /// A BatchNorm's buffers: running statistics in the parameters' dtype,
@@ -225,6 +229,10 @@ pub(super) fn forward<A: Elem>(
     let (gpu, blas) = (ctx.gpu, ctx.blas);
     match (&lp.step, state) {
         (Step::Flatten, _) => Ok(()),
+        (
+            Step::Embedding { .. } | Step::LayerNorm { .. } | Step::Gelu { .. } | Step::Attention { .. },
+            state,
+        ) => super::transformer::forward::<A>(ctx, lp, state, acts, n),
         (Step::Conv { .. } | Step::Linear { .. }, LayerState::HalfInput(x16)) if ctx.o1 => {
             super::half::forward(ctx, lp, x16, acts, n)
         }
@@ -235,11 +243,11 @@ pub(super) fn forward<A: Elem>(
             let g = ConvGeom { n, ..geom };
             convk::forward(gpu, blas, &g, &x, &w, b.as_ref(), &mut whole_mut::<A>(ctx.col)?, &mut y)
         }
-        (&Step::Linear { in_features, out_features, weight, bias }, _) => {
+        (&Step::Linear { in_features, out_features, rows, weight, bias }, _) => {
             let (x, mut y) = io::<A>(acts, lp, n)?;
             let w = ctx.params.value::<A>(weight)?;
             let b = bias.map(|b| ctx.params.value::<A>(b)).transpose()?;
-            lin::forward(gpu, blas, n, in_features, out_features, &x, &w, b.as_ref(), &mut y)
+            lin::forward(gpu, blas, n * rows, in_features, out_features, &x, &w, b.as_ref(), &mut y)
         }
         (Step::Relu, _) => {
             let (x, mut y) = io::<A>(acts, lp, n)?;
@@ -294,7 +302,7 @@ pub(super) fn forward<A: Elem>(
 
 /// A layer whose state is not the kind its step keeps (a plan and a state
 /// list out of step with each other).
-fn no_state(lp: &LayerPlan) -> Error {
+pub(super) fn no_state(lp: &LayerPlan) -> Error {
     internal(format!("layer {} ({:?}) has no state of its kind", lp.name, lp.step))
 }
 
@@ -318,9 +326,14 @@ pub(super) fn backward<A: Elem>(
     {
         return super::half::backward(ctx, lp, x16, (gy, gx), n, need_dx);
     }
-    let x = view::<A>(acts.get(lp.src)?, in_len)?;
     let dy = view::<A>(gy, out_len)?;
     let mut dx = if need_dx { Some(view_mut::<A>(gx, in_len)?) } else { None };
+    if let Step::Embedding { .. } | Step::LayerNorm { .. } | Step::Gelu { .. } | Step::Attention { .. } =
+        lp.step
+    {
+        return super::transformer::backward::<A>(ctx, lp, state, acts, &dy, dx.as_mut(), n);
+    }
+    let x = view::<A>(acts.get(lp.src)?, in_len)?;
     match (&lp.step, state) {
         (&Step::Conv { geom, weight, bias }, _) => {
             let g = ConvGeom { n, ..geom };
@@ -331,10 +344,11 @@ pub(super) fn backward<A: Elem>(
                 convk::backward(gpu, blas, &g, &x, &w[0], &dy, &mut col, &mut dy_t, dw, db, dx.as_mut())
             })
         }
-        (&Step::Linear { in_features, out_features, weight, bias }, _) => {
+        (&Step::Linear { in_features, out_features, rows, weight, bias }, _) => {
             ctx.params.with_params::<A, A, ()>(&[weight], &ids(weight, bias), |w, gs| {
                 let (dw, db) = weight_and_bias(gs)?;
-                lin::backward(gpu, blas, n, in_features, out_features, &x, &w[0], &dy, dw, db, dx.as_mut())
+                let (x, w, dx) = (&x, &w[0], dx.as_mut());
+                lin::backward(gpu, blas, n * rows, in_features, out_features, x, w, &dy, dw, db, dx)
             })
         }
         (Step::Relu, _) => {
@@ -363,12 +377,16 @@ pub(super) fn backward<A: Elem>(
         (Step::Add | Step::Flatten, _) => {
             Err(internal(format!("{}: its gradients are routed by the model", lp.name)))
         }
+        (Step::Embedding { .. } | Step::LayerNorm { .. } | Step::Gelu { .. } | Step::Attention { .. }, _) => {
+            Err(internal(format!("{}: a transformer layer's backward", lp.name)))
+        }
     }
 }
 
-/// BatchNorm parameter `i` as the f32 view the launchers take: the value
-/// itself, or (f16 parameters, O3) its copy cast up into `scratch`.
-fn bn_param<'b>(
+/// Normalization parameter `i` as the f32 view the launchers take: the
+/// value itself, or (f16 parameters: BatchNorm's O3, LayerNorm's O2) its
+/// copy cast up into `scratch`.
+pub(super) fn f32_param<'b>(
     gpu: &Gpu,
     params: &'b DeviceParams,
     scratch: &'b mut CudaSlice<f32>,
@@ -430,8 +448,8 @@ fn bn_forward_train<A: Elem>(
     }
     {
         let BnScratch { weight, bias, running_mean, running_var, totals, .. } = &mut *s;
-        let w = bn_param(gpu, ctx.params, weight, wi, c, dt)?;
-        let b = bn_param(gpu, ctx.params, bias, bi, c, dt)?;
+        let w = f32_param(gpu, ctx.params, weight, wi, c, dt)?;
+        let b = f32_param(gpu, ctx.params, bias, bi, c, dt)?;
         let BnState { running_mean: drm, running_var: drv, mean, invstd, eps, momentum, .. } = &mut *bn;
         let (mut rm, mut rv) = if half {
             (slice_mut(running_mean, c)?, slice_mut(running_var, c)?)
@@ -477,8 +495,8 @@ fn bn_forward_eval<A: Elem>(
         bn_running_cast(gpu, bn, s, true)?;
     }
     let BnScratch { weight, bias, running_mean, running_var, .. } = s;
-    let w = bn_param(gpu, ctx.params, weight, wi, c, dt)?;
-    let b = bn_param(gpu, ctx.params, bias, bi, c, dt)?;
+    let w = f32_param(gpu, ctx.params, weight, wi, c, dt)?;
+    let b = f32_param(gpu, ctx.params, bias, bi, c, dt)?;
     let (rm, rv) = match dt {
         DType::F16 => (slice(running_mean, c)?, slice(running_var, c)?),
         DType::F32 => (view::<f32>(&bn.running_mean, c)?, view::<f32>(&bn.running_var, c)?),
@@ -531,7 +549,7 @@ fn bn_backward<A: Elem>(
     } else {
         n * hw
     };
-    let w = bn_param(gpu, ctx.params, weight, wi, c, dt)?;
+    let w = f32_param(gpu, ctx.params, weight, wi, c, dt)?;
     let reduced = bnk::ReducedSums { sums: &sums.as_view(), count };
     bnk::backward_dx(gpu, x, dy, &shape, saved, &w, reduced, dx)
 }

@@ -8,4 +8,5 @@ mod layers;
 pub mod model;
 pub mod params;
 pub mod plan;
+mod transformer;
 pub use model::{GpuModel, LocalHooks, TrainHooks};

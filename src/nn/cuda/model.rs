@@ -8,6 +8,7 @@ use super::acts::Acts;
 use super::layers::{self, Ctx, LayerState};
 use super::params::{DevBuf, DevElem, DeviceParams};
 use super::plan::{activation_dtype, Plan, Step};
+use super::transformer::{LnState, TransformerScratch};
 use crate::cuda::blas::{Blas, BlasElem};
 use crate::cuda::Gpu;
 use crate::error::{Error, Result};
@@ -114,9 +115,10 @@ pub struct GpuModel {
     dy_t: DevBuf,
     bn: BnScratch,
     half: Option<HalfScratch>,
+    tf: TransformerScratch,
 }
 
-fn alloc<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+pub(super) fn alloc<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
     gpu: &Gpu,
     n: usize,
 ) -> Result<CudaSlice<T>> {
@@ -158,8 +160,16 @@ impl GpuModel {
                 Step::Conv { .. } | Step::Linear { .. } if o1 => {
                     LayerState::HalfInput(alloc(g, lp.in_numel * max_batch)?)
                 }
+                Step::LayerNorm { c, .. } => {
+                    LayerState::LayerNorm(Box::new(LnState::new(g, lp.in_numel / (*c).max(1) * max_batch)?))
+                }
+                Step::Attention { t, n_head, .. } => {
+                    LayerState::Attention(DevBuf::zeros(g, act, n_head * t * t * max_batch)?)
+                }
                 Step::Conv { .. }
                 | Step::Linear { .. }
+                | Step::Embedding { .. }
+                | Step::Gelu { .. }
                 | Step::Relu
                 | Step::AvgPool { .. }
                 | Step::Flatten
@@ -192,6 +202,11 @@ impl GpuModel {
         } else {
             None
         };
+        let tf = TransformerScratch {
+            ids: alloc(g, if plan.tokens { plan.acts[0] * max_batch } else { 1 })?,
+            ln_workspace: alloc(g, plan.ln_workspace)?,
+            att_workspace: DevBuf::zeros(g, act, plan.att * max_batch)?,
+        };
         let col = DevBuf::zeros(g, compute, plan.col)?;
         let dy_t = DevBuf::zeros(g, compute, plan.dy_t)?;
         Ok(GpuModel {
@@ -210,6 +225,7 @@ impl GpuModel {
             dy_t,
             bn,
             half,
+            tf,
         })
     }
 
@@ -219,7 +235,11 @@ impl GpuModel {
             .iter_mut()
             .flat_map(|s| match s {
                 LayerState::BatchNorm(bn) => bn.running_mut().into_iter().collect(),
-                LayerState::None | LayerState::MaxPool(_) | LayerState::HalfInput(_) => Vec::new(),
+                LayerState::None
+                | LayerState::MaxPool(_)
+                | LayerState::HalfInput(_)
+                | LayerState::LayerNorm(_)
+                | LayerState::Attention(_) => Vec::new(),
             })
             .collect()
     }
@@ -276,10 +296,10 @@ impl GpuModel {
                 self.plan.max_batch
             )));
         }
-        let per = self.plan.acts[0];
-        if x != n * per || labels != n {
+        let (per, positions) = (self.plan.acts[0], self.plan.positions);
+        if x != n * per || labels != n * positions {
             return Err(Error::shape(format!(
-                "{op}: {x} input values and {labels} labels for {n} images of {per} values"
+                "{op}: {x} input values and {labels} labels for {n} samples of {per} values and {positions} labels each"
             )));
         }
         Ok(())
@@ -334,7 +354,7 @@ impl GpuModel {
         logits.ok_or_else(|| Error::internal("device model: the logits have no buffer"))?.read_f32(
             &self.gpu,
             0,
-            n * self.plan.classes,
+            n * self.plan.positions * self.plan.classes,
         )
     }
 
@@ -356,16 +376,23 @@ impl GpuModel {
             dy_t,
             bn,
             half,
+            tf,
             ..
         } = self;
-        let ctx = Ctx { gpu, draws: *draws, blas, params, o1: *o1, col, dy_t, bn, half: half.as_mut() };
+        let ctx = Ctx { gpu, draws: *draws, blas, params, o1: *o1, col, dy_t, bn, half: half.as_mut(), tf };
         let acts = Acts { bufs: acts, storage: &plan.storage };
         (ctx, acts, Grads { bufs: grads, scratch: dx_scratch }, states, &*plan)
     }
 
-    /// The model input: `x` converted to the activation dtype into buffer 0.
-    fn load_input(gpu: &Gpu, acts: &mut Acts<'_>, x: &CudaView<'_, f32>) -> Result<()> {
-        let len = x.len();
+    /// The model input: `x` converted to the activation dtype into buffer 0,
+    /// and as it is into the token ids a token embedding reads.
+    fn load_input(ctx: &mut Ctx<'_>, plan: &Plan, acts: &mut Acts<'_>, x: &CudaView<'_, f32>) -> Result<()> {
+        let (gpu, len) = (ctx.gpu, x.len());
+        if plan.tokens {
+            gpu.stream()
+                .memcpy_dtod(x, &mut ctx.tf.ids.slice_mut(0..len))
+                .map_err(|e| Error::cuda("copying the token ids", e))?;
+        }
         match acts.get_mut(0)? {
             DevBuf::F32(b) => gpu
                 .stream()
@@ -385,11 +412,11 @@ impl GpuModel {
         hooks: &mut dyn TrainHooks,
     ) -> Result<()> {
         let (mut ctx, mut acts, grads, states, plan) = self.parts();
-        Self::load_input(ctx.gpu, &mut acts, x)?;
+        Self::load_input(&mut ctx, plan, &mut acts, x)?;
         for (lp, state) in plan.layers.iter().zip(states.iter_mut()) {
             layers::forward::<A>(&mut ctx, lp, state, &mut acts, n, true, hooks)?;
         }
-        let classes = plan.classes;
+        let (classes, rows) = (plan.classes, n * plan.positions);
         let Grads { bufs: grads, scratch } = grads;
         let count = grads.len();
         let slot = |b: usize| {
@@ -398,9 +425,10 @@ impl GpuModel {
             })
         };
         {
-            let logits = layers::view::<A>(acts.get(plan.logits())?, n * classes)?;
-            let mut dlogits = layers::view_mut::<A>(&mut grads[slot(plan.logits())?], n * classes)?;
-            xent::forward_backward(ctx.gpu, &logits, labels, [n, classes], grad_scale, &mut dlogits, totals)?;
+            let logits = layers::view::<A>(acts.get(plan.logits())?, rows * classes)?;
+            let mut dlogits = layers::view_mut::<A>(&mut grads[slot(plan.logits())?], rows * classes)?;
+            let shape = [rows, classes];
+            xent::forward_backward(ctx.gpu, &logits, labels, shape, grad_scale, &mut dlogits, totals)?;
         }
         // Which gradient buffers hold a value's gradient yet: the first dx
         // into a buffer is written (`=`), a later reader's is added (`+=`).
@@ -433,7 +461,11 @@ impl GpuModel {
                 | Step::Relu
                 | Step::MaxPool { .. }
                 | Step::AvgPool { .. }
-                | Step::Dropout { .. } => {
+                | Step::Dropout { .. }
+                | Step::Embedding { .. }
+                | Step::LayerNorm { .. }
+                | Step::Gelu { .. }
+                | Step::Attention { .. } => {
                     // The model input needs no gradient.
                     let need_dx = lp.src > 0;
                     let dst = slot(lp.dst)?;
@@ -470,12 +502,13 @@ impl GpuModel {
         totals: &mut CrossEntropyTotals,
     ) -> Result<()> {
         let (mut ctx, mut acts, _, states, plan) = self.parts();
-        Self::load_input(ctx.gpu, &mut acts, x)?;
+        Self::load_input(&mut ctx, plan, &mut acts, x)?;
         for (lp, state) in plan.layers.iter().zip(states.iter_mut()) {
             layers::forward::<A>(&mut ctx, lp, state, &mut acts, n, false, &mut LocalHooks)?;
         }
-        let logits = layers::view::<A>(acts.get(plan.logits())?, n * plan.classes)?;
-        xent::forward(ctx.gpu, &logits, labels, [n, plan.classes], totals)
+        let rows = n * plan.positions;
+        let logits = layers::view::<A>(acts.get(plan.logits())?, rows * plan.classes)?;
+        xent::forward(ctx.gpu, &logits, labels, [rows, plan.classes], totals)
     }
 }
 

@@ -10,6 +10,7 @@ use crate::nn::Model;
 use crate::ops::avg_pool2d::AvgPool2dArgs;
 use crate::ops::conv2d::cpu::ConvGeom;
 use crate::ops::conv2d::out_size;
+use crate::ops::embedding::cuda::Table;
 use crate::tensor::DType;
 
 /// One layer's device work.
@@ -54,11 +55,40 @@ pub enum Step {
     },
     /// The residual add of its inputs (`srcs`), same shape.
     Add,
+    /// `rows` is how many rows of `in_features` a sample holds: 1 for
+    /// `[in]`, T for a transformer's `[T, C]` (the same GEMM over `n * T` rows).
     Linear {
         in_features: usize,
         out_features: usize,
+        rows: usize,
         weight: usize,
         bias: Option<usize>,
+    },
+    /// Token ids (the model input, as f32) or, with `positions`, the
+    /// position of each of a sample's `rows` outputs.
+    Embedding {
+        table: Table,
+        rows: usize,
+        positions: bool,
+        weight: usize,
+    },
+    /// Over the last `c` values of each row; `param_dtype` that of weight and
+    /// bias (f16 under O2, run on f32 copies as the CPU widens them).
+    LayerNorm {
+        c: usize,
+        eps: f32,
+        weight: usize,
+        bias: Option<usize>,
+        param_dtype: DType,
+    },
+    Gelu {
+        tanh: bool,
+    },
+    /// `[T, 3C]` to `[T, C]`; its softmax `[H, T, T]` kept for backward.
+    Attention {
+        t: usize,
+        c: usize,
+        n_head: usize,
     },
 }
 
@@ -71,7 +101,11 @@ impl Step {
     pub fn backward_reads(&self, o1: bool) -> (bool, bool) {
         match self {
             Step::Conv { .. } | Step::Linear { .. } => (!o1, false),
-            Step::BatchNorm { .. } => (true, false),
+            Step::BatchNorm { .. } | Step::LayerNorm { .. } | Step::Gelu { .. } | Step::Attention { .. } => {
+                (true, false)
+            }
+            // The ids it reads are the model input's f32 copy, kept all step.
+            Step::Embedding { .. } => (false, false),
             Step::Relu => (false, true),
             Step::MaxPool { .. }
             | Step::AvgPool { .. }
@@ -137,22 +171,30 @@ pub struct Plan {
     /// The largest conv/linear weight and bias (O1's per-call f16 copies).
     pub weight: usize,
     pub bias: usize,
-    /// The most channels of any BatchNorm (its f32 scratch).
+    /// The most channels of any BatchNorm or LayerNorm (their f32 scratch).
     pub channels: usize,
+    /// Logits per sample are `[positions, classes]`: a language model's
+    /// `[T, V]` (a label per position), else `[classes]` (positions 1).
     pub classes: usize,
+    pub positions: usize,
+    /// The largest LayerNorm backward workspace for `max_batch` (f32s).
+    pub ln_workspace: usize,
+    /// The largest attention matrix per sample (`H * T * T`).
+    pub att: usize,
+    /// Whether a token embedding reads the model input's ids.
+    pub tokens: bool,
 }
 
-/// Why node `r` cannot run on the device yet (the transformer layers'
-/// kernels are still to come), naming it; `None` when it can.
+/// Why node `r` cannot run on the device yet, naming it; `None` when it can.
 pub fn without_kernels(r: &crate::config::model::ResolvedLayer) -> Option<String> {
     let missing = match &r.kind {
+        // The device launchers serve attention without dropout (nanoGPT's default).
+        LayerKind::CausalSelfAttention(a) => a.dropout_p > 0.0,
         LayerKind::Embedding(_)
         | LayerKind::LayerNorm(_)
         | LayerKind::Gelu(_)
-        | LayerKind::CausalSelfAttention(_) => true,
-        // A linear over [T, C] (a transformer's) has no device launch yet.
-        LayerKind::Linear(_) => r.in_shape.len() != 1,
-        LayerKind::Conv2d(_)
+        | LayerKind::Linear(_)
+        | LayerKind::Conv2d(_)
         | LayerKind::BatchNorm2d(_)
         | LayerKind::Relu(_)
         | LayerKind::MaxPool2d(_)
@@ -223,6 +265,10 @@ impl Plan {
             bias: 0,
             channels: 0,
             classes: 0,
+            positions: 1,
+            ln_workspace: 0,
+            att: 0,
+            tokens: false,
         };
         let mut next_param = 0;
         let mut index_of: Vec<Vec<usize>> = Vec::with_capacity(model.layers.len());
@@ -278,7 +324,7 @@ impl Plan {
                 | LayerKind::LayerNorm(_)
                 | LayerKind::Gelu(_)
                 | LayerKind::CausalSelfAttention(_) => {
-                    return Err(internal(format!("{} passed the device check without kernels", r.name)))
+                    super::transformer::plan_step(&mut plan, model, node, r, weight, bias)?
                 }
                 LayerKind::Conv2d(conv) => {
                     let [c, h, wd] = chw(&r.name, &r.in_shape)?;
@@ -367,7 +413,8 @@ impl Plan {
                 }
                 LayerKind::Linear(lin) => {
                     let (in_features, out_features) = (lin.in_features, lin.out_features);
-                    if in_features != in_numel || out_features != out_numel {
+                    let rows = in_numel / in_features.max(1);
+                    if rows * in_features != in_numel || rows * out_features != out_numel {
                         return Err(internal(format!(
                             "linear {} ({lin}) does not take {:?} to {:?}",
                             r.name, r.in_shape, r.out_shape
@@ -375,7 +422,7 @@ impl Plan {
                     }
                     let weight =
                         weight.ok_or_else(|| internal(format!("linear {} has no weight", r.name)))?;
-                    Step::Linear { in_features, out_features, weight, bias }
+                    Step::Linear { in_features, out_features, rows, weight, bias }
                 }
             };
             if let Step::Conv { .. } | Step::Linear { .. } = step {
@@ -404,7 +451,9 @@ impl Plan {
             buffer_of.push(dst);
         }
         plan.grad = plan.acts.iter().copied().max().unwrap_or(0);
-        plan.classes = plan.acts[plan.logits()];
+        let out = &model.resolved[model.resolved.len() - 1].out_shape;
+        plan.classes = out.last().copied().unwrap_or(1);
+        plan.positions = plan.acts[plan.logits()] / plan.classes.max(1);
         plan.assign_grad_buffers();
         plan.assign_storage(model.precision.patch_conv_linear.is_some());
         Ok(plan)

@@ -406,7 +406,10 @@ fn batches_the_buffers_cannot_hold_are_refused() {
         .to_string();
     assert!(e.contains("train_batch: a batch of 5 images, but the device model holds 1 to 4"), "{e}");
     let e = dev.eval_batch(&x.slice(0..100), &labels.slice(0..3), 3, &mut totals).unwrap_err().to_string();
-    assert!(e.contains("eval_batch: 100 input values and 3 labels for 3 images of 169 values"), "{e}");
+    assert!(
+        e.contains("eval_batch: 100 input values and 3 labels for 3 samples of 169 values and 1 labels each"),
+        "{e}"
+    );
     let mut other = host_model(&tiny_layers(), OptLevel::O0, 1);
     other.layers.remove(1);
     assert!(dev.upload(&other).is_err());

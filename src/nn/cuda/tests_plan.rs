@@ -164,7 +164,7 @@ fn mnist_plan_sizes_every_buffer() {
     assert_eq!(p.layers[3].step, Step::MaxPool { shape: [16, 28, 28], kernel: 2, stride: 2 });
     assert_eq!(
         p.layers[9].step,
-        Step::Linear { in_features: 1568, out_features: 10, weight: 8, bias: Some(9) }
+        Step::Linear { in_features: 1568, out_features: 10, rows: 1, weight: 8, bias: Some(9) }
     );
 }
 

@@ -23,16 +23,18 @@ pub fn evaluate(
     reducer: Option<&mut DeviceReducer>,
 ) -> Result<EvalResult> {
     let indices: Vec<usize> = (ddp.rank()..ds.len()).step_by(ddp.world_size().max(1)).collect();
-    let order = DeviceIndices::upload(gpu, ds, &indices)?;
-    let mut totals = CrossEntropyTotals::new(gpu, batch_size)?;
-    let per = ds.sample_len();
+    let order = DeviceIndices::upload(gpu, ds, &indices, 0)?;
+    let (per, labels) = (ds.sample_len(), ds.labels_per_sample());
+    let mut totals = CrossEntropyTotals::new(gpu, batch_size * labels)?;
     for start in (0..indices.len()).step_by(batch_size.max(1)) {
         let n = (indices.len() - start).min(batch_size);
-        gather_batch(gpu, ds, &order, start, n, &mut x.slice_mut(0..n * per), &mut y.slice_mut(0..n))?;
-        dev.eval_batch(&x.slice(0..n * per), &y.slice(0..n), n, &mut totals)?;
+        let (xs, ys) = (&mut x.slice_mut(0..n * per), &mut y.slice_mut(0..n * labels));
+        gather_batch(gpu, ds, &order, start, n, xs, ys)?;
+        dev.eval_batch(&x.slice(0..n * per), &y.slice(0..n * labels), n, &mut totals)?;
     }
     let (loss_sum, correct) = totals.read(gpu)?;
-    let (mut loss_sum, mut correct, mut total) = (loss_sum, correct as usize, indices.len());
+    // A language model's loss is per token, as the CPU's evaluation counts it.
+    let (mut loss_sum, mut correct, mut total) = (loss_sum, correct as usize, indices.len() * labels);
     if let Some(r) = reducer {
         // f32 counts are exact below 2^24 samples; the loss sum keeps 7 digits.
         let host = [loss_sum as f32, correct as f32, total as f32];

@@ -109,14 +109,6 @@ impl CudaEngine {
         accum: usize,
         resumed: bool,
     ) -> Result<Self> {
-        // The device's optimizer runs over one flat buffer with one weight decay.
-        if !optimizer.decays_every_param() {
-            return Err(Error::config(
-                cfg.config_path.display().to_string(),
-                "optimizer.weight_decay_min_dim",
-                "leaves some parameters without weight decay, which the CUDA optimizer cannot do yet (it decays every parameter): set it to 0 or train with run.device = \"cpu\"",
-            ));
-        }
         let d = &cfg.data;
         let opts_r = ReducerOptions::from_config(&cfg.parallel);
         let (first_bucket_bytes, bucket_cap_bytes) = crate::dist::cuda::bucket_bytes(&opts_r);
@@ -161,12 +153,12 @@ impl CudaEngine {
             }
             None => None,
         };
-        let per = train_dev.sample_len();
+        let (per, labels) = (train_dev.sample_len(), train_dev.labels_per_sample());
         let s = gpu.stream();
         let alloc_err = |e| Error::cuda("allocating the batch buffers", e);
         let x: CudaSlice<f32> = s.alloc_zeros(max_batch * per).map_err(alloc_err)?;
-        let y: CudaSlice<u32> = s.alloc_zeros(max_batch).map_err(alloc_err)?;
-        let totals = CrossEntropyTotals::new(&gpu, max_batch)?;
+        let y: CudaSlice<u32> = s.alloc_zeros(max_batch * labels).map_err(alloc_err)?;
+        let totals = CrossEntropyTotals::new(&gpu, max_batch * labels)?;
         let state = amp.scaler.state();
         Ok(CudaEngine {
             gpu,
@@ -224,7 +216,7 @@ impl Engine for CudaEngine {
     fn begin_epoch(&mut self, epoch: u64, indices: Vec<usize>) -> Result<()> {
         self.order = Some(match &self.augment {
             Some((a, _)) => DeviceIndices::upload_augmented(&self.gpu, &self.train_dev, &indices, a, epoch)?,
-            None => DeviceIndices::upload(&self.gpu, &self.train_dev, &indices)?,
+            None => DeviceIndices::upload(&self.gpu, &self.train_dev, &indices, epoch)?,
         });
         self.next_row = 0;
         Ok(())
@@ -241,9 +233,9 @@ impl Engine for CudaEngine {
         self.broadcast_buffers()?;
         let order =
             self.order.as_ref().ok_or_else(|| Error::Training("a batch before its epoch began".into()))?;
-        let per = self.train_dev.sample_len();
+        let (per, labels) = (self.train_dev.sample_len(), self.train_dev.labels_per_sample());
         let gpu = &self.gpu;
-        let (x, y) = (&mut self.x.slice_mut(0..rows * per), &mut self.y.slice_mut(0..rows));
+        let (x, y) = (&mut self.x.slice_mut(0..rows * per), &mut self.y.slice_mut(0..rows * labels));
         match &self.augment {
             Some((_, aug)) => {
                 gather_batch_augmented(gpu, &self.train_dev, order, aug, self.next_row, rows, x, y)?
@@ -264,7 +256,7 @@ impl Engine for CudaEngine {
             self.dev.draws.at = at;
             self.dev.train_batch(
                 &self.x.slice(0..rows * per),
-                &self.y.slice(0..rows),
+                &self.y.slice(0..rows * labels),
                 rows,
                 &grad_scale,
                 &mut self.totals,
@@ -276,7 +268,7 @@ impl Engine for CudaEngine {
             // gradient becomes inf, before the optimizer sees it.
             self.dev.params.fill_last_grad(gpu, f32::INFINITY)?;
         }
-        self.fold.rows += rows;
+        self.fold.rows += rows * labels;
         Ok(None)
     }
 
@@ -380,7 +372,7 @@ impl Engine for CudaEngine {
 /// The training loss the device has summed since the host last looked.
 #[derive(Default)]
 struct LossFold {
-    /// Rows and optimizer steps in the device's sum.
+    /// Rows (a language model's: tokens) and optimizer steps in the device's sum.
     rows: usize,
     steps: u64,
 }
@@ -425,3 +417,5 @@ impl SkipTracker {
 
 #[cfg(test)]
 mod tests_cuda;
+#[cfg(test)]
+mod tests_gpt;

@@ -53,7 +53,8 @@ fn alloc(gpu: &Gpu, n: usize) -> Result<CudaSlice<f32>> {
 /// just those.
 fn group_optimizer(host: &Optimizer, members: &[usize]) -> Result<Optimizer> {
     let sizes: Vec<usize> = members.iter().map(|&i| host.param_sizes()[i]).collect();
-    let mut g = Optimizer::new(host.config().clone(), &sizes)?;
+    let decay: Vec<bool> = members.iter().map(|&i| host.decay()[i]).collect();
+    let mut g = Optimizer::new(host.config().clone(), &sizes)?.with_decay_mask(&decay)?;
     let tensors: Vec<(&str, usize, &[f32])> = host
         .state_tensors()
         .into_iter()

@@ -64,9 +64,9 @@ struct Run {
     scaler: Vec<(u64, u64, f64)>,
 }
 
-fn run(device: &str, opt_level: &str, out: &Path) -> Run {
-    let summary = crate::train::train(&cfg(device, opt_level, out)).unwrap();
-    let mut weights: Vec<(String, Vec<f32>)> = crate::checkpoint::load_safetensors(&summary.weights)
+/// A finished run's f32 weights by name and its logged training steps.
+pub(super) fn weights_and_steps(summary: &crate::train::Summary) -> (Named, Vec<serde_json::Value>) {
+    let mut weights: Named = crate::checkpoint::load_safetensors(&summary.weights)
         .unwrap()
         .into_iter()
         .filter_map(|e| match e.value {
@@ -76,10 +76,19 @@ fn run(device: &str, opt_level: &str, out: &Path) -> Run {
         .collect();
     weights.sort_by(|a, b| a.0.cmp(&b.0));
     let metrics = std::fs::read_to_string(summary.weights.with_file_name("metrics.jsonl")).unwrap();
-    let scaler = metrics
+    let steps = metrics
         .lines()
         .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
         .filter(|v| v["kind"] == "train")
+        .collect();
+    (weights, steps)
+}
+
+fn run(device: &str, opt_level: &str, out: &Path) -> Run {
+    let summary = crate::train::train(&cfg(device, opt_level, out)).unwrap();
+    let (weights, steps) = weights_and_steps(&summary);
+    let scaler = steps
+        .into_iter()
         .map(|v| {
             (
                 v["step"].as_u64().unwrap(),
@@ -94,7 +103,11 @@ fn run(device: &str, opt_level: &str, out: &Path) -> Run {
 /// The largest difference over tensors of max|gpu - cpu| / max(max|cpu|,
 /// `floor`): each tensor against its own scale, so BatchNorm's biases are not
 /// judged against the conv weights, but no finer than `floor`.
-fn max_rel_diff(gpu: &[(String, Vec<f32>)], cpu: &[(String, Vec<f32>)], floor: f32) -> (f32, String) {
+pub(super) fn max_rel_diff(
+    gpu: &[(String, Vec<f32>)],
+    cpu: &[(String, Vec<f32>)],
+    floor: f32,
+) -> (f32, String) {
     assert_eq!(gpu.len(), cpu.len());
     let mut worst = (0f32, String::new());
     for ((na, va), (nb, vb)) in gpu.iter().zip(cpu) {
