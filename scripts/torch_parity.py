@@ -120,6 +120,7 @@ import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 from torch_model import build, describe, dropout_masks  # noqa: E402
+import torch_train as train_lib  # noqa: E402
 
 FORWARD_TOL = 1e-5
 NORM_TOL = 1e-4
@@ -212,17 +213,8 @@ def mnist(split):
 
 
 def lr_at(step):
-    """ddptrain's schedule (src/optim/schedule.rs) for 0-based `step`: linear
-    warmup from the first step, then cosine to 0 over the rest; computed in
-    f64 and rounded once to f32, the rate ddptrain's optimizer uses."""
-    base = hp["lr"]
-    if step < WARMUP:
-        lr = base * (step + 1) / WARMUP
-    else:
-        t_max = a.steps - WARMUP
-        s = step - WARMUP
-        lr = 0.0 if s >= t_max else base * (1.0 + math.cos(math.pi * s / t_max)) / 2.0
-    return float(np.float32(lr)) * a.lr_scale
+    """ddptrain's schedule for 0-based `step`: warmup, then cosine to 0 over the rest."""
+    return train_lib.lr_at(step, hp["lr"], WARMUP, a.steps) * a.lr_scale
 
 
 def run_ddptrain(init, out, trace_path):
@@ -253,21 +245,10 @@ def run_ddptrain(init, out, trace_path):
 
 
 def make_optimizer(model):
-    params = model.parameters()
-    if TEXT:
-        # nanoGPT's configure_optimizers: decay the 2-D and larger parameters only.
-        ps = list(model.parameters())
-        params = [{"params": [p for p in ps if p.dim() >= 2], "weight_decay": hp["weight_decay"]},
-                  {"params": [p for p in ps if p.dim() < 2], "weight_decay": 0.0}]
+    params = train_lib.nanogpt_groups(model, hp["weight_decay"]) if TEXT else model.parameters()
     if a.optimizer == "sgd":
         return torch.optim.SGD(params, foreach=False, **hp)
     return torch.optim.AdamW(params, foreach=False, **hp)
-
-
-def loss_of(model, x, y):
-    """Cross-entropy of the batch: nanoGPT's over [B*T, V] for a language model."""
-    logits = model(x)
-    return nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
 
 
 def train_step(model, opt, s):
@@ -276,7 +257,7 @@ def train_step(model, opt, s):
     batch = order[s * BATCH : (s + 1) * BATCH]
     for g in opt.param_groups:
         g["lr"] = lr_at(s)
-    loss = loss_of(model, x_train[batch], y_train[batch])
+    loss = train_lib.loss_of(model, x_train[batch], y_train[batch])
     opt.zero_grad()
     loss.backward()
     grad_norm = math.sqrt(sum(p.grad.double().pow(2).sum().item() for p in model.parameters()))
@@ -360,16 +341,11 @@ def rel(x, y):
     return abs(x - y) / max(abs(y), 1e-30)
 
 
-def windows(split):
-    """A split's windows of block_size + 1 ids as (inputs, targets), nanoGPT's get_batch."""
-    w = torch.tensor(WINDOWS[split], dtype=torch.int64)
-    return w[:, :-1].contiguous(), w[:, 1:].contiguous()
-
-
 if TEXT:
     with open(a.windows) as f:
         WINDOWS = json.load(f)
-    (x_train, y_train), (x_test, y_test) = windows("train"), windows("val")
+    x_train, y_train = train_lib.windows(WINDOWS["train"])
+    x_test, y_test = train_lib.windows(WINDOWS["val"])
 else:
     x_train, y_train = mnist("train")
     x_test, y_test = mnist("t10k")
@@ -458,9 +434,7 @@ scored = build(DESC)
 scored.load_state_dict({k: v for k, v in ckpts[-1].items() if k in scored.state_dict()}, strict=True)
 scored.eval()
 if TEXT:
-    with torch.no_grad():
-        val = float(sum(loss_of(scored, x_test[i : i + BATCH], y_test[i : i + BATCH]) * len(x_test[i : i + BATCH])
-                        for i in range(0, len(x_test), BATCH)) / len(x_test))
+    val = train_lib.mean_loss(scored, x_test, y_test, BATCH)
     last = evals[-1] if evals else None
     if last is None or "val_loss" not in last:
         failures.append("ddptrain wrote no validation loss to metrics.jsonl")
