@@ -22,7 +22,7 @@ constexpr float kLn2Hi = 0.69314575f;
 constexpr float kLn2Lo = 1.4286068e-6f;
 // erfc's coefficients, constant term first.
 __device__ const float kErfc[10] = {-1.2655122f,  1.0000237f, 0.37409196f, 0.09678418f, -0.18628806f,
-                                    0.27886807f, -1.13520398f, 1.48851587f, -0.82215223f, 0.17087277f};
+                                    0.27886807f, -1.135204f, 1.4885159f, -0.82215223f, 0.17087277f};
 // The exp polynomial's coefficients after 1/5040, highest degree first.
 __device__ const float kExp[7] = {1.0f / 720.0f, 1.0f / 120.0f, 1.0f / 24.0f, 1.0f / 6.0f, 0.5f, 1.0f, 1.0f};
 
