@@ -76,7 +76,10 @@ fn a_text_run_reports_validation_loss_perplexity_and_tokens() {
     let steps: Vec<u64> = evals.iter().map(|l| l["step"].as_u64().unwrap()).collect();
     // Every 4 steps and at the end; 2 batches of 4 windows of 8 tokens each time.
     assert_eq!(steps, vec![4, 8, 10]);
+    // All inside epoch 0, the final evaluation of the run max_steps ended too.
+    assert!(t.contains("step 10 | epoch 0 | val loss "), "{t}");
     for e in &evals {
+        assert_eq!(e["epoch"], 0, "{e}");
         assert_eq!(e["tokens"], 64);
         assert_eq!(e["perplexity"].as_f64(), e["val_loss"].as_f64().map(f64::exp));
         assert!(e.get("test_accuracy").is_none(), "{e}");

@@ -191,7 +191,15 @@ pub(crate) fn run(cfg: &Config, opts: &RunOptions, setup: Setup, engine: &mut dy
             }
             // nanoGPT's eval_interval; the last step's evaluation is the one after the loop.
             if cfg.train.eval_every.is_some_and(|n| step.is_multiple_of(n)) && step < total_steps {
-                evaluate(engine, &mut ddp, &mut c, &mut metrics_out, |l| progress.println(l), text)?;
+                evaluate(
+                    engine,
+                    &mut ddp,
+                    &mut c,
+                    &mut metrics_out,
+                    |l| progress.println(l),
+                    text,
+                    steps_per_epoch,
+                )?;
                 evaluated_at = Some(step);
             }
             let host = engine.host(if saving { HostSync::WeightsAndGrads } else { HostSync::Stale })?;
@@ -227,7 +235,15 @@ pub(crate) fn run(cfg: &Config, opts: &RunOptions, setup: Setup, engine: &mut dy
         // A skip at the epoch's last step, before the evaluation's line.
         report(engine.scaler()?.skip);
         if evaluated_at != Some(c.step) {
-            evaluate(engine, &mut ddp, &mut c, &mut metrics_out, |l| progress.println(l), text)?;
+            evaluate(
+                engine,
+                &mut ddp,
+                &mut c,
+                &mut metrics_out,
+                |l| progress.println(l),
+                text,
+                steps_per_epoch,
+            )?;
         }
         engine.fold_loss(&mut c.window_loss)?;
         let host = engine.host(HostSync::WeightsAndGrads)?;
@@ -347,9 +363,13 @@ fn evaluate(
     metrics_out: &mut MetricsWriter,
     println: impl Fn(&str),
     text: Option<Text>,
+    steps_per_epoch: u64,
 ) -> Result<()> {
     let ev = engine.evaluate(ddp)?;
-    let (step, epoch) = (c.step, c.epoch);
+    // Epochs completed by this step: the current epoch's index mid-epoch,
+    // its count after it, and 0 still for a run that max_steps ended inside
+    // its first epoch (the loop has counted that epoch as done by then).
+    let (step, epoch) = (c.step, full_epochs(c.step, steps_per_epoch));
     if text.is_some() {
         let ppl = ev.loss.exp();
         metrics_out.write(&json!({"kind": "eval", "step": step, "epoch": epoch, "val_loss": ev.loss, "perplexity": ppl, "tokens": ev.total}))?;
