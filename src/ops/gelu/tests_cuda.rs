@@ -41,7 +41,7 @@ fn all_cases<T: DeviceFloat>(gpu: &Gpu, seed: u64) {
         // The baby GPT's MLP activations ([12, 64, 512]), and lengths around
         // the block size so the last element meets the buffer's end.
         check::<T>(gpu, 12 * 64 * 512, tanh, seed);
-        for n in [1, 255, 256, 257] {
+        for n in (1..=64).chain([255, 256, 257]) {
             check::<T>(gpu, n, tanh, seed + n as u64);
         }
     }
