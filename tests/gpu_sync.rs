@@ -79,13 +79,15 @@ fn run_resnet20(steps: u64, out: &Path) -> i64 {
 /// Host synchronizations of a whole in-process run of `steps` steps of a
 /// 2-layer GPT (tests/common/gpt.toml) on a few KB of text: about 80 steps
 /// of 4 windows per epoch, so `steps` stay inside the first; logging and
-/// checkpoints only at the end.
-fn run_gpt(level: &str, steps: u64, out: &Path) -> i64 {
+/// checkpoints only at the end. `p` is the embeddings' and attention's dropout.
+fn run_gpt(level: &str, p: &str, steps: u64, out: &Path) -> i64 {
     std::fs::create_dir_all(out).unwrap();
     let body: String =
         (0..40).map(|i| format!("The state of the union is strong, said speaker {i}.\n")).collect();
     let text = write(out, "input.txt", &body);
-    let path = write(out, "gpt.toml", &gpt_config("bytes", 256, (2, 2, 16, 8), "0.0"));
+    let gpt =
+        gpt_config("bytes", 256, (2, 2, 16, 8), p).replace("dropout_p = 0.0", &format!("dropout_p = {p}"));
+    let path = write(out, "gpt.toml", &gpt);
     let sets = [
         "run.device=cuda".to_string(),
         format!("run.out_dir={}", out.join("run").display()),
@@ -131,13 +133,18 @@ fn ordinary_steps_block_the_host_a_fixed_number_of_times_and_nothing_races() {
         println!("ResNet-20 O2: {short} host syncs in 2 steps, {long} in 22");
         assert_eq!(long - short, 20 * HOST_SYNCS_PER_STEP, "ResNet-20: host syncs of 20 ordinary steps");
     }
-    // The GPT (configs/gpt_sotu_o2.toml's model, small) on text at O0 and O2.
-    for level in ["O0", "O2"] {
-        let short = run_gpt(level, 2, &tmp.path().join(format!("gpt_{level}_2")));
-        let long = run_gpt(level, 7, &tmp.path().join(format!("gpt_{level}_7")));
+    // The GPT (configs/gpt_sotu_o2.toml's model, small) on text at O0 and
+    // O2, and with dropout (attention's reuses backward's workspace).
+    for (level, p) in [("O0", "0.0"), ("O2", "0.0"), ("O2", "0.1")] {
+        let short = run_gpt(level, p, 2, &tmp.path().join(format!("gpt_{level}_{p}_2")));
+        let long = run_gpt(level, p, 7, &tmp.path().join(format!("gpt_{level}_{p}_7")));
         if emu::counter("host_syncs").is_some() {
-            println!("GPT {level}: {short} host syncs in 2 steps, {long} in 7");
-            assert_eq!(long - short, 5 * HOST_SYNCS_PER_STEP, "GPT {level}: host syncs of 5 ordinary steps");
+            println!("GPT {level} dropout {p}: {short} host syncs in 2 steps, {long} in 7");
+            assert_eq!(
+                long - short,
+                5 * HOST_SYNCS_PER_STEP,
+                "GPT {level} {p}: host syncs of 5 ordinary steps"
+            );
         }
     }
     if let Some(c) = emu::counters() {

@@ -91,7 +91,8 @@ fn three_augmented_resnet_steps_match_pytorch() {
     let config = repo_root().join("configs/resnet20_catsdogs_o2.toml");
     let sets = catsdogs_sets();
     let plan = plan(dir.path(), &config, &sets, false);
-    let (code, t) = recipe(&python, &config, &sets, &plan, &["--loss-steps", "3", "--loss-tol", "1e-4", "--tol", "1"]);
+    let (code, t) =
+        recipe(&python, &config, &sets, &plan, &["--loss-steps", "3", "--loss-tol", "1e-4", "--tol", "1"]);
     println!("{t}");
     assert_eq!(code, Some(0), "{t}");
     assert!(t.contains("OK final test accuracy"), "{t}");
@@ -107,7 +108,8 @@ fn inverted_flips_fail_the_augmented_oracle() {
     let mut sets = catsdogs_sets();
     sets[1] = "train.max_steps=1".into();
     let plan = plan(dir.path(), &config, &sets, true);
-    let (code, t) = recipe(&python, &config, &sets, &plan, &["--loss-steps", "1", "--loss-tol", "1e-4", "--tol", "1"]);
+    let (code, t) =
+        recipe(&python, &config, &sets, &plan, &["--loss-steps", "1", "--loss-tol", "1e-4", "--tol", "1"]);
     assert_eq!(code, Some(1), "{t}");
     assert!(t.contains("MISMATCH step 1's loss"), "{t}");
 }
@@ -142,7 +144,8 @@ fn resnet20_fashion_recipe_matches_pytorch() {
     let plan = plan(&dir, &config, &sets, false);
     let run = dir.join("run");
     let run = run.to_string_lossy();
-    let args = ["--loss-steps", "3", "--loss-tol", "1e-2", "--threads", &threads, "--concurrent", "--out", &run];
+    let args =
+        ["--loss-steps", "3", "--loss-tol", "1e-2", "--threads", &threads, "--concurrent", "--out", &run];
     let (code, t) = recipe(&python, &config, &sets, &plan, &args);
     println!("{t}");
     assert_eq!(code, Some(0), "ddptrain's recipe and PyTorch's disagree:\n{t}");

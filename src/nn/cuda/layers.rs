@@ -232,7 +232,7 @@ pub(super) fn forward<A: Elem>(
         (
             Step::Embedding { .. } | Step::LayerNorm { .. } | Step::Gelu { .. } | Step::Attention { .. },
             state,
-        ) => super::transformer::forward::<A>(ctx, lp, state, acts, n),
+        ) => super::transformer::forward::<A>(ctx, lp, state, acts, n, train),
         (Step::Conv { .. } | Step::Linear { .. }, LayerState::HalfInput(x16)) if ctx.o1 => {
             super::half::forward(ctx, lp, x16, acts, n)
         }

@@ -85,10 +85,14 @@ pub enum Step {
         tanh: bool,
     },
     /// `[T, 3C]` to `[T, C]`; its softmax `[H, T, T]` kept for backward.
+    /// `dropout_p` drops softmax probabilities with the mask of the node's
+    /// Philox counters (`node`, as [`Step::Dropout`]).
     Attention {
         t: usize,
         c: usize,
         n_head: usize,
+        dropout_p: f64,
+        node: usize,
     },
 }
 
@@ -188,9 +192,8 @@ pub struct Plan {
 /// Why node `r` cannot run on the device yet, naming it; `None` when it can.
 pub fn without_kernels(r: &crate::config::model::ResolvedLayer) -> Option<String> {
     let missing = match &r.kind {
-        // The device launchers serve attention without dropout (nanoGPT's default).
-        LayerKind::CausalSelfAttention(a) => a.dropout_p > 0.0,
-        LayerKind::Embedding(_)
+        LayerKind::CausalSelfAttention(_)
+        | LayerKind::Embedding(_)
         | LayerKind::LayerNorm(_)
         | LayerKind::Gelu(_)
         | LayerKind::Linear(_)

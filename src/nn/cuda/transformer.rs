@@ -17,6 +17,7 @@ use crate::nn::layers::LayerKind;
 use crate::nn::Model;
 use crate::ops::attention::cpu::Dims;
 use crate::ops::attention::cuda as attk;
+use crate::ops::dropout::Mask;
 use crate::ops::embedding::cuda::{self as embk, Lookup, Table};
 use crate::ops::gelu::cuda as gelk;
 use crate::ops::layer_norm::cuda::{self as lnk, Affine, Rows, SavedStats};
@@ -89,20 +90,21 @@ pub(super) fn plan_step(
                 return Err(bad(format!("attention of width {c} over {n_head} heads")));
             }
             plan.att = plan.att.max(n_head * t * t);
-            Ok(Step::Attention { t, c, n_head })
+            Ok(Step::Attention { t, c, n_head, dropout_p: a.dropout_p, node })
         }
         other => Err(internal(format!("plan: {} is not a transformer layer", other.type_name()))),
     }
 }
 
-/// Forward of a transformer layer over `n` samples (they have no
-/// training-mode difference: attention and embedding dropout are off).
+/// Forward of a transformer layer over `n` samples; `train` turns
+/// attention dropout on (the others have no training-mode difference).
 pub(super) fn forward<A: Elem>(
     ctx: &mut Ctx<'_>,
     lp: &LayerPlan,
     state: &mut LayerState,
     acts: &mut Acts<'_>,
     n: usize,
+    train: bool,
 ) -> Result<()> {
     let (gpu, blas) = (ctx.gpu, ctx.blas);
     match (&lp.step, state) {
@@ -130,11 +132,17 @@ pub(super) fn forward<A: Elem>(
             let (x, mut y) = io::<A>(acts, lp, n)?;
             gelk::forward(gpu, &x, &mut y, tanh)
         }
-        (&Step::Attention { t, c, n_head }, state) => {
+        (&Step::Attention { t, c, n_head, dropout_p, node }, state) => {
             let LayerState::Attention(att) = state else { return Err(no_state(lp)) };
             let (x, mut y) = io::<A>(acts, lp, n)?;
-            let mut att = view_mut::<A>(att, n * n_head * t * t)?;
-            attk::forward(gpu, blas, &x, Dims { n, t, c, h: n_head }, &mut y, &mut att)
+            let len = n * n_head * t * t;
+            let mut att = view_mut::<A>(att, len)?;
+            // Backward's workspace is free during forward: it holds the dropped softmax.
+            let mask = Mask::new(dropout_p, ctx.draws.node(node));
+            let mut ws = view_mut::<A>(&mut ctx.tf.att_workspace, len)?;
+            let dropout =
+                (train && dropout_p > 0.0).then_some(attk::Dropout { mask: &mask, workspace: &mut ws });
+            attk::forward(gpu, blas, &x, Dims { n, t, c, h: n_head }, &mut y, &mut att, dropout)
         }
         (other, _) => Err(internal(format!("{other:?} run as a transformer layer"))),
     }
@@ -177,13 +185,15 @@ pub(super) fn backward<A: Elem>(
             let x = view::<A>(acts.get(lp.src)?, n * lp.in_numel)?;
             gelk::backward(gpu, &x, dy, dx_of(lp, dx)?, tanh)
         }
-        (&Step::Attention { t, c, n_head }, state) => {
+        (&Step::Attention { t, c, n_head, dropout_p, node }, state) => {
             let LayerState::Attention(att) = state else { return Err(no_state(lp)) };
             let qkv = view::<A>(acts.get(lp.src)?, n * lp.in_numel)?;
             let len = n * n_head * t * t;
             let att = view::<A>(att, len)?;
             let mut ws = view_mut::<A>(&mut ctx.tf.att_workspace, len)?;
-            attk::backward(gpu, blas, &qkv, &att, Dims { n, t, c, h: n_head }, dy, dx_of(lp, dx)?, &mut ws)
+            let mask = (dropout_p > 0.0).then(|| Mask::new(dropout_p, ctx.draws.node(node)));
+            let d = Dims { n, t, c, h: n_head };
+            attk::backward(gpu, blas, &qkv, &att, d, dy, dx_of(lp, dx)?, &mut ws, mask.as_ref())
         }
         (other, _) => Err(internal(format!("{other:?} run as a transformer layer"))),
     }

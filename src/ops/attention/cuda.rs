@@ -1,8 +1,14 @@
-//! Causal self-attention on the device, the twin of `cpu.rs` (without
-//! attention dropout: the launchers serve `dropout_p = 0`, nanoGPT's
-//! default and the GPT configs'): per head, cuBLAS strided-batched GEMMs over
-//! the batch for `q k^T * scale` and `att v`, and kernels/attention.cu's
-//! causal softmax between them; backward the same way in reverse.
+//! Causal self-attention on the device, the twin of `cpu.rs`: per head,
+//! cuBLAS strided-batched GEMMs over the batch for `q k^T * scale` and
+//! `att v`, and kernels/attention.cu's causal softmax between them; backward
+//! the same way in reverse.
+//!
+//! Attention dropout multiplies the softmax by the mask kernels/dropout.cu
+//! draws, element `e` of `[N, H, T, T]` from the same Philox counter as the
+//! CPU's element `e`, so both drop the same probabilities. The dropped copy
+//! lives in a caller's workspace only while a GEMM reads it: forward keeps
+//! the undropped softmax (what the softmax backward needs) and backward
+//! draws the mask again, as the dropout layer does.
 //!
 //! q, k and v are read in place from `qkv[N, T, 3C]` (head h's q at columns
 //! `h*hd..`, k at `C + h*hd..`, v at `2C + h*hd..`, leading dimension 3C), and
@@ -19,6 +25,7 @@ use super::cpu::Dims;
 use crate::cuda::blas::{gemm_strided_batched, BatchStrides, Blas, BlasElem};
 use crate::cuda::{as_i64, check_len, launch_1d, DeviceFloat, Gpu, TypedKernelFn};
 use crate::error::{Error, Result};
+use crate::ops::dropout::{cuda as dropk, Mask};
 use crate::typed_kernel;
 use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, DevicePtrMut};
 
@@ -124,8 +131,16 @@ fn softmax_rows<T: AttnFloat>(
     unsafe { b.launch(launch_1d(n_rows)) }.map_err(|e| Error::cuda(op, e))
 }
 
+/// Attention dropout in training: the mask, and `N * H * T * T` elements of
+/// workspace for the dropped softmax.
+pub struct Dropout<'m, 'w, 'a, T> {
+    pub mask: &'m Mask,
+    pub workspace: &'w mut CudaViewMut<'a, T>,
+}
+
 /// `y[N, T, C]` (overwritten) and the softmax `att[N, H, T, T]` (0 above the
-/// diagonal, kept for backward) from `qkv[N, T, 3C]`.
+/// diagonal, kept for backward, undropped) from `qkv[N, T, 3C]`; with
+/// `dropout`, `y` is the dropped softmax times v.
 pub fn forward<T: AttnFloat>(
     gpu: &Gpu,
     blas: &Blas,
@@ -133,6 +148,7 @@ pub fn forward<T: AttnFloat>(
     d: Dims,
     y: &mut CudaViewMut<'_, T>,
     att: &mut CudaViewMut<'_, T>,
+    dropout: Option<Dropout<'_, '_, '_, T>>,
 ) -> Result<()> {
     const OP: &str = "attention forward";
     let g = geometry(OP, d)?;
@@ -158,8 +174,15 @@ pub fn forward<T: AttnFloat>(
         (0, tt, t, h * tt),
     )?;
     softmax_rows(gpu, OP, &CAUSAL_SOFTMAX_FORWARD, None, att, d, 1.0)?;
-    // y = att v
-    let att_v = att.as_view();
+    // y = att v, or dropped(att) v
+    let att_v = match dropout.filter(|dr| !dr.mask.keeps_all()) {
+        Some(Dropout { mask, workspace }) => {
+            check_len(OP, "dropout workspace", workspace.len(), g.att)?;
+            dropk::apply(gpu, mask, &att.as_view(), workspace)?;
+            workspace.as_view()
+        }
+        None => att.as_view(),
+    };
     let att_op = Operand { buf: &att_v, head_step: tt, ld: t, stride: h * tt };
     per_head(
         blas,
@@ -175,7 +198,8 @@ pub fn forward<T: AttnFloat>(
 }
 
 /// `dqkv[N, T, 3C]` (every element overwritten) from `dy[N, T, C]`, the
-/// forward's `qkv` and `att`; `workspace` holds `N * H * T * T` elements.
+/// forward's `qkv` and `att` (undropped) and its dropout `mask`;
+/// `workspace` holds `N * H * T * T` elements.
 #[allow(clippy::too_many_arguments)]
 pub fn backward<T: AttnFloat>(
     gpu: &Gpu,
@@ -186,6 +210,7 @@ pub fn backward<T: AttnFloat>(
     dy: &CudaView<'_, T>,
     dqkv: &mut CudaViewMut<'_, T>,
     workspace: &mut CudaViewMut<'_, T>,
+    mask: Option<&Mask>,
 ) -> Result<()> {
     const OP: &str = "attention backward";
     let g = geometry(OP, d)?;
@@ -203,7 +228,29 @@ pub fn backward<T: AttnFloat>(
     let dy_op = || Operand { buf: dy, head_step: g.hd, ld: c, stride: t * c };
     let att_op = || Operand { buf: att, head_step: tt, ld: t, stride: h * tt };
     let dqkv_at = |off| (off, g.hd, c3, t * c3);
-    // d(att) = dy v^T, into the workspace.
+    let mask = mask.filter(|m| !m.keeps_all());
+    // dv = dropped(att)^T dy, first: the dropped softmax is drawn into the
+    // workspace that d(att) then overwrites.
+    match mask {
+        Some(m) => {
+            dropk::apply(gpu, m, att, workspace)?;
+            let dropped = workspace.as_view();
+            let op = Operand { buf: &dropped, head_step: tt, ld: t, stride: h * tt };
+            per_head(blas, d, (true, false), (t, g.hd, t), 1.0, (op, 0), (dy_op(), 0), dqkv, dqkv_at(2 * c))?;
+        }
+        None => per_head(
+            blas,
+            d,
+            (true, false),
+            (t, g.hd, t),
+            1.0,
+            (att_op(), 0),
+            (dy_op(), 0),
+            dqkv,
+            dqkv_at(2 * c),
+        )?,
+    }
+    // d(att) = dy v^T (through the mask), into the workspace.
     per_head(
         blas,
         d,
@@ -215,8 +262,9 @@ pub fn backward<T: AttnFloat>(
         workspace,
         (0, tt, t, h * tt),
     )?;
-    // dv = att^T dy
-    per_head(blas, d, (true, false), (t, g.hd, t), 1.0, (att_op(), 0), (dy_op(), 0), dqkv, dqkv_at(2 * c))?;
+    if let Some(m) = mask {
+        dropk::apply_(gpu, m, workspace)?;
+    }
     // The workspace becomes the scores' gradient, scale included.
     softmax_rows(gpu, OP, &CAUSAL_SOFTMAX_BACKWARD, Some(att), workspace, d, g.scale)?;
     let ds_v = workspace.as_view();
