@@ -55,6 +55,12 @@ fn all_cases<T: DeviceFloat>(gpu: &Gpu, seed: u64) {
     check::<T>(gpu, Table { num_embeddings: 5, dim: 1 }, Some(&[4, 0, 4, 2, 4]), (5, 0), seed + 9);
     check::<T>(gpu, Table { num_embeddings: 300, dim: 5 }, Some(&[299]), (1, 0), seed + 12);
     check::<T>(gpu, Table { num_embeddings: 3, dim: 7 }, Some(&[1; 200]), (200, 0), seed + 15);
+    // Every width and every token count 1..64, ids with repeats.
+    for k in 1..=64 {
+        let ids: Vec<usize> = (0..k).map(|i| (i * 7 + k) % 11).collect();
+        check::<T>(gpu, Table { num_embeddings: 11, dim: k }, Some(&ids), (k, 0), seed + 100 + k as u64);
+        check::<T>(gpu, Table { num_embeddings: 64, dim: 3 }, None, (2 * k, k), seed + 200 + k as u64);
+    }
 }
 
 #[test]

@@ -86,6 +86,12 @@ fn all_cases<T: DeviceFloat>(gpu: &Gpu, seed: u64) {
     {
         check::<T>(gpu, shape, bias, seed + 10 * i as u64);
     }
+    // Every width 1..64 (a row's last element anywhere in a warp) and every
+    // row count 1..64 (the gradients' chunks ending anywhere).
+    for k in 1..=64 {
+        check::<T>(gpu, rows(3, k), k % 2 == 0, seed + 100 + k as u64);
+        check::<T>(gpu, rows(k, 5), k % 2 == 1, seed + 200 + k as u64);
+    }
 }
 
 #[test]
