@@ -10,8 +10,10 @@
 //! parameters and their gradients in the opt level's dtypes, fp32 master
 //! weights when kept, the optimizer's state (SGD's momentum buffer, Adam's
 //! two moments, fp32), the activations saved for backward at
-//! `data.batch_size` plus the gradient flowing back, the conv scratch
-//! (im2col per CPU thread; the whole batch's on the GPU), one evaluation
+//! `data.batch_size` plus the gradient flowing back, the kernels' scratch
+//! (the largest layer's: a conv's im2col per CPU thread, the whole batch's
+//! on the GPU; attention's per-head blocks, its `[N, H, T, T]` workspace on
+//! the GPU), one evaluation
 //! batch, the loader's prefetched batches, the dataset (on the host, and on
 //! the GPU path its device copy too), a checkpoint's serialized copy and the
 //! process itself.
@@ -245,7 +247,7 @@ pub fn estimate(cfg: &Config, layers: &[ResolvedLayer], m: &Machine) -> Result<E
         part("parameters+grads", weights),
         part("masters+optimizer", fp32_params),
         part("activations", activations),
-        part("conv scratch", scratch),
+        part("scratch", scratch),
         Part { what: "eval batch", bytes: eval, key: Some("data.eval_batch_size") },
         part("ddp buckets", buckets),
     ];

@@ -209,3 +209,20 @@ fn preflight_counts_cifar_records_and_npz_headers() {
     let cfg = load_text(MINIMAL, &sets, &[]).0.unwrap();
     assert_eq!(part(&preflight(&cfg).unwrap()), 7 * (18 * 4 + 4));
 }
+
+/// The GPU config's attention workspace is the scratch on the device (64
+/// windows x 6 heads x 256 x 256 in f16 at O2: 48 MiB, larger than any
+/// layer's other scratch); on the CPU each task's per-head blocks.
+#[test]
+fn attention_scratch_is_counted_on_both_paths() {
+    let path = crate::testing::repo_root().join("configs/gpt_sotu_gpu_o2.toml");
+    let cfg = load_with_env(&path, &[], &[]).unwrap();
+    let layers = cfg.resolve_model().unwrap();
+    let m = Machine { target: Target::Gpu { total_bytes: 80 << 30, ranks_per_gpu: 1 }, ..cpu() };
+    let est = estimate(&cfg, &layers, &m).unwrap();
+    let scratch = |parts: &[super::memory::Part]| parts.iter().find(|p| p.what == "scratch").unwrap().bytes;
+    assert_eq!(scratch(est.device.as_ref().unwrap()), 64 * 6 * 256 * 256 * 2);
+    let est = estimate(&cfg, &layers, &cpu()).unwrap();
+    // 2 tasks of 3 x 256 x 256 + 7 x 256 x 64 f32s.
+    assert_eq!(scratch(&est.host), 2 * (3 * 256 * 256 + 7 * 256 * 64) * 4);
+}

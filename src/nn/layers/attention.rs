@@ -77,6 +77,20 @@ impl Layer for CausalSelfAttention {
         mul(&[super::numel128(m.in_shape)?, m.act])?.checked_add(mul(&[self.n_head as u128, t, t, 4])?)
     }
 
+    /// On the GPU, the `[N, H, T, T]` workspace the attention layers share
+    /// (backward's scores, forward's dropped softmax); on the CPU, each
+    /// task's f32 blocks of one head: the dropped softmax, its gradient and
+    /// the scores' (`T x T` each), and seven `[T, hd]` blocks.
+    fn scratch_bytes(&self, m: &MemoryArgs<'_>) -> Option<u128> {
+        let (t, h) = (*m.in_shape.first()? as u128, self.n_head as u128);
+        if m.on_gpu {
+            return mul(&[m.batch, h, t, t, m.act]);
+        }
+        let hd = (self.n_embd as u128).checked_div(h)?;
+        let per_task = mul(&[3, t, t])?.checked_add(mul(&[7, t, hd])?)?;
+        mul(&[per_task, m.threads, 4])
+    }
+
     fn forward_train(&self, _w: &mut Weights, x: Tensor, cx: Ctx<'_>) -> Result<(Tensor, Self::Saved)> {
         let mask = if self.dropout_p > 0.0 {
             let draws = cx.draws.ok_or_else(|| Error::internal("attention dropout was given no draws"))?;
