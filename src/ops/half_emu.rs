@@ -136,7 +136,7 @@ pub(crate) fn round_to_vec(src: &[f32]) -> Vec<f16> {
 /// instructions the `half` crate uses (exact widening, round-to-nearest-even
 /// by the immediate, not MXCSR), so the bits are the same, in fewer passes.
 #[cfg(target_arch = "x86_64")]
-pub(crate) use x86::{Load16, Store16};
+pub(crate) use x86::{usable as avx512_usable, Load16, Store16};
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
@@ -144,7 +144,8 @@ mod x86 {
     use std::arch::x86_64::*;
     use std::mem::MaybeUninit;
 
-    pub(super) fn usable() -> bool {
+    /// Whether the CPU has AVX-512 F, BW and VL (what the 16-lane loads and stores use).
+    pub(crate) fn usable() -> bool {
         std::arch::is_x86_feature_detected!("avx512f")
             && std::arch::is_x86_feature_detected!("avx512bw")
             && std::arch::is_x86_feature_detected!("avx512vl")

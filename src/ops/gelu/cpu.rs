@@ -26,15 +26,18 @@ const C: f64 = 0.044_715;
 
 /// The same constants in f32, and 1/√2, 1/√(2π), log2(e), ln 2 split so
 /// that `k * LN2_HI` is exact for every exponent `k` [`exp`] uses.
-const K32: f32 = 0.797_884_6;
-const C32: f32 = 0.044_715;
-const FRAC_1_SQRT_2: f32 = std::f32::consts::FRAC_1_SQRT_2;
-const FRAC_1_SQRT_2PI: f32 = 0.398_942_3;
-const LOG2_E: f32 = std::f32::consts::LOG2_E;
-const LN2_HI: f32 = 0.693_145_75;
-const LN2_LO: f32 = 1.428_606_8e-6;
+pub(super) const K32: f32 = 0.797_884_6;
+pub(super) const C32: f32 = 0.044_715;
+pub(super) const FRAC_1_SQRT_2: f32 = std::f32::consts::FRAC_1_SQRT_2;
+pub(super) const FRAC_1_SQRT_2PI: f32 = 0.398_942_3;
+pub(super) const LOG2_E: f32 = std::f32::consts::LOG2_E;
+pub(super) const LN2_HI: f32 = 0.693_145_75;
+pub(super) const LN2_LO: f32 = 1.428_606_8e-6;
+/// e^r's Taylor coefficients, highest degree first (Horner's order).
+pub(super) const EXP_TAYLOR: [f32; 8] =
+    [1.0 / 5040.0, 1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0];
 /// erfcc's coefficients, constant term first.
-const ERFC: [f32; 10] = [
+pub(super) const ERFC: [f32; 10] = [
     -1.265_512_2,
     1.000_023_7,
     0.374_091_96,
@@ -56,8 +59,8 @@ pub fn exp(x: f32) -> f32 {
     let xc = x.clamp(-87.0, 88.0);
     let k = (xc * LOG2_E + 0.5).floor();
     let r = (xc - k * LN2_HI) - k * LN2_LO;
-    let mut p = 1.0 / 5040.0;
-    for c in [1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
+    let mut p = EXP_TAYLOR[0];
+    for c in &EXP_TAYLOR[1..] {
         p = p * r + c;
     }
     // k is in [-126, 127]: 2^k is a normal f32, built from its exponent bits.
@@ -137,22 +140,83 @@ fn slope(x: f32, tanh: bool) -> f32 {
     }
 }
 
-pub fn forward(x: &[f32], y: &mut [f32], tanh: bool) {
+/// `y = gelu(x)`: f32 or f16 (widened, computed in f32, rounded once).
+pub(crate) fn forward<S: Lane, D: Lane>(x: &[S], y: &mut [D], tanh: bool) {
     y.par_chunks_mut(PAR_CHUNK).zip(x.par_chunks(PAR_CHUNK)).for_each(|(y, x)| {
+        #[cfg(target_arch = "x86_64")]
+        if super::avx512::usable() {
+            // SAFETY: AVX-512 F/BW/VL checked just above.
+            return unsafe { super::avx512::forward(x, y, tanh) };
+        }
         for (y, &x) in y.iter_mut().zip(x) {
-            *y = value(x, tanh);
+            *y = D::of(value(x.f32(), tanh));
         }
     });
 }
 
-pub fn backward(x: &[f32], dy: &[f32], dx: &mut [f32], tanh: bool) {
+/// `dx = dy * gelu'(x)`, in f32 for f32 or f16 values.
+pub(crate) fn backward<S: Lane, D: Lane>(x: &[S], dy: &[S], dx: &mut [D], tanh: bool) {
     dx.par_chunks_mut(PAR_CHUNK).zip(x.par_chunks(PAR_CHUNK).zip(dy.par_chunks(PAR_CHUNK))).for_each(
         |(dx, (x, dy))| {
+            #[cfg(target_arch = "x86_64")]
+            if super::avx512::usable() {
+                // SAFETY: AVX-512 F/BW/VL checked just above.
+                return unsafe { super::avx512::backward(x, dy, dx, tanh) };
+            }
             for ((dx, &x), &dy) in dx.iter_mut().zip(x).zip(dy) {
-                *dx = dy * slope(x, tanh);
+                *dx = D::of(dy.f32() * slope(x.f32(), tanh));
             }
         },
     );
+}
+
+/// The scalar kernels alone (the AVX-512 ones' twin in the tests).
+#[cfg(test)]
+pub fn forward_scalar(x: &[f32], y: &mut [f32], tanh: bool) {
+    for (y, &x) in y.iter_mut().zip(x) {
+        *y = value(x, tanh);
+    }
+}
+
+#[cfg(test)]
+pub fn backward_scalar(x: &[f32], dy: &[f32], dx: &mut [f32], tanh: bool) {
+    for ((dx, &x), &dy) in dx.iter_mut().zip(x).zip(dy) {
+        *dx = dy * slope(x, tanh);
+    }
+}
+
+/// An element the kernels read and write: f32, or f16 widened exactly and
+/// rounded to nearest-even (as `half` and the AVX-512 conversions do).
+#[cfg(target_arch = "x86_64")]
+pub(crate) trait Lane:
+    Copy + Send + Sync + crate::ops::half_emu::Load16 + crate::ops::half_emu::Store16
+{
+    fn f32(self) -> f32;
+    fn of(v: f32) -> Self;
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+pub(crate) trait Lane: Copy + Send + Sync {
+    fn f32(self) -> f32;
+    fn of(v: f32) -> Self;
+}
+
+impl Lane for f32 {
+    fn f32(self) -> f32 {
+        self
+    }
+    fn of(v: f32) -> Self {
+        v
+    }
+}
+
+impl Lane for half::f16 {
+    fn f32(self) -> f32 {
+        self.to_f32()
+    }
+    fn of(v: f32) -> Self {
+        half::f16::from_f32(v)
+    }
 }
 
 #[inline]

@@ -4,6 +4,8 @@
 //!
 //! f16 tensors are widened, computed in f32 and rounded once on store.
 
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 pub mod cpu;
 pub mod cuda;
 #[cfg(test)]
@@ -12,13 +14,17 @@ mod tests;
 use super::cpu_f32;
 use super::half_emu::{any_f16, f32_of};
 use crate::error::Result;
-use crate::tensor::Tensor;
+use crate::tensor::{DType, Tensor};
+use half::f16;
 
 const OP: &str = "gelu";
 
 pub fn forward(x: &Tensor, tanh: bool) -> Result<Tensor> {
-    if any_f16([Some(x)]) {
-        return Ok(forward(&f32_of(x), tanh)?.into_dtype(x.dtype()));
+    if x.dtype() == DType::F16 {
+        let xs = x.as_f16()?;
+        let mut y = vec![f16::ZERO; xs.len()];
+        cpu::forward(xs, &mut y, tanh);
+        return Tensor::from_f16_vec(x.shape(), y);
     }
     let xs = cpu_f32(OP, "input", x)?;
     let mut y = vec![0f32; xs.len()];
@@ -29,6 +35,12 @@ pub fn forward(x: &Tensor, tanh: bool) -> Result<Tensor> {
 /// dx from the forward's input `x` and the upstream `dy`.
 pub fn backward(x: &Tensor, dy: &Tensor, tanh: bool) -> Result<Tensor> {
     dy.check_shape("gelu backward: dy (must match x)", x.shape())?;
+    if x.dtype() == DType::F16 && dy.dtype() == DType::F16 {
+        let (xs, dys) = (x.as_f16()?, dy.as_f16()?);
+        let mut dx = vec![f16::ZERO; xs.len()];
+        cpu::backward(xs, dys, &mut dx, tanh);
+        return Tensor::from_f16_vec(x.shape(), dx);
+    }
     if any_f16([Some(x), Some(dy)]) {
         return Ok(backward(&f32_of(x), &f32_of(dy), tanh)?.into_dtype(dy.dtype()));
     }

@@ -109,3 +109,101 @@ fn exp_is_within_an_ulp_and_a_half_over_its_range() {
     println!("exp: worst {worst:.2} ulp");
     assert!(worst <= 1.5, "{worst}");
 }
+
+/// The AVX-512 kernels give the scalar ones' bits: over [-12, 12] every
+/// 2^-10, random values, the exp clamp's edges, subnormals, signed zeros,
+/// infinities and NaN, at every length 1..64 (each tail mask), in f32 and
+/// through f16's loads and stores.
+#[test]
+fn the_avx512_kernels_give_the_scalar_bits() {
+    if !super::avx512::usable() {
+        println!("the_avx512_kernels_give_the_scalar_bits: no AVX-512 here, the scalar kernels run");
+        return;
+    }
+    let mut x: Vec<f32> = (-12 * 1024..=12 * 1024).map(|i| i as f32 / 1024.0).collect();
+    x.extend(crate::ops::testing::rand_vec_f32(4099, 9).iter().map(|v| v * 20.0));
+    x.extend([-87.0, -87.000_01, 88.0, 88.000_01, -200.0, 200.0, 13.2, -13.2, 9.3, -9.3]);
+    x.extend([f32::MIN_POSITIVE, -f32::MIN_POSITIVE, 1e-40, -1e-40, 0.0, -0.0, f32::MAX, f32::MIN]);
+    x.extend([f32::INFINITY, f32::NEG_INFINITY, f32::NAN, -f32::NAN]);
+    let dy: Vec<f32> = crate::ops::testing::rand_vec_f32(x.len(), 10);
+    let same = |a: &[f32], b: &[f32], what: &str| {
+        for (i, (g, w)) in a.iter().zip(b).enumerate() {
+            assert!(
+                g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()),
+                "{what} at x = {}: {g} vs {w}",
+                x[i]
+            );
+        }
+    };
+    for tanh in [false, true] {
+        let n = x.len();
+        let (mut y, mut want) = (vec![0f32; n], vec![0f32; n]);
+        // SAFETY: AVX-512 checked above.
+        unsafe { super::avx512::forward(&x, &mut y, tanh) };
+        cpu::forward_scalar(&x, &mut want, tanh);
+        same(&y, &want, &format!("tanh={tanh} forward"));
+        unsafe { super::avx512::backward(&x, &dy, &mut y, tanh) };
+        cpu::backward_scalar(&x, &dy, &mut want, tanh);
+        same(&y, &want, &format!("tanh={tanh} backward"));
+        for len in 1..=64 {
+            let (xs, dys) = (&x[1000..1000 + len], &dy[..len]);
+            let (mut y, mut want) = (vec![7f32; len + 1], vec![7f32; len + 1]);
+            unsafe { super::avx512::forward(xs, &mut y[..len], tanh) };
+            cpu::forward_scalar(xs, &mut want[..len], tanh);
+            same(&y, &want, &format!("tanh={tanh} forward of {len}"));
+            unsafe { super::avx512::backward(xs, dys, &mut y[..len], tanh) };
+            cpu::backward_scalar(xs, dys, &mut want[..len], tanh);
+            same(&y, &want, &format!("tanh={tanh} backward of {len}"));
+        }
+        // f16 in and out: the f32 kernels on widened values, rounded once.
+        let x16: Vec<half::f16> = x.iter().map(|&v| half::f16::from_f32(v)).collect();
+        let dy16: Vec<half::f16> = dy.iter().map(|&v| half::f16::from_f32(v)).collect();
+        let (xw, dyw): (Vec<f32>, Vec<f32>) =
+            (x16.iter().map(|v| v.to_f32()).collect(), dy16.iter().map(|v| v.to_f32()).collect());
+        let mut y16 = vec![half::f16::ZERO; n];
+        unsafe { super::avx512::forward(&x16, &mut y16, tanh) };
+        cpu::forward_scalar(&xw, &mut want, tanh);
+        let rounded: Vec<f32> = want.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect();
+        same(
+            &y16.iter().map(|v| v.to_f32()).collect::<Vec<_>>(),
+            &rounded,
+            &format!("tanh={tanh} f16 forward"),
+        );
+        unsafe { super::avx512::backward(&x16, &dy16, &mut y16, tanh) };
+        cpu::backward_scalar(&xw, &dyw, &mut want, tanh);
+        let rounded: Vec<f32> = want.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect();
+        same(
+            &y16.iter().map(|v| v.to_f32()).collect::<Vec<_>>(),
+            &rounded,
+            &format!("tanh={tanh} f16 backward"),
+        );
+    }
+}
+
+/// Nanoseconds per element of the f32 kernels over the baby GPT's
+/// `[12, 64, 512]` (one thread pool as configured):
+/// `cargo test --release --lib gelu_timing -- --ignored --nocapture`.
+#[test]
+#[ignore = "a timing, not a check"]
+fn gelu_timing() {
+    let n = 12 * 64 * 512;
+    let x: Vec<f32> = crate::ops::testing::rand_vec_f32(n, 5).iter().map(|v| v * 3.0).collect();
+    let (mut y, mut dx) = (vec![0f32; n], vec![0f32; n]);
+    for tanh in [false, true] {
+        let (mut best_f, mut best_b) = (f64::MAX, f64::MAX);
+        for _ in 0..20 {
+            let t = std::time::Instant::now();
+            cpu::forward(&x, &mut y, tanh);
+            best_f = best_f.min(t.elapsed().as_secs_f64());
+            let t = std::time::Instant::now();
+            cpu::backward(&x, &y, &mut dx, tanh);
+            best_b = best_b.min(t.elapsed().as_secs_f64());
+        }
+        println!(
+            "gelu tanh={tanh}: forward {:.2} ns/element, backward {:.2} ns/element ({} threads)",
+            best_f * 1e9 / n as f64,
+            best_b * 1e9 / n as f64,
+            rayon::current_num_threads()
+        );
+    }
+}
