@@ -46,6 +46,9 @@ fn chars_are_the_sorted_distinct_characters_of_the_whole_text() {
     assert_eq!(*c.vocab, Vocab::Chars { itos: vec![' ', 'a', 'b', 'c', 'z', 'é'] });
     assert_eq!(c.vocab.encode("cab z").unwrap(), vec![3, 1, 2, 0, 4]);
     assert_eq!(c.vocab.encode("q"), Err('q'));
+    // Past ASCII: found by search, or refused.
+    assert_eq!(c.vocab.encode("éza"), Ok(vec![5, 4, 1]));
+    assert_eq!(c.vocab.encode("aü"), Err('ü'));
     assert_eq!(c.vocab.decode(&c.val[c.val.len() - 2..]), "zé");
     let json = c.vocab.to_json().unwrap();
     let back: Vocab = serde_json::from_slice(&json).unwrap();
