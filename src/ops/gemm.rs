@@ -35,10 +35,43 @@ pub fn gemm<T: Elem>(
     accumulate: bool,
     par: Par,
 ) {
+    let lda = if trans_a { m } else { k };
+    let ldb = if trans_b { k } else { n };
+    gemm_ld(m, n, k, (a, lda, trans_a), (b, ldb, trans_b), (c, n), accumulate, par)
+}
+
+/// [`gemm`] on row-major matrices whose rows lie `ld` elements apart (each
+/// matrix given as `(slice, ld, transposed)`, C as `(slice, ldc)`): a block
+/// of columns read or written in place, as attention's heads are in their
+/// `[T, 3C]` and `[T, C]` rows. Only C's `n` columns of each row are written.
+///
+/// # Panics
+/// If a slice is shorter than its strided matrix, or a leading dimension is
+/// narrower than its rows (C's rows would overlap).
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_ld<T: Elem>(
+    m: usize,
+    n: usize,
+    k: usize,
+    (a, lda, trans_a): (&[T], usize, bool),
+    (b, ldb, trans_b): (&[T], usize, bool),
+    (c, ldc): (&mut [T], usize),
+    accumulate: bool,
+    par: Par,
+) {
+    // (rows, columns) of A, B and C as stored.
+    let (a_rows, a_cols) = if trans_a { (k, m) } else { (m, k) };
+    let (b_rows, b_cols) = if trans_b { (n, k) } else { (k, n) };
     // These checks are what make the raw-pointer call below sound.
-    assert!(a.len() >= m * k, "gemm: A has {} elements, needs {m}x{k}", a.len());
-    assert!(b.len() >= k * n, "gemm: B has {} elements, needs {k}x{n}", b.len());
-    assert!(c.len() >= m * n, "gemm: C has {} elements, needs {m}x{n}", c.len());
+    let span =
+        |rows: usize, cols: usize, ld: usize| if rows == 0 || cols == 0 { 0 } else { (rows - 1) * ld + cols };
+    assert!(
+        lda >= a_cols && ldb >= b_cols && ldc >= n,
+        "gemm: leading dimensions {lda}, {ldb}, {ldc} too narrow"
+    );
+    assert!(a.len() >= span(a_rows, a_cols, lda), "gemm: A has {} elements, needs {m}x{k}", a.len());
+    assert!(b.len() >= span(b_rows, b_cols, ldb), "gemm: B has {} elements, needs {k}x{n}", b.len());
+    assert!(c.len() >= span(m, n, ldc), "gemm: C has {} elements, needs {m}x{n}", c.len());
     if m == 0 || n == 0 {
         return;
     }
@@ -46,20 +79,22 @@ pub fn gemm<T: Elem>(
         // An empty sum; handled here so the result never depends on how the
         // crate treats a zero inner dimension.
         if !accumulate {
-            c[..m * n].fill(T::zero());
+            for row in c.chunks_mut(ldc).take(m) {
+                row[..n].fill(T::zero());
+            }
         }
         return;
     }
     // Element (i, p) of op(A) sits at i*a_rs + p*a_cs.
-    let (a_rs, a_cs) = if trans_a { (1, m) } else { (k, 1) };
-    let (b_rs, b_cs) = if trans_b { (1, k) } else { (n, 1) };
+    let (a_rs, a_cs) = if trans_a { (1, lda) } else { (lda, 1) };
+    let (b_rs, b_cs) = if trans_b { (1, ldb) } else { (ldb, 1) };
     let parallelism = match par {
         Par::Seq => gemm::Parallelism::None,
         Par::Rayon(t) => gemm::Parallelism::Rayon(t),
     };
     // SAFETY: the asserts above keep every index the strides reach
-    // (max (m-1)*rs + (k-1)*cs etc.) inside the slices; `c` is borrowed
-    // mutably, so it cannot alias `a` or `b`.
+    // (max (m-1)*rs + (k-1)*cs etc.) inside the slices, and C's rows apart
+    // (ldc >= n); `c` is borrowed mutably, so it cannot alias `a` or `b`.
     unsafe {
         gemm::gemm(
             m,
@@ -67,7 +102,7 @@ pub fn gemm<T: Elem>(
             k,
             c.as_mut_ptr(),
             1,
-            n as isize,
+            ldc as isize,
             accumulate,
             a.as_ptr(),
             a_cs as isize,
@@ -155,6 +190,40 @@ mod tests {
         gemm(m, n, k, &af, true, &bf, false, &mut c, false, Par::Seq);
         for (g, w) in c.iter().zip(&want) {
             assert!((*g as f64 - w).abs() < 1e-4);
+        }
+    }
+
+    /// Blocks of columns inside wider rows, as attention reads its heads:
+    /// the same results as the gathered dense matrices, C's other columns untouched.
+    #[test]
+    fn strided_blocks_match_the_dense_product() {
+        let (m, n, k, pad) = (7, 5, 9, 3);
+        for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
+            let (ar, ac) = if ta { (k, m) } else { (m, k) };
+            let (br, bc) = if tb { (n, k) } else { (k, n) };
+            let wide_a = rand_vec(ar * (ac + pad), 1);
+            let wide_b = rand_vec(br * (bc + pad), 2);
+            let dense = |w: &[f64], rows: usize, cols: usize| -> Vec<f64> {
+                (0..rows)
+                    .flat_map(|r| w[r * (cols + pad) + 1..r * (cols + pad) + 1 + cols].to_vec())
+                    .collect()
+            };
+            let (a, b) = (dense(&wide_a, ar, ac), dense(&wide_b, br, bc));
+            let want = naive(m, n, k, &a, ta, &b, tb);
+            let mut c = vec![-1.0; m * (n + pad)];
+            let ca = (&wide_a[1..], ac + pad, ta);
+            let cb = (&wide_b[1..], bc + pad, tb);
+            gemm_ld(m, n, k, ca, cb, (&mut c[2..], n + pad), false, Par::Seq);
+            for i in 0..m {
+                for j in 0..n + pad {
+                    let got = c[i * (n + pad) + j];
+                    if (2..2 + n).contains(&j) {
+                        assert!((got - want[i * n + j - 2]).abs() < 1e-12, "ta={ta} tb={tb} ({i}, {j})");
+                    } else {
+                        assert_eq!(got, -1.0, "ta={ta} tb={tb}: ({i}, {j}) written");
+                    }
+                }
+            }
         }
     }
 

@@ -1,10 +1,11 @@
 //! Attention's CPU kernels, generic over f32/f64, parallel over the batch
 //! (each sample's heads write only that sample's rows). Each head's products
-//! are GEMMs on its gathered `[T, hd]` blocks: the scalar dot products they
-//! replace took a third of a baby GPT's training step.
+//! are GEMMs reading and writing its `[T, hd]` blocks in place (rows 3C or C
+//! apart): the scalar dot products they replaced took a third of a baby
+//! GPT's training step, and gathering the blocks into copies a twentieth.
 
 use crate::ops::dropout::{cpu::apply, Mask};
-use crate::ops::gemm::{gemm, Par};
+use crate::ops::gemm::{gemm_ld, Par};
 use crate::ops::Elem;
 use rayon::prelude::*;
 
@@ -36,21 +37,11 @@ fn dropped<'a, T: Elem>(att: &'a [T], mask: Option<&Mask>, offset: u64) -> std::
     }
 }
 
-/// One head's `[T, hd]` block of columns `col..col + hd` of the `[T, stride]` rows of `x`.
-fn gather<T: Elem>(x: &[T], t: usize, stride: usize, col: usize, hd: usize) -> Vec<T> {
-    (0..t).flat_map(|i| x[i * stride + col..i * stride + col + hd].iter().copied()).collect()
-}
-
-/// Writes one head's `[T, hd]` block into columns `col..col + hd` of `out`'s `[T, stride]` rows.
-fn scatter<T: Elem>(block: &[T], out: &mut [T], stride: usize, col: usize, hd: usize) {
-    for (i, row) in block.chunks_exact(hd).enumerate() {
-        out[i * stride + col..i * stride + col + hd].copy_from_slice(row);
-    }
-}
-
 /// `y[N, T, C]` and the softmax `att[N, H, T, T]` (0 above the diagonal).
 /// Per sample and head: `q k^T` and `att v` as GEMMs (the CUDA twin's
-/// cuBLAS calls), the causal softmax row by row with the row max subtracted.
+/// cuBLAS calls) that read q, k and v in place from the `[T, 3C]` rows and
+/// write each head's columns of y, the causal softmax row by row with the
+/// row max subtracted.
 pub fn forward<T: Elem>(d: Dims, x: &[T], mask: Option<&Mask>, y: &mut [T], att: &mut [T]) {
     let Dims { t, c, h, .. } = d;
     let hd = d.hd();
@@ -61,11 +52,9 @@ pub fn forward<T: Elem>(d: Dims, x: &[T], mask: Option<&Mask>, y: &mut [T], att:
         .enumerate()
         .for_each(|(n, ((y, att), x))| {
             for head in 0..h {
-                let q = gather(x, t, 3 * c, head * hd, hd);
-                let k = gather(x, t, 3 * c, c + head * hd, hd);
-                let v = gather(x, t, 3 * c, 2 * c + head * hd, hd);
+                let (q, k, v) = (&x[head * hd..], &x[c + head * hd..], &x[2 * c + head * hd..]);
                 let a = &mut att[head * t * t..(head + 1) * t * t];
-                gemm(t, t, hd, &q, false, &k, true, a, false, Par::Seq);
+                gemm_ld(t, t, hd, (q, 3 * c, false), (k, 3 * c, true), (a, t), false, Par::Seq);
                 for (i, row) in a.chunks_exact_mut(t).enumerate() {
                     let mut max = T::neg_infinity();
                     for s in row.iter_mut().take(i + 1) {
@@ -83,39 +72,44 @@ pub fn forward<T: Elem>(d: Dims, x: &[T], mask: Option<&Mask>, y: &mut [T], att:
                 }
                 let offset = ((n * h + head) * t * t) as u64;
                 let ad = dropped(a, mask, offset);
-                let mut yh = vec![T::zero(); t * hd];
-                gemm(t, hd, t, &ad, false, &v, false, &mut yh, false, Par::Seq);
-                scatter(&yh, y, c, head * hd, hd);
+                gemm_ld(
+                    t,
+                    hd,
+                    t,
+                    (&ad, t, false),
+                    (v, 3 * c, false),
+                    (&mut y[head * hd..], c),
+                    false,
+                    Par::Seq,
+                );
             }
         });
 }
 
-/// `dx[N, T, 3C]` (`=`) for the q, k and v parts, each a GEMM per sample and head.
+/// `dx[N, T, 3C]` (`=`) for the q, k and v parts, each a GEMM per sample
+/// and head writing its columns in place.
 pub fn backward<T: Elem>(d: Dims, x: &[T], att: &[T], dy: &[T], mask: Option<&Mask>, dx: &mut [T]) {
     let Dims { t, c, h, .. } = d;
     let hd = d.hd();
     let scale = T::one() / T::from_usize(hd).unwrap_or_else(T::one).sqrt();
     dx.par_chunks_mut(t * 3 * c).zip(x.par_chunks(t * 3 * c)).zip(dy.par_chunks(t * c)).enumerate().for_each(
         |(n, ((dx, x), dy))| {
+            let (mut da, mut ds) = (vec![T::zero(); t * t], vec![T::zero(); t * t]);
             for head in 0..h {
-                let q = gather(x, t, 3 * c, head * hd, hd);
-                let k = gather(x, t, 3 * c, c + head * hd, hd);
-                let v = gather(x, t, 3 * c, 2 * c + head * hd, hd);
-                let dyh = gather(dy, t, c, head * hd, hd);
+                let (q, k, v) = (&x[head * hd..], &x[c + head * hd..], &x[2 * c + head * hd..]);
+                let dyh = &dy[head * hd..];
                 let a = &att[(n * h + head) * t * t..(n * h + head + 1) * t * t];
                 let offset = ((n * h + head) * t * t) as u64;
                 let ad = dropped(a, mask, offset);
                 // d(dropped softmax) = dy v^T, then through the mask.
-                let mut da = vec![T::zero(); t * t];
-                gemm(t, t, hd, &dyh, false, &v, true, &mut da, false, Par::Seq);
+                gemm_ld(t, t, hd, (dyh, c, false), (v, 3 * c, true), (&mut da, t), false, Par::Seq);
                 if let Some(m) = mask {
                     apply(m, &mut da, offset);
                 }
                 // dv = (dropped softmax)^T dy.
-                let mut dv = vec![T::zero(); t * hd];
-                gemm(t, hd, t, &ad, true, &dyh, false, &mut dv, false, Par::Seq);
+                let dv = &mut dx[2 * c + head * hd..];
+                gemm_ld(t, hd, t, (&ad, t, true), (dyh, c, false), (dv, 3 * c), false, Par::Seq);
                 // Softmax backward: ds = a * (da - sum_j a da) * scale on and below the diagonal.
-                let mut ds = vec![T::zero(); t * t];
                 for i in 0..t {
                     let (ar, dar) = (&a[i * t..i * t + i + 1], &da[i * t..i * t + i + 1]);
                     let dot = ar.iter().zip(dar).map(|(&p, &g)| p * g).sum::<T>();
@@ -124,12 +118,18 @@ pub fn backward<T: Elem>(d: Dims, x: &[T], att: &[T], dy: &[T], mask: Option<&Ma
                     }
                 }
                 // dq = ds k, dk = ds^T q.
-                let (mut dq, mut dk) = (vec![T::zero(); t * hd], vec![T::zero(); t * hd]);
-                gemm(t, hd, t, &ds, false, &k, false, &mut dq, false, Par::Seq);
-                gemm(t, hd, t, &ds, true, &q, false, &mut dk, false, Par::Seq);
-                scatter(&dq, dx, 3 * c, head * hd, hd);
-                scatter(&dk, dx, 3 * c, c + head * hd, hd);
-                scatter(&dv, dx, 3 * c, 2 * c + head * hd, hd);
+                gemm_ld(
+                    t,
+                    hd,
+                    t,
+                    (&ds, t, false),
+                    (k, 3 * c, false),
+                    (&mut dx[head * hd..], 3 * c),
+                    false,
+                    Par::Seq,
+                );
+                let dk = &mut dx[c + head * hd..];
+                gemm_ld(t, hd, t, (&ds, t, true), (q, 3 * c, false), (dk, 3 * c), false, Par::Seq);
             }
         },
     );
