@@ -39,7 +39,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import tomllib
 import warnings
 
 # Both sides train on the CPU: PyTorch must not open a device, and neither
@@ -69,22 +68,7 @@ a = p.parse_args()
 SETS = a.sets + ([f"data.path={a.data}"] if a.data else [])
 
 
-def resolved_config():
-    """The config with SETS as ddptrain resolves it, defaults included: the
-    TOML `ddptrain check` prints under "# resolved config"."""
-    cmd = [a.bin, "check", "--config", a.config] + [x for s in SETS for x in ("--set", s)]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        sys.exit(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stdout}{r.stderr}")
-    lines = r.stdout.splitlines()
-    start = next((i for i, line in enumerate(lines) if line.startswith("# resolved config")), None)
-    end = next((i for i, line in enumerate(lines) if line == "# model"), None)
-    if start is None or end is None:
-        sys.exit(f"{' '.join(cmd)} printed no '# resolved config' ... '# model' section:\n{r.stdout}")
-    return tomllib.loads("\n".join(lines[start + 1 : end]))
-
-
-CFG = resolved_config()
+CFG = train_lib.resolved_config(a.bin, a.config, SETS)
 DESC = describe(a.bin, a.config, SETS)
 opt, sched, train, data = CFG["optimizer"], CFG["scheduler"], CFG["train"], CFG["data"]
 # What this script implements of a recipe; anything else would be compared against a different one.
@@ -149,13 +133,7 @@ def nanogpt_init(model):
 
 def run_ddptrain(init, out):
     """ddptrain on the config's recipe from `init`: {step: val loss}, its summary, its wall time."""
-    sets = SETS + [
-        f"model.init_from={init}", f"run.out_dir={out}", 'logging.progress="never"', "logging.tensorboard=false",
-        # One checkpoint, the final model: a 2000-step run would otherwise write one per epoch.
-        "checkpoint.every_steps=0", "checkpoint.every_epochs=0", "checkpoint.keep_last=1",
-        'checkpoint.resume="never"',
-    ]
-    cmd = [a.bin, "--config", a.config] + [x for s in sets for x in ("--set", s)]
+    cmd = train_lib.recipe_command(a.bin, a.config, SETS, init, out)
     print("ddptrain:", " ".join(cmd), flush=True)
     t0 = time.perf_counter()
     r = subprocess.run(cmd, capture_output=True, text=True)

@@ -42,7 +42,6 @@ import sys
 import tempfile
 import threading
 import time
-import tomllib
 import warnings
 
 # Both sides train on the CPU: PyTorch must not open a device, and neither
@@ -75,21 +74,7 @@ a = p.parse_args()
 SETS = a.sets
 
 
-def resolved_config():
-    """The config with SETS as ddptrain resolves it, defaults included."""
-    cmd = [a.bin, "check", "--config", a.config] + [x for s in SETS for x in ("--set", s)]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        sys.exit(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stdout}{r.stderr}")
-    lines = r.stdout.splitlines()
-    start = next((i for i, line in enumerate(lines) if line.startswith("# resolved config")), None)
-    end = next((i for i, line in enumerate(lines) if line == "# model"), None)
-    if start is None or end is None:
-        sys.exit(f"{' '.join(cmd)} printed no '# resolved config' ... '# model' section:\n{r.stdout}")
-    return tomllib.loads("\n".join(lines[start + 1 : end]))
-
-
-CFG = resolved_config()
+CFG = train_lib.resolved_config(a.bin, a.config, SETS)
 DESC = describe(a.bin, a.config, SETS)
 opt, sched, train, data = CFG["optimizer"], CFG["scheduler"], CFG["train"], CFG["data"]
 # What this script implements of a recipe; anything else would be compared against a different one.
@@ -187,15 +172,6 @@ def eval_steps():
     return sorted({min((e + 1) * STEPS_PER_EPOCH, STEPS) for e in range(EPOCHS)})
 
 
-def ddptrain_cmd(init, out):
-    sets = SETS + [
-        f"model.init_from={init}", f"run.out_dir={out}", 'logging.progress="never"', "logging.tensorboard=false",
-        "logging.every_steps=1", "checkpoint.every_steps=0", "checkpoint.every_epochs=0", "checkpoint.keep_last=1",
-        'checkpoint.resume="never"',
-    ]
-    return [a.bin, "--config", a.config] + [x for s in sets for x in ("--set", s)]
-
-
 def ddptrain_results(out):
     """{step: test accuracy}, {step: training loss} and the summary of ddptrain's run in `out`."""
     with open(os.path.join(out, "metrics.jsonl")) as f:
@@ -257,7 +233,7 @@ os.makedirs(out, exist_ok=True)
 init = os.path.join(out, "init.safetensors")
 save_file(init_state, init)
 
-cmd = ddptrain_cmd(init, out)
+cmd = train_lib.recipe_command(a.bin, a.config, SETS, init, out, ["logging.every_steps=1"])
 print("ddptrain:", " ".join(cmd), flush=True)
 env = dict(os.environ, RAYON_NUM_THREADS=str(a.threads))
 t0 = time.perf_counter()

@@ -1,7 +1,11 @@
-"""What the PyTorch oracles (torch_parity.py, gpt_recipe.py) share of
-ddptrain's training recipe: its learning-rate schedule, nanoGPT's AdamW
-parameter groups, the loss, and a language model's token windows."""
+"""What the PyTorch oracles (torch_parity.py, gpt_recipe.py,
+resnet_recipe.py) share of ddptrain's training recipe: the config as
+ddptrain resolves it, its learning-rate schedule, nanoGPT's AdamW parameter
+groups, the loss, and a language model's token windows."""
 import math
+import subprocess
+import sys
+import tomllib
 
 import numpy as np
 import torch
@@ -54,3 +58,31 @@ def mean_loss(model, x, y, batch):
                     for i in range(0, len(x), batch))
     model.train(was_training)
     return total / len(x)
+
+
+def resolved_config(binary, config, sets):
+    """`config` with the --set overrides `sets` as ddptrain resolves it,
+    defaults included: the TOML `ddptrain check` prints under "# resolved
+    config". Exits with ddptrain's message when it refuses the config."""
+    cmd = [binary, "check", "--config", config] + [x for s in sets for x in ("--set", s)]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stdout}{r.stderr}")
+    lines = r.stdout.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith("# resolved config")), None)
+    end = next((i for i, line in enumerate(lines) if line == "# model"), None)
+    if start is None or end is None:
+        sys.exit(f"{' '.join(cmd)} printed no '# resolved config' ... '# model' section:\n{r.stdout}")
+    return tomllib.loads("\n".join(lines[start + 1 : end]))
+
+
+def recipe_command(binary, config, sets, init, out, extra=()):
+    """ddptrain on `config`'s own recipe (with `sets` and `extra`) from the
+    weights at `init`, writing to `out`, quiet, with one checkpoint: the
+    final model (a long run would otherwise write one per epoch)."""
+    run = [
+        f"model.init_from={init}", f"run.out_dir={out}", 'logging.progress="never"', "logging.tensorboard=false",
+        "checkpoint.every_steps=0", "checkpoint.every_epochs=0", "checkpoint.keep_last=1",
+        'checkpoint.resume="never"',
+    ]
+    return [binary, "--config", config] + [x for s in [*sets, *run, *extra] for x in ("--set", s)]
