@@ -133,9 +133,10 @@ fn ordinary_steps_block_the_host_a_fixed_number_of_times_and_nothing_races() {
         println!("ResNet-20 O2: {short} host syncs in 2 steps, {long} in 22");
         assert_eq!(long - short, 20 * HOST_SYNCS_PER_STEP, "ResNet-20: host syncs of 20 ordinary steps");
     }
-    // The GPT (configs/gpt_sotu_o2.toml's model, small) on text at O0 and
-    // O2, and with dropout (attention's reuses backward's workspace).
-    for (level, p) in [("O0", "0.0"), ("O2", "0.0"), ("O2", "0.1")] {
+    // The GPT (configs/gpt_sotu_o2.toml's model, small) on text at O0
+    // without dropout and at O2 with it (attention's reuses backward's
+    // workspace, and O2 without dropout runs the same launches less the masks).
+    for (level, p) in [("O0", "0.0"), ("O2", "0.1")] {
         let short = run_gpt(level, p, 2, &tmp.path().join(format!("gpt_{level}_{p}_2")));
         let long = run_gpt(level, p, 7, &tmp.path().join(format!("gpt_{level}_{p}_7")));
         if emu::counter("host_syncs").is_some() {
