@@ -82,6 +82,11 @@ pub(crate) fn run(cfg: &Config, opts: &RunOptions, setup: Setup, engine: &mut dy
     let text = Text::of(cfg);
     // The step of the last `train.eval_every` evaluation (none at an epoch's end twice).
     let mut evaluated_at: Option<u64> = None;
+    // An evaluation mid-epoch (`train.eval_every`) or at an epoch's end.
+    let evaluate_now =
+        |engine: &mut dyn Engine, ddp: &mut Ddp, c: &mut TrainProgress, m: &mut MetricsWriter| {
+            evaluate(engine, ddp, c, m, |l| progress.println(l), text, steps_per_epoch)
+        };
 
     'train: while c.step < total_steps {
         let skip = resume_at.take().unwrap_or(0);
@@ -191,15 +196,7 @@ pub(crate) fn run(cfg: &Config, opts: &RunOptions, setup: Setup, engine: &mut dy
             }
             // nanoGPT's eval_interval; the last step's evaluation is the one after the loop.
             if cfg.train.eval_every.is_some_and(|n| step.is_multiple_of(n)) && step < total_steps {
-                evaluate(
-                    engine,
-                    &mut ddp,
-                    &mut c,
-                    &mut metrics_out,
-                    |l| progress.println(l),
-                    text,
-                    steps_per_epoch,
-                )?;
+                evaluate_now(engine, &mut ddp, &mut c, &mut metrics_out)?;
                 evaluated_at = Some(step);
             }
             let host = engine.host(if saving { HostSync::WeightsAndGrads } else { HostSync::Stale })?;
@@ -235,15 +232,7 @@ pub(crate) fn run(cfg: &Config, opts: &RunOptions, setup: Setup, engine: &mut dy
         // A skip at the epoch's last step, before the evaluation's line.
         report(engine.scaler()?.skip);
         if evaluated_at != Some(c.step) {
-            evaluate(
-                engine,
-                &mut ddp,
-                &mut c,
-                &mut metrics_out,
-                |l| progress.println(l),
-                text,
-                steps_per_epoch,
-            )?;
+            evaluate_now(engine, &mut ddp, &mut c, &mut metrics_out)?;
         }
         engine.fold_loss(&mut c.window_loss)?;
         let host = engine.host(HostSync::WeightsAndGrads)?;
