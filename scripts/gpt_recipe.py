@@ -82,9 +82,7 @@ refusals = [
     (bool(dropout_masks(DESC)), f"dropout with p > 0 at {', '.join(dropout_masks(DESC))}: its masks are not "
                                 "PyTorch's; compare a copy of the config with p = 0"),
 ]
-for refused, why in refusals:
-    if refused:
-        sys.exit(f"{a.config}: {why}")
+train_lib.refuse(a.config, refusals)
 STEPS, BATCH, EVAL_BATCH = train["max_steps"], data["batch_size"], data["eval_batch_size"]
 EVAL_EVERY = train.get("eval_every")
 # Defaults as the README gives them for a text config (a resolved config may leave them out).
@@ -143,12 +141,8 @@ def run_ddptrain(init, out):
     # 3: the run finished but missed a gate of the config's [expect]; the comparison still stands.
     if r.returncode not in (0, 3):
         sys.exit(f"ddptrain failed ({r.returncode}):\n{r.stdout}{r.stderr}")
-    with open(os.path.join(out, "metrics.jsonl")) as f:
-        records = [json.loads(line) for line in f]
-    with open(os.path.join(out, "summary.json")) as f:
-        summary = json.load(f)
+    records, summary, overflows = train_lib.run_records(out)
     evals = {m["step"]: m["val_loss"] for m in records if m.get("kind") == "eval"}
-    overflows = max((m.get("overflow_steps", 0) for m in records if m.get("kind") == "train"), default=0)
     return evals, summary, wall, overflows
 
 

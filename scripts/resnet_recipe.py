@@ -34,7 +34,6 @@ agree), 1 otherwise.
 """
 import argparse
 import gzip
-import json
 import math
 import os
 import subprocess
@@ -91,9 +90,7 @@ refusals = [
     (bool(dropout_masks(DESC)), f"dropout with p > 0 at {', '.join(dropout_masks(DESC))}: its masks are not "
                                 "PyTorch's; compare a copy of the config with p = 0"),
 ]
-for refused, why in refusals:
-    if refused:
-        sys.exit(f"{a.config}: {why}")
+train_lib.refuse(a.config, refusals)
 BATCH, EVAL_BATCH = data["batch_size"], data["eval_batch_size"]
 MEAN, STD = np.array(data["mean"], np.float32), np.array(data["std"], np.float32)
 CROP, FLIP = data.get("random_crop"), data.get("random_horizontal_flip")
@@ -174,13 +171,9 @@ def eval_steps():
 
 def ddptrain_results(out):
     """{step: test accuracy}, {step: training loss} and the summary of ddptrain's run in `out`."""
-    with open(os.path.join(out, "metrics.jsonl")) as f:
-        records = [json.loads(line) for line in f]
-    with open(os.path.join(out, "summary.json")) as f:
-        summary = json.load(f)
+    records, summary, overflows = train_lib.run_records(out)
     evals = {m["step"]: m["test_accuracy"] for m in records if m.get("kind") == "eval"}
     losses = {m["step"]: m["loss"] for m in records if m.get("kind") == "train"}
-    overflows = max((m.get("overflow_steps", 0) for m in records if m.get("kind") == "train"), default=0)
     return evals, losses, summary, overflows
 
 

@@ -2,7 +2,9 @@
 resnet_recipe.py) share of ddptrain's training recipe: the config as
 ddptrain resolves it, its learning-rate schedule, nanoGPT's AdamW parameter
 groups, the loss, and a language model's token windows."""
+import json
 import math
+import os
 import subprocess
 import sys
 import tomllib
@@ -86,3 +88,22 @@ def recipe_command(binary, config, sets, init, out, extra=()):
         'checkpoint.resume="never"',
     ]
     return [binary, "--config", config] + [x for s in [*sets, *run, *extra] for x in ("--set", s)]
+
+
+def refuse(config, refusals):
+    """Exits naming `config` and the first `(refused, why)` of `refusals`
+    that holds: what a recipe script does not implement."""
+    for refused, why in refusals:
+        if refused:
+            sys.exit(f"{config}: {why}")
+
+
+def run_records(out):
+    """The records of ddptrain's run in `out` (metrics.jsonl), its summary,
+    and how many steps its loss scaler skipped."""
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        records = [json.loads(line) for line in f]
+    with open(os.path.join(out, "summary.json")) as f:
+        summary = json.load(f)
+    overflows = max((m.get("overflow_steps", 0) for m in records if m.get("kind") == "train"), default=0)
+    return records, summary, overflows
