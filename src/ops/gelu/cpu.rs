@@ -148,9 +148,7 @@ pub(crate) fn forward<S: Lane, D: Lane>(x: &[S], y: &mut [D], tanh: bool) {
             // SAFETY: AVX-512 F/BW/VL checked just above.
             return unsafe { super::avx512::forward(x, y, tanh) };
         }
-        for (y, &x) in y.iter_mut().zip(x) {
-            *y = D::of(value(x.f32(), tanh));
-        }
+        forward_scalar(x, y, tanh);
     });
 }
 
@@ -163,25 +161,23 @@ pub(crate) fn backward<S: Lane, D: Lane>(x: &[S], dy: &[S], dx: &mut [D], tanh: 
                 // SAFETY: AVX-512 F/BW/VL checked just above.
                 return unsafe { super::avx512::backward(x, dy, dx, tanh) };
             }
-            for ((dx, &x), &dy) in dx.iter_mut().zip(x).zip(dy) {
-                *dx = D::of(dy.f32() * slope(x.f32(), tanh));
-            }
+            backward_scalar(x, dy, dx, tanh);
         },
     );
 }
 
-/// The scalar kernels alone (the AVX-512 ones' twin in the tests).
-#[cfg(test)]
-pub fn forward_scalar(x: &[f32], y: &mut [f32], tanh: bool) {
+/// [`forward`] one element at a time: without AVX-512, and the AVX-512
+/// kernels' twin in the tests.
+pub(crate) fn forward_scalar<S: Lane, D: Lane>(x: &[S], y: &mut [D], tanh: bool) {
     for (y, &x) in y.iter_mut().zip(x) {
-        *y = value(x, tanh);
+        *y = D::of(value(x.f32(), tanh));
     }
 }
 
-#[cfg(test)]
-pub fn backward_scalar(x: &[f32], dy: &[f32], dx: &mut [f32], tanh: bool) {
+/// [`backward`] one element at a time.
+pub(crate) fn backward_scalar<S: Lane, D: Lane>(x: &[S], dy: &[S], dx: &mut [D], tanh: bool) {
     for ((dx, &x), &dy) in dx.iter_mut().zip(x).zip(dy) {
-        *dx = dy * slope(x, tanh);
+        *dx = D::of(dy.f32() * slope(x.f32(), tanh));
     }
 }
 
