@@ -16,6 +16,7 @@
 #   DEVICE=cuda BIN=gpu-bundle/ddptrain scripts/bench.sh   # on a GPU machine (gpu-check.sh runs this)
 #   MODEL=resnet20 THREADS=2 scripts/bench.sh   # ResNet-20 (configs/resnet20_fashion_o2.toml)
 #   MODEL=gpt THREADS=2 scripts/bench.sh        # the baby GPT (configs/gpt_sotu_o2.toml), tokens/s
+#   MODEL=gpt DEVICE=cuda BENCH_CONFIG=configs/gpt_sotu_gpu_o2.toml BATCH=64 scripts/bench.sh   # another config of the model
 #   BASE_BIN=/path/to/old/ddptrain scripts/bench.sh   # an older build too, in the same rounds
 # MODEL=resnet20 measures the ResNet-20 config instead of the seed ConvNet:
 # ddptrain at O0 and O2 (amp.opt_level set on the one config), PyTorch with
@@ -42,7 +43,7 @@ case $MODEL in
   seed) STEPS=${STEPS:-300} BATCH=${BATCH:-100} levels=(o0 o1 o2) title="seed ConvNet" ;;
   resnet20)
     STEPS=${STEPS:-30} BATCH=${BATCH:-128} levels=(o0 o2) title="ResNet-20"
-    export BENCH_CONFIG=configs/resnet20_fashion_o2.toml TORCH_NESTEROV=1
+    export BENCH_CONFIG=${BENCH_CONFIG:-configs/resnet20_fashion_o2.toml} TORCH_NESTEROV=1
     # PyTorch's fastest allocator here is glibc malloc as it comes: the tuned
     # glibc settings ran eager NCHW at 65 images/s against 609 untuned (2
     # threads, 2026-11-25). torch.compile needs filelock and networkx
@@ -51,7 +52,7 @@ case $MODEL in
     ;;
   gpt)
     STEPS=${STEPS:-100} BATCH=${BATCH:-12} levels=(o0 o2) title="baby GPT"
-    export BENCH_CONFIG=configs/gpt_sotu_o2.toml BENCH_TEXT=${BENCH_TEXT:-data/sotu}
+    export BENCH_CONFIG=${BENCH_CONFIG:-configs/gpt_sotu_o2.toml} BENCH_TEXT=${BENCH_TEXT:-data/sotu}
     export TORCH_ALLOC=${TORCH_ALLOC:-glibc}
     ;;
   *) echo "bench.sh: MODEL=$MODEL: use seed, resnet20 or gpt" >&2; exit 2 ;;
@@ -70,7 +71,7 @@ if [ "$DEVICE" = cuda ]; then
   ours=$(run_level o0)
   ours_o2=$(run_level o2)
   echo "$title, batch $BATCH, $STEPS steps, on ${gpu:-an unnamed GPU}"
-  printf '%-28s %12s\n' "trainer" "images/s"
+  printf '%-28s %12s\n' "trainer" "$([ "$MODEL" = gpt ] && echo tokens/s || echo images/s)"
   printf '%-28s %12s\n' "ddptrain O0" "$ours" "ddptrain O2" "$ours_o2"
   if "$PYTHON" -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
     targs=(--bin "$BIN" --steps "$STEPS" --batch "$BATCH" --device cuda)
