@@ -273,11 +273,17 @@ pub fn init(cfg: &Config) -> Result<(DistEnv, Box<dyn Communicator>)> {
 /// Refuses `backend` where it cannot work: "mpi" in a build without the
 /// feature, or in a process that no MPI launcher started.
 pub fn check_backend(backend: Backend, env: &DistEnv) -> Result<()> {
+    check_backend_in(backend, env, cfg!(feature = "mpi"))
+}
+
+/// [`check_backend`] for a build with (`mpi_built`) or without the feature:
+/// both refusals are tested whichever way the tests were built.
+fn check_backend_in(backend: Backend, env: &DistEnv, mpi_built: bool) -> Result<()> {
     if backend != Backend::Mpi {
         return Ok(());
     }
     let bad = |msg: String| Err(Error::config("[parallel]", "parallel.backend", msg));
-    if !cfg!(feature = "mpi") {
+    if !mpi_built {
         return bad(
             "\"mpi\" needs a ddptrain built with the `mpi` feature (`cargo build --release --features mpi`, \
              with the MPI development headers and libclang installed; see the README), or use \"tcp\""

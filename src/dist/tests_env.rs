@@ -153,3 +153,32 @@ fn job_token_is_read() {
     assert_eq!(parse(&[("DDPTRAIN_JOB_TOKEN", "s3cret")]).unwrap().job_token.as_deref(), Some("s3cret"));
     assert_eq!(parse(&[("DDPTRAIN_JOB_TOKEN", "")]).unwrap().job_token, None);
 }
+
+/// Both builds' refusals of `parallel.backend = "mpi"`, whichever way these
+/// tests were built (CI builds them with the feature; tests/mpi_backend.rs
+/// also runs the binary of each build).
+#[test]
+fn the_mpi_backend_is_refused_without_the_feature_or_outside_mpirun() {
+    use super::check_backend_in;
+    use crate::config::Backend;
+    let open_mpi = parse(&[("OMPI_COMM_WORLD_RANK", "0"), ("OMPI_COMM_WORLD_SIZE", "2")]).unwrap();
+    let torchrun = parse(&[("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_PORT", "1")]).unwrap();
+    let alone = parse(&[]).unwrap();
+    for env in [&open_mpi, &torchrun, &alone] {
+        let m = check_backend_in(Backend::Mpi, env, false).unwrap_err().to_string();
+        assert!(m.contains("`parallel.backend`"), "{m}");
+        assert!(
+            m.contains("\"mpi\" needs a ddptrain built with the `mpi` feature (`cargo build --release --features mpi`"),
+            "{m}"
+        );
+        assert!(check_backend_in(Backend::Tcp, env, false).is_ok());
+    }
+    assert!(check_backend_in(Backend::Mpi, &open_mpi, true).is_ok());
+    let m = check_backend_in(Backend::Mpi, &alone, true).unwrap_err().to_string();
+    assert!(
+        m.contains("this process was not started by an MPI launcher: run it under `mpirun -np N ddptrain"),
+        "{m}"
+    );
+    let m = check_backend_in(Backend::Mpi, &torchrun, true).unwrap_err().to_string();
+    assert!(m.contains("started by Torchrun's variables (no OMPI_COMM_WORLD_RANK or PMI_RANK)"), "{m}");
+}
