@@ -20,6 +20,29 @@ template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < (long long)(n); \
        i += (long long)blockDim.x * gridDim.x)
 
+// Row kernels that reduce a row with one warp (layer_norm.cu, attention.cu):
+// a launch of 32 threads a row in blocks of whole warps. The row loop is the
+// same for all of a warp's lanes, so every shuffle has all 32.
+#define DDP_FOR_EACH_ROW(r, lane, rows)                                                         \
+  for (long long r = blockIdx.x * (long long)(blockDim.x >> 5) + (threadIdx.x >> 5),            \
+                 lane = threadIdx.x & 31;                                                       \
+       r < (long long)(rows); r += (long long)gridDim.x * (blockDim.x >> 5))
+
+// A row's sum over one warp: lane l has summed the columns l, l + 32, ... in
+// order, and the lanes' sums are added in a butterfly (i with i ^ 16, then
+// ^ 8, ..., ^ 1), after which every lane holds the same bits (a + b ==
+// b + a). The CPU twins sum in this order (src/ops/warp_order.rs).
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int off = 16; off > 0; off >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, off));
+  return v;
+}
+
+// The row's max, every lane holding it (fmaxf is exact in any order).
+__device__ __forceinline__ float warp_max(float v) {
+  for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+  return v;
+}
+
 }  // namespace ddp
 
 // One extern "C" entry point per element type, named <name>_f32 / <name>_f16,

@@ -7,8 +7,9 @@
 // Gradient rule: dx is written (`=`); weight.grad and bias.grad are
 // accumulated (`+=`), as every parameter gradient is.
 //
-// Determinism and bits: each row's sums run sequentially in column order in
-// one thread, and the weight/bias gradients are per-chunk partial sums (rows
+// Determinism and bits: each row's sums run in one warp, lane by lane in
+// column order and then across the lanes in a fixed butterfly, and the
+// weight/bias gradients are per-chunk partial sums (rows
 // chunk_rows at a time, in row order, one thread per (chunk, column)) added
 // to the gradient chunk by chunk in a second kernel, exactly the CPU's
 // order; no atomics. Every f32 operation the CPU rounds on its own is an _rn
@@ -16,32 +17,34 @@
 // are the CPU's bits; f16 activations are widened on load, rounded on store.
 #include "common.cuh"
 
-// One thread per row: mean and variance in two sequential passes (Rust's
-// float `sum` starts at -0.0), rstd = 1 / sqrt(var + eps), then
+// One warp per row (DDP_FOR_EACH_ROW): mean and variance in two passes from
+// -0.0 (ddp::warp_sum), rstd = 1 / sqrt(var + eps), then
 // y = (x - mean) * rstd * w (+ b). `b` may be null (bias = False).
 template <typename T>
 __device__ void layer_norm_forward_impl(const T* x, const float* w, const float* b, T* y, float* mean,
                                         float* rstd, long long rows, long long c, float eps) {
   const float inv_c = __fdiv_rn(1.f, (float)c);
-  DDP_FOR_EACH(r, rows) {
+  DDP_FOR_EACH_ROW(r, lane, rows) {
     const T* xr = x + r * c;
     float sum = -0.f;
-    for (long long k = 0; k < c; ++k) sum = __fadd_rn(sum, ddp::to_f32(xr[k]));
-    const float mu = __fmul_rn(sum, inv_c);
+    for (long long k = lane; k < c; k += 32) sum = __fadd_rn(sum, ddp::to_f32(xr[k]));
+    const float mu = __fmul_rn(ddp::warp_sum(sum), inv_c);
     float sq = -0.f;
-    for (long long k = 0; k < c; ++k) {
+    for (long long k = lane; k < c; k += 32) {
       const float d = __fsub_rn(ddp::to_f32(xr[k]), mu);
       sq = __fadd_rn(sq, __fmul_rn(d, d));
     }
-    const float rs = __fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(__fmul_rn(sq, inv_c), eps)));
+    const float rs = __fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(__fmul_rn(ddp::warp_sum(sq), inv_c), eps)));
     T* yr = y + r * c;
-    for (long long k = 0; k < c; ++k) {
+    for (long long k = lane; k < c; k += 32) {
       float h = __fmul_rn(__fmul_rn(__fsub_rn(ddp::to_f32(xr[k]), mu), rs), w[k]);
       if (b != nullptr) h = __fadd_rn(h, b[k]);
       yr[k] = ddp::from_f32<T>(h);
     }
-    mean[r] = mu;
-    rstd[r] = rs;
+    if (lane == 0) {
+      mean[r] = mu;
+      rstd[r] = rs;
+    }
   }
 }
 DDP_INSTANTIATE(layer_norm_forward,
@@ -49,26 +52,26 @@ DDP_INSTANTIATE(layer_norm_forward,
                  long long c, float eps),
                 (x, w, b, y, mean, rstd, rows, c, eps))
 
-// One thread per row: dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with
-// g = dy * w, the two means summed in column order from 0.
+// One warp per row, as forward: dx = rstd * (g - mean(g) - xhat * mean(g *
+// xhat)) with g = dy * w, the two sums from 0 in the warp's order.
 template <typename T>
 __device__ void layer_norm_backward_dx_impl(const T* x, const float* w, const float* mean, const float* rstd,
                                             const T* dy, T* dx, long long rows, long long c) {
   const float inv_c = __fdiv_rn(1.f, (float)c);
-  DDP_FOR_EACH(r, rows) {
+  DDP_FOR_EACH_ROW(r, lane, rows) {
     const T* xr = x + r * c;
     const T* gr = dy + r * c;
     const float mu = mean[r], rs = rstd[r];
     float sg = 0.f, sgx = 0.f;
-    for (long long k = 0; k < c; ++k) {
+    for (long long k = lane; k < c; k += 32) {
       const float xhat = __fmul_rn(__fsub_rn(ddp::to_f32(xr[k]), mu), rs);
       const float g = __fmul_rn(ddp::to_f32(gr[k]), w[k]);
       sg = __fadd_rn(sg, g);
       sgx = __fadd_rn(sgx, __fmul_rn(g, xhat));
     }
-    const float mg = __fmul_rn(sg, inv_c), mgx = __fmul_rn(sgx, inv_c);
+    const float mg = __fmul_rn(ddp::warp_sum(sg), inv_c), mgx = __fmul_rn(ddp::warp_sum(sgx), inv_c);
     T* dr = dx + r * c;
-    for (long long k = 0; k < c; ++k) {
+    for (long long k = lane; k < c; k += 32) {
       const float xhat = __fmul_rn(__fsub_rn(ddp::to_f32(xr[k]), mu), rs);
       const float g = __fmul_rn(ddp::to_f32(gr[k]), w[k]);
       dr[k] = ddp::from_f32<T>(__fmul_rn(rs, __fsub_rn(__fsub_rn(g, mg), __fmul_rn(xhat, mgx))));

@@ -63,6 +63,13 @@ pub fn launch_1d(n: usize) -> LaunchConfig {
     LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 }
 }
 
+/// A launch of one warp a row, for the kernels that reduce a row with one
+/// warp (kernels/common.cuh: `DDP_FOR_EACH_ROW`); their row loop strides, so
+/// the capped grid covers any row count.
+pub fn launch_rows(rows: usize) -> LaunchConfig {
+    launch_1d(rows.saturating_mul(32))
+}
+
 /// Kernel entry points one process can name: the length of every [`Gpu`]'s
 /// handle table (the kernels/*.cu files declare about 60).
 pub const MAX_KERNELS: usize = 256;

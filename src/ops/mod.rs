@@ -24,6 +24,7 @@ pub mod layer_norm;
 pub mod linear;
 pub mod max_pool2d;
 pub mod relu;
+pub mod warp_order;
 
 /// The host f32 data of `t`, or `Unsupported` naming the op, the operand and
 /// its dtype (f16 and device tensors have their own kernels elsewhere).

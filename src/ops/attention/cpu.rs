@@ -3,9 +3,11 @@
 //! are GEMMs reading and writing its `[T, hd]` blocks in place (rows 3C or C
 //! apart): the scalar dot products they replaced took a third of a baby
 //! GPT's training step, and gathering the blocks into copies a twentieth.
+//! The softmax's row sums run in the device's warp order (`ops::warp_order`).
 
 use crate::ops::dropout::{cpu::apply, Mask};
 use crate::ops::gemm::{gemm_ld, Par};
+use crate::ops::warp_order::warp_sum;
 use crate::ops::Elem;
 use rayon::prelude::*;
 
@@ -61,11 +63,10 @@ pub fn forward<T: Elem>(d: Dims, x: &[T], mask: Option<&Mask>, y: &mut [T], att:
                         *s = *s * scale;
                         max = max.max(*s);
                     }
-                    let mut sum = T::zero();
                     for s in row.iter_mut().take(i + 1) {
                         *s = (*s - max).exp();
-                        sum = sum + *s;
                     }
+                    let sum = warp_sum(T::zero(), row[..=i].iter().copied());
                     for (j, s) in row.iter_mut().enumerate() {
                         *s = if j <= i { *s / sum } else { T::zero() };
                     }
@@ -112,7 +113,7 @@ pub fn backward<T: Elem>(d: Dims, x: &[T], att: &[T], dy: &[T], mask: Option<&Ma
                 // Softmax backward: ds = a * (da - sum_j a da) * scale on and below the diagonal.
                 for i in 0..t {
                     let (ar, dar) = (&a[i * t..i * t + i + 1], &da[i * t..i * t + i + 1]);
-                    let dot = ar.iter().zip(dar).map(|(&p, &g)| p * g).sum::<T>();
+                    let dot = warp_sum(-T::zero(), ar.iter().zip(dar).map(|(&p, &g)| p * g));
                     for j in 0..=i {
                         ds[i * t + j] = ar[j] * (dar[j] - dot) * scale;
                     }

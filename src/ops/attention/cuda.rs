@@ -23,7 +23,7 @@
 
 use super::cpu::Dims;
 use crate::cuda::blas::{gemm_strided_batched, BatchStrides, Blas, BlasElem};
-use crate::cuda::{as_i64, check_len, launch_1d, DeviceFloat, Gpu, TypedKernelFn};
+use crate::cuda::{as_i64, check_len, launch_rows, DeviceFloat, Gpu, TypedKernelFn};
 use crate::error::{Error, Result};
 use crate::ops::dropout::{cuda as dropk, Mask};
 use crate::typed_kernel;
@@ -128,7 +128,7 @@ fn softmax_rows<T: AttnFloat>(
         b.arg(&scale);
     }
     // SAFETY: the callers checked `rows` (and `att`) hold N*H*T rows of T.
-    unsafe { b.launch(launch_1d(n_rows)) }.map_err(|e| Error::cuda(op, e))
+    unsafe { b.launch(launch_rows(n_rows)) }.map_err(|e| Error::cuda(op, e))
 }
 
 /// Attention dropout in training: the mask, and `N * H * T * T` elements of

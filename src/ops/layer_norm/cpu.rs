@@ -1,8 +1,10 @@
 //! LayerNorm's CPU kernels, generic over f32/f64. Rows are independent in
-//! forward and in dx (parallel over rows); the weight and bias gradients sum
+//! forward and in dx (parallel over rows), each row's sums in the device's
+//! warp order (`ops::warp_order`); the weight and bias gradients sum
 //! over rows in row order per chunk, chunks then added in order, so the sum
 //! does not depend on the thread count.
 
+use crate::ops::warp_order::{butterfly, warp_sum, LANES};
 use crate::ops::Elem;
 use rayon::prelude::*;
 
@@ -25,8 +27,8 @@ pub fn forward<T: Elem>(
     let inv_c = T::one() / T::from_usize(c).unwrap_or_else(T::one);
     y.par_chunks_mut(c).zip(x.par_chunks(c)).zip(mean.par_iter_mut().zip(rstd.par_iter_mut())).for_each(
         |((y, x), (m, r))| {
-            let mu = x.iter().copied().sum::<T>() * inv_c;
-            let var = x.iter().map(|&v| (v - mu) * (v - mu)).sum::<T>() * inv_c;
+            let mu = warp_sum(-T::zero(), x.iter().copied()) * inv_c;
+            let var = warp_sum(-T::zero(), x.iter().map(|&v| (v - mu) * (v - mu))) * inv_c;
             let rs = T::one() / (var + eps).sqrt();
             for (k, (y, &v)) in y.iter_mut().zip(x).enumerate() {
                 let h = (v - mu) * rs * w[k];
@@ -64,16 +66,17 @@ pub fn backward<T: Elem>(
             for (r, ((dx, x), dy)) in dx.chunks_mut(c).zip(x.chunks(c)).zip(dy.chunks(c)).enumerate() {
                 let row = chunk * ROWS + r;
                 let (mu, rs) = (mean[row], rstd[row]);
-                let (mut sg, mut sgx) = (T::zero(), T::zero());
+                let (mut sg, mut sgx) = ([T::zero(); LANES], [T::zero(); LANES]);
                 for k in 0..c {
                     let xhat = (x[k] - mu) * rs;
                     let g = dy[k] * w[k];
-                    sg = sg + g;
-                    sgx = sgx + g * xhat;
+                    let l = k % LANES;
+                    sg[l] = sg[l] + g;
+                    sgx[l] = sgx[l] + g * xhat;
                     pw[k] = pw[k] + dy[k] * xhat;
                     pb[k] = pb[k] + dy[k];
                 }
-                let (mg, mgx) = (sg * inv_c, sgx * inv_c);
+                let (mg, mgx) = (butterfly(sg) * inv_c, butterfly(sgx) * inv_c);
                 for k in 0..c {
                     let xhat = (x[k] - mu) * rs;
                     dx[k] = rs * (dy[k] * w[k] - mg - xhat * mgx);

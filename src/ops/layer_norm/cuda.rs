@@ -5,7 +5,7 @@
 //! the saved mean/rstd are f32 (apex keeps LayerNorm in f32).
 
 use super::cpu;
-use crate::cuda::{as_i64, check_len, launch_1d, DeviceFloat, Gpu, KernelFn, TypedKernelFn};
+use crate::cuda::{as_i64, check_len, launch_1d, launch_rows, DeviceFloat, Gpu, KernelFn, TypedKernelFn};
 use crate::error::{Error, Result};
 use crate::typed_kernel;
 use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, DevicePtrMut};
@@ -97,7 +97,7 @@ pub fn forward<T: DeviceFloat>(
     b.arg(&xp).arg(&wp).arg(&bp).arg(&yp).arg(&mp).arg(&rp).arg(&rows).arg(&c).arg(&eps);
     // SAFETY: every buffer's length was checked against [rows, c] above; a
     // null bias is the kernel's bias = False.
-    unsafe { b.launch(launch_1d(shape.rows)) }.map_err(|e| Error::cuda(OP, e))
+    unsafe { b.launch(launch_rows(shape.rows)) }.map_err(|e| Error::cuda(OP, e))
 }
 
 /// `dx` (`=`) and `grads.weight`/`grads.bias` (`+=`) from `dy`, using
@@ -142,7 +142,7 @@ pub fn backward<T: DeviceFloat>(
         let mut b = f.launch_on(stream);
         b.arg(&xp).arg(&wp).arg(&mp).arg(&rp).arg(&gp).arg(&dxp).arg(&rows).arg(&c);
         // SAFETY: x, dy, dx are [rows, c], weight [c], mean/rstd [rows] (checked).
-        unsafe { b.launch(launch_1d(shape.rows)) }.map_err(|e| Error::cuda(format!("{OP} (dx)"), e))?;
+        unsafe { b.launch(launch_rows(shape.rows)) }.map_err(|e| Error::cuda(format!("{OP} (dx)"), e))?;
     }
     let chunks = shape.chunks();
     let (mut pw, mut pb) = workspace.split_at_mut(chunks * shape.c);
