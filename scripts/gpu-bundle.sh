@@ -6,8 +6,8 @@
 # (tests/gpu_trainer.rs, gpu_sync.rs, ddp_cuda.rs: gpu-check runs them with
 # DDPTRAIN_BIN and DDPTRAIN_REPO, since their build paths do not exist there),
 # copied into gpu-bundle/ (gitignored) with a MANIFEST, plus the MNIST and
-# cats-and-dogs files when data/ has them. Debug info is stripped so the bundle stays small
-# enough to copy (limit: 60 MB).
+# cats-and-dogs files when data/ has them. Debug info and symbol tables are
+# stripped so the bundle stays small enough to copy (limit: 60 MB).
 #
 #   scripts/gpu-bundle.sh            # then copy the repo with gpu-bundle/ to the GPU machine
 #   scripts/gpu-check.sh             # there, from the repo root
@@ -70,7 +70,9 @@ names=(lib-tests)
 for t in "${tests[@]}"; do names+=("${t//_/-}-test"); done
 for i in "${!names[@]}"; do cp "${exe[$i]}" "$out/${names[$i]}"; done
 if command -v strip >/dev/null; then
-    strip --strip-debug "$out/ddptrain" "${names[@]/#/$out/}"
+    # The symbol tables too (8 MB): a panic still names its file and line,
+    # only a backtrace's frames go unnamed.
+    strip --strip-all "$out/ddptrain" "${names[@]/#/$out/}"
 else
     echo "gpu-bundle: warning: strip not found; the bundle keeps its debug info"
 fi
