@@ -6,7 +6,7 @@
 # (tests/gpu_trainer.rs, gpu_sync.rs, ddp_cuda.rs: gpu-check runs them with
 # DDPTRAIN_BIN and DDPTRAIN_REPO, since their build paths do not exist there),
 # copied into gpu-bundle/ (gitignored) with a MANIFEST, plus the MNIST and
-# cats-and-dogs files when data/ has them. Debug info and symbol tables are
+# cats-and-dogs files and part of the SOTU corpus when data/ has them. Debug info and symbol tables are
 # stripped so the bundle stays small enough to copy (limit: 60 MB).
 #
 #   scripts/gpu-bundle.sh            # then copy the repo with gpu-bundle/ to the GPU machine
@@ -92,6 +92,15 @@ if [ -e "$catsdogs/test_batch.bin" ]; then
     cp -rL "$catsdogs" "$out/data/catsdogs"
 else
     echo "gpu-bundle: warning: no cats and dogs in $catsdogs (scripts/fetch-catsdogs.sh, or set CATSDOGS_DIR); gpu_trainer's ResNet-20 resume test will fail"
+fi
+# gpu-check's GPT rows train configs/gpt_sotu_gpu_o2.toml on text: the
+# addresses from 2000 on (22 files, 0.8 MB) keep the bundle under its limit.
+sotu=${SOTU_DIR:-data/sotu}
+if ls "$sotu"/20*.txt >/dev/null 2>&1; then
+    mkdir -p "$out/data/sotu"
+    cp -L "$sotu"/20*.txt "$out/data/sotu/"
+else
+    echo "gpu-bundle: warning: no State of the Union addresses in $sotu (scripts/fetch-sotu.sh, or set SOTU_DIR); gpu-check will not train the GPT"
 fi
 
 {

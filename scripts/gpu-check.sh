@@ -13,7 +13,9 @@
 #      "skipped: no CUDA device" here is a FAILURE.
 #   5. configs/mnist_o2.toml with run.device=cuda reaches its accuracy gate
 #   6. two ranks sharing the GPU over the tcp backend reproduce one rank
-#   7. scripts/bench.sh on the GPU: ddptrain O0/O2 vs PyTorch fp32/autocast
+#   7. scripts/bench.sh on the GPU: ddptrain O0/O2 vs PyTorch fp32/autocast,
+#      the seed ConvNet and configs/gpt_sotu_gpu_o2.toml (text from data/sotu or
+#      the bundle's part of it), and that GPT resumed after SIGTERM byte for byte
 #   8. the GPU integration tests (tests/gpu_trainer.rs, gpu_sync.rs,
 #      ddp_cuda.rs), one row each, spawning the bundled ddptrain
 #      (DDPTRAIN_BIN) and reading configs/ here (DDPTRAIN_REPO). Under CI=true
@@ -307,6 +309,53 @@ else
     else
         record "GPU benchmark" FAIL "scripts/bench.sh failed"
         tail -n 20 "$log" | sed 's/^/   | /'
+    fi
+fi
+
+# --- 7b. the GPU GPT: against PyTorch, and resumed after SIGTERM ---------------
+sotu=""
+for d in data/sotu "$bundle/data/sotu"; do
+    ls "$d"/*.txt >/dev/null 2>&1 && { sotu=$d; break; }
+done
+if ! have ddptrain || [ -z "$gpu" ] || [ -z "$sotu" ]; then
+    record "GPT benchmark" "not run (no ddptrain binary, GPU or text in data/sotu or $bundle/data/sotu)" ""
+    record "GPT resume after SIGTERM" "not run (no ddptrain binary, GPU or text)" ""
+else
+    log="$work/gpt_bench.log"
+    if MODEL=gpt DEVICE=cuda BIN="$bundle/ddptrain" BENCH_CONFIG=configs/gpt_sotu_gpu_o2.toml BENCH_TEXT="$sotu" \
+        BATCH=64 STEPS=${GPT_BENCH_STEPS:-60} scripts/bench.sh >"$log" 2>&1; then
+        sed 's/^/   | /' "$log"
+        record "GPT benchmark" PASS "$(grep -o 'O2/pytorch autocast+GradScaler: [0-9.]*x' "$log" || echo 'see the table above')"
+    else
+        record "GPT benchmark" FAIL "scripts/bench.sh failed"
+        tail -n 20 "$log" | sed 's/^/   | /'
+    fi
+    # 300 steps straight, and the same run sent SIGTERM mid-way (it saves a
+    # checkpoint and exits 143) and run again: the two must end byte for byte alike.
+    log="$work/gpt_resume.log"
+    g=(--config configs/gpt_sotu_gpu_o2.toml --set "data.path=$sotu" --set train.max_steps=300
+        --set train.eval_every=100 --set train.eval_iters=5 --set checkpoint.every_steps=100
+        --set logging.progress=never --set checkpoint.resume=never)
+    "$bundle/ddptrain" "${g[@]}" --set "run.out_dir=$work/gpt_a" >"$log" 2>&1
+    rc1=$?
+    "$bundle/ddptrain" "${g[@]}" --set "run.out_dir=$work/gpt_b" >>"$log" 2>&1 &
+    pid=$!
+    sleep "${GPT_KILL_AFTER:-6}"
+    kill -TERM "$pid" 2>/dev/null
+    wait "$pid"
+    rc2=$?
+    "$bundle/ddptrain" "${g[@]/checkpoint.resume=never/checkpoint.resume=auto}" --set "run.out_dir=$work/gpt_b" >>"$log" 2>&1
+    rc3=$?
+    from=$(grep -o 'resuming from [^ ]*' "$log" | tail -n1)
+    if [ "$rc1" -ne 0 ] || [ "$rc3" -ne 0 ]; then
+        record "GPT resume after SIGTERM" FAIL "exit $rc1 (straight), $rc2 (SIGTERM), $rc3 (resumed)"
+        tail -n 20 "$log" | sed 's/^/   | /'
+    elif [ -z "$from" ]; then
+        record "GPT resume after SIGTERM" FAIL "the second run did not resume (exit $rc2 after SIGTERM; set GPT_KILL_AFTER)"
+    elif cmp -s "$work/gpt_a/model.safetensors" "$work/gpt_b/model.safetensors"; then
+        record "GPT resume after SIGTERM" PASS "resumed from ${from##*/}: model.safetensors byte-identical after 300 steps"
+    else
+        record "GPT resume after SIGTERM" FAIL "resumed from ${from##*/}: model.safetensors differs from the straight run's"
     fi
 fi
 
