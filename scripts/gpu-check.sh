@@ -299,17 +299,23 @@ else
 fi
 
 # --- 7. GPU benchmark ------------------------------------------------------------
+# bench_row CHECK LOG [VAR=VALUE...]: scripts/bench.sh on the GPU with those
+# variables, its table shown and its O2 / PyTorch autocast ratio recorded.
+bench_row() {
+    local check=$1 log=$2
+    shift 2
+    if env "$@" DEVICE=cuda BIN="$bundle/ddptrain" scripts/bench.sh >"$log" 2>&1; then
+        sed 's/^/   | /' "$log"
+        record "$check" PASS "$(grep -o 'O2/pytorch autocast+GradScaler: [0-9.]*x' "$log" || echo 'see the table above')"
+    else
+        record "$check" FAIL "scripts/bench.sh failed"
+        tail -n 20 "$log" | sed 's/^/   | /'
+    fi
+}
 if ! have ddptrain || [ -z "$gpu" ]; then
     record "GPU benchmark" "not run (no ddptrain binary or no GPU)" ""
 else
-    log="$work/bench.log"
-    if DEVICE=cuda BIN="$bundle/ddptrain" STEPS=${BENCH_STEPS:-300} scripts/bench.sh >"$log" 2>&1; then
-        sed 's/^/   | /' "$log"
-        record "GPU benchmark" PASS "$(grep -o 'O2/pytorch autocast+GradScaler: [0-9.]*x' "$log" || echo 'see the table above')"
-    else
-        record "GPU benchmark" FAIL "scripts/bench.sh failed"
-        tail -n 20 "$log" | sed 's/^/   | /'
-    fi
+    bench_row "GPU benchmark" "$work/bench.log" STEPS="${BENCH_STEPS:-300}"
 fi
 
 # --- 7b. the GPU GPT: against PyTorch, and resumed after SIGTERM ---------------
@@ -321,15 +327,8 @@ if ! have ddptrain || [ -z "$gpu" ] || [ -z "$sotu" ]; then
     record "GPT benchmark" "not run (no ddptrain binary, GPU or text in data/sotu or $bundle/data/sotu)" ""
     record "GPT resume after SIGTERM" "not run (no ddptrain binary, GPU or text)" ""
 else
-    log="$work/gpt_bench.log"
-    if MODEL=gpt DEVICE=cuda BIN="$bundle/ddptrain" BENCH_CONFIG=configs/gpt_sotu_gpu_o2.toml BENCH_TEXT="$sotu" \
-        BATCH=64 STEPS=${GPT_BENCH_STEPS:-60} scripts/bench.sh >"$log" 2>&1; then
-        sed 's/^/   | /' "$log"
-        record "GPT benchmark" PASS "$(grep -o 'O2/pytorch autocast+GradScaler: [0-9.]*x' "$log" || echo 'see the table above')"
-    else
-        record "GPT benchmark" FAIL "scripts/bench.sh failed"
-        tail -n 20 "$log" | sed 's/^/   | /'
-    fi
+    bench_row "GPT benchmark" "$work/gpt_bench.log" MODEL=gpt BENCH_CONFIG=configs/gpt_sotu_gpu_o2.toml \
+        BENCH_TEXT="$sotu" BATCH=64 STEPS="${GPT_BENCH_STEPS:-60}"
     # 300 steps straight, and the same run sent SIGTERM mid-way (it saves a
     # checkpoint and exits 143) and run again: the two must end byte for byte alike.
     log="$work/gpt_resume.log"
