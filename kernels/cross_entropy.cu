@@ -24,7 +24,7 @@ __device__ __forceinline__ bool beats(float b, int ib, float a, int ia) {
 
 }  // namespace
 
-// One warp per row (blockDim.x must be a multiple of 32), rows grid-strided
+// One warp per row (DDP_FOR_EACH_ROW, launched by cuda::launch_rows), rows grid-strided
 // over the warps. `dlogits` and `grad_scale` may be null (evaluation: loss
 // and hits only). `grad_scale` is a device scalar (the loss scale stays on
 // the device under mixed precision). Each row writes its loss to
@@ -36,9 +36,7 @@ template <typename T>
 __device__ void cross_entropy_rows_impl(const T* logits, const unsigned int* labels, long long n, long long c,
                                         const float* grad_scale, T* dlogits, float* row_loss,
                                         unsigned int* row_hit) {
-  const int lane = threadIdx.x & 31;
-  const long long warps = blockDim.x >> 5;
-  for (long long r = blockIdx.x * warps + (threadIdx.x >> 5); r < n; r += gridDim.x * warps) {
+  DDP_FOR_EACH_ROW(r, lane, n) {
     const T* row = logits + r * c;
     // Lanes scan their columns in order; a lane that sees only -inf keeps
     // the sentinel index c, and a row of only -inf resolves to column 0,

@@ -5,7 +5,7 @@
 //! after evaluation.
 
 use crate::cuda::{check_len, DeviceFloat, KernelFn, TypedKernelFn};
-use crate::cuda::{Gpu, BLOCK};
+use crate::cuda::{launch_rows, Gpu};
 use crate::error::{Error, Result};
 use crate::typed_kernel;
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
@@ -157,12 +157,7 @@ fn rows<T: DeviceFloat>(
     {
         let (rl, _rl) = totals.row_loss.device_ptr_mut(stream);
         let (rh, _rh) = totals.row_hit.device_ptr_mut(stream);
-        let warps = (BLOCK / 32) as usize;
-        let cfg = LaunchConfig {
-            grid_dim: (n.div_ceil(warps).clamp(1, 65_535) as u32, 1, 1),
-            block_dim: (BLOCK, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = launch_rows(n);
         let mut b = rows_f.launch_on(stream);
         b.arg(&lp).arg(&yp).arg(&n64).arg(&c64).arg(&scale_ptr).arg(&dlogits_ptr).arg(&rl).arg(&rh);
         // SAFETY: logits, labels and dlogits were checked against [n, c]; the
