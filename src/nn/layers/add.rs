@@ -58,12 +58,54 @@ impl Join for Add {
     }
 
     fn backward(&self, dtypes: Vec<DType>, dy: Tensor, need_dx: &[bool]) -> Result<Vec<Option<Tensor>>> {
-        Ok(need_dx.iter().zip(dtypes).map(|(&need, dt)| need.then(|| dy.to_dtype(dt))).collect())
+        // The last operand that needs a gradient takes dy itself, the others a copy.
+        let last = need_dx.iter().rposition(|&need| need);
+        let mut dy = Some(dy);
+        let mut dxs = Vec::with_capacity(need_dx.len());
+        for (i, (&need, dt)) in need_dx.iter().zip(dtypes).enumerate() {
+            let dx = match (need, &dy) {
+                (true, Some(g)) if Some(i) != last => Some(g.to_dtype(dt)),
+                (true, Some(_)) => dy.take().map(|g| g.into_dtype(dt)),
+                _ => None,
+            };
+            dxs.push(dx);
+        }
+        Ok(dxs)
     }
 }
 
 impl fmt::Display for Add {
     fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
         write!(f, "add")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every operand that needs one gets dy in its own dtype (the last one
+    /// dy itself), the others nothing.
+    #[test]
+    fn backward_gives_each_operand_dy_in_its_dtype() {
+        let add = Add { inputs: 4 };
+        let dy = Tensor::from_vec(&[3], vec![1.0, -2.5, 1e-8]).unwrap();
+        let dtypes = vec![DType::F16, DType::F32, DType::F32, DType::F16];
+        for need in
+            [[true, false, true, false], [false, true, false, true], [true, true, true, true], [false; 4]]
+        {
+            let dxs = add.backward(dtypes.clone(), dy.clone(), &need).unwrap();
+            assert_eq!(dxs.len(), 4);
+            for ((dx, &n), &dt) in dxs.iter().zip(&need).zip(&dtypes) {
+                match dx {
+                    Some(dx) => {
+                        assert!(n, "{need:?}: a gradient nobody asked for");
+                        assert_eq!(dx.dtype(), dt);
+                        assert_eq!(dx.to_f32_vec(), dy.to_dtype(dt).to_f32_vec());
+                    }
+                    None => assert!(!n, "{need:?}: a missing gradient"),
+                }
+            }
+        }
     }
 }

@@ -5,9 +5,9 @@ use crate::ops::Elem;
 use rayon::prelude::*;
 
 /// Below this many elements a single core beats rayon's fork/join.
-const PAR_MIN_ELEMS: usize = 1 << 15;
+pub(super) const PAR_MIN_ELEMS: usize = 1 << 15;
 /// Work unit per rayon task: big enough to amortize scheduling.
-const PAR_CHUNK: usize = 1 << 14;
+pub(super) const PAR_CHUNK: usize = 1 << 14;
 
 /// `y = a + b`.
 pub fn forward<T: Elem>(a: &[T], b: &[T], y: &mut [T]) {

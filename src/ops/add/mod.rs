@@ -3,9 +3,13 @@
 //! (the f16 operand is widened and the result is f32); f16 is added in f32
 //! and rounded once.
 
+#[cfg(target_arch = "x86_64")]
+mod avx512_f16;
 pub mod cpu;
 pub mod cuda;
 
+#[cfg(target_arch = "x86_64")]
+use super::half_emu::avx512_usable;
 use super::half_emu::{f32_of, round_into, scratch, widen_into, zip_map_inplace, BLOCK};
 use crate::error::{Error, Result};
 use crate::tensor::{CpuStorage, DType, Storage, Tensor};
@@ -31,6 +35,10 @@ pub fn forward(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     same_shape("forward", a, b, ("a", "b"))?;
     match (a.dtype(), b.dtype()) {
         (DType::F16, DType::F16) => {
+            #[cfg(target_arch = "x86_64")]
+            if avx512_usable() {
+                return Tensor::from_f16_vec(a.shape(), avx512_f16::forward(a.as_f16()?, b.as_f16()?));
+            }
             let mut y = a.clone();
             accumulate_(&mut y, b)?;
             Ok(y)
@@ -50,6 +58,11 @@ pub fn accumulate_(dst: &mut Tensor, src: &Tensor) -> Result<()> {
     same_shape("accumulate_", dst, src, ("dst", "src"))?;
     match src.storage() {
         Storage::Cpu(CpuStorage::F16(s)) if dst.dtype() == DType::F16 => {
+            #[cfg(target_arch = "x86_64")]
+            if avx512_usable() {
+                avx512_f16::accumulate(dst.as_f16_mut()?, s);
+                return Ok(());
+            }
             zip_map_inplace(s, dst.as_f16_mut()?, |s, d| cpu::accumulate(d, s));
         }
         Storage::Cpu(CpuStorage::F32(s)) if dst.dtype() == DType::F16 => {

@@ -70,3 +70,34 @@ fn many_small_f16_gradients_accumulate_like_f32_rounded_each_step() {
     accumulate_(&mut dst, &three).unwrap();
     assert_eq!(dst.to_f32_vec(), vec![2052.0], "2051 rounds to even 2052");
 }
+
+/// The AVX-512 kernels store the bits of the generic path (widen blocks of
+/// both, add in f32, round): every f16 that is not a NaN against a value
+/// from elsewhere in that range (overflow, ties, subnormals, infinities,
+/// zeros of both signs), a NaN operand on either side, every tail length up
+/// to 40 and a tensor split across threads.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn avx512_f16_kernels_store_the_generic_paths_bits() {
+    use crate::ops::half_emu::{avx512_usable, zip_map_inplace};
+    use half::f16;
+    if !avx512_usable() {
+        eprintln!("no AVX-512 on this CPU: kernel not checked");
+        return;
+    }
+    let mut a: Vec<f16> = (0..=u16::MAX).map(f16::from_bits).filter(|h| !h.is_nan()).collect();
+    let n = a.len();
+    let mut b: Vec<f16> = (0..n).map(|i| a[(i * 7919 + 13) % n]).collect();
+    a[5] = f16::NAN;
+    b[9] = f16::NAN;
+    let bits = |v: &[f16]| v.iter().map(|h| h.to_bits()).collect::<Vec<_>>();
+    let mut slow = a.clone();
+    zip_map_inplace(&b, &mut slow, |s, d| super::cpu::accumulate(d, s));
+    for len in (1..=40).chain([n]) {
+        let (x, y) = (&a[..len], &b[..len]);
+        assert_eq!(bits(&avx512_f16::forward(x, y)), bits(&slow[..len]), "forward of {len}");
+        let mut acc = x.to_vec();
+        avx512_f16::accumulate(&mut acc, y);
+        assert_eq!(bits(&acc), bits(&slow[..len]), "accumulate of {len}");
+    }
+}

@@ -221,17 +221,58 @@ pub fn dx_plane(xdx: &mut [f16], dz: &[f32], (k, p, q): (f32, f32, f32)) {
     assert_eq!(xdx.len(), dz.len());
     // SAFETY: reads dz and reads then writes xdx at [i, i + 16) masked to
     // the slices' common length; AVX-512F/BW/VL are checked by the caller.
-    unsafe { dx_plane_avx512(xdx.as_mut_ptr(), dz.as_ptr(), dz.len(), k, p, q) }
+    unsafe { dx_lanes(xdx.as_ptr(), dz.as_ptr(), xdx.as_mut_ptr(), dz.len(), k, p, q) }
 }
 
+/// One plane of `f16::backward_dx`: `dx = round(k * dy + p * x + q)`.
+pub fn dx_plane_f16(x: &[f16], dy: &[f16], (k, p, q): (f32, f32, f32), dx: &mut [f16]) {
+    assert!(x.len() == dx.len() && dy.len() == dx.len());
+    // SAFETY: reads x and dy and writes dx at [i, i + 16) masked to their
+    // common length; AVX-512F/BW/VL are checked by the caller.
+    unsafe { dx_lanes(x.as_ptr(), dy.as_ptr(), dx.as_mut_ptr(), dx.len(), k, p, q) }
+}
+
+/// `out = round(k * dz + p * x + q)` over `len` lanes (`out` may be `x`),
+/// the products and sums in the generic kernels' order.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn dx_plane_avx512(xdx: *mut f16, dz: *const f32, len: usize, k: f32, p: f32, q: f32) {
+unsafe fn dx_lanes<D: Load16>(
+    x: *const f16,
+    dz: *const D,
+    out: *mut f16,
+    len: usize,
+    k: f32,
+    p: f32,
+    q: f32,
+) {
     let (kv, pv, qv) = (_mm512_set1_ps(k), _mm512_set1_ps(p), _mm512_set1_ps(q));
     for i in (0..len).step_by(LANES) {
         let m = masks((len - i).min(LANES)).0;
-        let g = _mm512_maskz_loadu_ps(m, dz.add(i));
-        let xv = f16::load16(xdx.add(i), m);
+        let g = D::load16(dz.add(i), m);
+        let xv = f16::load16(x.add(i), m);
         let d = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(kv, g), _mm512_mul_ps(pv, xv)), qv);
-        f16::store16(xdx.add(i), m, d);
+        f16::store16(out.add(i), m, d);
+    }
+}
+
+/// One plane of `f16::normalize_affine`: `y = round(x * a + b)`; with
+/// `relu` (`normalize_affine_relu`), ReLU of that rounded value.
+pub fn affine_plane(x: &[f16], (a, b): (f32, f32), relu: bool, y: &mut [f16]) {
+    assert_eq!(x.len(), y.len());
+    // SAFETY: reads x and writes y at [i, i + 16) masked to their length;
+    // AVX-512F/BW/VL are checked by the caller.
+    unsafe { affine_lanes(x.as_ptr(), y.as_mut_ptr(), y.len(), a, b, relu) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn affine_lanes(x: *const f16, y: *mut f16, len: usize, a: f32, b: f32, relu: bool) {
+    let (av, bv, zero) = (_mm512_set1_ps(a), _mm512_set1_ps(b), _mm512_setzero_ps());
+    for i in (0..len).step_by(LANES) {
+        let m = masks((len - i).min(LANES)).0;
+        let mut v = _mm512_add_ps(_mm512_mul_ps(f16::load16(x.add(i), m), av), bv);
+        if relu {
+            // As in `forward_plane_avx512`: max_ps(0, v) keeps NaN and -0.
+            v = _mm512_max_ps(zero, round_trip(v));
+        }
+        f16::store16(y.add(i), m, v);
     }
 }

@@ -44,15 +44,14 @@ pub fn backward_sums(
     })
 }
 
-/// Per sample (in parallel when the tensor is large, as the f32 kernels
-/// split): `f(channel, widened planes, f32 output plane)` for each channel of
-/// the `k` f16 inputs, each output plane rounded into `out`.
-fn per_plane<const K: usize>(
-    inputs: [&[f16]; K],
+/// `f(sample, channel, output plane)` for every plane of `out[N, C, hw]`,
+/// per sample in parallel when the tensor is large (as the f32 kernels
+/// split), with `buf` scratch of the task's.
+fn for_each_plane(
     out: &mut [f16],
     c: usize,
     hw: usize,
-    f: impl Fn(usize, [&[f32]; K], &mut [f32]) + Sync + Send,
+    f: impl Fn(&mut Vec<f32>, usize, usize, &mut [f16]) + Sync + Send,
 ) {
     let sample = c * hw;
     if sample == 0 {
@@ -60,15 +59,7 @@ fn per_plane<const K: usize>(
     }
     let run = |buf: &mut Vec<f32>, s: usize, os: &mut [f16]| {
         for (ch, op) in os.chunks_exact_mut(hw).enumerate() {
-            let st = scratch(buf, (K + 1) * hw);
-            let (ins, o) = st.split_at_mut(K * hw);
-            let off = s * sample + ch * hw;
-            for (x, dst) in inputs.iter().zip(ins.chunks_exact_mut(hw)) {
-                widen_into(&x[off..][..hw], dst);
-            }
-            let planes: [&[f32]; K] = std::array::from_fn(|k| &ins[k * hw..][..hw]);
-            f(ch, planes, o);
-            round_into(o, op);
+            f(buf, s, ch, op);
         }
     };
     if out.len() >= PAR_MIN_ELEMS {
@@ -77,6 +68,29 @@ fn per_plane<const K: usize>(
         let mut buf = Vec::new();
         out.chunks_mut(sample).enumerate().for_each(|(s, os)| run(&mut buf, s, os));
     }
+}
+
+/// `f(channel, widened planes, f32 output plane)` for each plane of the `K`
+/// f16 inputs, each output plane rounded into `out` (the generic path; the
+/// AVX-512 kernels widen and round in their loads and stores instead).
+fn per_plane<const K: usize>(
+    inputs: [&[f16]; K],
+    out: &mut [f16],
+    c: usize,
+    hw: usize,
+    f: impl Fn(usize, [&[f32]; K], &mut [f32]) + Sync + Send,
+) {
+    for_each_plane(out, c, hw, |buf, s, ch, op| {
+        let st = scratch(buf, (K + 1) * hw);
+        let (ins, o) = st.split_at_mut(K * hw);
+        let off = (s * c + ch) * hw;
+        for (x, dst) in inputs.iter().zip(ins.chunks_exact_mut(hw)) {
+            widen_into(&x[off..][..hw], dst);
+        }
+        let planes: [&[f32]; K] = std::array::from_fn(|k| &ins[k * hw..][..hw]);
+        f(ch, planes, o);
+        round_into(o, op);
+    });
 }
 
 /// [`cpu::normalize_affine`] of f16 `x` into f16 `out`.
@@ -92,10 +106,28 @@ pub fn normalize_affine(
     out: &mut [f16],
 ) {
     let (scale, shift) = cpu::affine_coefficients(c, mean, invstd, weight, bias);
+    affine(x, c, hw, &scale, &shift, false, out);
+}
+
+/// `out = round(x * scale + shift)` per channel, then (`relu`) ReLU of the
+/// rounded value.
+fn affine(x: &[f16], c: usize, hw: usize, scale: &[f32], shift: &[f32], relu: bool, out: &mut [f16]) {
+    #[cfg(target_arch = "x86_64")]
+    if super::avx512::usable() {
+        return for_each_plane(out, c, hw, |_, s, ch, op| {
+            let xp = &x[(s * c + ch) * hw..][..hw];
+            super::avx512_f16::affine_plane(xp, (scale[ch], shift[ch]), relu, op);
+        });
+    }
     per_plane([x], out, c, hw, |ch, [xp], op| {
         let (a, b) = (scale[ch], shift[ch]);
         for (o, &v) in op.iter_mut().zip(xp) {
             *o = v * a + b;
+        }
+        if relu {
+            // Each value rounded to f16 (BatchNorm's output) before ReLU sees it.
+            round_trip(op);
+            crate::ops::relu::cpu::forward_inplace(op);
         }
     });
 }
@@ -115,6 +147,13 @@ pub fn backward_dx(
     dx: &mut [f16],
 ) {
     let coef = cpu::dx_coefficients(c, mean, invstd, weight, sums, count);
+    #[cfg(target_arch = "x86_64")]
+    if super::avx512::usable() {
+        return for_each_plane(dx, c, hw, |_, s, ch, op| {
+            let off = (s * c + ch) * hw;
+            super::avx512_f16::dx_plane_f16(&x[off..][..hw], &dy[off..][..hw], coef[ch], op);
+        });
+    }
     per_plane([x, dy], dx, c, hw, |ch, [xp, dp], op| {
         let (k, p, q) = coef[ch];
         for ((o, &xv), &g) in op.iter_mut().zip(xp).zip(dp) {
@@ -137,12 +176,5 @@ pub fn normalize_affine_relu(
     out: &mut [f16],
 ) {
     let (scale, shift) = cpu::affine_coefficients(c, mean, invstd, weight, bias);
-    per_plane([x], out, c, hw, |ch, [xp], op| {
-        let (a, b) = (scale[ch], shift[ch]);
-        for (o, &v) in op.iter_mut().zip(xp) {
-            *o = v * a + b;
-        }
-        round_trip(op);
-        crate::ops::relu::cpu::forward_inplace(op);
-    });
+    affine(x, c, hw, &scale, &shift, true, out);
 }

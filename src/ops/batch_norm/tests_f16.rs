@@ -67,3 +67,77 @@ fn all_f16_running_stats_are_rounded_on_store_and_outputs_overflow() {
     let y = y.to_f32_vec();
     assert_eq!(y[3], f32::INFINITY, "xhat = 1.34 at x = 3; 1.34 * 60000 > 65504: {y:?}");
 }
+
+/// The f16 plane kernels (AVX-512 where the CPU has it) store, bit for bit,
+/// `round(x * scale + shift)`, ReLU of that rounded value, and
+/// `round(k * dy + p * x + q)` computed in f32 on widened values: planes of
+/// every length 1..40 (masked tails), ResNet's 49, 196 and 784, and a tensor
+/// large enough to split across threads; values that round to overflow, to
+/// subnormals and to zeros of either sign, infinities and NaN.
+#[test]
+fn f16_plane_kernels_store_the_f32_formulas_rounded_once() {
+    use half::f16 as h16;
+    let special = [
+        0.0f32,
+        -0.0,
+        1e-7,
+        -1e-7,
+        6e-8,
+        -3e-8,
+        65504.0,
+        -65504.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+    ];
+    let plane_sizes: Vec<(usize, usize, usize)> =
+        (1..=40).map(|hw| (2, 3, hw)).chain([(3, 2, 49), (2, 2, 196), (2, 1, 784), (24, 2, 784)]).collect();
+    for (seed, &(n, c, hw)) in plane_sizes.iter().enumerate() {
+        let len = n * c * hw;
+        let mut xv = rand_vec_f32(len, 100 + seed as u64);
+        for (i, v) in xv.iter_mut().enumerate().filter(|(i, _)| i % 7 == 3) {
+            *v = special[i % special.len()];
+        }
+        let x: Vec<h16> = xv.iter().map(|&v| h16::from_f32(v * 3.0)).collect();
+        let dy: Vec<h16> = rand_vec_f32(len, 200 + seed as u64).iter().map(|&v| h16::from_f32(v)).collect();
+        // Channel 0 overflows; the last (of several) scales by 2^-12 without
+        // a shift, so tiny negative x round to -0, which ReLU keeps.
+        let tiny = |ch: usize| c > 1 && ch == c - 1;
+        let mean: Vec<f32> = (0..c).map(|ch| if tiny(ch) { 0.0 } else { 0.1 * ch as f32 - 0.05 }).collect();
+        let invstd: Vec<f32> = (0..c).map(|ch| if tiny(ch) { 1.0 } else { 1.7 + ch as f32 }).collect();
+        let weight: Vec<f32> = (0..c)
+            .map(|ch| {
+                if ch == 0 {
+                    30000.0
+                } else if tiny(ch) {
+                    2f32.powi(-12)
+                } else {
+                    0.9
+                }
+            })
+            .collect();
+        let bias: Vec<f32> = (0..c).map(|ch| if tiny(ch) { 0.0 } else { 0.25 - 0.5 * ch as f32 }).collect();
+        let (scale, shift) = cpu::affine_coefficients(c, &mean, &invstd, &weight, &bias);
+        let sums = cpu::BackwardSums { sum_dy: vec![0.5; c], sum_dy_xhat: vec![-1.25; c] };
+        let coef = cpu::dx_coefficients(c, &mean, &invstd, &weight, &sums, n * hw);
+        let ch_of = |i: usize| i / hw % c;
+
+        let mut y = vec![h16::ZERO; len];
+        f16::normalize_affine(&x, c, hw, &mean, &invstd, &weight, &bias, &mut y);
+        let mut yr = vec![h16::ZERO; len];
+        f16::normalize_affine_relu(&x, c, hw, &mean, &invstd, &weight, &bias, &mut yr);
+        let mut dx = vec![h16::ZERO; len];
+        f16::backward_dx(&x, &dy, c, hw, &mean, &invstd, &weight, &sums, n * hw, &mut dx);
+        for i in 0..len {
+            let (ch, xf) = (ch_of(i), x[i].to_f32());
+            let t = h16::from_f32(xf * scale[ch] + shift[ch]);
+            let relu = if t.to_f32() < 0.0 { h16::ZERO } else { t };
+            let (k, p, q) = coef[ch];
+            let d = h16::from_f32(k * dy[i].to_f32() + p * xf + q);
+            let what = format!("[{n}, {c}, {hw}] at {i}, x = {xf}");
+            assert_eq!(y[i].to_bits(), t.to_bits(), "normalize_affine {what}");
+            assert_eq!(yr[i].to_bits(), relu.to_bits(), "normalize_affine_relu {what}");
+            assert_eq!(dx[i].to_bits(), d.to_bits(), "backward_dx {what}");
+        }
+    }
+}

@@ -13,8 +13,80 @@
 //! copies of a compact im2col, which took a third of the time.
 
 use crate::ops::gemm::{gemm, Par};
+use crate::ops::half_emu::{round_into, widen_into};
 use crate::ops::Elem;
+use half::f16;
 use rayon::prelude::*;
+
+/// An activation (`x`, `y`, `dy`, `dx`) the GEMM path computes on as `T`:
+/// `T` itself, read and written in place, or f16 as `T = f32`, widened
+/// (exactly) into scratch an image at a time and rounded to nearest-even as
+/// an image is stored. The bits are those of widening the whole tensor,
+/// running the f32 path and rounding its result once, without the two
+/// whole-tensor copies.
+pub trait Operand<T>: Copy + Send + Sync {
+    /// `v` itself, when it is already `T`.
+    fn as_t(v: &[Self]) -> Option<&[T]>;
+    /// `v` itself, when it is already `T`.
+    fn as_t_mut(v: &mut [Self]) -> Option<&mut [T]>;
+    /// `src` as `T` into `dst` (same length).
+    fn load(src: &[Self], dst: &mut [T]);
+    /// `src` into `dst` (same length), rounded when narrower.
+    fn store(src: &[T], dst: &mut [Self]);
+}
+
+impl<T: Elem> Operand<T> for T {
+    fn as_t(v: &[T]) -> Option<&[T]> {
+        Some(v)
+    }
+    fn as_t_mut(v: &mut [T]) -> Option<&mut [T]> {
+        Some(v)
+    }
+    fn load(src: &[T], dst: &mut [T]) {
+        dst.copy_from_slice(src);
+    }
+    fn store(src: &[T], dst: &mut [T]) {
+        dst.copy_from_slice(src);
+    }
+}
+
+impl Operand<f32> for f16 {
+    fn as_t(_: &[f16]) -> Option<&[f32]> {
+        None
+    }
+    fn as_t_mut(_: &mut [f16]) -> Option<&mut [f32]> {
+        None
+    }
+    fn load(src: &[f16], dst: &mut [f32]) {
+        widen_into(src, dst);
+    }
+    fn store(src: &[f32], dst: &mut [f16]) {
+        round_into(src, dst);
+    }
+}
+
+/// `v` as `T`: itself, or loaded into `buf` (grown as needed).
+fn as_t<'a, T: Elem, X: Operand<T>>(v: &'a [X], buf: &'a mut Vec<T>) -> &'a [T] {
+    match X::as_t(v) {
+        Some(t) => t,
+        None => {
+            buf.resize(v.len(), T::zero());
+            X::load(v, buf);
+            buf
+        }
+    }
+}
+
+/// Runs `f` on `out` as `T`: in place, or on `buf` (grown as needed) stored
+/// into `out` after.
+fn with_t<T: Elem, X: Operand<T>>(out: &mut [X], buf: &mut Vec<T>, f: impl FnOnce(&mut [T])) {
+    if let Some(t) = X::as_t_mut(out) {
+        return f(t);
+    }
+    buf.resize(out.len(), T::zero());
+    f(buf);
+    X::store(buf, out);
+}
 
 /// Every size a conv2d kernel needs, already validated by the caller.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -93,7 +165,7 @@ impl ConvGeom {
 
 /// Per-task scratch for the zero-padded image. Padding once per image lets
 /// im2col/col2im run without any bounds logic (they dominate otherwise);
-/// without padding the image itself is used.
+/// without padding the image itself is used (or its f32 copy, for f16).
 struct Padded<T> {
     buf: Vec<T>,
 }
@@ -106,15 +178,15 @@ impl<T: Elem> Padded<T> {
 
     /// `x[C, H, W]` in the padded layout. Only the pixels are ever
     /// written, so the zeros set up in `new` stay.
-    fn image<'a>(&'a mut self, g: &ConvGeom, x: &'a [T]) -> &'a [T] {
+    fn image<'a, X: Operand<T>>(&'a mut self, g: &ConvGeom, x: &'a [X]) -> &'a [T] {
         if g.padding == 0 {
-            return x;
+            return as_t(x, &mut self.buf);
         }
         let (p, pitch, plane) = (g.padding, g.pitch(), g.plane());
         for (c, xc) in x.chunks_exact(g.h * g.w).enumerate() {
             for (ih, xrow) in xc.chunks_exact(g.w).enumerate() {
                 let at = c * plane + (ih + p) * pitch + p;
-                self.buf[at..at + g.w].copy_from_slice(xrow);
+                X::load(xrow, &mut self.buf[at..at + g.w]);
             }
         }
         &self.buf
@@ -187,7 +259,7 @@ fn col2im<T: Elem>(g: &ConvGeom, col: &[T], dxp: &mut [T], dx: &mut [T]) {
 }
 
 /// `y[N, O, Ho, Wo] = conv(x[N, C, H, W], w[O, C, K, K]) + bias[O]`.
-pub fn forward<T: Elem>(g: &ConvGeom, x: &[T], w: &[T], bias: Option<&[T]>, y: &mut [T]) {
+pub fn forward<T: Elem, X: Operand<T>>(g: &ConvGeom, x: &[X], w: &[T], bias: Option<&[T]>, y: &mut [X]) {
     let (per_task, par) = g.schedule();
     let (ckk, hw) = (g.ckk(), g.out_hw());
     let (ncol, pitch) = g.cols();
@@ -200,6 +272,7 @@ pub fn forward<T: Elem>(g: &ConvGeom, x: &[T], w: &[T], bias: Option<&[T]>, y: &
         let mut col = vec![T::zero(); ckk * ncol];
         let mut padded = Padded::new(g);
         let mut out = vec![T::zero(); g.o * ncol];
+        let mut ybuf = Vec::new();
         for (yi, xi) in yc.chunks_mut(g.y_len()).zip(xc.chunks(g.x_len())) {
             im2col(g, padded.image(g, xi), &mut col);
             if transposed {
@@ -210,22 +283,24 @@ pub fn forward<T: Elem>(g: &ConvGeom, x: &[T], w: &[T], bias: Option<&[T]>, y: &
                 gemm(g.o, ncol, ckk, w, false, &col, false, &mut out, false, par);
             }
             // Into [O, Ho, Wo] without the junk columns, plus the bias.
-            for (o, yo) in yi.chunks_exact_mut(hw).enumerate() {
-                let b = bias.map_or(T::zero(), |b| b[o]);
-                for (oh, yrow) in yo.chunks_exact_mut(g.wo).enumerate() {
-                    if transposed {
-                        let src = out[oh * pitch * g.o + o..].iter().step_by(g.o);
-                        for (v, t) in yrow.iter_mut().zip(src) {
-                            *v = *t + b;
-                        }
-                    } else {
-                        let at = o * ncol + oh * pitch;
-                        for (v, t) in yrow.iter_mut().zip(&out[at..at + g.wo]) {
-                            *v = *t + b;
+            with_t(yi, &mut ybuf, |yi| {
+                for (o, yo) in yi.chunks_exact_mut(hw).enumerate() {
+                    let b = bias.map_or(T::zero(), |b| b[o]);
+                    for (oh, yrow) in yo.chunks_exact_mut(g.wo).enumerate() {
+                        if transposed {
+                            let src = out[oh * pitch * g.o + o..].iter().step_by(g.o);
+                            for (v, t) in yrow.iter_mut().zip(src) {
+                                *v = *t + b;
+                            }
+                        } else {
+                            let at = o * ncol + oh * pitch;
+                            for (v, t) in yrow.iter_mut().zip(&out[at..at + g.wo]) {
+                                *v = *t + b;
+                            }
                         }
                     }
                 }
-            }
+            });
         }
     });
 }
@@ -250,14 +325,14 @@ fn lane_sum<T: Elem>(v: &[T]) -> T {
 /// are accumulated into (`+=`, like PyTorch's `.grad`); `dx`, when asked for,
 /// is overwritten.
 #[allow(clippy::too_many_arguments)]
-pub fn backward<T: Elem>(
+pub fn backward<T: Elem, X: Operand<T>>(
     g: &ConvGeom,
-    x: &[T],
+    x: &[X],
     w: &[T],
-    dy: &[T],
+    dy: &[X],
     dw: &mut [T],
     db: Option<&mut [T]>,
-    dx: Option<&mut [T]>,
+    dx: Option<&mut [X]>,
 ) {
     let (per_task, par) = g.schedule();
     let (ckk, hw) = (g.ckk(), g.out_hw());
@@ -265,7 +340,7 @@ pub fn backward<T: Elem>(
     let wide = ncol != hw;
     let tasks = g.n.div_ceil(per_task);
     let need_db = db.is_some();
-    let dx_parts: Vec<Option<&mut [T]>> = match dx {
+    let dx_parts: Vec<Option<&mut [X]>> = match dx {
         Some(d) => d.chunks_mut(per_task * g.x_len()).map(Some).collect(),
         None => (0..tasks).map(|_| None).collect(),
     };
@@ -288,10 +363,11 @@ pub fn backward<T: Elem>(
             let mut dcol = vec![T::zero(); if need_dx { ckk * ncol } else { 0 }];
             let dxp_len = if need_dx && g.padding > 0 { g.padded_len() } else { 0 };
             let mut dxp = vec![T::zero(); dxp_len];
+            let (mut dybuf, mut dxbuf) = (Vec::new(), Vec::new());
             for i in 0..imgs {
                 let img = first + i;
                 let xi = &x[img * g.x_len()..(img + 1) * g.x_len()];
-                let dyi = &dy[img * g.y_len()..(img + 1) * g.y_len()];
+                let dyi = as_t(&dy[img * g.y_len()..(img + 1) * g.y_len()], &mut dybuf);
                 im2col(g, padded.image(g, xi), &mut col);
                 let dyc: &[T] = if wide {
                     for (o, dyo) in dyi.chunks_exact(hw).enumerate() {
@@ -313,7 +389,7 @@ pub fn backward<T: Elem>(
                     // dcol[CKK, cols] = W^T[CKK, O] * dy_i[O, cols]
                     gemm(ckk, ncol, g.o, w, true, dyc, false, &mut dcol, false, par);
                     let dxi = &mut dxt[i * g.x_len()..(i + 1) * g.x_len()];
-                    col2im(g, &dcol, &mut dxp, dxi);
+                    with_t(dxi, &mut dxbuf, |dxi| col2im(g, &dcol, &mut dxp, dxi));
                 }
             }
             (dwt, db_t)

@@ -119,8 +119,7 @@ fn geometry(x: &Tensor, weight: &Tensor, args: Conv2dArgs) -> Result<ConvGeom> {
 ///
 /// f16 operands: f16 inputs with f32 accumulation; the output takes `x`'s dtype.
 pub fn forward(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>, args: Conv2dArgs) -> Result<Tensor> {
-    #[cfg(target_arch = "x86_64")]
-    if let Some(y) = forward_f16_avx512(x, weight, bias, args)? {
+    if let Some(y) = forward_f16(x, weight, bias, args)? {
         return Ok(y);
     }
     if any_f16([Some(x), Some(weight), bias]) {
@@ -149,11 +148,11 @@ pub fn forward(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>, args: Conv2dA
     Tensor::from_vec(&[g.n, g.o, g.ho, g.wo], y)
 }
 
-/// [`forward`] of an f16 input on the AVX-512 kernels, which widen it and
-/// round the output image by image (weights and bias, small, are widened
-/// up front). `None` when the input is not f16 or the kernels do not apply.
-#[cfg(target_arch = "x86_64")]
-fn forward_f16_avx512(
+/// [`forward`] of an f16 input without whole-tensor copies: the AVX-512
+/// kernels widen it and round the output in their loads and stores, the
+/// GEMM path an image at a time (weights and bias, small, are widened up
+/// front). `None` when the input is not f16 on the host.
+fn forward_f16(
     x: &Tensor,
     weight: &Tensor,
     bias: Option<&Tensor>,
@@ -163,9 +162,6 @@ fn forward_f16_avx512(
         return Ok(None);
     };
     let g = geometry(x, weight, args)?;
-    if !avx512::usable(&g) {
-        return Ok(None);
-    }
     if let Some(b) = bias {
         b.check_shape("conv2d bias", &[g.o])?;
     }
@@ -173,7 +169,12 @@ fn forward_f16_avx512(
     let ws = cpu_f32(OP, "weight", &w32)?;
     let bs = b32.as_deref().map(|b| cpu_f32(OP, "bias", b)).transpose()?;
     let mut y = vec![f16::ZERO; g.n * g.y_len()];
-    avx512::forward(&g, xs, ws, bs, &mut y);
+    #[cfg(target_arch = "x86_64")]
+    if avx512::usable(&g) {
+        avx512::forward(&g, xs, ws, bs, &mut y);
+        return Tensor::from_f16_vec(&[g.n, g.o, g.ho, g.wo], y).map(Some);
+    }
+    cpu::forward(&g, xs, ws, bs, &mut y);
     Tensor::from_f16_vec(&[g.n, g.o, g.ho, g.wo], y).map(Some)
 }
 
@@ -189,26 +190,29 @@ pub fn backward(
     dbias: Option<&mut Tensor>,
     need_dx: bool,
 ) -> Result<Option<Tensor>> {
-    #[cfg(target_arch = "x86_64")]
+    // f16 activations without whole-tensor copies (as in `forward_f16`).
     if let (Storage::Cpu(CpuStorage::F16(xs)), Storage::Cpu(CpuStorage::F16(dys))) =
         (x.storage(), dy.storage())
     {
         let g = geometry(x, weight, args)?;
-        if avx512::usable(&g) {
-            check_grads(&g, weight, dy, dweight, dbias.as_deref())?;
-            let w32 = f32_of(weight);
-            let ws = cpu_f32(OP, "weight", &w32)?;
-            let mut dw = f32_acc(dweight);
-            let mut db = dbias.as_deref().map(f32_acc);
-            let mut dx = need_dx.then(|| vec![f16::ZERO; xs.len()]);
-            let dbs = db.as_mut().map(|d| cpu_f32_mut(OP, "dbias", d)).transpose()?;
-            avx512::backward(&g, xs, ws, dys, cpu_f32_mut(OP, "dweight", &mut dw)?, dbs, dx.as_deref_mut());
-            store(dweight, &dw)?;
-            if let (Some(target), Some(acc)) = (dbias, db) {
-                store(target, &acc)?;
-            }
-            return dx.map(|d| Tensor::from_f16_vec(x.shape(), d)).transpose();
+        check_grads(&g, weight, dy, dweight, dbias.as_deref())?;
+        let w32 = f32_of(weight);
+        let ws = cpu_f32(OP, "weight", &w32)?;
+        let mut dw = f32_acc(dweight);
+        let mut db = dbias.as_deref().map(f32_acc);
+        let mut dx = need_dx.then(|| vec![f16::ZERO; xs.len()]);
+        let dbs = db.as_mut().map(|d| cpu_f32_mut(OP, "dbias", d)).transpose()?;
+        let dws = cpu_f32_mut(OP, "dweight", &mut dw)?;
+        match () {
+            #[cfg(target_arch = "x86_64")]
+            () if avx512::usable(&g) => avx512::backward(&g, xs, ws, dys, dws, dbs, dx.as_deref_mut()),
+            () => cpu::backward(&g, xs, ws, dys, dws, dbs, dx.as_deref_mut()),
         }
+        store(dweight, &dw)?;
+        if let (Some(target), Some(acc)) = (dbias, db) {
+            store(target, &acc)?;
+        }
+        return dx.map(|d| Tensor::from_f16_vec(x.shape(), d)).transpose();
     }
     if any_f16([Some(x), Some(weight), Some(dy), Some(&*dweight), dbias.as_deref()]) {
         let mut dw = f32_acc(dweight);

@@ -55,6 +55,18 @@ fn f16_kernels_that_widen_in_their_loads_and_round_in_their_stores_match_f32_rou
 }
 
 #[test]
+fn f16_strided_convs_widen_and_round_an_image_at_a_time_and_match_f32_rounded_once() {
+    // ResNet's stride-2 convs (the GEMM path, which widens each image into
+    // its padded scratch, or into a copy without padding, and rounds each
+    // output image), several images a task, and an odd stride and size.
+    let s = |stride, padding| Conv2dArgs { stride, padding };
+    same_as_f32_rounded_once(&[9, 16, 28, 28], &[32, 16, 3, 3], s(2, 1), 60);
+    same_as_f32_rounded_once(&[9, 16, 28, 28], &[32, 16, 1, 1], s(2, 0), 70);
+    same_as_f32_rounded_once(&[3, 32, 14, 14], &[64, 32, 3, 3], s(2, 1), 80);
+    same_as_f32_rounded_once(&[2, 3, 11, 9], &[5, 3, 3, 3], s(3, 2), 90);
+}
+
+#[test]
 fn f16_grads_overflow_to_inf_like_a_scaled_loss_on_the_gpu() {
     // A loss scale of 2^16 on dy makes the weight gradient exceed f16's range.
     let x = h(&[1, 1, 2, 2], vec![1.0; 4]);

@@ -1,9 +1,13 @@
 //! ReLU, with in-place variants so the trainer can reuse its activation and
 //! gradient buffers instead of allocating per step.
 
+#[cfg(target_arch = "x86_64")]
+mod avx512_f16;
 pub mod cpu;
 pub mod cuda;
 
+#[cfg(target_arch = "x86_64")]
+use super::half_emu::avx512_usable;
 use super::half_emu::{any_f16, f32_acc, f32_of, map_inplace, store, zip_map_inplace};
 use crate::error::{Error, Result};
 use crate::tensor::{CpuStorage, DType, Storage, Tensor};
@@ -36,6 +40,11 @@ pub fn forward(x: &Tensor) -> Result<Tensor> {
 /// `x = relu(x)` in place.
 pub fn forward_(x: &mut Tensor) -> Result<()> {
     if x.dtype() == DType::F16 {
+        #[cfg(target_arch = "x86_64")]
+        if avx512_usable() {
+            avx512_f16::forward_inplace(x.as_f16_mut()?);
+            return Ok(());
+        }
         map_inplace(x.as_f16_mut()?, cpu::forward_inplace);
         return Ok(());
     }
@@ -72,6 +81,11 @@ pub fn backward(y: &Tensor, dy: &Tensor) -> Result<Tensor> {
 pub fn backward_(y: &Tensor, dy: &mut Tensor) -> Result<()> {
     dy.check_shape("relu backward_: dy (must match y)", y.shape())?;
     if (y.dtype(), dy.dtype()) == (DType::F16, DType::F16) {
+        #[cfg(target_arch = "x86_64")]
+        if avx512_usable() {
+            avx512_f16::backward_inplace(y.as_f16()?, dy.as_f16_mut()?);
+            return Ok(());
+        }
         zip_map_inplace(y.as_f16()?, dy.as_f16_mut()?, cpu::backward_inplace);
         return Ok(());
     }

@@ -23,3 +23,44 @@ fn f16_relu_forward_and_backward_keep_dtype_and_values() {
     assert_eq!(dx.as_f16().unwrap(), dx2.as_f16().unwrap());
     assert_eq!(dx.to_f32_vec(), vec![0.0, 0.0, 1.0, f32::INFINITY, 0.0, 0.5]);
 }
+
+/// Every f16 but the signalling NaNs (which the generic path's conversions
+/// quiet and the AVX-512 kernels keep), in order and at every offset and
+/// tail length up to 40, then all 63,488 at once (split across threads).
+#[cfg(target_arch = "x86_64")]
+fn every_f16() -> Vec<half::f16> {
+    let signalling = |b: u16| b & 0x7c00 == 0x7c00 && b & 0x03ff != 0 && b & 0x0200 == 0;
+    (0..=u16::MAX).filter(|&b| !signalling(b)).map(half::f16::from_bits).collect()
+}
+
+/// The AVX-512 kernels store the bits of the generic path (widen a block,
+/// select in f32, round back).
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn avx512_f16_kernels_store_the_generic_paths_bits() {
+    use crate::ops::half_emu::avx512_usable;
+    if !avx512_usable() {
+        eprintln!("no AVX-512 on this CPU: kernel not checked");
+        return;
+    }
+    let all = every_f16();
+    let bits = |v: &[half::f16]| v.iter().map(|h| h.to_bits()).collect::<Vec<_>>();
+    let mut cases: Vec<(usize, usize)> =
+        (1..=40).flat_map(|len| (0..3).map(move |at| (at * 1000 + len, len))).collect();
+    cases.push((0, all.len()));
+    for (at, len) in cases {
+        let (start, end) = (at.min(all.len() - len), at.min(all.len() - len) + len);
+        let x = &all[start..end];
+        let (mut fast, mut slow) = (x.to_vec(), x.to_vec());
+        avx512_f16::forward_inplace(&mut fast);
+        map_inplace(&mut slow, cpu::forward_inplace);
+        assert_eq!(bits(&fast), bits(&slow), "forward over {start}..{end}");
+
+        // Every value as y, against gradients taken from elsewhere in the range.
+        let dy: Vec<half::f16> = (0..len).map(|i| all[(start + i * 7919) % all.len()]).collect();
+        let (mut fast, mut slow) = (dy.clone(), dy.clone());
+        avx512_f16::backward_inplace(x, &mut fast);
+        zip_map_inplace(x, &mut slow, cpu::backward_inplace);
+        assert_eq!(bits(&fast), bits(&slow), "backward over {start}..{end}");
+    }
+}

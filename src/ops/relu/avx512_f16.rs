@@ -1,0 +1,76 @@
+//! f16 ReLU on AVX-512 without widening whole blocks into scratch: each 16
+//! lanes are widened in registers only to compare them with zero, and the
+//! lanes that ReLU zeroes are overwritten with +0. A kept lane is left as it
+//! is, which is what the widen / f32 select / round sequence of the generic
+//! path stores (an f16 widens exactly and rounds back to itself), so the bits
+//! are the same, in one pass over memory. (Except a signalling NaN, which no
+//! arithmetic produces: the conversions would quiet it, here it stays.)
+
+use super::cpu::{PAR_CHUNK, PAR_MIN_ELEMS};
+use half::f16;
+use rayon::prelude::*;
+use std::arch::x86_64::*;
+
+const LANES: usize = 16;
+
+/// The lanes of 16 starting at `i` that lie in `0..len`.
+fn mask(len: usize, i: usize) -> __mmask16 {
+    if len - i >= LANES {
+        0xffff
+    } else {
+        ((1u32 << (len - i)) - 1) as __mmask16
+    }
+}
+
+/// `v = relu(v)`: negative lanes become +0; -0 and NaN stay (`v < 0` is false).
+pub fn forward_inplace(v: &mut [f16]) {
+    // SAFETY: `relu_lanes` reads and writes the `v.len()` elements of `v`;
+    // AVX-512F/BW/VL are checked by the caller (`half_emu::avx512_usable`).
+    let run = |v: &mut [f16]| unsafe { relu_lanes(v.as_mut_ptr(), v.len()) };
+    if v.len() >= PAR_MIN_ELEMS {
+        v.par_chunks_mut(PAR_CHUNK).for_each(run);
+    } else {
+        run(v);
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn relu_lanes(p: *mut f16, len: usize) {
+    let zero = _mm512_setzero_ps();
+    let mut i = 0;
+    while i < len {
+        let m = mask(len, i);
+        let x = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p.add(i).cast()));
+        let neg = _mm512_mask_cmp_ps_mask::<_CMP_LT_OQ>(m, x, zero);
+        _mm256_mask_storeu_epi16(p.add(i).cast(), neg, _mm256_setzero_si256());
+        i += LANES;
+    }
+}
+
+/// `dy = y > 0 ? dy : 0` (PyTorch's `threshold_backward`: a NaN `y` passes
+/// its gradient), `y` and `dy` of the same length.
+pub fn backward_inplace(y: &[f16], dy: &mut [f16]) {
+    assert_eq!(y.len(), dy.len(), "relu backward: y and dy lengths differ");
+    // SAFETY: `grad_lanes` reads `dy.len()` elements of `y` (as long, per
+    // the assert and the equal split) and writes those of `dy`; AVX-512F/BW/VL
+    // are checked by the caller.
+    let run = |(y, dy): (&[f16], &mut [f16])| unsafe { grad_lanes(y.as_ptr(), dy.as_mut_ptr(), dy.len()) };
+    if dy.len() >= PAR_MIN_ELEMS {
+        y.par_chunks(PAR_CHUNK).zip(dy.par_chunks_mut(PAR_CHUNK)).for_each(run);
+    } else {
+        run((y, dy));
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn grad_lanes(y: *const f16, dy: *mut f16, len: usize) {
+    let zero = _mm512_setzero_ps();
+    let mut i = 0;
+    while i < len {
+        let m = mask(len, i);
+        let x = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, y.add(i).cast()));
+        let drop = _mm512_mask_cmp_ps_mask::<_CMP_LE_OQ>(m, x, zero);
+        _mm256_mask_storeu_epi16(dy.add(i).cast(), drop, _mm256_setzero_si256());
+        i += LANES;
+    }
+}
