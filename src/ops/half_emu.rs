@@ -356,11 +356,11 @@ impl<'a> Pixels<'a> {
     }
 }
 
-/// An output a kernel writes in full: f32 (possibly uninitialized), or f16
+/// An output a kernel writes in full (possibly uninitialized): f32, or f16
 /// that it rounds to nearest-even as it stores, as [`round_into`] does.
 pub(crate) enum Planes<'a> {
     F32(&'a mut [MaybeUninit<f32>]),
-    F16(&'a mut [f16]),
+    F16(&'a mut [MaybeUninit<f16>]),
 }
 
 impl Planes<'_> {
@@ -394,7 +394,7 @@ impl Act for f32 {
 }
 
 impl Act for f16 {
-    type Out = f16;
+    type Out = MaybeUninit<f16>;
     fn widened<'a>(v: &'a [f16], buf: &'a mut Vec<f32>) -> &'a [f32] {
         if buf.len() < v.len() {
             // A task's first use: a vector written once, not zero-filled first.
@@ -408,7 +408,7 @@ impl Act for f16 {
     fn pixels(v: &[f16]) -> Pixels<'_> {
         Pixels::F16(v)
     }
-    fn planes(dst: &mut [f16]) -> Planes<'_> {
+    fn planes(dst: &mut [MaybeUninit<f16>]) -> Planes<'_> {
         Planes::F16(dst)
     }
 }

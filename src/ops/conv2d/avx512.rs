@@ -152,8 +152,12 @@ fn copy_rows_plus(
             (Pixels::F16(s), Planes::F32(d)) => {
                 copy_rows_avx512(s.as_ptr(), d.as_mut_ptr().cast::<f32>(), args)
             }
-            (Pixels::F32(s), Planes::F16(d)) => copy_rows_avx512(s.as_ptr(), d.as_mut_ptr(), args),
-            (Pixels::F16(s), Planes::F16(d)) => copy_rows_avx512(s.as_ptr(), d.as_mut_ptr(), args),
+            (Pixels::F32(s), Planes::F16(d)) => {
+                copy_rows_avx512(s.as_ptr(), d.as_mut_ptr().cast::<half::f16>(), args)
+            }
+            (Pixels::F16(s), Planes::F16(d)) => {
+                copy_rows_avx512(s.as_ptr(), d.as_mut_ptr().cast::<half::f16>(), args)
+            }
         }
     }
 }

@@ -76,7 +76,7 @@ pub(super) fn to_planes(out: &[f32], npix: usize, ld: usize, bias: Option<&[f32]
     unsafe {
         match y {
             Planes::F32(y) => planes_avx512(out, npix, ld, lanes, bias, y.as_mut_ptr().cast::<f32>()),
-            Planes::F16(y) => planes_avx512(out, npix, ld, lanes, bias, y.as_mut_ptr()),
+            Planes::F16(y) => planes_avx512(out, npix, ld, lanes, bias, y.as_mut_ptr().cast::<half::f16>()),
         }
     }
 }

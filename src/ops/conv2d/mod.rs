@@ -168,12 +168,16 @@ fn forward_f16(
     let (w32, b32) = (f32_of(weight), bias.map(f32_of));
     let ws = cpu_f32(OP, "weight", &w32)?;
     let bs = b32.as_deref().map(|b| cpu_f32(OP, "bias", b)).transpose()?;
-    let mut y = vec![f16::ZERO; g.n * g.y_len()];
+    let len = g.n * g.y_len();
     #[cfg(target_arch = "x86_64")]
     if avx512::usable(&g) {
-        avx512::forward(&g, xs, ws, bs, &mut y);
+        let mut y = Vec::with_capacity(len);
+        avx512::forward(&g, xs, ws, bs, &mut y.spare_capacity_mut()[..len]);
+        // SAFETY: avx512::forward wrote every element of its output.
+        unsafe { y.set_len(len) };
         return Tensor::from_f16_vec(&[g.n, g.o, g.ho, g.wo], y).map(Some);
     }
+    let mut y = vec![f16::ZERO; len];
     cpu::forward(&g, xs, ws, bs, &mut y);
     Tensor::from_f16_vec(&[g.n, g.o, g.ho, g.wo], y).map(Some)
 }
@@ -200,14 +204,26 @@ pub fn backward(
         let ws = cpu_f32(OP, "weight", &w32)?;
         let mut dw = f32_acc(dweight);
         let mut db = dbias.as_deref().map(f32_acc);
-        let mut dx = need_dx.then(|| vec![f16::ZERO; xs.len()]);
         let dbs = db.as_mut().map(|d| cpu_f32_mut(OP, "dbias", d)).transpose()?;
         let dws = cpu_f32_mut(OP, "dweight", &mut dw)?;
-        match () {
+        let dx: Option<Vec<f16>> = match () {
             #[cfg(target_arch = "x86_64")]
-            () if avx512::usable(&g) => avx512::backward(&g, xs, ws, dys, dws, dbs, dx.as_deref_mut()),
-            () => cpu::backward(&g, xs, ws, dys, dws, dbs, dx.as_deref_mut()),
-        }
+            () if avx512::usable(&g) => {
+                let mut dx = need_dx.then(|| Vec::with_capacity(xs.len()));
+                let spare = dx.as_mut().map(|d: &mut Vec<f16>| &mut d.spare_capacity_mut()[..xs.len()]);
+                avx512::backward(&g, xs, ws, dys, dws, dbs, spare);
+                dx.map(|mut d| {
+                    // SAFETY: avx512::backward wrote every element of its `dx`.
+                    unsafe { d.set_len(xs.len()) };
+                    d
+                })
+            }
+            () => {
+                let mut dx = need_dx.then(|| vec![f16::ZERO; xs.len()]);
+                cpu::backward(&g, xs, ws, dys, dws, dbs, dx.as_deref_mut());
+                dx
+            }
+        };
         store(dweight, &dw)?;
         if let (Some(target), Some(acc)) = (dbias, db) {
             store(target, &acc)?;
