@@ -4,11 +4,13 @@
 //! where they will on the GPU. Gradients that accumulate into an f16 tensor
 //! are accumulated in f32 and rounded once.
 //!
-//! The hot kernels (conv2d on AVX-512, BatchNorm with f32 parameters, ReLU,
-//! max-pool) do not widen or round whole tensors: they widen an image, a
-//! plane or a block at a time into scratch that stays in cache, run the f32
-//! kernel on it and round what they store (F16C conversions), which gives
-//! the same bits as the whole-tensor passes the other ops still use.
+//! The hot kernels (conv2d, BatchNorm with f32 parameters, ReLU, add,
+//! max-pool) do not widen or round whole tensors: on AVX-512 they convert
+//! 16 lanes at a time in their loads and stores (`Load16`, `Store16`),
+//! elsewhere they widen an image, a plane or a block at a time into scratch
+//! that stays in cache, run the f32 kernel on it and round what they store
+//! (F16C conversions). Either gives the same bits as the whole-tensor passes
+//! the other ops still use.
 
 use std::borrow::Cow;
 use std::mem::MaybeUninit;
