@@ -138,7 +138,7 @@ pub(crate) fn round_to_vec(src: &[f32]) -> Vec<f16> {
 /// instructions the `half` crate uses (exact widening, round-to-nearest-even
 /// by the immediate, not MXCSR), so the bits are the same, in fewer passes.
 #[cfg(target_arch = "x86_64")]
-pub(crate) use x86::{usable as avx512_usable, Load16, Store16};
+pub(crate) use x86::{lanes_from, usable as avx512_usable, Load16, Store16};
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
@@ -153,8 +153,10 @@ mod x86 {
             && std::arch::is_x86_feature_detected!("avx512vl")
     }
 
-    fn tail(len: usize, i: usize) -> __mmask16 {
-        ((1u32 << (len - i)) - 1) as __mmask16
+    /// The lanes of the 16 from element `i` that lie in `0..len` (all 16
+    /// when they fit): the mask of a loop's step, its tail included.
+    pub(crate) fn lanes_from(i: usize, len: usize) -> __mmask16 {
+        ((1u32 << (len - i).min(16)) - 1) as __mmask16
     }
 
     /// `len` f16 (as u16 bits) at `src` widened into `dst`.
@@ -167,7 +169,7 @@ mod x86 {
             i += 16;
         }
         if i < len {
-            let m = tail(len, i);
+            let m = lanes_from(i, len);
             _mm512_mask_storeu_ps(dst.add(i), m, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, src.add(i))));
         }
     }
@@ -182,7 +184,7 @@ mod x86 {
             i += 16;
         }
         if i < len {
-            let m = tail(len, i);
+            let m = lanes_from(i, len);
             _mm512_mask_storeu_ps(v.add(i), m, rt(_mm512_maskz_loadu_ps(m, v.add(i))));
         }
     }
@@ -198,7 +200,7 @@ mod x86 {
             i += 16;
         }
         if i < len {
-            let m = tail(len, i);
+            let m = lanes_from(i, len);
             let h = _mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm512_maskz_loadu_ps(m, src.add(i)));
             _mm256_mask_storeu_epi16(dst.add(i), m, h);
         }

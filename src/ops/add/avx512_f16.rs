@@ -4,6 +4,7 @@
 //! use, so the bits are that path's (widen both, add in f32, round once).
 
 use super::cpu::{PAR_CHUNK, PAR_MIN_ELEMS};
+use crate::ops::half_emu::{lanes_from, Load16, Store16};
 use half::f16;
 use rayon::prelude::*;
 use std::arch::x86_64::*;
@@ -16,11 +17,8 @@ const LANES: usize = 16;
 unsafe fn sum_lanes(a: *const f16, b: *const f16, out: *mut f16, len: usize) {
     let mut i = 0;
     while i < len {
-        let m = if len - i >= LANES { 0xffff } else { ((1u32 << (len - i)) - 1) as __mmask16 };
-        let x = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, a.add(i).cast()));
-        let y = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, b.add(i).cast()));
-        let s = _mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm512_add_ps(x, y));
-        _mm256_mask_storeu_epi16(out.add(i).cast(), m, s);
+        let m = lanes_from(i, len);
+        f16::store16(out.add(i), m, _mm512_add_ps(f16::load16(a.add(i), m), f16::load16(b.add(i), m)));
         i += LANES;
     }
 }

@@ -18,12 +18,16 @@ mod tests_f16;
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests_winograd;
 
+#[cfg(target_arch = "x86_64")]
+use super::half_emu::Act;
 use super::half_emu::{any_f16, f32_acc, f32_of, store};
 use super::{cpu_f32, cpu_f32_mut};
 use crate::error::{Error, Result};
 use crate::tensor::{CpuStorage, Storage, Tensor};
 use cpu::ConvGeom;
 use half::f16;
+#[cfg(target_arch = "x86_64")]
+use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Whether the CPU's AVX-512 path may take Winograd where it fits.
@@ -137,10 +141,8 @@ pub fn forward(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>, args: Conv2dA
     let len = g.n * g.y_len();
     #[cfg(target_arch = "x86_64")]
     if avx512::usable(&g) {
-        let mut y = Vec::with_capacity(len);
-        avx512::forward(&g, xs, ws, bs, &mut y.spare_capacity_mut()[..len]);
-        // SAFETY: avx512::forward wrote every element of its output.
-        unsafe { y.set_len(len) };
+        // SAFETY: avx512::forward writes every element of its output.
+        let y = unsafe { written_by(len, |y| avx512::forward(&g, xs, ws, bs, y)) };
         return Tensor::from_vec(&[g.n, g.o, g.ho, g.wo], y);
     }
     let mut y = vec![0f32; len];
@@ -171,10 +173,8 @@ fn forward_f16(
     let len = g.n * g.y_len();
     #[cfg(target_arch = "x86_64")]
     if avx512::usable(&g) {
-        let mut y = Vec::with_capacity(len);
-        avx512::forward(&g, xs, ws, bs, &mut y.spare_capacity_mut()[..len]);
-        // SAFETY: avx512::forward wrote every element of its output.
-        unsafe { y.set_len(len) };
+        // SAFETY: avx512::forward writes every element of its output.
+        let y = unsafe { written_by(len, |y| avx512::forward(&g, xs, ws, bs, y)) };
         return Tensor::from_f16_vec(&[g.n, g.o, g.ho, g.wo], y).map(Some);
     }
     let mut y = vec![f16::ZERO; len];
@@ -208,16 +208,7 @@ pub fn backward(
         let dws = cpu_f32_mut(OP, "dweight", &mut dw)?;
         let dx: Option<Vec<f16>> = match () {
             #[cfg(target_arch = "x86_64")]
-            () if avx512::usable(&g) => {
-                let mut dx = need_dx.then(|| Vec::with_capacity(xs.len()));
-                let spare = dx.as_mut().map(|d: &mut Vec<f16>| &mut d.spare_capacity_mut()[..xs.len()]);
-                avx512::backward(&g, xs, ws, dys, dws, dbs, spare);
-                dx.map(|mut d| {
-                    // SAFETY: avx512::backward wrote every element of its `dx`.
-                    unsafe { d.set_len(xs.len()) };
-                    d
-                })
-            }
+            () if avx512::usable(&g) => backward_avx512(&g, xs, ws, dys, dws, dbs, need_dx),
             () => {
                 let mut dx = need_dx.then(|| vec![f16::ZERO; xs.len()]);
                 cpu::backward(&g, xs, ws, dys, dws, dbs, dx.as_deref_mut());
@@ -252,20 +243,46 @@ pub fn backward(
     };
     #[cfg(target_arch = "x86_64")]
     if avx512::usable(&g) {
-        let mut dx = need_dx.then(|| Vec::with_capacity(xs.len()));
-        let spare = dx.as_mut().map(|d| &mut d.spare_capacity_mut()[..xs.len()]);
-        avx512::backward(&g, xs, ws, dys, dws, dbs, spare);
-        return dx
-            .map(|mut d| {
-                // SAFETY: avx512::backward wrote every element of its `dx`.
-                unsafe { d.set_len(xs.len()) };
-                Tensor::from_vec(x.shape(), d)
-            })
-            .transpose();
+        let dx = backward_avx512(&g, xs, ws, dys, dws, dbs, need_dx);
+        return dx.map(|d| Tensor::from_vec(x.shape(), d)).transpose();
     }
     let mut dx = if need_dx { Some(vec![0f32; xs.len()]) } else { None };
     cpu::backward(&g, xs, ws, dys, dws, dbs, dx.as_deref_mut());
     dx.map(|d| Tensor::from_vec(x.shape(), d)).transpose()
+}
+
+/// [`avx512::backward`] with `dx` (when `need_dx`) in a new vector, not
+/// zero-filled first.
+#[cfg(target_arch = "x86_64")]
+fn backward_avx512<X: Act<Out = MaybeUninit<X>>>(
+    g: &ConvGeom,
+    x: &[X],
+    w: &[f32],
+    dy: &[X],
+    dw: &mut [f32],
+    db: Option<&mut [f32]>,
+    need_dx: bool,
+) -> Option<Vec<X>> {
+    if !need_dx {
+        avx512::backward(g, x, w, dy, dw, db, None);
+        return None;
+    }
+    // SAFETY: avx512::backward writes every element of its `dx`.
+    Some(unsafe { written_by(x.len(), |dx| avx512::backward(g, x, w, dy, dw, db, Some(dx))) })
+}
+
+/// A vector of `len` elements that `fill` writes, without zero-filling it
+/// first (the AVX-512 kernels write every element of their outputs).
+///
+/// # Safety
+/// `fill` writes every element of the slice it is given.
+#[cfg(target_arch = "x86_64")]
+unsafe fn written_by<T>(len: usize, fill: impl FnOnce(&mut [MaybeUninit<T>])) -> Vec<T> {
+    let mut v = Vec::with_capacity(len);
+    fill(&mut v.spare_capacity_mut()[..len]);
+    // SAFETY: the caller's contract: `fill` wrote all `len` elements.
+    unsafe { v.set_len(len) };
+    v
 }
 
 /// Checks that `dy`, `dweight` and `dbias` fit the convolution.

@@ -7,20 +7,12 @@
 //! arithmetic produces: the conversions would quiet it, here it stays.)
 
 use super::cpu::{PAR_CHUNK, PAR_MIN_ELEMS};
+use crate::ops::half_emu::{lanes_from, Load16};
 use half::f16;
 use rayon::prelude::*;
 use std::arch::x86_64::*;
 
 const LANES: usize = 16;
-
-/// The lanes of 16 starting at `i` that lie in `0..len`.
-fn mask(len: usize, i: usize) -> __mmask16 {
-    if len - i >= LANES {
-        0xffff
-    } else {
-        ((1u32 << (len - i)) - 1) as __mmask16
-    }
-}
 
 /// `v = relu(v)`: negative lanes become +0; -0 and NaN stay (`v < 0` is false).
 pub fn forward_inplace(v: &mut [f16]) {
@@ -39,9 +31,8 @@ unsafe fn relu_lanes(p: *mut f16, len: usize) {
     let zero = _mm512_setzero_ps();
     let mut i = 0;
     while i < len {
-        let m = mask(len, i);
-        let x = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p.add(i).cast()));
-        let neg = _mm512_mask_cmp_ps_mask::<_CMP_LT_OQ>(m, x, zero);
+        let m = lanes_from(i, len);
+        let neg = _mm512_mask_cmp_ps_mask::<_CMP_LT_OQ>(m, f16::load16(p.add(i), m), zero);
         _mm256_mask_storeu_epi16(p.add(i).cast(), neg, _mm256_setzero_si256());
         i += LANES;
     }
@@ -67,9 +58,8 @@ unsafe fn grad_lanes(y: *const f16, dy: *mut f16, len: usize) {
     let zero = _mm512_setzero_ps();
     let mut i = 0;
     while i < len {
-        let m = mask(len, i);
-        let x = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, y.add(i).cast()));
-        let drop = _mm512_mask_cmp_ps_mask::<_CMP_LE_OQ>(m, x, zero);
+        let m = lanes_from(i, len);
+        let drop = _mm512_mask_cmp_ps_mask::<_CMP_LE_OQ>(m, f16::load16(y.add(i), m), zero);
         _mm256_mask_storeu_epi16(dy.add(i).cast(), drop, _mm256_setzero_si256());
         i += LANES;
     }
