@@ -21,7 +21,7 @@ pub use state::{StateEntry, StateValue};
 use crate::config::model::ResolvedLayer;
 use crate::error::{Error, Result};
 use crate::ops;
-use crate::ops::batch_norm::{BnGrads, BnHyper, BnParams, BnReluPoolSaved, RunningStats};
+use crate::ops::batch_norm::{BatchNormSaved, BnGrads, BnHyper, BnParams, BnReluPoolSaved, RunningStats};
 use crate::rng::{Draws, NodeDraws};
 use crate::tensor::{DType, Tensor};
 
@@ -85,6 +85,12 @@ pub enum Saved {
         x: Tensor,
         saved: BnReluPoolSaved,
     },
+    /// BatchNorm2d fused with the ReLU after it, whose output is not kept:
+    /// the backward recomputes ReLU's mask from BatchNorm's input.
+    BnRelu {
+        x: Tensor,
+        stats: BatchNormSaved,
+    },
     /// A layer whose work the previous layer's fused kernel did.
     Fused,
 }
@@ -140,6 +146,13 @@ impl Node {
                 let p = layers::batchnorm2d::parts(&mut self.weights)?;
                 let grads = BnGrads { dweight: &mut p.weight.grad, dbias: &mut p.bias.grad };
                 let dx = ops::batch_norm::backward_relu_maxpool2(x, &p.weight.value, &saved, &dy, grads)?;
+                Ok(vec![Some(dx)])
+            }
+            Saved::BnRelu { x, stats } => {
+                let p = layers::batchnorm2d::parts(&mut self.weights)?;
+                let params = BnParams { weight: &p.weight.value, bias: &p.bias.value };
+                let grads = BnGrads { dweight: &mut p.weight.grad, dbias: &mut p.bias.grad };
+                let dx = ops::batch_norm::backward_relu(&x, params, &stats, &dy, grads)?;
                 Ok(vec![Some(dx)])
             }
             Saved::Fused => Ok(vec![Some(dy)]),
@@ -338,11 +351,16 @@ impl Model {
                         BnHyper { momentum: bn.momentum, eps: bn.eps },
                     )?;
                     *p.num_batches_tracked += 1;
-                    let bn_saved = layers::batchnorm2d::Saved { x: cur, stats, global_count: None };
-                    saved.extend([
-                        Saved::Layer(LayerSaved::BatchNorm2d(bn_saved)),
-                        Saved::Layer(LayerSaved::Relu(y.clone())),
-                    ]);
+                    let params = BnParams { weight: &p.weight.value, bias: &p.bias.value };
+                    if ops::batch_norm::backward_relu_fits(&cur, params) {
+                        saved.extend([Saved::BnRelu { x: cur, stats }, Saved::Fused]);
+                    } else {
+                        let bn_saved = layers::batchnorm2d::Saved { x: cur, stats, global_count: None };
+                        saved.extend([
+                            Saved::Layer(LayerSaved::BatchNorm2d(bn_saved)),
+                            Saved::Layer(LayerSaved::Relu(y.clone())),
+                        ]);
+                    }
                     values.put(i + 2, y)?;
                     i += 2;
                     continue;

@@ -3,6 +3,7 @@
 
 use crate::error::{Error, Result};
 use half::f16;
+use std::mem::MaybeUninit;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -11,10 +12,57 @@ pub enum DType {
     F16,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub enum CpuStorage {
     F32(Vec<f32>),
     F16(Vec<f16>),
+}
+
+impl Clone for CpuStorage {
+    /// A copy of the elements, made by the whole pool when large: a graph
+    /// value read twice (a residual block's input) is cloned for the first
+    /// reader, and a serial copy of an activation kept the other core idle.
+    fn clone(&self) -> Self {
+        match self {
+            CpuStorage::F32(v) => CpuStorage::F32(par_copy(v)),
+            CpuStorage::F16(v) => CpuStorage::F16(par_copy(v)),
+        }
+    }
+}
+
+/// Elements below which [`par_copy`] copies on the calling thread (a
+/// rayon split costs a few microseconds).
+const PAR_COPY_MIN: usize = 1 << 16;
+
+/// `src.to_vec()`, in parallel chunks when `src` is large.
+pub(crate) fn par_copy<T: Copy + Send + Sync>(src: &[T]) -> Vec<T> {
+    use rayon::prelude::*;
+    if src.len() < PAR_COPY_MIN {
+        return src.to_vec();
+    }
+    let fill = |dst: &mut [MaybeUninit<T>]| {
+        dst.par_chunks_mut(PAR_COPY_MIN).zip(src.par_chunks(PAR_COPY_MIN)).for_each(|(d, s)| {
+            for (d, s) in d.iter_mut().zip(s) {
+                d.write(*s);
+            }
+        });
+    };
+    // SAFETY: the chunks of `dst` cover it, and each element is written.
+    unsafe { written_by(src.len(), fill) }
+}
+
+/// A vector of `len` elements that `fill` writes, without zero-filling it
+/// first: a serial `memset` of a whole activation, ahead of kernels that
+/// write every element anyway, kept the second core idle.
+///
+/// # Safety
+/// `fill` writes every element of the slice it is given.
+pub(crate) unsafe fn written_by<T>(len: usize, fill: impl FnOnce(&mut [MaybeUninit<T>])) -> Vec<T> {
+    let mut v = Vec::with_capacity(len);
+    fill(&mut v.spare_capacity_mut()[..len]);
+    // SAFETY: the caller's contract: `fill` wrote all `len` elements.
+    unsafe { v.set_len(len) };
+    v
 }
 
 #[derive(Debug, Clone)]
@@ -137,8 +185,8 @@ impl Tensor {
     /// A copy in `dtype` (PyTorch's `.to(dtype)`); f32 -> f16 rounds to nearest-even.
     pub fn to_dtype(&self, dtype: DType) -> Tensor {
         let storage = match (&self.storage, dtype) {
-            (Storage::Cpu(CpuStorage::F32(v)), DType::F32) => CpuStorage::F32(v.clone()),
-            (Storage::Cpu(CpuStorage::F16(v)), DType::F16) => CpuStorage::F16(v.clone()),
+            (Storage::Cpu(CpuStorage::F32(v)), DType::F32) => CpuStorage::F32(par_copy(v)),
+            (Storage::Cpu(CpuStorage::F16(v)), DType::F16) => CpuStorage::F16(par_copy(v)),
             (Storage::Cpu(CpuStorage::F32(v)), DType::F16) => CpuStorage::F16(f32_to_f16(v)),
             (Storage::Cpu(CpuStorage::F16(v)), DType::F32) => CpuStorage::F32(f16_to_f32(v)),
         };

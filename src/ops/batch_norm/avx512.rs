@@ -12,8 +12,6 @@
 //! windows), an f32 reassociation.
 
 use super::fused_cpu::KILLED;
-use crate::ops::Elem;
-use std::any::TypeId;
 use std::arch::x86_64::*;
 
 const LANES: usize = 16;
@@ -26,19 +24,7 @@ pub fn usable() -> bool {
         && std::arch::is_x86_feature_detected!("avx512vl")
 }
 
-/// `s` as f32 when `T` is f32 (the f64 test instantiations take the generic path).
-pub fn f32s<T: Elem>(s: &[T]) -> Option<&[f32]> {
-    // SAFETY: T is f32, so the slice is reinterpreted as itself.
-    (TypeId::of::<T>() == TypeId::of::<f32>())
-        .then(|| unsafe { std::slice::from_raw_parts(s.as_ptr().cast::<f32>(), s.len()) })
-}
-
-/// [`f32s`] for a mutable slice.
-pub fn f32s_mut<T: Elem>(s: &mut [T]) -> Option<&mut [f32]> {
-    // SAFETY: as in `f32s`; the borrow of `s` moves into the result.
-    (TypeId::of::<T>() == TypeId::of::<f32>())
-        .then(|| unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr().cast::<f32>(), s.len()) })
-}
+pub use crate::ops::elem::{f32s, f32s_mut};
 
 /// `(sum (x - shift), sum (x - shift)^2)` of one plane, as the generic
 /// `cpu::plane_sums` computes it: 16 lanes over blocks of 1,024, the tail in

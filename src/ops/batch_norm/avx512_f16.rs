@@ -10,6 +10,7 @@ use super::fused_cpu::KILLED;
 use crate::ops::half_emu::{Load16, Store16};
 use half::f16;
 use std::arch::x86_64::*;
+use std::mem::MaybeUninit;
 
 const LANES: usize = 16;
 /// The f32 block of `cpu::plane_sums` and `cpu::plane_backward_sums`.
@@ -178,22 +179,90 @@ unsafe fn dz_plane_avx512(g: *const f16, codes: &[u8], w: usize, dz: *mut f32) {
     }
 }
 
+/// The gradient at BatchNorm's output as the backward kernels load it, 16
+/// lanes at a time.
+pub trait Dz: Copy {
+    /// Lanes `m` of elements `i..i + 16`, the others `+0`.
+    ///
+    /// # Safety
+    /// The lanes in `m` lie inside the plane; AVX-512F/BW/VL.
+    unsafe fn dz16(self, i: usize, m: __mmask16) -> __m512;
+}
+
+/// A plane of `dz` itself, f32 or f16 (widened).
+#[derive(Clone, Copy)]
+struct Plain<D>(*const D);
+
+impl<D: Load16> Dz for Plain<D> {
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    unsafe fn dz16(self, i: usize, m: __mmask16) -> __m512 {
+        D::load16(self.0.add(i), m)
+    }
+}
+
+/// `dy` at the output of the ReLU that follows BatchNorm, taken back
+/// through it without its output: that is `max(0, round(x * scale +
+/// shift))` (`affine_lanes`), recomputed from `x`, and ReLU's backward
+/// zeroes `dy` where it is `<= 0` (ordered: NaN passes), which is where the
+/// rounded affine value is. Lanes it zeroes load as `+0`, the value ReLU's
+/// backward stores there.
+#[derive(Clone, Copy)]
+struct ReluDz {
+    dy: *const f16,
+    x: *const f16,
+    scale: f32,
+    shift: f32,
+}
+
+impl Dz for ReluDz {
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    unsafe fn dz16(self, i: usize, m: __mmask16) -> __m512 {
+        let (a, b) = (_mm512_set1_ps(self.scale), _mm512_set1_ps(self.shift));
+        let v = round_trip(_mm512_add_ps(_mm512_mul_ps(f16::load16(self.x.add(i), m), a), b));
+        let drop = _mm512_mask_cmp_ps_mask::<_CMP_LE_OQ>(m, v, _mm512_setzero_ps());
+        f16::load16(self.dy.add(i), m & !drop)
+    }
+}
+
 /// `(sum dz, sum dz * (x - mean))` of one plane of f16 `x` and f32 or f16
 /// `dz`, bit for bit `cpu::plane_backward_sums` of their widened copies (an
 /// f16 `dz` widened in its loads: widening both planes into scratch first
 /// took as long as the sums).
 pub fn plane_backward_sums<D: Load16>(x: &[f16], dz: &[D], mean: f32) -> (f64, f64) {
     assert_eq!(x.len(), dz.len());
+    // SAFETY: the plane of `x` and `dz`, the same length; AVX-512F/BW/VL are
+    // checked by the caller through `avx512::usable`.
+    unsafe { backward_sums_lanes(x.as_ptr(), Plain(dz.as_ptr()), x.len(), mean) }
+}
+
+/// [`plane_backward_sums`] of the gradient `dy` at the output of the ReLU
+/// after BatchNorm (`ReluDz`), without that output or ReLU's backward: the
+/// sums of ReLU's backward followed by [`plane_backward_sums`], bit for bit.
+pub fn plane_backward_sums_relu(x: &[f16], dy: &[f16], (scale, shift): (f32, f32), mean: f32) -> (f64, f64) {
+    assert_eq!(x.len(), dy.len());
+    let dz = ReluDz { dy: dy.as_ptr(), x: x.as_ptr(), scale, shift };
+    // SAFETY: as in `plane_backward_sums`.
+    unsafe { backward_sums_lanes(x.as_ptr(), dz, x.len(), mean) }
+}
+
+/// The sums of `plane_backward_sums` over `len` elements, per block of
+/// [`BLOCK`]: whole vectors in lanes, the tail in order (as the f32 kernel).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn backward_sums_lanes<G: Dz>(x: *const f16, dz: G, len: usize, mean: f32) -> (f64, f64) {
     let (mut s_tot, mut q_tot) = (0.0f64, 0.0f64);
-    for (xb, db) in x.chunks(BLOCK).zip(dz.chunks(BLOCK)) {
-        let nv = xb.len() / LANES;
-        // SAFETY: reads `nv` whole vectors of `xb` and `db` (same length);
-        // AVX-512F/BW/VL are checked by the caller through `avx512::usable`.
-        let (s, q) = unsafe { backward_block_sums(xb.as_ptr(), db.as_ptr(), nv, mean) };
+    for b0 in (0..len).step_by(BLOCK) {
+        let n = (len - b0).min(BLOCK);
+        let nv = n / LANES;
+        let (s, q) = backward_block_sums(x, dz, b0, nv, mean);
         let (mut rs, mut rq) = (0.0f32, 0.0f32);
-        let tail = xb.len() - nv * LANES;
-        let gt = widen_tail(&db[nv * LANES..]);
-        for (&xv, &g) in widen_tail(&xb[nv * LANES..]).iter().zip(&gt).take(tail) {
+        let (t0, tail) = (b0 + nv * LANES, n - nv * LANES);
+        let (mut xt, mut gt) = ([0.0f32; LANES], [0.0f32; LANES]);
+        let m = masks(tail).0;
+        _mm512_storeu_ps(xt.as_mut_ptr(), f16::load16(x.add(t0), m));
+        _mm512_storeu_ps(gt.as_mut_ptr(), dz.dz16(t0, m));
+        for (&xv, &g) in xt.iter().zip(&gt).take(tail) {
             rs += g;
             rq += g * (xv - mean);
         }
@@ -203,13 +272,15 @@ pub fn plane_backward_sums<D: Load16>(x: &[f16], dz: &[D], mean: f32) -> (f64, f
     (s_tot, q_tot)
 }
 
+#[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn backward_block_sums<D: Load16>(x: *const f16, dz: *const D, nv: usize, mean: f32) -> (f64, f64) {
+unsafe fn backward_block_sums<G: Dz>(x: *const f16, dz: G, b0: usize, nv: usize, mean: f32) -> (f64, f64) {
     let mv = _mm512_set1_ps(mean);
     let (mut sv, mut qv) = (_mm512_setzero_ps(), _mm512_setzero_ps());
     for v in 0..nv {
-        let g = D::load16(dz.add(v * LANES), 0xffff);
-        let xv = f16::load16(x.add(v * LANES), 0xffff);
+        let i = b0 + v * LANES;
+        let g = dz.dz16(i, 0xffff);
+        let xv = f16::load16(x.add(i), 0xffff);
         sv = _mm512_add_ps(sv, g);
         qv = _mm512_add_ps(qv, _mm512_mul_ps(g, _mm512_sub_ps(xv, mv)));
     }
@@ -221,33 +292,41 @@ pub fn dx_plane(xdx: &mut [f16], dz: &[f32], (k, p, q): (f32, f32, f32)) {
     assert_eq!(xdx.len(), dz.len());
     // SAFETY: reads dz and reads then writes xdx at [i, i + 16) masked to
     // the slices' common length; AVX-512F/BW/VL are checked by the caller.
-    unsafe { dx_lanes(xdx.as_ptr(), dz.as_ptr(), xdx.as_mut_ptr(), dz.len(), k, p, q) }
+    unsafe { dx_lanes(xdx.as_ptr(), Plain(dz.as_ptr()), xdx.as_mut_ptr(), dz.len(), (k, p, q)) }
 }
 
-/// One plane of `f16::backward_dx`: `dx = round(k * dy + p * x + q)`.
-pub fn dx_plane_f16(x: &[f16], dy: &[f16], (k, p, q): (f32, f32, f32), dx: &mut [f16]) {
+/// One plane of `f16::backward_dx`: `dx = round(k * dy + p * x + q)`,
+/// every element of `dx` written.
+pub fn dx_plane_f16(x: &[f16], dy: &[f16], coef: (f32, f32, f32), dx: &mut [MaybeUninit<f16>]) {
     assert!(x.len() == dx.len() && dy.len() == dx.len());
     // SAFETY: reads x and dy and writes dx at [i, i + 16) masked to their
     // common length; AVX-512F/BW/VL are checked by the caller.
-    unsafe { dx_lanes(x.as_ptr(), dy.as_ptr(), dx.as_mut_ptr(), dx.len(), k, p, q) }
+    unsafe { dx_lanes(x.as_ptr(), Plain(dy.as_ptr()), dx.as_mut_ptr().cast(), dx.len(), coef) }
+}
+
+/// [`dx_plane_f16`] of the gradient `dy` at the output of the ReLU after
+/// BatchNorm (`ReluDz`): ReLU's backward and then [`dx_plane_f16`], bit for bit.
+pub fn dx_plane_relu(
+    x: &[f16],
+    dy: &[f16],
+    (scale, shift): (f32, f32),
+    coef: (f32, f32, f32),
+    dx: &mut [MaybeUninit<f16>],
+) {
+    assert!(x.len() == dx.len() && dy.len() == dx.len());
+    let dz = ReluDz { dy: dy.as_ptr(), x: x.as_ptr(), scale, shift };
+    // SAFETY: as in `dx_plane_f16`.
+    unsafe { dx_lanes(x.as_ptr(), dz, dx.as_mut_ptr().cast(), dx.len(), coef) }
 }
 
 /// `out = round(k * dz + p * x + q)` over `len` lanes (`out` may be `x`),
 /// the products and sums in the generic kernels' order.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn dx_lanes<D: Load16>(
-    x: *const f16,
-    dz: *const D,
-    out: *mut f16,
-    len: usize,
-    k: f32,
-    p: f32,
-    q: f32,
-) {
+unsafe fn dx_lanes<G: Dz>(x: *const f16, dz: G, out: *mut f16, len: usize, (k, p, q): (f32, f32, f32)) {
     let (kv, pv, qv) = (_mm512_set1_ps(k), _mm512_set1_ps(p), _mm512_set1_ps(q));
     for i in (0..len).step_by(LANES) {
         let m = masks((len - i).min(LANES)).0;
-        let g = D::load16(dz.add(i), m);
+        let g = dz.dz16(i, m);
         let xv = f16::load16(x.add(i), m);
         let d = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(kv, g), _mm512_mul_ps(pv, xv)), qv);
         f16::store16(out.add(i), m, d);
@@ -256,11 +335,11 @@ unsafe fn dx_lanes<D: Load16>(
 
 /// One plane of `f16::normalize_affine`: `y = round(x * a + b)`; with
 /// `relu` (`normalize_affine_relu`), ReLU of that rounded value.
-pub fn affine_plane(x: &[f16], (a, b): (f32, f32), relu: bool, y: &mut [f16]) {
+pub fn affine_plane(x: &[f16], (a, b): (f32, f32), relu: bool, y: &mut [MaybeUninit<f16>]) {
     assert_eq!(x.len(), y.len());
-    // SAFETY: reads x and writes y at [i, i + 16) masked to their length;
-    // AVX-512F/BW/VL are checked by the caller.
-    unsafe { affine_lanes(x.as_ptr(), y.as_mut_ptr(), y.len(), a, b, relu) }
+    // SAFETY: reads x and writes every element of y at [i, i + 16) masked
+    // to their length; AVX-512F/BW/VL are checked by the caller.
+    unsafe { affine_lanes(x.as_ptr(), y.as_mut_ptr().cast(), y.len(), a, b, relu) }
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]

@@ -10,6 +10,8 @@ use super::cpu::{self, BackwardSums, LocalSums, PAR_MIN_ELEMS};
 use crate::ops::half_emu::{round_into, round_trip, scratch, widen_into, with_widened};
 use half::f16;
 use rayon::prelude::*;
+#[cfg(target_arch = "x86_64")]
+use {crate::ops::half_emu::written_by, std::mem::MaybeUninit};
 
 /// [`cpu::local_sums`] of f16 `x[N, C, HW]`.
 pub fn local_sums(x: &[f16], n: usize, c: usize, hw: usize) -> LocalSums {
@@ -24,7 +26,19 @@ pub fn local_sums(x: &[f16], n: usize, c: usize, hw: usize) -> LocalSums {
     })
 }
 
-/// [`cpu::backward_sums`] of f16 `x` and `dy`.
+/// ReLU after BatchNorm, as the fused backward sees it: its output is
+/// `max(0, round(x * scale + shift))` per channel, recomputed from `x`
+/// instead of kept (see `avx512_f16::plane_backward_sums_relu`).
+#[derive(Clone, Copy)]
+pub struct ReluAfter<'a> {
+    pub scale: &'a [f32],
+    pub shift: &'a [f32],
+}
+
+/// [`cpu::backward_sums`] of f16 `x` and `dy`; with `relu`, of the gradient
+/// that ReLU's backward makes of `dy` (AVX-512 only: the caller checks
+/// `avx512::usable`).
+#[allow(clippy::too_many_arguments)]
 pub fn backward_sums(
     x: &[f16],
     dy: &[f16],
@@ -33,31 +47,39 @@ pub fn backward_sums(
     hw: usize,
     mean: &[f32],
     invstd: &[f32],
+    relu: Option<ReluAfter<'_>>,
 ) -> BackwardSums {
     cpu::backward_sums_with(n, c, hw, invstd, |i, ch| {
         let off = (i * c + ch) * hw;
+        let (xp, dp) = (&x[off..][..hw], &dy[off..][..hw]);
         #[cfg(target_arch = "x86_64")]
         if super::avx512::usable() {
-            return super::avx512_f16::plane_backward_sums(&x[off..][..hw], &dy[off..][..hw], mean[ch]);
+            return match relu {
+                Some(r) => {
+                    super::avx512_f16::plane_backward_sums_relu(xp, dp, (r.scale[ch], r.shift[ch]), mean[ch])
+                }
+                None => super::avx512_f16::plane_backward_sums(xp, dp, mean[ch]),
+            };
         }
-        with_widened(&x[off..][..hw], &dy[off..][..hw], |xp, dp| cpu::plane_backward_sums(xp, dp, mean[ch]))
+        assert!(relu.is_none(), "batch_norm: the fused ReLU backward needs AVX-512");
+        with_widened(xp, dp, |xp, dp| cpu::plane_backward_sums(xp, dp, mean[ch]))
     })
 }
 
 /// `f(sample, channel, output plane)` for every plane of `out[N, C, hw]`,
 /// per sample in parallel when the tensor is large (as the f32 kernels
 /// split), with `buf` scratch of the task's.
-fn for_each_plane(
-    out: &mut [f16],
+fn for_each_plane<E: Send>(
+    out: &mut [E],
     c: usize,
     hw: usize,
-    f: impl Fn(&mut Vec<f32>, usize, usize, &mut [f16]) + Sync + Send,
+    f: impl Fn(&mut Vec<f32>, usize, usize, &mut [E]) + Sync + Send,
 ) {
     let sample = c * hw;
     if sample == 0 {
         return;
     }
-    let run = |buf: &mut Vec<f32>, s: usize, os: &mut [f16]| {
+    let run = |buf: &mut Vec<f32>, s: usize, os: &mut [E]| {
         for (ch, op) in os.chunks_exact_mut(hw).enumerate() {
             f(buf, s, ch, op);
         }
@@ -93,8 +115,7 @@ fn per_plane<const K: usize>(
     });
 }
 
-/// [`cpu::normalize_affine`] of f16 `x` into f16 `out`.
-#[allow(clippy::too_many_arguments)]
+/// [`cpu::normalize_affine`] of f16 `x`, in f16.
 pub fn normalize_affine(
     x: &[f16],
     c: usize,
@@ -103,23 +124,28 @@ pub fn normalize_affine(
     invstd: &[f32],
     weight: &[f32],
     bias: &[f32],
-    out: &mut [f16],
-) {
+) -> Vec<f16> {
     let (scale, shift) = cpu::affine_coefficients(c, mean, invstd, weight, bias);
-    affine(x, c, hw, &scale, &shift, false, out);
+    affine(x, c, hw, &scale, &shift, false)
 }
 
 /// `out = round(x * scale + shift)` per channel, then (`relu`) ReLU of the
 /// rounded value.
-fn affine(x: &[f16], c: usize, hw: usize, scale: &[f32], shift: &[f32], relu: bool, out: &mut [f16]) {
+fn affine(x: &[f16], c: usize, hw: usize, scale: &[f32], shift: &[f32], relu: bool) -> Vec<f16> {
     #[cfg(target_arch = "x86_64")]
     if super::avx512::usable() {
-        return for_each_plane(out, c, hw, |_, s, ch, op| {
-            let xp = &x[(s * c + ch) * hw..][..hw];
-            super::avx512_f16::affine_plane(xp, (scale[ch], shift[ch]), relu, op);
-        });
+        let fill = |out: &mut [MaybeUninit<f16>]| {
+            for_each_plane(out, c, hw, |_, s, ch, op| {
+                let xp = &x[(s * c + ch) * hw..][..hw];
+                super::avx512_f16::affine_plane(xp, (scale[ch], shift[ch]), relu, op);
+            })
+        };
+        // SAFETY: the planes of `out` cover it, and `affine_plane` writes
+        // every element of its plane.
+        return unsafe { written_by(x.len(), fill) };
     }
-    per_plane([x], out, c, hw, |ch, [xp], op| {
+    let mut out = vec![f16::ZERO; x.len()];
+    per_plane([x], &mut out, c, hw, |ch, [xp], op| {
         let (a, b) = (scale[ch], shift[ch]);
         for (o, &v) in op.iter_mut().zip(xp) {
             *o = v * a + b;
@@ -130,9 +156,11 @@ fn affine(x: &[f16], c: usize, hw: usize, scale: &[f32], shift: &[f32], relu: bo
             crate::ops::relu::cpu::forward_inplace(op);
         }
     });
+    out
 }
 
-/// [`cpu::backward_dx`] of f16 `x` and `dy` into f16 `dx`.
+/// [`cpu::backward_dx`] of f16 `x` and `dy`, in f16; with `relu`, of the
+/// gradient that ReLU's backward makes of `dy` (see [`backward_sums`]).
 #[allow(clippy::too_many_arguments)]
 pub fn backward_dx(
     x: &[f16],
@@ -144,27 +172,40 @@ pub fn backward_dx(
     weight: &[f32],
     sums: &BackwardSums,
     count: usize,
-    dx: &mut [f16],
-) {
+    relu: Option<ReluAfter<'_>>,
+) -> Vec<f16> {
     let coef = cpu::dx_coefficients(c, mean, invstd, weight, sums, count);
     #[cfg(target_arch = "x86_64")]
     if super::avx512::usable() {
-        return for_each_plane(dx, c, hw, |_, s, ch, op| {
-            let off = (s * c + ch) * hw;
-            super::avx512_f16::dx_plane_f16(&x[off..][..hw], &dy[off..][..hw], coef[ch], op);
-        });
+        let fill = |dx: &mut [MaybeUninit<f16>]| {
+            for_each_plane(dx, c, hw, |_, s, ch, op| {
+                let off = (s * c + ch) * hw;
+                let (xp, dp) = (&x[off..][..hw], &dy[off..][..hw]);
+                match relu {
+                    Some(r) => {
+                        super::avx512_f16::dx_plane_relu(xp, dp, (r.scale[ch], r.shift[ch]), coef[ch], op)
+                    }
+                    None => super::avx512_f16::dx_plane_f16(xp, dp, coef[ch], op),
+                }
+            })
+        };
+        // SAFETY: the planes of `dx` cover it, and both plane kernels write
+        // every element of theirs.
+        return unsafe { written_by(x.len(), fill) };
     }
-    per_plane([x, dy], dx, c, hw, |ch, [xp, dp], op| {
+    assert!(relu.is_none(), "batch_norm: the fused ReLU backward needs AVX-512");
+    let mut dx = vec![f16::ZERO; x.len()];
+    per_plane([x, dy], &mut dx, c, hw, |ch, [xp, dp], op| {
         let (k, p, q) = coef[ch];
         for ((o, &xv), &g) in op.iter_mut().zip(xp).zip(dp) {
             *o = k * g + p * xv + q;
         }
     });
+    dx
 }
 
 /// [`normalize_affine`] followed by ReLU, as the two ops in sequence store
 /// it: each value is rounded to f16 (BatchNorm's output) before ReLU sees it.
-#[allow(clippy::too_many_arguments)]
 pub fn normalize_affine_relu(
     x: &[f16],
     c: usize,
@@ -173,8 +214,7 @@ pub fn normalize_affine_relu(
     invstd: &[f32],
     weight: &[f32],
     bias: &[f32],
-    out: &mut [f16],
-) {
+) -> Vec<f16> {
     let (scale, shift) = cpu::affine_coefficients(c, mean, invstd, weight, bias);
-    affine(x, c, hw, &scale, &shift, true, out);
+    affine(x, c, hw, &scale, &shift, true)
 }

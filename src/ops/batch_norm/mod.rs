@@ -146,12 +146,11 @@ fn forward_train_f16(
         let b = param(op, "bias", params.bias, c)?;
         let sums = f16::local_sums(xs, n, c, hw);
         let stats = cpu::batch_stats::<f32>(&sums.sum, &sums.sumsq, sums.count, f64::from(hyper.eps));
-        let mut out = vec![half::f16::ZERO; xs.len()];
-        if relu {
-            f16::normalize_affine_relu(xs, c, hw, &stats.mean, &stats.invstd, w, b, &mut out);
+        let out = if relu {
+            f16::normalize_affine_relu(xs, c, hw, &stats.mean, &stats.invstd, w, b)
         } else {
-            f16::normalize_affine(xs, c, hw, &stats.mean, &stats.invstd, w, b, &mut out);
-        }
+            f16::normalize_affine(xs, c, hw, &stats.mean, &stats.invstd, w, b)
+        };
         let rm = param_mut(op, "running_mean", running_mean, c)?;
         let rv = param_mut(op, "running_var", running_var, c)?;
         cpu::update_running(rm, rv, &stats, hyper.momentum);
@@ -177,6 +176,56 @@ pub fn forward_train_relu(
     let (mut y, saved) = forward_train(x, params, running, hyper)?;
     super::relu::forward_(&mut y)?;
     Ok((y, saved))
+}
+
+/// Whether [`backward_relu`] takes the backward of [`forward_train_relu`]
+/// of this `x`: f16 on the host with f32 parameters (apex O2's
+/// `keep_batchnorm_fp32`), on a CPU with the AVX-512 kernels that recompute
+/// ReLU's output. Elsewhere ReLU's output is kept for its own backward.
+pub fn backward_relu_fits(x: &Tensor, params: BnParams<&Tensor>) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if avx512::usable() {
+        return matches!(x.storage(), Storage::Cpu(CpuStorage::F16(_)))
+            && all_f32([params.weight, params.bias]);
+    }
+    let _ = (x, params);
+    false
+}
+
+/// Backward of [`forward_train_relu`] from `dy`, the gradient at ReLU's
+/// output, without that output: ReLU's mask is recomputed from `x`, the
+/// saved statistics and the parameters as the forward rounded them, inside
+/// BatchNorm's backward kernels. The same values, bit for bit, as ReLU's
+/// backward and then [`backward`], without the copy of ReLU's output the
+/// forward would keep or a pass over `dy`. Only where [`backward_relu_fits`].
+pub fn backward_relu(
+    x: &Tensor,
+    params: BnParams<&Tensor>,
+    saved: &BatchNormSaved,
+    dy: &Tensor,
+    grads: BnGrads<&mut Tensor>,
+) -> Result<Tensor> {
+    const OP: &str = "backward_relu";
+    let (Storage::Cpu(CpuStorage::F16(xs)), Storage::Cpu(CpuStorage::F16(dys)), true) =
+        (x.storage(), dy.storage(), backward_relu_fits(x, params))
+    else {
+        return Err(Error::internal(format!(
+            "batch_norm {OP}: needs f16 x and dy on an AVX-512 CPU with f32 parameters, got x {:?}, dy {:?}",
+            x.dtype(),
+            dy.dtype()
+        )));
+    };
+    let (n, c, hw) = backward_dims(OP, x, saved, dy)?;
+    let w = param(OP, "weight", params.weight, c)?;
+    let b = param(OP, "bias", params.bias, c)?;
+    let dw = param_mut(OP, "dweight", grads.dweight, c)?;
+    let db = param_mut(OP, "dbias", grads.dbias, c)?;
+    let (scale, shift) = cpu::affine_coefficients(c, &saved.mean, &saved.invstd, w, b);
+    let relu = Some(f16::ReluAfter { scale: &scale, shift: &shift });
+    let sums = f16::backward_sums(xs, dys, n, c, hw, &saved.mean, &saved.invstd, relu);
+    add_param_grads(dw, db, &sums);
+    let dx = f16::backward_dx(xs, dys, c, hw, &saved.mean, &saved.invstd, w, &sums, n * hw, relu);
+    Tensor::from_f16_vec(x.shape(), dx)
 }
 
 fn all_f32<const K: usize>(ts: [&Tensor; K]) -> bool {
@@ -327,10 +376,9 @@ pub fn backward(
         let w = param(OP, "weight", weight, c)?;
         let dw = param_mut(OP, "dweight", &mut *grads.dweight, c)?;
         let db = param_mut(OP, "dbias", &mut *grads.dbias, c)?;
-        let sums = f16::backward_sums(xs, dys, n, c, hw, &saved.mean, &saved.invstd);
+        let sums = f16::backward_sums(xs, dys, n, c, hw, &saved.mean, &saved.invstd, None);
         add_param_grads(dw, db, &sums);
-        let mut dx = vec![half::f16::ZERO; xs.len()];
-        f16::backward_dx(xs, dys, c, hw, &saved.mean, &saved.invstd, w, &sums, n * hw, &mut dx);
+        let dx = f16::backward_dx(xs, dys, c, hw, &saved.mean, &saved.invstd, w, &sums, n * hw, None);
         return Tensor::from_f16_vec(x.shape(), dx);
     }
     if let Some(r) =

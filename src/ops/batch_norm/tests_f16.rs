@@ -122,12 +122,9 @@ fn f16_plane_kernels_store_the_f32_formulas_rounded_once() {
         let coef = cpu::dx_coefficients(c, &mean, &invstd, &weight, &sums, n * hw);
         let ch_of = |i: usize| i / hw % c;
 
-        let mut y = vec![h16::ZERO; len];
-        f16::normalize_affine(&x, c, hw, &mean, &invstd, &weight, &bias, &mut y);
-        let mut yr = vec![h16::ZERO; len];
-        f16::normalize_affine_relu(&x, c, hw, &mean, &invstd, &weight, &bias, &mut yr);
-        let mut dx = vec![h16::ZERO; len];
-        f16::backward_dx(&x, &dy, c, hw, &mean, &invstd, &weight, &sums, n * hw, &mut dx);
+        let y = f16::normalize_affine(&x, c, hw, &mean, &invstd, &weight, &bias);
+        let yr = f16::normalize_affine_relu(&x, c, hw, &mean, &invstd, &weight, &bias);
+        let dx = f16::backward_dx(&x, &dy, c, hw, &mean, &invstd, &weight, &sums, n * hw, None);
         for i in 0..len {
             let (ch, xf) = (ch_of(i), x[i].to_f32());
             let t = h16::from_f32(xf * scale[ch] + shift[ch]);
@@ -140,4 +137,75 @@ fn f16_plane_kernels_store_the_f32_formulas_rounded_once() {
             assert_eq!(dx[i].to_bits(), d.to_bits(), "backward_dx {what}");
         }
     }
+}
+
+/// `backward_relu` (ReLU's mask recomputed inside BatchNorm's backward)
+/// against what it replaces: ReLU's backward on the kept output of
+/// `forward_train_relu`, then `backward`. Bit for bit in dx, dweight and
+/// dbias, over planes with and without a 16-lane tail, longer than one
+/// 1,024 block, and channels whose outputs round to +-0 (ReLU drops those)
+/// or run into f16's overflow.
+#[test]
+fn fused_relu_backward_matches_relu_backward_then_batch_norm_backward() {
+    for (seed, &(n, c, hh, ww)) in
+        [(3, 4, 7, 5), (2, 3, 33, 33), (4, 2, 4, 4), (1, 5, 1, 19)].iter().enumerate()
+    {
+        let shape = [n, c, hh, ww];
+        let len = n * c * hh * ww;
+        let mut xv = rand_vec_f32(len, 300 + seed as u64);
+        for (i, v) in xv.iter_mut().enumerate() {
+            if i % 11 == 4 {
+                *v = 0.0;
+            }
+        }
+        let x = h(&shape, xv);
+        // Channel 0 scales to below f16's smallest subnormal with no shift
+        // (outputs round to +0 and -0, which ReLU both drops), channel 1
+        // overflows, the rest are ordinary.
+        let wv: Vec<f32> = (0..c).map(|ch| [2f32.powi(-30), 5e4, 1.25][ch.min(2)]).collect();
+        let bv: Vec<f32> = (0..c).map(|ch| if ch == 0 { 0.0 } else { 0.1 - 0.2 * ch as f32 }).collect();
+        let (w, b) = (Tensor::from_vec(&[c], wv).unwrap(), Tensor::from_vec(&[c], bv).unwrap());
+        let params = BnParams { weight: &w, bias: &b };
+        let (mut rm, mut rv) = (Tensor::zeros(&[c]), Tensor::full(&[c], 1.0));
+        let running = RunningStats { running_mean: &mut rm, running_var: &mut rv };
+        let (y, saved) = forward_train_relu(&x, params, running, BnHyper::default()).unwrap();
+        let dy = h(&shape, rand_vec_f32(len, 400 + seed as u64));
+        if !backward_relu_fits(&x, params) {
+            return;
+        }
+
+        let (mut dw_a, mut db_a) = (Tensor::full(&[c], 0.5), Tensor::full(&[c], -0.5));
+        let mut dz = dy.clone();
+        crate::ops::relu::backward_(&y, &mut dz).unwrap();
+        let grads = BnGrads { dweight: &mut dw_a, dbias: &mut db_a };
+        let dx_a = backward(&x, &w, &saved, &dz, grads).unwrap();
+
+        let (mut dw_b, mut db_b) = (Tensor::full(&[c], 0.5), Tensor::full(&[c], -0.5));
+        let grads = BnGrads { dweight: &mut dw_b, dbias: &mut db_b };
+        let dx_b = backward_relu(&x, params, &saved, &dy, grads).unwrap();
+
+        let bits16 = |t: &Tensor| t.as_f16().unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        let bits32 = |t: &Tensor| t.as_f32().unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits16(&dx_a), bits16(&dx_b), "dx {shape:?}");
+        assert_eq!(bits32(&dw_a), bits32(&dw_b), "dweight {shape:?}");
+        assert_eq!(bits32(&db_a), bits32(&db_b), "dbias {shape:?}");
+        // The mask did something: some of dy was dropped and some passed.
+        let dropped = bits16(&dz).iter().zip(bits16(&dy)).filter(|(a, b)| a != &b).count();
+        assert!(dropped > 0 && dropped < len, "{dropped} of {len} dropped in {shape:?}");
+    }
+}
+
+/// `backward_relu` outside what it fits is an error that says so, not a
+/// wrong answer: f32 activations keep ReLU's output for its own backward.
+#[test]
+fn fused_relu_backward_refuses_f32_activations() {
+    let x = Tensor::from_vec(&[2, 1, 2, 2], rand_vec_f32(8, 1)).unwrap();
+    let (w, b) = (Tensor::full(&[1], 1.0), Tensor::full(&[1], 0.0));
+    let params = BnParams { weight: &w, bias: &b };
+    assert!(!backward_relu_fits(&x, params));
+    let saved = BatchNormSaved { mean: vec![0.0], invstd: vec![1.0] };
+    let (mut dw, mut db) = (Tensor::zeros(&[1]), Tensor::zeros(&[1]));
+    let grads = BnGrads { dweight: &mut dw, dbias: &mut db };
+    let msg = backward_relu(&x, params, &saved, &x, grads).unwrap_err().to_string();
+    assert!(msg.contains("backward_relu: needs f16 x and dy"), "{msg}");
 }

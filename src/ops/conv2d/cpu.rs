@@ -12,6 +12,8 @@
 //! along through the GEMMs and are dropped; this beats the short per-row
 //! copies of a compact im2col, which took a third of the time.
 
+#[cfg(target_arch = "x86_64")]
+use crate::ops::elem::{f32s, f32s_mut};
 use crate::ops::gemm::{gemm, Par};
 use crate::ops::half_emu::{round_into, widen_into};
 use crate::ops::Elem;
@@ -195,6 +197,12 @@ impl<T: Elem> Padded<T> {
 
 /// Unfolds one padded image into `col[C*K*K, cols]`.
 fn im2col<T: Elem>(g: &ConvGeom, xp: &[T], col: &mut [T]) {
+    #[cfg(target_arch = "x86_64")]
+    if g.stride == 2 && super::stride2::usable() {
+        if let (Some(xf), Some(cf)) = (f32s(xp), f32s_mut(col)) {
+            return super::stride2::im2col(g, xf, g.plane(), g.pitch(), cf);
+        }
+    }
     let (k, s, wp) = (g.k, g.stride, g.pitch());
     let (ncol, pitch) = g.cols();
     for (c, xc) in xp.chunks_exact(g.plane()).enumerate() {
@@ -223,10 +231,32 @@ fn im2col<T: Elem>(g: &ConvGeom, xp: &[T], col: &mut [T]) {
 /// columns of a wide `col` must be zero. `dxp` is scratch for the padded
 /// image (unused without padding).
 fn col2im<T: Elem>(g: &ConvGeom, col: &[T], dxp: &mut [T], dx: &mut [T]) {
-    let (k, s, p, wp) = (g.k, g.stride, g.padding, g.pitch());
-    let (ncol, pitch) = g.cols();
+    let (s, p, wp) = (g.stride, g.padding, g.pitch());
     let acc: &mut [T] = if p == 0 { &mut *dx } else { &mut *dxp };
     acc.fill(T::zero());
+    match () {
+        #[cfg(target_arch = "x86_64")]
+        () if s == 2 && super::stride2::usable() && f32s(col).is_some() => {
+            if let (Some(cf), Some(af)) = (f32s(col), f32s_mut(acc)) {
+                super::stride2::col2im_add(g, cf, g.plane(), wp, af);
+            }
+        }
+        () => col2im_rows(g, col, acc),
+    }
+    if p > 0 {
+        for (c, dxc) in dx.chunks_exact_mut(g.h * g.w).enumerate() {
+            for (ih, dxrow) in dxc.chunks_exact_mut(g.w).enumerate() {
+                let at = c * g.plane() + (ih + p) * wp + p;
+                dxrow.copy_from_slice(&dxp[at..at + g.w]);
+            }
+        }
+    }
+}
+
+/// [`col2im`]'s scatter-add of `col` onto the zeroed (padded) image `acc`.
+fn col2im_rows<T: Elem>(g: &ConvGeom, col: &[T], acc: &mut [T]) {
+    let (k, s, wp) = (g.k, g.stride, g.pitch());
+    let (ncol, pitch) = g.cols();
     for (c, ac) in acc.chunks_exact_mut(g.plane()).enumerate() {
         for ki in 0..k {
             for kj in 0..k {
@@ -245,14 +275,6 @@ fn col2im<T: Elem>(g: &ConvGeom, col: &[T], dxp: &mut [T], dx: &mut [T]) {
                         }
                     }
                 }
-            }
-        }
-    }
-    if p > 0 {
-        for (c, dxc) in dx.chunks_exact_mut(g.h * g.w).enumerate() {
-            for (ih, dxrow) in dxc.chunks_exact_mut(g.w).enumerate() {
-                let at = c * g.plane() + (ih + p) * wp + p;
-                dxrow.copy_from_slice(&dxp[at..at + g.w]);
             }
         }
     }

@@ -9,6 +9,8 @@ pub mod cpu;
 pub mod cuda;
 #[cfg(target_arch = "x86_64")]
 mod lines;
+#[cfg(target_arch = "x86_64")]
+mod stride2;
 #[cfg(test)]
 mod tests;
 #[cfg(all(test, target_arch = "x86_64"))]
@@ -18,6 +20,8 @@ mod tests_f16;
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests_winograd;
 
+#[cfg(target_arch = "x86_64")]
+use super::half_emu::written_by;
 #[cfg(target_arch = "x86_64")]
 use super::half_emu::Act;
 use super::half_emu::{any_f16, f32_acc, f32_of, store};
@@ -269,20 +273,6 @@ fn backward_avx512<X: Act<Out = MaybeUninit<X>>>(
     }
     // SAFETY: avx512::backward writes every element of its `dx`.
     Some(unsafe { written_by(x.len(), |dx| avx512::backward(g, x, w, dy, dw, db, Some(dx))) })
-}
-
-/// A vector of `len` elements that `fill` writes, without zero-filling it
-/// first (the AVX-512 kernels write every element of their outputs).
-///
-/// # Safety
-/// `fill` writes every element of the slice it is given.
-#[cfg(target_arch = "x86_64")]
-unsafe fn written_by<T>(len: usize, fill: impl FnOnce(&mut [MaybeUninit<T>])) -> Vec<T> {
-    let mut v = Vec::with_capacity(len);
-    fill(&mut v.spare_capacity_mut()[..len]);
-    // SAFETY: the caller's contract: `fill` wrote all `len` elements.
-    unsafe { v.set_len(len) };
-    v
 }
 
 /// Checks that `dy`, `dweight` and `dbias` fit the convolution.

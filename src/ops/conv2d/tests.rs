@@ -346,3 +346,45 @@ fn conv_timing_mnist_batch100() {
         );
     }
 }
+
+/// Wall milliseconds per call (best of 5) of ResNet-20's strided convs at
+/// batch 128, f32 and f16: `cargo test --release --lib
+/// conv_timing_resnet20_strided -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn conv_timing_resnet20_strided() {
+    use std::time::Instant;
+    let layers = [
+        ("layer2.0.conv1 3x3/2 16->32 28x28", 16, 28, 32, 3, 1),
+        ("layer2.0.downsample 1x1/2 16->32 28x28", 16, 28, 32, 1, 0),
+        ("layer3.0.conv1 3x3/2 32->64 14x14", 32, 14, 64, 3, 1),
+        ("layer3.0.downsample 1x1/2 32->64 14x14", 32, 14, 64, 1, 0),
+    ];
+    for dtype in [crate::tensor::DType::F32, crate::tensor::DType::F16] {
+        for (name, c, hw, o, k, p) in layers {
+            let n = 128;
+            let a = Conv2dArgs { stride: 2, padding: p };
+            let ho = out_size(hw, k, 2, p);
+            let x = Tensor::from_vec(&[n, c, hw, hw], rand_vec_f32(n * c * hw * hw, 1))
+                .unwrap()
+                .into_dtype(dtype);
+            let w = Tensor::from_vec(&[o, c, k, k], rand_vec_f32(o * c * k * k, 2)).unwrap();
+            let dy = Tensor::from_vec(&[n, o, ho, ho], rand_vec_f32(n * o * ho * ho, 4))
+                .unwrap()
+                .into_dtype(dtype);
+            let mut dw = Tensor::zeros(w.shape());
+            let (mut tf, mut tb) = (f64::MAX, f64::MAX);
+            for _ in 0..5 {
+                let t0 = Instant::now();
+                let y = forward(&x, &w, None, a).unwrap();
+                let t1 = Instant::now();
+                let dx = backward(&x, &w, &dy, a, &mut dw, None, true).unwrap();
+                let t2 = Instant::now();
+                std::hint::black_box((y, dx));
+                tf = tf.min((t1 - t0).as_secs_f64() * 1e3);
+                tb = tb.min((t2 - t1).as_secs_f64() * 1e3);
+            }
+            println!("{name} {dtype:?}: forward {tf:.2} ms, backward+dx {tb:.2} ms");
+        }
+    }
+}
