@@ -231,12 +231,12 @@ fn im2col<T: Elem>(g: &ConvGeom, xp: &[T], col: &mut [T]) {
 /// columns of a wide `col` must be zero. `dxp` is scratch for the padded
 /// image (unused without padding).
 fn col2im<T: Elem>(g: &ConvGeom, col: &[T], dxp: &mut [T], dx: &mut [T]) {
-    let (s, p, wp) = (g.stride, g.padding, g.pitch());
+    let (p, wp) = (g.padding, g.pitch());
     let acc: &mut [T] = if p == 0 { &mut *dx } else { &mut *dxp };
     acc.fill(T::zero());
     match () {
         #[cfg(target_arch = "x86_64")]
-        () if s == 2 && super::stride2::usable() && f32s(col).is_some() => {
+        () if g.stride == 2 && super::stride2::usable() && f32s(col).is_some() => {
             if let (Some(cf), Some(af)) = (f32s(col), f32s_mut(acc)) {
                 super::stride2::col2im_add(g, cf, g.plane(), wp, af);
             }
