@@ -78,10 +78,37 @@ fn config(dir: &Path, opt_level: &str) -> PathBuf {
     config_of("configs/mnist_o0.toml", dir, opt_level)
 }
 
+/// The `[model]` section of `model_config`.
+fn model_of(model_config: &str) -> String {
+    let seed = std::fs::read_to_string(repo_root().join(model_config)).unwrap();
+    seed[seed.find("[model]").unwrap()..seed.find("[data]").unwrap()].to_string()
+}
+
 /// The 3-step synthetic run of [`config`] with the model of `model_config`.
 fn config_of(model_config: &str, dir: &Path, opt_level: &str) -> PathBuf {
-    let seed = std::fs::read_to_string(repo_root().join(model_config)).unwrap();
-    let model = &seed[seed.find("[model]").unwrap()..seed.find("[data]").unwrap()];
+    config_with_model(&model_of(model_config), dir, opt_level)
+}
+
+/// [`config_of`] with every ReLU of the model a GELU. A ReLU passes or
+/// blocks a whole element of gradient on the sign of its input, and a
+/// ResNet has half a million inputs per small batch, some within rounding
+/// of zero: a rounding-level difference (the CPU's summation order against
+/// the device's kernels, OpenBLAS's kernels under the emulated cuBLAS, the
+/// split sums of SyncBatchNorm over 2 ranks) then flips one. With ReLUs,
+/// ResNet-20 differed by 0.28 of a tensor's peak between the device and the
+/// CPU after 3 steps, and by 0.25 between 2 ranks and 1, on an AMD EPYC
+/// machine, where an Intel Xeon had agreed to 1e-5: a coin toss per machine,
+/// not a check. GELU is smooth, so what is compared is the rounding alone,
+/// through the config's graph, buckets, SyncBatchNorm and every other kernel
+/// (ReLU's own kernels have their parity tests).
+fn config_of_smooth(model_config: &str, dir: &Path, opt_level: &str) -> PathBuf {
+    let model = model_of(model_config);
+    assert!(model.contains(r#"type = "relu""#), "{model_config} has no ReLU to replace");
+    config_with_model(&model.replace(r#"type = "relu""#, r#"type = "gelu""#), dir, opt_level)
+}
+
+/// The 3-step synthetic run of [`config`] with the `[model]` section `model`.
+fn config_with_model(model: &str, dir: &Path, opt_level: &str) -> PathBuf {
     let body = format!(
         r#"{model}
 [run]
@@ -243,8 +270,9 @@ fn o0_two_and_three_ranks_nccl_tcp_and_mpirun_equal_one_rank_on_the_gpu() {
     assert!(h2 > 0.0 && h3 > 0.0, "no all-reduce overlapped backward: {h2} {h3}");
 }
 
-/// The residual graph (configs/resnet_mnist_o2.toml's model) at O0: the
-/// device equals the CPU, and 2 ranks over NCCL and over TCP equal 1 rank.
+/// The residual graph (configs/resnet_mnist_o2.toml's model, its ReLUs
+/// GELUs: see [`config_of_smooth`]) at O0: the device equals the CPU, and
+/// 2 ranks over NCCL and over TCP equal 1 rank.
 #[test]
 fn the_resnet_on_the_gpu_equals_the_cpu_and_two_ranks_equal_one() {
     let test = "the_resnet_on_the_gpu_equals_the_cpu_and_two_ranks_equal_one";
@@ -252,7 +280,7 @@ fn the_resnet_on_the_gpu_equals_the_cpu_and_two_ranks_equal_one() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let cfg = config_of("configs/resnet_mnist_o2.toml", dir.path(), "O0");
+    let cfg = config_of_smooth("configs/resnet_mnist_o2.toml", dir.path(), "O0");
     let (one, _) = run(dir.path(), &cfg, Starter::One, "one", &[]);
     // The CPU on its direct convs, as in the ResNet-20 test below.
     let cpu_sets = (&["run.device=cpu"][..], &["--direct-convs"][..]);
@@ -270,14 +298,16 @@ fn the_resnet_on_the_gpu_equals_the_cpu_and_two_ranks_equal_one() {
 }
 
 /// He et al.'s ResNet-20 (configs/resnet20_fashion_o2.toml's model, 21
-/// BatchNorms, two projection shortcuts) at O0 for 3 steps of synthetic
-/// 1x28x28 images: the device within 1e-5 relative of the CPU, and 2 ranks
-/// over NCCL and over tcp within 1e-5 relative of 1 rank. A global batch of
-/// 4 (2 per rank): the emulated device checks every access, and what is
-/// compared (the graph, the buckets, SyncBatchNorm, the reductions' order)
-/// does not depend on the batch. The CPU runs its direct conv kernels
-/// (`--direct-convs`): Winograd's few ulps more rounding flip ReLUs whose
-/// input lies within them of zero, each a whole element of gradient
+/// BatchNorms, two projection shortcuts; its ReLUs GELUs, see
+/// [`config_of_smooth`]) at O0 for 3 steps of synthetic 1x28x28 images: the
+/// device within 5e-5 of each tensor's peak of the CPU, and 2 ranks over
+/// NCCL and over tcp of 1 rank (measured on the emulated device: 1.3e-5 and
+/// 0.95e-5, the small BatchNorm biases of 3 steps holding the largest
+/// relative rounding; a wrong reduction or bucket is off by 1e-3 or more).
+/// A global batch of 4 (2 per rank): the emulated device checks every
+/// access, and what is compared (the graph, the buckets, SyncBatchNorm, the
+/// reductions' order) does not depend on the batch. The CPU runs its direct
+/// conv kernels (`--direct-convs`), the closer to the device's rounding
 /// (`ops::conv2d::set_winograd`).
 #[test]
 fn resnet20_on_the_gpu_equals_the_cpu_and_two_ranks_equal_one() {
@@ -286,7 +316,7 @@ fn resnet20_on_the_gpu_equals_the_cpu_and_two_ranks_equal_one() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let cfg = config_of("configs/resnet20_fashion_o2.toml", dir.path(), "O0");
+    let cfg = config_of_smooth("configs/resnet20_fashion_o2.toml", dir.path(), "O0");
     let small = ["data.synthetic_train_size=12", "data.synthetic_test_size=4"];
     let run4 = |how, name: &str, extra: &[&str], flags: &[&str]| {
         let sets: Vec<&str> = small.iter().chain(extra).copied().collect();
@@ -303,7 +333,7 @@ fn resnet20_on_the_gpu_equals_the_cpu_and_two_ranks_equal_one() {
     }
     println!("ResNet-20 O0 on the GPU: max relative |dw| vs one rank {r:?}");
     for (what, dw) in r {
-        assert!(dw < 1e-5, "{what}: max relative |dw| {dw:e}");
+        assert!(dw < 5e-5, "{what}: max relative |dw| {dw:e}");
     }
 }
 

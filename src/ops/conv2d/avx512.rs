@@ -447,6 +447,21 @@ pub(super) fn takes_winograd(g: &ConvGeom) -> (bool, bool) {
     (winograd::fits(g), winograd::fits_backward(g))
 }
 
+/// Winograd's backward wherever [`winograd::fits`], even where
+/// [`backward`] picks the direct kernels (for tests timing both).
+#[cfg(test)]
+pub(super) fn backward_winograd(
+    g: &ConvGeom,
+    x: &[f32],
+    w: &[f32],
+    dy: &[f32],
+    dw: &mut [f32],
+    dx: &mut [f32],
+) {
+    assert!(winograd::fits(g));
+    winograd::backward(g, x, w, dy, dw, None, Some(as_uninit(dx)));
+}
+
 /// Whether [`backward`] picks [`PixelDw`] for the weight gradient where it
 /// does not take Winograd (for tests timing both).
 #[cfg(test)]

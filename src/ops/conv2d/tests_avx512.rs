@@ -238,7 +238,7 @@ fn conv_timing_resnet20() {
             f();
             t.elapsed().as_secs_f64() * 1e3
         };
-        let mut best = [f64::INFINITY; 4];
+        let mut best = [f64::INFINITY; 5];
         for _ in 0..5 {
             let t = [
                 ms(&mut || avx512::forward(&g, &x, &w, None, avx512::as_uninit(&mut y))),
@@ -259,14 +259,15 @@ fn conv_timing_resnet20() {
                         pixel,
                     )
                 }),
+                ms(&mut || avx512::backward_winograd(&g, &x, &w, &dy, &mut dw, &mut dx)),
             ];
             for (b, v) in best.iter_mut().zip(t) {
                 *b = b.min(v);
             }
         }
         eprintln!(
-            "{cfg:?}: forward winograd {:.2} ms, direct {:.2} ms; backward winograd {:.2} ms, direct {:.2} ms",
-            best[0], best[1], best[2], best[3]
+            "{cfg:?}: forward chosen {:.2} ms, direct {:.2} ms; backward chosen {:.2} ms, direct {:.2} ms, winograd {:.2} ms",
+            best[0], best[1], best[2], best[3], best[4]
         );
     }
 }
