@@ -19,7 +19,6 @@ use half::{f16, slice::HalfFloatSliceExt};
 use rayon::prelude::*;
 
 use crate::error::Result;
-pub(crate) use crate::tensor::written_by;
 use crate::tensor::{DType, Tensor};
 
 /// Whether any operand is f16 (then the op takes its f16 arm).

@@ -24,8 +24,6 @@ pub fn usable() -> bool {
         && std::arch::is_x86_feature_detected!("avx512vl")
 }
 
-pub use crate::ops::elem::{f32s, f32s_mut};
-
 /// `(sum (x - shift), sum (x - shift)^2)` of one plane, as the generic
 /// `cpu::plane_sums` computes it: 16 lanes over blocks of 1,024, the tail in
 /// scalars, each block moved to f64 tail first, then the lanes as

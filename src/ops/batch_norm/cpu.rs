@@ -55,7 +55,7 @@ fn lanes_to_f64<T: Elem>(l: &[T; LANES]) -> f64 {
 /// `(sum (x - shift), sum (x - shift)^2)` of one contiguous (n, c) plane.
 pub(super) fn plane_sums<T: Elem>(p: &[T], shift: T) -> (f64, f64) {
     #[cfg(target_arch = "x86_64")]
-    if let Some(pf) = super::avx512::f32s(p).filter(|_| super::avx512::usable()) {
+    if let Some(pf) = crate::ops::elem::f32s(p).filter(|_| super::avx512::usable()) {
         return super::avx512::plane_sums(pf, shift.to_f64() as f32);
     }
     plane_sums_generic(p, shift)

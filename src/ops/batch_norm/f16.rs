@@ -11,7 +11,7 @@ use crate::ops::half_emu::{round_into, round_trip, scratch, widen_into, with_wid
 use half::f16;
 use rayon::prelude::*;
 #[cfg(target_arch = "x86_64")]
-use {crate::ops::half_emu::written_by, std::mem::MaybeUninit};
+use {crate::tensor::written_by, std::mem::MaybeUninit};
 
 /// [`cpu::local_sums`] of f16 `x[N, C, HW]`.
 pub fn local_sums(x: &[f16], n: usize, c: usize, hw: usize) -> LocalSums {

@@ -35,7 +35,7 @@ fn max2<T: Elem>(a: T, b: T) -> T {
 fn forward_plane<T: Elem>(x: &[T], w: usize, scale: T, shift: T, y: &mut [T], codes: &mut [u8]) {
     #[cfg(target_arch = "x86_64")]
     if super::avx512::usable() {
-        if let (Some(xf), Some(yf)) = (super::avx512::f32s(x), super::avx512::f32s_mut(y)) {
+        if let (Some(xf), Some(yf)) = (crate::ops::elem::f32s(x), crate::ops::elem::f32s_mut(y)) {
             let (a, b) = (scale.to_f64() as f32, shift.to_f64() as f32);
             return super::avx512::forward_plane(xf, w, a, b, yf, codes);
         }
@@ -162,7 +162,7 @@ pub fn backward_sums<T: Elem>(
 fn plane_sums<T: Elem>(xp: &[T], dp: &[T], cp: &[u8], w: usize, mean: T) -> (f64, f64) {
     #[cfg(target_arch = "x86_64")]
     if super::avx512::usable() {
-        if let (Some(xf), Some(df)) = (super::avx512::f32s(xp), super::avx512::f32s(dp)) {
+        if let (Some(xf), Some(df)) = (crate::ops::elem::f32s(xp), crate::ops::elem::f32s(dp)) {
             return super::avx512::pool_plane_sums(xf, df, cp, w, mean.to_f64() as f32);
         }
     }
@@ -192,7 +192,7 @@ pub(super) fn plane_sums_generic<T: Elem>(xp: &[T], dp: &[T], cp: &[u8], w: usiz
 fn plane_dx<T: Elem>(xdx: &mut [T], dp: &[T], cp: &[u8], w: usize, (k, p, q): (T, T, T)) {
     #[cfg(target_arch = "x86_64")]
     if super::avx512::usable() {
-        if let (Some(xf), Some(df)) = (super::avx512::f32s_mut(xdx), super::avx512::f32s(dp)) {
+        if let (Some(xf), Some(df)) = (crate::ops::elem::f32s_mut(xdx), crate::ops::elem::f32s(dp)) {
             let kpq = (k.to_f64() as f32, p.to_f64() as f32, q.to_f64() as f32);
             return super::avx512::pool_plane_dx(xf, df, cp, w, kpq);
         }

@@ -21,12 +21,12 @@ mod tests_f16;
 mod tests_winograd;
 
 #[cfg(target_arch = "x86_64")]
-use super::half_emu::written_by;
-#[cfg(target_arch = "x86_64")]
 use super::half_emu::Act;
 use super::half_emu::{any_f16, f32_acc, f32_of, store};
 use super::{cpu_f32, cpu_f32_mut};
 use crate::error::{Error, Result};
+#[cfg(target_arch = "x86_64")]
+use crate::tensor::written_by;
 use crate::tensor::{CpuStorage, Storage, Tensor};
 use cpu::ConvGeom;
 use half::f16;
