@@ -1,6 +1,8 @@
 //! `nn.GELU(approximate="none")`, or `"tanh"` (GPT-2's form).
 //!
-//! Gradients: dx `=` dy * gelu'(x).
+//! Gradients: dx `=` dy * gelu'(x). On the CPU, training keeps gelu'(x)
+//! (f32) from the forward instead of x: the forward computes Φ(x) anyway,
+//! and the backward is then one multiply an element.
 
 use std::fmt;
 
@@ -31,7 +33,7 @@ impl Gelu {
 
 impl Layer for Gelu {
     type Config = Config;
-    /// The input.
+    /// gelu'(x), f32 ([`ops::gelu::forward_train`]).
     type Saved = Tensor;
 
     const TYPE: &'static str = "gelu";
@@ -56,11 +58,12 @@ impl Layer for Gelu {
     }
 
     fn saved_bytes(&self, m: &MemoryArgs<'_>) -> Option<u128> {
-        mul(&[super::numel128(m.in_shape)?, m.act])
+        // The device plan keeps the input; the CPU keeps the f32 slope.
+        mul(&[super::numel128(m.in_shape)?, if m.on_gpu { m.act } else { 4 }])
     }
 
     fn forward_train(&self, _w: &mut Weights, x: Tensor, _cx: Ctx<'_>) -> Result<(Tensor, Tensor)> {
-        Ok((ops::gelu::forward(&x, self.tanh())?, x))
+        ops::gelu::forward_train(&x, self.tanh())
     }
 
     fn forward_eval(&self, _w: &Weights, x: Tensor) -> Result<Tensor> {
@@ -70,12 +73,12 @@ impl Layer for Gelu {
     fn backward(
         &self,
         _w: &mut Weights,
-        x: Tensor,
+        slope: Tensor,
         dy: Tensor,
         _need_dx: bool,
         _cx: Ctx<'_>,
     ) -> Result<Option<Tensor>> {
-        Ok(Some(ops::gelu::backward(&x, &dy, self.tanh())?))
+        Ok(Some(ops::gelu::backward_from_slope(&slope, &dy)?))
     }
 }
 

@@ -7,7 +7,7 @@
 
 use crate::ops::dropout::{cpu::apply, Mask};
 use crate::ops::gemm::{gemm_ld, Par};
-use crate::ops::warp_order::warp_sum;
+use crate::ops::warp_order::{butterfly, lane_sums_of, lane_sums_of2};
 use crate::ops::Elem;
 use rayon::prelude::*;
 
@@ -66,7 +66,7 @@ pub fn forward<T: Elem>(d: Dims, x: &[T], mask: Option<&Mask>, y: &mut [T], att:
                     for s in row.iter_mut().take(i + 1) {
                         *s = (*s - max).exp();
                     }
-                    let sum = warp_sum(T::zero(), row[..=i].iter().copied());
+                    let sum = butterfly(lane_sums_of(T::zero(), &row[..=i], |v| v));
                     for (j, s) in row.iter_mut().enumerate() {
                         *s = if j <= i { *s / sum } else { T::zero() };
                     }
@@ -113,7 +113,7 @@ pub fn backward<T: Elem>(d: Dims, x: &[T], att: &[T], dy: &[T], mask: Option<&Ma
                 // Softmax backward: ds = a * (da - sum_j a da) * scale on and below the diagonal.
                 for i in 0..t {
                     let (ar, dar) = (&a[i * t..i * t + i + 1], &da[i * t..i * t + i + 1]);
-                    let dot = warp_sum(-T::zero(), ar.iter().zip(dar).map(|(&p, &g)| p * g));
+                    let dot = butterfly(lane_sums_of2(-T::zero(), ar, dar, |p, g| p * g));
                     for j in 0..=i {
                         ds[i * t + j] = ar[j] * (dar[j] - dot) * scale;
                     }

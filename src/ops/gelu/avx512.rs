@@ -110,20 +110,48 @@ fn value<const TANH: bool>(x: __m512) -> __m512 {
     }
 }
 
+/// The tanh form's slope from `σ(2u)` and `σ(-2u)`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn tanh_slope(x: __m512, s: __m512, rest: __m512) -> __m512 {
+    let a = _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(splat(2.0), x), s), rest), splat(K32));
+    let b = _mm512_add_ps(splat(1.0), _mm512_mul_ps(_mm512_mul_ps(splat(3.0 * C32), x), x));
+    _mm512_add_ps(s, _mm512_mul_ps(a, b))
+}
+
+/// The exact form's slope `Φ(x) + x φ(x)` from `Φ(x)`, `e^-h` and `d`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn erf_slope(x: __m512, cdf: __m512, exp_h: __m512, d: __m512) -> __m512 {
+    let pdf = _mm512_mul_ps(splat(FRAC_1_SQRT_2PI), _mm512_mul_ps(exp_h, exp(neg(d))));
+    _mm512_add_ps(cdf, _mm512_mul_ps(x, pdf))
+}
+
 #[inline]
 #[target_feature(enable = "avx512f")]
 fn slope<const TANH: bool>(x: __m512) -> __m512 {
     if TANH {
         let (s, rest) = tanh_sigmoid(x);
-        let a =
-            _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(splat(2.0), x), s), rest), splat(K32));
-        let b = _mm512_add_ps(splat(1.0), _mm512_mul_ps(_mm512_mul_ps(splat(3.0 * C32), x), x));
-        _mm512_add_ps(s, _mm512_mul_ps(a, b))
+        tanh_slope(x, s, rest)
     } else {
         let (h, d) = half_square(x);
         let exp_h = exp(neg(h));
-        let pdf = _mm512_mul_ps(splat(FRAC_1_SQRT_2PI), _mm512_mul_ps(exp_h, exp(neg(d))));
-        _mm512_add_ps(cdf(x, d, exp_h), _mm512_mul_ps(x, pdf))
+        erf_slope(x, cdf(x, d, exp_h), exp_h, d)
+    }
+}
+
+/// `(value, slope)`, sharing `Φ(x)` (or `σ(2u)`) between the two.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn value_slope<const TANH: bool>(x: __m512) -> (__m512, __m512) {
+    if TANH {
+        let (s, rest) = tanh_sigmoid(x);
+        (_mm512_mul_ps(x, s), tanh_slope(x, s, rest))
+    } else {
+        let (h, d) = half_square(x);
+        let exp_h = exp(neg(h));
+        let phi = cdf(x, d, exp_h);
+        (_mm512_mul_ps(x, phi), erf_slope(x, phi, exp_h, d))
     }
 }
 
@@ -159,6 +187,33 @@ unsafe fn backward_with<S: Lane, D: Lane, const TANH: bool>(x: &[S], dy: &[S], d
     }
 }
 
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn forward_train_with<S: Lane, D: Lane, const TANH: bool>(x: &[S], y: &mut [D], slope: &mut [f32]) {
+    let len = x.len().min(y.len()).min(slope.len());
+    for i in (0..len).step_by(LANES) {
+        let m = lanes(len, i);
+        // SAFETY: the lanes in m lie inside the three slices.
+        unsafe {
+            let (v, g) = value_slope::<TANH>(S::load16(x.as_ptr().add(i), m));
+            D::store16(y.as_mut_ptr().add(i), m, v);
+            _mm512_mask_storeu_ps(slope.as_mut_ptr().add(i), m, g);
+        }
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn backward_from_slope_with<S: Lane, D: Lane>(slope: &[f32], dy: &[S], dx: &mut [D]) {
+    let len = slope.len().min(dy.len()).min(dx.len());
+    for i in (0..len).step_by(LANES) {
+        let m = lanes(len, i);
+        // SAFETY: the lanes in m lie inside the three slices.
+        unsafe {
+            let g = _mm512_maskz_loadu_ps(m, slope.as_ptr().add(i));
+            D::store16(dx.as_mut_ptr().add(i), m, _mm512_mul_ps(S::load16(dy.as_ptr().add(i), m), g));
+        }
+    }
+}
+
 /// `y = gelu(x)` over the shorter of the two.
 ///
 /// # Safety
@@ -187,4 +242,28 @@ pub unsafe fn backward<S: Lane, D: Lane>(x: &[S], dy: &[S], dx: &mut [D], tanh: 
             backward_with::<S, D, false>(x, dy, dx)
         }
     }
+}
+
+/// `y = gelu(x)` and `slope = gelu'(x)` (f32) over the shortest of the three.
+///
+/// # Safety
+/// AVX-512 F, BW and VL ([`usable`]).
+pub unsafe fn forward_train<S: Lane, D: Lane>(x: &[S], y: &mut [D], slope: &mut [f32], tanh: bool) {
+    // SAFETY: the caller checked the features.
+    unsafe {
+        if tanh {
+            forward_train_with::<S, D, true>(x, y, slope)
+        } else {
+            forward_train_with::<S, D, false>(x, y, slope)
+        }
+    }
+}
+
+/// `dx = dy * slope` over the shortest of the three.
+///
+/// # Safety
+/// AVX-512 F, BW and VL ([`usable`]).
+pub unsafe fn backward_from_slope<S: Lane, D: Lane>(slope: &[f32], dy: &[S], dx: &mut [D]) {
+    // SAFETY: the caller checked the features.
+    unsafe { backward_from_slope_with(slope, dy, dx) }
 }

@@ -32,6 +32,41 @@ pub fn forward(x: &Tensor, tanh: bool) -> Result<Tensor> {
     Tensor::from_vec(x.shape(), y)
 }
 
+/// [`forward`] for training: `(y, slope)`, `slope = gelu'(x)` as an f32
+/// tensor of x's shape, for [`backward_from_slope`].
+pub fn forward_train(x: &Tensor, tanh: bool) -> Result<(Tensor, Tensor)> {
+    let mut slope = vec![0f32; x.numel()];
+    let y = if x.dtype() == DType::F16 {
+        let xs = x.as_f16()?;
+        let mut y = vec![f16::ZERO; xs.len()];
+        cpu::forward_train(xs, &mut y, &mut slope, tanh);
+        Tensor::from_f16_vec(x.shape(), y)?
+    } else {
+        let xs = cpu_f32(OP, "input", x)?;
+        let mut y = vec![0f32; xs.len()];
+        cpu::forward_train(xs, &mut y, &mut slope, tanh);
+        Tensor::from_vec(x.shape(), y)?
+    };
+    Ok((y, Tensor::from_vec(x.shape(), slope)?))
+}
+
+/// dx from [`forward_train`]'s `slope` and the upstream `dy`, in dy's dtype:
+/// the bits [`backward`] gives from the input.
+pub fn backward_from_slope(slope: &Tensor, dy: &Tensor) -> Result<Tensor> {
+    dy.check_shape("gelu backward: dy (must match x)", slope.shape())?;
+    let g = cpu_f32(OP, "slope", slope)?;
+    if dy.dtype() == DType::F16 {
+        let dys = dy.as_f16()?;
+        let mut dx = vec![f16::ZERO; dys.len()];
+        cpu::backward_from_slope(g, dys, &mut dx);
+        return Tensor::from_f16_vec(dy.shape(), dx);
+    }
+    let dys = cpu_f32(OP, "dy", dy)?;
+    let mut dx = vec![0f32; dys.len()];
+    cpu::backward_from_slope(g, dys, &mut dx);
+    Tensor::from_vec(dy.shape(), dx)
+}
+
 /// dx from the forward's input `x` and the upstream `dy`.
 pub fn backward(x: &Tensor, dy: &Tensor, tanh: bool) -> Result<Tensor> {
     dy.check_shape("gelu backward: dy (must match x)", x.shape())?;

@@ -1,6 +1,6 @@
 use super::cpu;
 use crate::ops::testing::{check_grad, dot, rand_vec};
-use crate::tensor::Tensor;
+use crate::tensor::{DType, Tensor};
 
 #[test]
 fn exact_and_tanh_forms_match_known_values() {
@@ -180,6 +180,64 @@ fn the_avx512_kernels_give_the_scalar_bits() {
     }
 }
 
+/// Training's forward (value and slope) and backward from the slope give
+/// the bits of `forward` and `backward` from the input, on the AVX-512 and
+/// scalar paths, in f32 and f16, at every tail length.
+#[test]
+fn slope_kept_by_the_forward_gives_the_backward_from_the_input() {
+    let mut x: Vec<f32> = (-10 * 256..=10 * 256).map(|i| i as f32 / 256.0).collect();
+    x.extend(crate::ops::testing::rand_vec_f32(1031, 3).iter().map(|v| v * 15.0));
+    x.extend([-87.0, 88.000_01, -200.0, 200.0, 1e-40, -1e-40, 0.0, -0.0, f32::MAX, f32::MIN]);
+    x.extend([f32::INFINITY, f32::NEG_INFINITY, f32::NAN]);
+    let dy: Vec<f32> = crate::ops::testing::rand_vec_f32(x.len(), 4);
+    let bits =
+        |v: &[f32]| v.iter().map(|v| if v.is_nan() { u32::MAX } else { v.to_bits() }).collect::<Vec<_>>();
+    let x16: Vec<half::f16> = x.iter().map(|&v| half::f16::from_f32(v)).collect();
+    let dy16: Vec<half::f16> = dy.iter().map(|&v| half::f16::from_f32(v)).collect();
+    let wide = |v: &[half::f16]| v.iter().map(|v| v.to_f32()).collect::<Vec<_>>();
+    for tanh in [false, true] {
+        for len in (0..=40).chain([x.len()]) {
+            let (xs, dys) = (&x[x.len() - len..], &dy[..len]);
+            let (mut y, mut slope, mut want) = (vec![0f32; len], vec![0f32; len], vec![0f32; len]);
+            // The pool's path (AVX-512 where the CPU has it) and the scalar one.
+            for scalar in [false, true] {
+                if scalar {
+                    cpu::forward_train_scalar(xs, &mut y, &mut slope, tanh);
+                } else {
+                    cpu::forward_train(xs, &mut y, &mut slope, tanh);
+                }
+                cpu::forward_scalar(xs, &mut want, tanh);
+                assert_eq!(bits(&y), bits(&want), "tanh={tanh} scalar={scalar} forward of {len}");
+                cpu::backward_scalar(xs, dys, &mut want, tanh);
+                if scalar {
+                    cpu::backward_from_slope_scalar(&slope, dys, &mut y);
+                } else {
+                    cpu::backward_from_slope(&slope, dys, &mut y);
+                }
+                assert_eq!(bits(&y), bits(&want), "tanh={tanh} scalar={scalar} backward of {len}");
+            }
+            let (x16, dy16) = (&x16[x16.len() - len..], &dy16[..len]);
+            let (mut y16, mut want16) = (vec![half::f16::ZERO; len], vec![half::f16::ZERO; len]);
+            cpu::forward_train(x16, &mut y16, &mut slope, tanh);
+            cpu::forward_scalar(x16, &mut want16, tanh);
+            assert_eq!(bits(&wide(&y16)), bits(&wide(&want16)), "tanh={tanh} f16 forward of {len}");
+            cpu::backward_from_slope(&slope, dy16, &mut y16);
+            cpu::backward_scalar(x16, dy16, &mut want16, tanh);
+            assert_eq!(bits(&wide(&y16)), bits(&wide(&want16)), "tanh={tanh} f16 backward of {len}");
+        }
+    }
+    // Through the tensors, as the layer calls them.
+    let xt = Tensor::from_vec(&[x.len()], x.clone()).unwrap();
+    let dyt = Tensor::from_vec(&[x.len()], dy.clone()).unwrap().into_dtype(DType::F16);
+    let (y, slope) = super::forward_train(&xt, false).unwrap();
+    assert_eq!(bits(&y.to_f32_vec()), bits(&super::forward(&xt, false).unwrap().to_f32_vec()));
+    let got = super::backward_from_slope(&slope, &dyt).unwrap();
+    assert_eq!(got.dtype(), DType::F16);
+    assert_eq!(bits(&got.to_f32_vec()), bits(&super::backward(&xt, &dyt, false).unwrap().to_f32_vec()));
+    let err = super::backward_from_slope(&slope, &Tensor::zeros(&[3])).unwrap_err().to_string();
+    assert!(err.contains("gelu backward: dy (must match x)"), "{err}");
+}
+
 /// Nanoseconds per element of the f32 kernels over the baby GPT's
 /// `[12, 64, 512]` (one thread pool as configured):
 /// `cargo test --release --lib gelu_timing -- --ignored --nocapture`.
@@ -188,9 +246,9 @@ fn the_avx512_kernels_give_the_scalar_bits() {
 fn gelu_timing() {
     let n = 12 * 64 * 512;
     let x: Vec<f32> = crate::ops::testing::rand_vec_f32(n, 5).iter().map(|v| v * 3.0).collect();
-    let (mut y, mut dx) = (vec![0f32; n], vec![0f32; n]);
+    let (mut y, mut dx, mut slope) = (vec![0f32; n], vec![0f32; n], vec![0f32; n]);
     for tanh in [false, true] {
-        let (mut best_f, mut best_b) = (f64::MAX, f64::MAX);
+        let (mut best_f, mut best_b, mut best_ft, mut best_bs) = (f64::MAX, f64::MAX, f64::MAX, f64::MAX);
         for _ in 0..20 {
             let t = std::time::Instant::now();
             cpu::forward(&x, &mut y, tanh);
@@ -198,11 +256,20 @@ fn gelu_timing() {
             let t = std::time::Instant::now();
             cpu::backward(&x, &y, &mut dx, tanh);
             best_b = best_b.min(t.elapsed().as_secs_f64());
+            let t = std::time::Instant::now();
+            cpu::forward_train(&x, &mut y, &mut slope, tanh);
+            best_ft = best_ft.min(t.elapsed().as_secs_f64());
+            let t = std::time::Instant::now();
+            cpu::backward_from_slope(&slope, &x, &mut dx);
+            best_bs = best_bs.min(t.elapsed().as_secs_f64());
         }
         println!(
-            "gelu tanh={tanh}: forward {:.2} ns/element, backward {:.2} ns/element ({} threads)",
+            "gelu tanh={tanh}: forward {:.2} ns/element, backward {:.2} ns/element; training's forward \
+             (value and slope) {:.2}, backward from the slope {:.2} ({} threads)",
             best_f * 1e9 / n as f64,
             best_b * 1e9 / n as f64,
+            best_ft * 1e9 / n as f64,
+            best_bs * 1e9 / n as f64,
             rayon::current_num_threads()
         );
     }

@@ -4,7 +4,7 @@
 //! over rows in row order per chunk, chunks then added in order, so the sum
 //! does not depend on the thread count.
 
-use crate::ops::warp_order::{butterfly, warp_sum, LANES};
+use crate::ops::warp_order::{butterfly, lane_sums_of, LANES};
 use crate::ops::Elem;
 use rayon::prelude::*;
 
@@ -27,8 +27,8 @@ pub fn forward<T: Elem>(
     let inv_c = T::one() / T::from_usize(c).unwrap_or_else(T::one);
     y.par_chunks_mut(c).zip(x.par_chunks(c)).zip(mean.par_iter_mut().zip(rstd.par_iter_mut())).for_each(
         |((y, x), (m, r))| {
-            let mu = warp_sum(-T::zero(), x.iter().copied()) * inv_c;
-            let var = warp_sum(-T::zero(), x.iter().map(|&v| (v - mu) * (v - mu))) * inv_c;
+            let mu = butterfly(lane_sums_of(-T::zero(), x, |v| v)) * inv_c;
+            let var = butterfly(lane_sums_of(-T::zero(), x, |v| (v - mu) * (v - mu))) * inv_c;
             let rs = T::one() / (var + eps).sqrt();
             for (k, (y, &v)) in y.iter_mut().zip(x).enumerate() {
                 let h = (v - mu) * rs * w[k];
@@ -67,19 +67,28 @@ pub fn backward<T: Elem>(
                 let row = chunk * ROWS + r;
                 let (mu, rs) = (mean[row], rstd[row]);
                 let (mut sg, mut sgx) = ([T::zero(); LANES], [T::zero(); LANES]);
-                for k in 0..c {
-                    let xhat = (x[k] - mu) * rs;
-                    let g = dy[k] * w[k];
-                    let l = k % LANES;
-                    sg[l] = sg[l] + g;
-                    sgx[l] = sgx[l] + g * xhat;
-                    pw[k] = pw[k] + dy[k] * xhat;
-                    pb[k] = pb[k] + dy[k];
+                // Blocks of 32 columns, column k in lane k % 32 (the warp's
+                // order), as slices the compiler vectorizes.
+                for base in (0..c).step_by(LANES) {
+                    let len = (c - base).min(LANES);
+                    let cols = base..base + len;
+                    let (pw, pb) = (&mut pw[cols.clone()], &mut pb[cols.clone()]);
+                    let lanes =
+                        sg[..len].iter_mut().zip(&mut sgx[..len]).zip(pw.iter_mut().zip(pb.iter_mut()));
+                    let vals = x[cols.clone()].iter().zip(&dy[cols.clone()]).zip(&w[cols]);
+                    for (((sg, sgx), (pw, pb)), ((&x, &dy), &w)) in lanes.zip(vals) {
+                        let xhat = (x - mu) * rs;
+                        let g = dy * w;
+                        *sg = *sg + g;
+                        *sgx = *sgx + g * xhat;
+                        *pw = *pw + dy * xhat;
+                        *pb = *pb + dy;
+                    }
                 }
                 let (mg, mgx) = (butterfly(sg) * inv_c, butterfly(sgx) * inv_c);
-                for k in 0..c {
-                    let xhat = (x[k] - mu) * rs;
-                    dx[k] = rs * (dy[k] * w[k] - mg - xhat * mgx);
+                for (dx, ((&x, &dy), &w)) in dx.iter_mut().zip(x.iter().zip(dy).zip(w)) {
+                    let xhat = (x - mu) * rs;
+                    *dx = rs * (dy * w - mg - xhat * mgx);
                 }
             }
             (pw, pb)
