@@ -2,6 +2,7 @@
 //! strided interface is touched: `C[m x n] = op(A) * op(B) (+ C)`.
 
 use crate::ops::Elem;
+use std::mem::MaybeUninit;
 
 /// How one product may be split across threads. Kernels that already run one
 /// product per rayon task pass `Seq`, so the two levels do not fight over the
@@ -53,16 +54,54 @@ pub fn gemm_ld<T: Elem>(
     m: usize,
     n: usize,
     k: usize,
+    a: (&[T], usize, bool),
+    b: (&[T], usize, bool),
+    (c, ldc): (&mut [T], usize),
+    accumulate: bool,
+    par: Par,
+) {
+    gemm_raw(m, n, k, a, b, (c.as_mut_ptr(), c.len(), ldc), accumulate, par)
+}
+
+/// [`gemm`]'s `C = op(A) * op(B)` into a C that may be uninitialized (a
+/// fresh output): the crate never reads C when it does not accumulate, and
+/// every element of `c[..m * n]` is written.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_into<T: Elem>(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &[T],
+    trans_a: bool,
+    b: &[T],
+    trans_b: bool,
+    c: &mut [MaybeUninit<T>],
+    par: Par,
+) {
+    let lda = if trans_a { m } else { k };
+    let ldb = if trans_b { k } else { n };
+    let c = (c.as_mut_ptr().cast::<T>(), c.len(), n);
+    gemm_raw(m, n, k, (a, lda, trans_a), (b, ldb, trans_b), c, false, par)
+}
+
+/// The checks and the crate call behind [`gemm_ld`] and [`gemm_into`]; C is
+/// `(pointer, length, ldc)` of one exclusively borrowed slice, initialized
+/// wherever `accumulate` reads it.
+#[allow(clippy::too_many_arguments)]
+fn gemm_raw<T: Elem>(
+    m: usize,
+    n: usize,
+    k: usize,
     (a, lda, trans_a): (&[T], usize, bool),
     (b, ldb, trans_b): (&[T], usize, bool),
-    (c, ldc): (&mut [T], usize),
+    (c, c_len, ldc): (*mut T, usize, usize),
     accumulate: bool,
     par: Par,
 ) {
     // (rows, columns) of A, B and C as stored.
     let (a_rows, a_cols) = if trans_a { (k, m) } else { (m, k) };
     let (b_rows, b_cols) = if trans_b { (n, k) } else { (k, n) };
-    // These checks are what make the raw-pointer call below sound.
+    // These checks are what make the raw-pointer calls below sound.
     let span =
         |rows: usize, cols: usize, ld: usize| if rows == 0 || cols == 0 { 0 } else { (rows - 1) * ld + cols };
     assert!(
@@ -71,7 +110,7 @@ pub fn gemm_ld<T: Elem>(
     );
     assert!(a.len() >= span(a_rows, a_cols, lda), "gemm: A has {} elements, needs {m}x{k}", a.len());
     assert!(b.len() >= span(b_rows, b_cols, ldb), "gemm: B has {} elements, needs {k}x{n}", b.len());
-    assert!(c.len() >= span(m, n, ldc), "gemm: C has {} elements, needs {m}x{n}", c.len());
+    assert!(c_len >= span(m, n, ldc), "gemm: C has {c_len} elements, needs {m}x{n}");
     if m == 0 || n == 0 {
         return;
     }
@@ -79,8 +118,11 @@ pub fn gemm_ld<T: Elem>(
         // An empty sum; handled here so the result never depends on how the
         // crate treats a zero inner dimension.
         if !accumulate {
-            for row in c.chunks_mut(ldc).take(m) {
-                row[..n].fill(T::zero());
+            for i in 0..m {
+                for j in 0..n {
+                    // SAFETY: i * ldc + j < span(m, n, ldc) <= c_len.
+                    unsafe { c.add(i * ldc + j).write(T::zero()) };
+                }
             }
         }
         return;
@@ -94,13 +136,14 @@ pub fn gemm_ld<T: Elem>(
     };
     // SAFETY: the asserts above keep every index the strides reach
     // (max (m-1)*rs + (k-1)*cs etc.) inside the slices, and C's rows apart
-    // (ldc >= n); `c` is borrowed mutably, so it cannot alias `a` or `b`.
+    // (ldc >= n); C is borrowed exclusively by the caller, so it cannot
+    // alias `a` or `b`; without `accumulate` the crate only writes C.
     unsafe {
         gemm::gemm(
             m,
             n,
             k,
-            c.as_mut_ptr(),
+            c,
             1,
             ldc as isize,
             accumulate,
@@ -176,6 +219,26 @@ mod tests {
     #[test]
     fn gemm_matches_naive_all_transposes_rayon() {
         check_all(Par::Rayon(0));
+    }
+
+    /// The uninitialized-output form writes every element, as `gemm` would
+    /// (NaN where it wrote nothing), split or not, an empty K included.
+    #[test]
+    fn gemm_into_writes_every_element() {
+        for (m, n, k) in [(1, 1, 1), (17, 9, 33), (64, 31, 5), (3, 4, 0)] {
+            for (ta, tb) in [(false, true), (true, false), (false, false)] {
+                let (a, b) = (rand_vec(m * k, 1), rand_vec(k * n, 2));
+                let mut want = vec![0.0; m * n];
+                gemm(m, n, k, &a, ta, &b, tb, &mut want, false, Par::Seq);
+                for par in [Par::Seq, Par::Rayon(0)] {
+                    let mut c = vec![std::mem::MaybeUninit::new(f64::NAN); m * n];
+                    gemm_into(m, n, k, &a, ta, &b, tb, &mut c, par);
+                    // SAFETY: every element was initialized (to NaN, then by the product).
+                    let got: Vec<f64> = c.iter().map(|v| unsafe { v.assume_init() }).collect();
+                    assert_eq!(got, want, "{m}x{n}x{k} ta={ta} tb={tb} {par:?}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -65,6 +65,13 @@ pub(crate) unsafe fn written_by<T>(len: usize, fill: impl FnOnce(&mut [MaybeUnin
     v
 }
 
+/// `s` as possibly uninitialized values, for a kernel that only stores.
+pub(crate) fn as_uninit<T>(s: &mut [T]) -> &mut [MaybeUninit<T>] {
+    // SAFETY: MaybeUninit<T> has T's layout, and only initialized values
+    // are ever written through the result.
+    unsafe { &mut *(s as *mut [T] as *mut [MaybeUninit<T>]) }
+}
+
 #[derive(Debug, Clone)]
 pub enum Storage {
     Cpu(CpuStorage),

@@ -24,10 +24,10 @@ mod winograd;
 use super::avx512_direct::{self as direct, Grid, LaneWeights};
 use super::cpu::ConvGeom;
 use crate::ops::half_emu::{Act, Load16, Pixels, Planes, Store16};
+use crate::tensor::as_uninit;
 use dw::{dw_blocks, pixel_dw, pixels_sum, transpose_to, PixelDw, PO};
 use rayon::prelude::*;
 use std::arch::x86_64::*;
-use std::mem::MaybeUninit;
 
 const LANES: usize = 16;
 /// Output rows per forward/dx tile (the kernel's broadcast side).
@@ -273,13 +273,6 @@ fn transpose_padded(w: &[f32], rows: usize, cols: usize, ld: usize) -> Vec<f32> 
         }
     }
     t
-}
-
-/// `s` as possibly uninitialized floats, for a kernel that only stores.
-pub(super) fn as_uninit(s: &mut [f32]) -> &mut [MaybeUninit<f32>] {
-    // SAFETY: MaybeUninit<f32> has f32's layout, and only initialized
-    // values are ever written through the result.
-    unsafe { &mut *(s as *mut [f32] as *mut [MaybeUninit<f32>]) }
 }
 
 /// `y[N, O, Ho, Wo] = conv(x, w) + bias`, as [`super::cpu::forward`]. Every

@@ -5,6 +5,7 @@ use super::avx512;
 use super::cpu::{self, ConvGeom};
 use super::out_size;
 use crate::ops::testing::rand_vec;
+use crate::tensor::as_uninit;
 
 /// (n, c, h, w, o, k, padding): stride 1, padding < k.
 const CFGS: &[(usize, usize, usize, usize, usize, usize, usize)] = &[
@@ -86,10 +87,10 @@ fn check(cfg: (usize, usize, usize, usize, usize, usize, usize), seed: u64) {
     let mut y64 = vec![0.0; g.n * g.y_len()];
     cpu::forward(&g, &x, &w, Some(&b), &mut y64);
     let mut y = vec![f32::NAN; y64.len()];
-    avx512::forward(&g, &f32s(&x), &f32s(&w), Some(&f32s(&b)), avx512::as_uninit(&mut y));
+    avx512::forward(&g, &f32s(&x), &f32s(&w), Some(&f32s(&b)), as_uninit(&mut y));
     close(&format!("{cfg:?} y"), &y, &y64);
     let mut y = vec![f32::NAN; y64.len()];
-    avx512::forward_direct(&g, &f32s(&x), &f32s(&w), Some(&f32s(&b)), avx512::as_uninit(&mut y));
+    avx512::forward_direct(&g, &f32s(&x), &f32s(&w), Some(&f32s(&b)), as_uninit(&mut y));
     close(&format!("{cfg:?} y (direct)"), &y, &y64);
 
     let (mut dw64, mut db64, mut dx64) = (dw0.clone(), db0.clone(), vec![0.0; x.len()]);
@@ -98,16 +99,7 @@ fn check(cfg: (usize, usize, usize, usize, usize, usize, usize), seed: u64) {
     for pixel in [false, true] {
         let (mut dw, mut db, mut dx) = (f32s(&dw0), f32s(&db0), vec![f32::NAN; x.len()]);
         let (xf, wf, dyf) = (f32s(&x), f32s(&w), f32s(&dy));
-        avx512::backward_with(
-            &g,
-            &xf,
-            &wf,
-            &dyf,
-            &mut dw,
-            Some(&mut db),
-            Some(avx512::as_uninit(&mut dx)),
-            pixel,
-        );
+        avx512::backward_with(&g, &xf, &wf, &dyf, &mut dw, Some(&mut db), Some(as_uninit(&mut dx)), pixel);
         close(&format!("{cfg:?} pixel {pixel} dw"), &dw, &dw64);
         close(&format!("{cfg:?} pixel {pixel} db"), &db, &db64);
         close(&format!("{cfg:?} pixel {pixel} dx"), &dx, &dx64);
@@ -120,7 +112,7 @@ fn check(cfg: (usize, usize, usize, usize, usize, usize, usize), seed: u64) {
     // Whichever kernels `backward` picks (Winograd where it fits).
     let (xf, wf, dyf) = (f32s(&x), f32s(&w), f32s(&dy));
     let (mut dw, mut db, mut dx) = (f32s(&dw0), f32s(&db0), vec![f32::NAN; x.len()]);
-    avx512::backward(&g, &xf, &wf, &dyf, &mut dw, Some(&mut db), Some(avx512::as_uninit(&mut dx)));
+    avx512::backward(&g, &xf, &wf, &dyf, &mut dw, Some(&mut db), Some(as_uninit(&mut dx)));
     close(&format!("{cfg:?} dw (backward's pick)"), &dw, &dw64);
     close(&format!("{cfg:?} db (backward's pick)"), &db, &db64);
     close(&format!("{cfg:?} dx (backward's pick)"), &dx, &dx64);
@@ -205,9 +197,9 @@ fn winograd_error(cfg: (usize, usize, usize, usize, usize, usize, usize), rms_ma
     };
     let (xf, wf, dyf) = (f32s(&x), f32s(&w), f32s(&dy));
     let mut y = vec![0f32; y64.len()];
-    avx512::forward(&g, &xf, &wf, None, avx512::as_uninit(&mut y));
+    avx512::forward(&g, &xf, &wf, None, as_uninit(&mut y));
     let (mut dw, mut dx) = (vec![0f32; w.len()], vec![0f32; x.len()]);
-    avx512::backward(&g, &xf, &wf, &dyf, &mut dw, None, Some(avx512::as_uninit(&mut dx)));
+    avx512::backward(&g, &xf, &wf, &dyf, &mut dw, None, Some(as_uninit(&mut dx)));
     for (what, (rms, max)) in [("y", err(&y, &y64)), ("dx", err(&dx, &dx64)), ("dw", err(&dw, &dw64))] {
         eprintln!("winograd {cfg:?} {what}: rms error {rms:.2e}, max error {max:.2e} of the largest value");
         assert!(rms < rms_max && max < max_max, "winograd {cfg:?} {what}: rms error {rms:e}, max {max:e}");
@@ -241,23 +233,12 @@ fn conv_timing_resnet20() {
         let mut best = [f64::INFINITY; 5];
         for _ in 0..5 {
             let t = [
-                ms(&mut || avx512::forward(&g, &x, &w, None, avx512::as_uninit(&mut y))),
-                ms(&mut || avx512::forward_direct(&g, &x, &w, None, avx512::as_uninit(&mut y))),
-                ms(&mut || {
-                    avx512::backward(&g, &x, &w, &dy, &mut dw, None, Some(avx512::as_uninit(&mut dx)))
-                }),
+                ms(&mut || avx512::forward(&g, &x, &w, None, as_uninit(&mut y))),
+                ms(&mut || avx512::forward_direct(&g, &x, &w, None, as_uninit(&mut y))),
+                ms(&mut || avx512::backward(&g, &x, &w, &dy, &mut dw, None, Some(as_uninit(&mut dx)))),
                 ms(&mut || {
                     let pixel = super::avx512::dw_pixel(&g);
-                    avx512::backward_with(
-                        &g,
-                        &x,
-                        &w,
-                        &dy,
-                        &mut dw,
-                        None,
-                        Some(avx512::as_uninit(&mut dx)),
-                        pixel,
-                    )
+                    avx512::backward_with(&g, &x, &w, &dy, &mut dw, None, Some(as_uninit(&mut dx)), pixel)
                 }),
                 ms(&mut || avx512::backward_winograd(&g, &x, &w, &dy, &mut dw, &mut dx)),
             ];

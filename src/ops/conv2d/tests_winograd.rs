@@ -57,18 +57,18 @@ fn check(n: usize, c: usize, s: usize, seed: u64) {
     let (dw0, db0) = (rand_vec_f32(w.len(), seed + 3), rand_vec_f32(c, seed + 4));
 
     let (mut y, mut y_ref) = (vec![f32::NAN; dy.len()], vec![f32::NAN; dy.len()]);
-    avx512::forward(&g, &x, &w, None, avx512::as_uninit(&mut y));
-    avx512::forward_direct(&g, &x, &w, None, avx512::as_uninit(&mut y_ref));
+    avx512::forward(&g, &x, &w, None, crate::tensor::as_uninit(&mut y));
+    avx512::forward_direct(&g, &x, &w, None, crate::tensor::as_uninit(&mut y_ref));
     assert_close(&format!("{what}: y"), &y, &y_ref);
     assert_ne!(y, y_ref, "{what}: Winograd's rounding should differ from the direct kernels'");
 
     // dw and db are added into (from values of their own size, so a kernel
     // that overwrote them would be off by as much), dx written in full.
     let (mut dw, mut db, mut dx) = (dw0.clone(), db0.clone(), vec![f32::NAN; x.len()]);
-    avx512::backward(&g, &x, &w, &dy, &mut dw, Some(&mut db), Some(avx512::as_uninit(&mut dx)));
+    avx512::backward(&g, &x, &w, &dy, &mut dw, Some(&mut db), Some(crate::tensor::as_uninit(&mut dx)));
     let (mut dw_ref, mut db_ref, mut dx_ref) = (dw0.clone(), db0.clone(), vec![f32::NAN; x.len()]);
     let pixel = avx512::dw_pixel(&g);
-    let dx_out = Some(avx512::as_uninit(&mut dx_ref));
+    let dx_out = Some(crate::tensor::as_uninit(&mut dx_ref));
     avx512::backward_with(&g, &x, &w, &dy, &mut dw_ref, Some(&mut db_ref), dx_out, pixel);
     let added = |d: &[f32], d0: &[f32]| d.iter().zip(d0).map(|(a, b)| a - b).collect::<Vec<f32>>();
     // The weight gradient's own scale, not dw0's, sets its bound.

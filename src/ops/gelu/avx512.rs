@@ -12,6 +12,7 @@
 
 use super::cpu::{Lane, C32, ERFC, EXP_TAYLOR, FRAC_1_SQRT_2, FRAC_1_SQRT_2PI, K32, LN2_HI, LN2_LO, LOG2_E};
 use std::arch::x86_64::*;
+use std::mem::MaybeUninit;
 
 const LANES: usize = 16;
 
@@ -188,28 +189,32 @@ unsafe fn backward_with<S: Lane, D: Lane, const TANH: bool>(x: &[S], dy: &[S], d
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn forward_train_with<S: Lane, D: Lane, const TANH: bool>(x: &[S], y: &mut [D], slope: &mut [f32]) {
+unsafe fn forward_train_with<S: Lane, D: Lane, const TANH: bool>(
+    x: &[S],
+    y: &mut [MaybeUninit<D>],
+    slope: &mut [MaybeUninit<f32>],
+) {
     let len = x.len().min(y.len()).min(slope.len());
     for i in (0..len).step_by(LANES) {
         let m = lanes(len, i);
         // SAFETY: the lanes in m lie inside the three slices.
         unsafe {
             let (v, g) = value_slope::<TANH>(S::load16(x.as_ptr().add(i), m));
-            D::store16(y.as_mut_ptr().add(i), m, v);
-            _mm512_mask_storeu_ps(slope.as_mut_ptr().add(i), m, g);
+            D::store16(y.as_mut_ptr().add(i).cast(), m, v);
+            _mm512_mask_storeu_ps(slope.as_mut_ptr().add(i).cast(), m, g);
         }
     }
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn backward_from_slope_with<S: Lane, D: Lane>(slope: &[f32], dy: &[S], dx: &mut [D]) {
+unsafe fn backward_from_slope_with<S: Lane, D: Lane>(slope: &[f32], dy: &[S], dx: &mut [MaybeUninit<D>]) {
     let len = slope.len().min(dy.len()).min(dx.len());
     for i in (0..len).step_by(LANES) {
         let m = lanes(len, i);
         // SAFETY: the lanes in m lie inside the three slices.
         unsafe {
             let g = _mm512_maskz_loadu_ps(m, slope.as_ptr().add(i));
-            D::store16(dx.as_mut_ptr().add(i), m, _mm512_mul_ps(S::load16(dy.as_ptr().add(i), m), g));
+            D::store16(dx.as_mut_ptr().add(i).cast(), m, _mm512_mul_ps(S::load16(dy.as_ptr().add(i), m), g));
         }
     }
 }
@@ -248,7 +253,12 @@ pub unsafe fn backward<S: Lane, D: Lane>(x: &[S], dy: &[S], dx: &mut [D], tanh: 
 ///
 /// # Safety
 /// AVX-512 F, BW and VL ([`usable`]).
-pub unsafe fn forward_train<S: Lane, D: Lane>(x: &[S], y: &mut [D], slope: &mut [f32], tanh: bool) {
+pub unsafe fn forward_train<S: Lane, D: Lane>(
+    x: &[S],
+    y: &mut [MaybeUninit<D>],
+    slope: &mut [MaybeUninit<f32>],
+    tanh: bool,
+) {
     // SAFETY: the caller checked the features.
     unsafe {
         if tanh {
@@ -263,7 +273,7 @@ pub unsafe fn forward_train<S: Lane, D: Lane>(x: &[S], y: &mut [D], slope: &mut 
 ///
 /// # Safety
 /// AVX-512 F, BW and VL ([`usable`]).
-pub unsafe fn backward_from_slope<S: Lane, D: Lane>(slope: &[f32], dy: &[S], dx: &mut [D]) {
+pub unsafe fn backward_from_slope<S: Lane, D: Lane>(slope: &[f32], dy: &[S], dx: &mut [MaybeUninit<D>]) {
     // SAFETY: the caller checked the features.
     unsafe { backward_from_slope_with(slope, dy, dx) }
 }

@@ -17,6 +17,7 @@
 
 use crate::ops::Elem;
 use rayon::prelude::*;
+use std::mem::MaybeUninit;
 
 /// Below this many elements one core beats rayon's fork/join.
 const PAR_CHUNK: usize = 1 << 14;
@@ -178,7 +179,13 @@ pub(crate) fn backward<S: Lane, D: Lane>(x: &[S], dy: &[S], dx: &mut [D], tanh: 
 /// the backward is then one multiply an element instead of the whole
 /// formula again (it was two thirds of GELU's time in a baby GPT's step).
 /// The slope is the one [`backward`] computes, so dx has the same bits.
-pub(crate) fn forward_train<S: Lane, D: Lane>(x: &[S], y: &mut [D], slope: &mut [f32], tanh: bool) {
+/// Every element of both outputs is written (they may start uninitialized).
+pub(crate) fn forward_train<S: Lane, D: Lane>(
+    x: &[S],
+    y: &mut [MaybeUninit<D>],
+    slope: &mut [MaybeUninit<f32>],
+    tanh: bool,
+) {
     let parts = y.par_chunks_mut(PAR_CHUNK).zip(slope.par_chunks_mut(PAR_CHUNK));
     parts.zip(x.par_chunks(PAR_CHUNK)).for_each(|((y, slope), x)| {
         #[cfg(target_arch = "x86_64")]
@@ -190,8 +197,9 @@ pub(crate) fn forward_train<S: Lane, D: Lane>(x: &[S], y: &mut [D], slope: &mut 
     });
 }
 
-/// `dx = dy * slope`, `slope` from [`forward_train`].
-pub(crate) fn backward_from_slope<S: Lane, D: Lane>(slope: &[f32], dy: &[S], dx: &mut [D]) {
+/// `dx = dy * slope`, `slope` from [`forward_train`]; every element of dx
+/// is written.
+pub(crate) fn backward_from_slope<S: Lane, D: Lane>(slope: &[f32], dy: &[S], dx: &mut [MaybeUninit<D>]) {
     let parts = dx.par_chunks_mut(PAR_CHUNK).zip(slope.par_chunks(PAR_CHUNK));
     parts.zip(dy.par_chunks(PAR_CHUNK)).for_each(|((dx, slope), dy)| {
         #[cfg(target_arch = "x86_64")]
@@ -204,17 +212,27 @@ pub(crate) fn backward_from_slope<S: Lane, D: Lane>(slope: &[f32], dy: &[S], dx:
 }
 
 /// [`forward_train`] one element at a time.
-pub(crate) fn forward_train_scalar<S: Lane, D: Lane>(x: &[S], y: &mut [D], slope: &mut [f32], tanh: bool) {
+pub(crate) fn forward_train_scalar<S: Lane, D: Lane>(
+    x: &[S],
+    y: &mut [MaybeUninit<D>],
+    slope: &mut [MaybeUninit<f32>],
+    tanh: bool,
+) {
     for ((y, g), &x) in y.iter_mut().zip(slope.iter_mut()).zip(x) {
         let (v, s) = value_slope(x.f32(), tanh);
-        (*y, *g) = (D::of(v), s);
+        y.write(D::of(v));
+        g.write(s);
     }
 }
 
 /// [`backward_from_slope`] one element at a time.
-pub(crate) fn backward_from_slope_scalar<S: Lane, D: Lane>(slope: &[f32], dy: &[S], dx: &mut [D]) {
+pub(crate) fn backward_from_slope_scalar<S: Lane, D: Lane>(
+    slope: &[f32],
+    dy: &[S],
+    dx: &mut [MaybeUninit<D>],
+) {
     for ((dx, &g), &dy) in dx.iter_mut().zip(slope).zip(dy) {
-        *dx = D::of(dy.f32() * g);
+        dx.write(D::of(dy.f32() * g));
     }
 }
 

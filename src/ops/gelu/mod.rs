@@ -14,7 +14,7 @@ mod tests;
 use super::cpu_f32;
 use super::half_emu::{any_f16, f32_of};
 use crate::error::Result;
-use crate::tensor::{DType, Tensor};
+use crate::tensor::{written_by, DType, Tensor};
 use half::f16;
 
 const OP: &str = "gelu";
@@ -35,18 +35,21 @@ pub fn forward(x: &Tensor, tanh: bool) -> Result<Tensor> {
 /// [`forward`] for training: `(y, slope)`, `slope = gelu'(x)` as an f32
 /// tensor of x's shape, for [`backward_from_slope`].
 pub fn forward_train(x: &Tensor, tanh: bool) -> Result<(Tensor, Tensor)> {
-    let mut slope = vec![0f32; x.numel()];
+    let n = x.numel();
+    let mut slope = Vec::with_capacity(n);
+    let slope_out = &mut slope.spare_capacity_mut()[..n];
+    // SAFETY (both written_by calls, and slope's length): forward_train
+    // writes every element of y and of slope.
     let y = if x.dtype() == DType::F16 {
         let xs = x.as_f16()?;
-        let mut y = vec![f16::ZERO; xs.len()];
-        cpu::forward_train(xs, &mut y, &mut slope, tanh);
+        let y = unsafe { written_by(n, |y| cpu::forward_train(xs, y, slope_out, tanh)) };
         Tensor::from_f16_vec(x.shape(), y)?
     } else {
         let xs = cpu_f32(OP, "input", x)?;
-        let mut y = vec![0f32; xs.len()];
-        cpu::forward_train(xs, &mut y, &mut slope, tanh);
+        let y = unsafe { written_by(n, |y| cpu::forward_train(xs, y, slope_out, tanh)) };
         Tensor::from_vec(x.shape(), y)?
     };
+    unsafe { slope.set_len(n) };
     Ok((y, Tensor::from_vec(x.shape(), slope)?))
 }
 
@@ -55,15 +58,14 @@ pub fn forward_train(x: &Tensor, tanh: bool) -> Result<(Tensor, Tensor)> {
 pub fn backward_from_slope(slope: &Tensor, dy: &Tensor) -> Result<Tensor> {
     dy.check_shape("gelu backward: dy (must match x)", slope.shape())?;
     let g = cpu_f32(OP, "slope", slope)?;
+    // SAFETY (both): backward_from_slope writes every element of dx.
     if dy.dtype() == DType::F16 {
         let dys = dy.as_f16()?;
-        let mut dx = vec![f16::ZERO; dys.len()];
-        cpu::backward_from_slope(g, dys, &mut dx);
+        let dx = unsafe { written_by(dys.len(), |dx| cpu::backward_from_slope(g, dys, dx)) };
         return Tensor::from_f16_vec(dy.shape(), dx);
     }
     let dys = cpu_f32(OP, "dy", dy)?;
-    let mut dx = vec![0f32; dys.len()];
-    cpu::backward_from_slope(g, dys, &mut dx);
+    let dx = unsafe { written_by(dys.len(), |dx| cpu::backward_from_slope(g, dys, dx)) };
     Tensor::from_vec(dy.shape(), dx)
 }
 

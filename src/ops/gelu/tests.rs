@@ -1,6 +1,6 @@
 use super::cpu;
 use crate::ops::testing::{check_grad, dot, rand_vec};
-use crate::tensor::{DType, Tensor};
+use crate::tensor::{as_uninit, DType, Tensor};
 
 #[test]
 fn exact_and_tanh_forms_match_known_values() {
@@ -202,26 +202,26 @@ fn slope_kept_by_the_forward_gives_the_backward_from_the_input() {
             // The pool's path (AVX-512 where the CPU has it) and the scalar one.
             for scalar in [false, true] {
                 if scalar {
-                    cpu::forward_train_scalar(xs, &mut y, &mut slope, tanh);
+                    cpu::forward_train_scalar(xs, as_uninit(&mut y), as_uninit(&mut slope), tanh);
                 } else {
-                    cpu::forward_train(xs, &mut y, &mut slope, tanh);
+                    cpu::forward_train(xs, as_uninit(&mut y), as_uninit(&mut slope), tanh);
                 }
                 cpu::forward_scalar(xs, &mut want, tanh);
                 assert_eq!(bits(&y), bits(&want), "tanh={tanh} scalar={scalar} forward of {len}");
                 cpu::backward_scalar(xs, dys, &mut want, tanh);
                 if scalar {
-                    cpu::backward_from_slope_scalar(&slope, dys, &mut y);
+                    cpu::backward_from_slope_scalar(&slope, dys, as_uninit(&mut y));
                 } else {
-                    cpu::backward_from_slope(&slope, dys, &mut y);
+                    cpu::backward_from_slope(&slope, dys, as_uninit(&mut y));
                 }
                 assert_eq!(bits(&y), bits(&want), "tanh={tanh} scalar={scalar} backward of {len}");
             }
             let (x16, dy16) = (&x16[x16.len() - len..], &dy16[..len]);
             let (mut y16, mut want16) = (vec![half::f16::ZERO; len], vec![half::f16::ZERO; len]);
-            cpu::forward_train(x16, &mut y16, &mut slope, tanh);
+            cpu::forward_train(x16, as_uninit(&mut y16), as_uninit(&mut slope), tanh);
             cpu::forward_scalar(x16, &mut want16, tanh);
             assert_eq!(bits(&wide(&y16)), bits(&wide(&want16)), "tanh={tanh} f16 forward of {len}");
-            cpu::backward_from_slope(&slope, dy16, &mut y16);
+            cpu::backward_from_slope(&slope, dy16, as_uninit(&mut y16));
             cpu::backward_scalar(x16, dy16, &mut want16, tanh);
             assert_eq!(bits(&wide(&y16)), bits(&wide(&want16)), "tanh={tanh} f16 backward of {len}");
         }
@@ -257,10 +257,10 @@ fn gelu_timing() {
             cpu::backward(&x, &y, &mut dx, tanh);
             best_b = best_b.min(t.elapsed().as_secs_f64());
             let t = std::time::Instant::now();
-            cpu::forward_train(&x, &mut y, &mut slope, tanh);
+            cpu::forward_train(&x, as_uninit(&mut y), as_uninit(&mut slope), tanh);
             best_ft = best_ft.min(t.elapsed().as_secs_f64());
             let t = std::time::Instant::now();
-            cpu::backward_from_slope(&slope, &x, &mut dx);
+            cpu::backward_from_slope(&slope, &x, as_uninit(&mut dx));
             best_bs = best_bs.min(t.elapsed().as_secs_f64());
         }
         println!(

@@ -11,7 +11,7 @@ mod tests_f16;
 use super::half_emu::{any_f16, f32_acc, f32_of, store};
 use super::{cpu_f32, cpu_f32_mut};
 use crate::error::{Error, Result};
-use crate::tensor::Tensor;
+use crate::tensor::{written_by, Tensor};
 
 const OP: &str = "linear";
 
@@ -55,8 +55,8 @@ pub fn forward(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Ten
     let xs = cpu_f32(OP, "input", x)?;
     let ws = cpu_f32(OP, "weight", weight)?;
     let bs = bias.map(|b| cpu_f32(OP, "bias", b)).transpose()?;
-    let mut y = vec![0f32; n * out_f];
-    cpu::forward(n, in_f, out_f, xs, ws, bs, &mut y);
+    // SAFETY: forward_into writes all n * out_f elements.
+    let y = unsafe { written_by(n * out_f, |y| cpu::forward_into(n, in_f, out_f, xs, ws, bs, y)) };
     Tensor::from_vec(&[n, out_f], y)
 }
 
@@ -95,7 +95,12 @@ pub fn backward(
         Some(db) => Some(cpu_f32_mut(OP, "dbias", db)?),
         None => None,
     };
-    let mut dx = if need_dx { Some(vec![0f32; n * in_f]) } else { None };
-    cpu::backward(n, in_f, out_f, xs, ws, dys, dws, dbs, dx.as_deref_mut());
-    dx.map(|d| Tensor::from_vec(x.shape(), d)).transpose()
+    if !need_dx {
+        cpu::backward(n, in_f, out_f, xs, ws, dys, dws, dbs, None);
+        return Ok(None);
+    }
+    // SAFETY: backward writes all n * in_f elements of dx.
+    let dx =
+        unsafe { written_by(n * in_f, |dx| cpu::backward(n, in_f, out_f, xs, ws, dys, dws, dbs, Some(dx))) };
+    Tensor::from_vec(x.shape(), dx).map(Some)
 }

@@ -63,7 +63,17 @@ fn backward_matches_finite_differences() {
         let mut dw = vec![0.0; w.len()];
         let mut db = vec![0.0; if bias { out_f } else { 0 }];
         let mut dx = vec![f64::NAN; x.len()];
-        cpu::backward(n, in_f, out_f, &x, &w, &r, &mut dw, bias.then_some(db.as_mut_slice()), Some(&mut dx));
+        cpu::backward(
+            n,
+            in_f,
+            out_f,
+            &x,
+            &w,
+            &r,
+            &mut dw,
+            bias.then_some(db.as_mut_slice()),
+            Some(crate::tensor::as_uninit(&mut dx)),
+        );
         let tol = 1e-6;
         check_grad("linear dweight", &w, &dw, |wp| dot(&r, &fwd64(n, in_f, out_f, &x, wp, bo)), tol);
         check_grad("linear dx", &x, &dx, |xp| dot(&r, &fwd64(n, in_f, out_f, xp, &w, bo)), tol);
@@ -92,7 +102,17 @@ fn tensor_backward_matches_f64_kernel_and_accumulates() {
 
     let to64 = |t: &Tensor| t.as_f32().unwrap().iter().map(|&v| v as f64).collect::<Vec<_>>();
     let (mut dw64, mut db64, mut dx64) = (vec![0.0; 36], vec![0.0; 4], vec![0.0; 45]);
-    cpu::backward(5, 9, 4, &to64(&x), &to64(&w), &to64(&dy), &mut dw64, Some(&mut db64), Some(&mut dx64));
+    cpu::backward(
+        5,
+        9,
+        4,
+        &to64(&x),
+        &to64(&w),
+        &to64(&dy),
+        &mut dw64,
+        Some(&mut db64),
+        Some(crate::tensor::as_uninit(&mut dx64)),
+    );
     for (got, want) in [(&dw, &dw64), (&db, &db64), (&dx, &dx64)] {
         for (a, e) in got.as_f32().unwrap().iter().zip(want) {
             assert!((*a as f64 - e).abs() < 1e-5, "{a} vs {e}");
@@ -146,4 +166,62 @@ fn shape_errors_are_clear() {
     let msg = shape_err(backward(&x, &w, &dy, &mut dw, Some(&mut bad_db), true));
     assert!(msg.contains("linear dbias: expected shape [4], got [5]"), "{msg}");
     assert!(dw.as_f32().unwrap().iter().all(|v| *v == 0.0), "a failed call changed dweight");
+}
+
+/// Microseconds per call of the baby GPT's products (768 rows), split into
+/// blocks of rows (`cpu`) against the `gemm` crate's own threading, on the
+/// pool as configured:
+/// `RAYON_NUM_THREADS=2 cargo test --release --lib linear_timing -- --ignored --nocapture`.
+#[test]
+#[ignore = "a timing, not a check"]
+fn linear_timing() {
+    use crate::ops::gemm::{gemm, Par};
+    let n = 768;
+    for (in_f, out_f) in [(128, 384), (128, 128), (128, 512), (512, 128), (128, 98)] {
+        let x = crate::ops::testing::rand_vec_f32(n * in_f, 1);
+        let w = crate::ops::testing::rand_vec_f32(out_f * in_f, 2);
+        let dy = crate::ops::testing::rand_vec_f32(n * out_f, 3);
+        let (mut y, mut dx, mut dw) = (vec![0f32; n * out_f], vec![0f32; n * in_f], vec![0f32; out_f * in_f]);
+        let mut best = [f64::MAX; 4];
+        for _ in 0..200 {
+            let t = std::time::Instant::now();
+            super::cpu::forward(n, in_f, out_f, &x, &w, None, &mut y);
+            best[0] = best[0].min(t.elapsed().as_secs_f64());
+            let t = std::time::Instant::now();
+            gemm(n, out_f, in_f, &x, false, &w, true, &mut y, false, Par::Rayon(0));
+            best[1] = best[1].min(t.elapsed().as_secs_f64());
+            let t = std::time::Instant::now();
+            super::cpu::backward(
+                n,
+                in_f,
+                out_f,
+                &x,
+                &w,
+                &dy,
+                &mut dw,
+                None,
+                Some(crate::tensor::as_uninit(&mut dx)),
+            );
+            best[2] = best[2].min(t.elapsed().as_secs_f64());
+            let t = std::time::Instant::now();
+            rayon::join(
+                || gemm(out_f, in_f, n, &dy, true, &x, false, &mut dw, true, Par::Rayon(0)),
+                || gemm(n, in_f, out_f, &dy, false, &w, false, &mut dx, false, Par::Rayon(0)),
+            );
+            best[3] = best[3].min(t.elapsed().as_secs_f64());
+        }
+        let gf = |s: f64, m: f64| m * 2.0 * (n * in_f * out_f) as f64 / s / 1e9;
+        println!(
+            "{n}x{in_f}->{out_f}: forward {:.0} us ({:.0} GFLOP/s) vs crate-threaded {:.0} us ({:.0}); \
+             backward {:.0} us ({:.0}) vs {:.0} us ({:.0})",
+            best[0] * 1e6,
+            gf(best[0], 1.0),
+            best[1] * 1e6,
+            gf(best[1], 1.0),
+            best[2] * 1e6,
+            gf(best[2], 2.0),
+            best[3] * 1e6,
+            gf(best[3], 2.0)
+        );
+    }
 }
