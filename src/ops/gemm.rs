@@ -36,9 +36,13 @@ pub fn gemm<T: Elem>(
     accumulate: bool,
     par: Par,
 ) {
-    let lda = if trans_a { m } else { k };
-    let ldb = if trans_b { k } else { n };
+    let (lda, ldb) = dense_ld(m, n, k, trans_a, trans_b);
     gemm_ld(m, n, k, (a, lda, trans_a), (b, ldb, trans_b), (c, n), accumulate, par)
+}
+
+/// The leading dimensions of dense A and B as [`gemm`] takes them.
+fn dense_ld(m: usize, n: usize, k: usize, trans_a: bool, trans_b: bool) -> (usize, usize) {
+    (if trans_a { m } else { k }, if trans_b { k } else { n })
 }
 
 /// [`gemm`] on row-major matrices whose rows lie `ld` elements apart (each
@@ -78,8 +82,7 @@ pub fn gemm_into<T: Elem>(
     c: &mut [MaybeUninit<T>],
     par: Par,
 ) {
-    let lda = if trans_a { m } else { k };
-    let ldb = if trans_b { k } else { n };
+    let (lda, ldb) = dense_ld(m, n, k, trans_a, trans_b);
     let c = (c.as_mut_ptr().cast::<T>(), c.len(), n);
     gemm_raw(m, n, k, (a, lda, trans_a), (b, ldb, trans_b), c, false, par)
 }

@@ -12,7 +12,6 @@
 
 use crate::ops::gemm::{gemm, gemm_into, gemm_ld, Par};
 use crate::ops::Elem;
-use crate::tensor::as_uninit;
 use rayon::prelude::*;
 use std::mem::MaybeUninit;
 
@@ -29,22 +28,9 @@ fn block_rows(rows: usize) -> usize {
     rows.div_ceil(rayon::current_num_threads().max(1)).next_multiple_of(16).max(16)
 }
 
-/// `y[n, out] = x[n, in] * w[out, in]^T + bias[out]`.
+/// `y[n, out] = x[n, in] * w[out, in]^T + bias[out]`, every element of
+/// `y[..n * out]` written (it may start uninitialized).
 pub fn forward<T: Elem>(
-    n: usize,
-    in_f: usize,
-    out_f: usize,
-    x: &[T],
-    w: &[T],
-    bias: Option<&[T]>,
-    y: &mut [T],
-) {
-    forward_into(n, in_f, out_f, x, w, bias, as_uninit(y));
-}
-
-/// [`forward`] into an output that may be uninitialized: every element of
-/// `y[..n * out]` is written.
-pub fn forward_into<T: Elem>(
     n: usize,
     in_f: usize,
     out_f: usize,

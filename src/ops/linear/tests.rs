@@ -17,7 +17,7 @@ fn naive(n: usize, in_f: usize, out_f: usize, x: &[f64], w: &[f64], b: Option<&[
 
 fn fwd64(n: usize, in_f: usize, out_f: usize, x: &[f64], w: &[f64], b: Option<&[f64]>) -> Vec<f64> {
     let mut y = vec![0.0; n * out_f];
-    cpu::forward(n, in_f, out_f, x, w, b, &mut y);
+    cpu::forward(n, in_f, out_f, x, w, b, crate::tensor::as_uninit(&mut y));
     y
 }
 
@@ -185,7 +185,7 @@ fn linear_timing() {
         let mut best = [f64::MAX; 4];
         for _ in 0..200 {
             let t = std::time::Instant::now();
-            super::cpu::forward(n, in_f, out_f, &x, &w, None, &mut y);
+            super::cpu::forward(n, in_f, out_f, &x, &w, None, crate::tensor::as_uninit(&mut y));
             best[0] = best[0].min(t.elapsed().as_secs_f64());
             let t = std::time::Instant::now();
             gemm(n, out_f, in_f, &x, false, &w, true, &mut y, false, Par::Rayon(0));
