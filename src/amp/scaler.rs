@@ -6,6 +6,7 @@
 use crate::config::{AmpConfig, LossScale};
 use crate::error::{Error, Result};
 use crate::tensor::{CpuStorage, Storage, Tensor};
+use rayon::prelude::*;
 
 use super::Policy;
 
@@ -217,32 +218,40 @@ impl LossScaler {
         // f32 reciprocal (exact for the power-of-two scales the dynamic scaler uses).
         let inv = 1.0f32 / self.state.scale;
         out.resize_with(grads.len(), Vec::new);
-        let mut bad = Vec::new();
-        for ((name, g), dst) in grads.iter().zip(out.iter_mut()) {
-            dst.resize(g.numel(), 0.0);
-            // Non-finite values survive the multiply, so one check on the
-            // unscaled value covers both; the `|` keeps the loop branch-free.
-            let mut non_finite = false;
-            match g.storage() {
-                Storage::Cpu(CpuStorage::F32(src)) => {
-                    for (d, &s) in dst.iter_mut().zip(src) {
-                        let v = s * inv;
-                        non_finite |= !v.is_finite();
-                        *d = v;
+        // Tensors side by side on the pool (elementwise: the same bits).
+        let non_finite: Vec<bool> = grads
+            .par_iter()
+            .zip(out.par_iter_mut())
+            .map(|((_, g), dst)| {
+                dst.resize(g.numel(), 0.0);
+                // Non-finite values survive the multiply, so one check on the
+                // unscaled value covers both; the `|` keeps the loop branch-free.
+                let mut non_finite = false;
+                match g.storage() {
+                    Storage::Cpu(CpuStorage::F32(src)) => {
+                        for (d, &s) in dst.iter_mut().zip(src) {
+                            let v = s * inv;
+                            non_finite |= !v.is_finite();
+                            *d = v;
+                        }
+                    }
+                    Storage::Cpu(CpuStorage::F16(src)) => {
+                        for (d, &s) in dst.iter_mut().zip(src) {
+                            let v = f32::from(s) * inv;
+                            non_finite |= !v.is_finite();
+                            *d = v;
+                        }
                     }
                 }
-                Storage::Cpu(CpuStorage::F16(src)) => {
-                    for (d, &s) in dst.iter_mut().zip(src) {
-                        let v = f32::from(s) * inv;
-                        non_finite |= !v.is_finite();
-                        *d = v;
-                    }
-                }
-            }
-            if non_finite {
-                bad.push(name.to_string());
-            }
-        }
+                non_finite
+            })
+            .collect();
+        let mut bad: Vec<String> = grads
+            .iter()
+            .zip(non_finite)
+            .filter(|(_, bad)| *bad)
+            .map(|((name, _), _)| name.to_string())
+            .collect();
         bad.reverse();
         Overflow { params: bad }
     }

@@ -243,3 +243,23 @@ fn the_reported_norm_is_the_unscaled_pre_clip_norm_with_or_without_clipping() {
     }
     assert_eq!(total_grad_norm(&g), want);
 }
+
+/// The norm of many chunks' worth of gradients: the same bits on pools of
+/// 1 to 3 threads, and the f32 rounding of an f64 sum element after element.
+#[test]
+fn the_gradient_norm_does_not_depend_on_the_thread_count() {
+    let grads: Vec<Vec<f32>> = [70_001usize, 3, 16_384, 40_000]
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| crate::ops::testing::rand_vec_f32(n, i as u64 + 1).iter().map(|v| v * 1e3).collect())
+        .collect();
+    let sequential = grads.iter().flatten().map(|&g| f64::from(g) * f64::from(g)).sum::<f64>().sqrt();
+    let norms: Vec<f32> = (1..=3)
+        .map(|t| {
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(t).build().expect("a test pool");
+            pool.install(|| total_grad_norm(&grads))
+        })
+        .collect();
+    assert!(norms.iter().all(|n| n.to_bits() == norms[0].to_bits()), "{norms:?}");
+    assert!((f64::from(norms[0]) - sequential).abs() <= sequential * 1e-7, "{} vs {sequential}", norms[0]);
+}

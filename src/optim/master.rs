@@ -8,6 +8,7 @@
 use super::Optimizer;
 use crate::error::{Error, Result};
 use crate::tensor::{DType, Tensor};
+use rayon::prelude::*;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct MasterWeights {
@@ -55,10 +56,11 @@ impl MasterWeights {
         }
         let mut views: Vec<&mut [f32]> = self.masters.iter_mut().map(Vec::as_mut_slice).collect();
         optimizer.step(&mut views, grads, lr)?;
-        for (value, master) in model_values.iter_mut().zip(&self.masters) {
-            value.copy_from_f32(master)?;
-        }
-        Ok(())
+        // The f16 copies, tensors side by side on the pool.
+        model_values
+            .par_iter_mut()
+            .zip(&self.masters)
+            .try_for_each(|(value, master)| value.copy_from_f32(master))
     }
 }
 

@@ -31,6 +31,7 @@ pub use schedule::{LrSchedule, ScheduleKind};
 use std::path::Path;
 
 use crate::error::{Error, Result};
+use rayon::prelude::*;
 
 /// The `file` of the config errors raised here: the optimizer sees values, not
 /// the file they came from, so the config loader may re-label these.
@@ -256,7 +257,9 @@ impl Optimizer {
     /// One update of every parameter. `params[i]` and `grads[i]` have
     /// `param_sizes[i]` elements; `lr` comes from the schedule and replaces
     /// `cfg.lr` for this step. Everything is checked before anything is
-    /// written, so an error leaves parameters and state untouched.
+    /// written, so an error leaves parameters and state untouched. Tensors
+    /// update side by side on the pool: each update is elementwise, so the
+    /// bits do not depend on it.
     pub fn step(&mut self, params: &mut [&mut [f32]], grads: &[&[f32]], lr: f32) -> Result<()> {
         self.check_step_args(params, grads, lr)?;
         let cfg = &self.cfg;
@@ -268,12 +271,12 @@ impl Optimizer {
                     sgd::SgdScalars::new(lr, widen(cfg.momentum), widen(cfg.dampening), cfg.nesterov, wd)
                 };
                 let groups = [hp(0.0), hp(weight_decay)];
-                let params = params.iter_mut().zip(grads).zip(&self.decay);
-                for (((param, grad), &decay), state) in params.zip(&mut self.state) {
+                let params = params.par_iter_mut().zip(grads).zip(&self.decay);
+                params.zip(&mut self.state).for_each(|(((param, grad), &decay), state)| {
                     if let ParamState::Sgd { momentum_buffer } = state {
                         sgd::update(param, grad, momentum_buffer, &groups[usize::from(decay)]);
                     }
-                }
+                });
             }
             OptimizerKind::Adam | OptimizerKind::AdamW => {
                 let hp = |wd| {
@@ -287,12 +290,12 @@ impl Optimizer {
                     )
                 };
                 let groups = [hp(0.0), hp(weight_decay)];
-                let params = params.iter_mut().zip(grads).zip(&self.decay);
-                for (((param, grad), &decay), state) in params.zip(&mut self.state) {
+                let params = params.par_iter_mut().zip(grads).zip(&self.decay);
+                params.zip(&mut self.state).for_each(|(((param, grad), &decay), state)| {
                     if let ParamState::Adam { exp_avg, exp_avg_sq } = state {
                         adam::update(param, grad, exp_avg, exp_avg_sq, &groups[usize::from(decay)]);
                     }
-                }
+                });
             }
         }
         self.step_count += 1;
