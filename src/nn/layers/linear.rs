@@ -54,15 +54,15 @@ pub(super) fn weight_and_bias<'w>(
 }
 
 impl Linear {
-    fn apply(&self, w: &Weights, x: &Tensor) -> Result<Tensor> {
+    /// `(y, x)`: x is taken and given back so that its rows are the same
+    /// buffer, not a copy made to reshape it.
+    fn apply(&self, w: &Weights, x: Tensor) -> Result<(Tensor, Tensor)> {
         let weight = &w.param(0, Self::TYPE)?.value;
-        let n = x.shape().first().copied().unwrap_or(0);
-        let y = ops::linear::forward(
-            &self.rows(x.clone(), self.in_features)?,
-            weight,
-            w.params.get(1).map(|b| &b.value),
-        )?;
-        self.unrows(y, n, self.out_features)
+        let shape = x.shape().to_vec();
+        let n = shape.first().copied().unwrap_or(0);
+        let rows = self.rows(x, self.in_features)?;
+        let y = ops::linear::forward(&rows, weight, w.params.get(1).map(|b| &b.value))?;
+        Ok((self.unrows(y, n, self.out_features)?, rows.reshape(&shape)?))
     }
 
     /// `[N, T, width]` as `[N * T, width]` (row-major, the same data): the op
@@ -171,11 +171,11 @@ impl Layer for Linear {
     }
 
     fn forward_train(&self, w: &mut Weights, x: Tensor, _cx: Ctx<'_>) -> Result<(Tensor, Tensor)> {
-        Ok((self.apply(w, &x)?, x))
+        self.apply(w, x)
     }
 
     fn forward_eval(&self, w: &Weights, x: Tensor) -> Result<Tensor> {
-        self.apply(w, &x)
+        Ok(self.apply(w, x)?.0)
     }
 
     fn backward(
