@@ -17,6 +17,7 @@ pub mod conv2d;
 pub mod cross_entropy;
 pub mod dropout;
 pub mod embedding;
+pub mod exp;
 pub mod gelu;
 pub mod gemm;
 pub(crate) mod half_emu;

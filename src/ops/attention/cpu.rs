@@ -7,7 +7,7 @@
 
 use crate::ops::dropout::{cpu::apply, Mask};
 use crate::ops::gemm::{gemm_ld, Par};
-use crate::ops::warp_order::{butterfly, lane_sums_of, lane_sums_of2};
+use crate::ops::warp_order::{butterfly, lane_sums_of2};
 use crate::ops::Elem;
 use rayon::prelude::*;
 
@@ -58,18 +58,7 @@ pub fn forward<T: Elem>(d: Dims, x: &[T], mask: Option<&Mask>, y: &mut [T], att:
                 let a = &mut att[head * t * t..(head + 1) * t * t];
                 gemm_ld(t, t, hd, (q, 3 * c, false), (k, 3 * c, true), (a, t), false, Par::Seq);
                 for (i, row) in a.chunks_exact_mut(t).enumerate() {
-                    let mut max = T::neg_infinity();
-                    for s in row.iter_mut().take(i + 1) {
-                        *s = *s * scale;
-                        max = max.max(*s);
-                    }
-                    for s in row.iter_mut().take(i + 1) {
-                        *s = (*s - max).exp();
-                    }
-                    let sum = butterfly(lane_sums_of(T::zero(), &row[..=i], |v| v));
-                    for (j, s) in row.iter_mut().enumerate() {
-                        *s = if j <= i { *s / sum } else { T::zero() };
-                    }
+                    super::softmax::row(row, i, scale);
                 }
                 let offset = ((n * h + head) * t * t) as u64;
                 let ad = dropped(a, mask, offset);

@@ -11,6 +11,7 @@
 
 pub mod cpu;
 pub mod cuda;
+mod softmax;
 #[cfg(test)]
 mod tests;
 

@@ -10,7 +10,8 @@
 //! stores (`half_emu`'s `Load16` and `Store16`), as the whole-tensor
 //! casts around an f32 kernel would, without those two extra passes.
 
-use super::cpu::{Lane, C32, ERFC, EXP_TAYLOR, FRAC_1_SQRT_2, FRAC_1_SQRT_2PI, K32, LN2_HI, LN2_LO, LOG2_E};
+use super::cpu::{Lane, C32, ERFC, FRAC_1_SQRT_2, FRAC_1_SQRT_2PI, K32};
+use crate::ops::exp::x86::exp;
 use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
 
@@ -33,30 +34,6 @@ fn splat(v: f32) -> __m512 {
 #[target_feature(enable = "avx512f")]
 fn neg(v: __m512) -> __m512 {
     _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(v), _mm512_set1_epi32(i32::MIN)))
-}
-
-/// cpu.rs's `exp`. maxps and minps return their second operand when either
-/// is NaN, so `min(88, max(-87, x))` keeps a NaN as `f32::clamp` does.
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn exp(x: __m512) -> __m512 {
-    let xc = _mm512_min_ps(splat(88.0), _mm512_max_ps(splat(-87.0), x));
-    let k = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC }>(_mm512_add_ps(
-        _mm512_mul_ps(xc, splat(LOG2_E)),
-        splat(0.5),
-    ));
-    let r =
-        _mm512_sub_ps(_mm512_sub_ps(xc, _mm512_mul_ps(k, splat(LN2_HI))), _mm512_mul_ps(k, splat(LN2_LO)));
-    let mut p = splat(EXP_TAYLOR[0]);
-    for &c in &EXP_TAYLOR[1..] {
-        p = _mm512_add_ps(_mm512_mul_ps(p, r), splat(c));
-    }
-    // k is integral; a NaN k gives a garbage 2^k, but then p is NaN too.
-    let bits = _mm512_slli_epi32::<23>(_mm512_add_epi32(_mm512_cvttps_epi32(k), _mm512_set1_epi32(127)));
-    let v = _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
-    let low = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, splat(-87.0));
-    let high = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(x, splat(88.0));
-    _mm512_mask_blend_ps(high, _mm512_mask_blend_ps(low, v, _mm512_setzero_ps()), splat(f32::INFINITY))
 }
 
 /// cpu.rs's `half_square`: `(h, d)`.

@@ -3,8 +3,7 @@
 //! Training runs [`forward`] and [`backward`] in f32 on formulas with no
 //! cancellation: the exact form through `Φ(x) = erfc(-x/√2) / 2` with erfc's
 //! Chebyshev fit (fractional error under 1.2e-7, Numerical Recipes' `erfcc`),
-//! the tanh form through `(1 + tanh u) / 2 = σ(2u)`, each exp from [`exp`]
-//! below. Every operation is one IEEE f32 operation rounded to nearest (no
+//! the tanh form through `(1 + tanh u) / 2 = σ(2u)`, each exp from `ops::exp`. Every operation is one IEEE f32 operation rounded to nearest (no
 //! fused multiply-adds, no library calls), so kernels/gelu.cu, doing the same
 //! operations in the same order with `_rn` intrinsics, gives the same bits.
 //! Against f64 evaluated exactly they differ by a few f32 ulp
@@ -15,6 +14,7 @@
 //! (not `1 + erf` or `1 + tanh`, which cancel to 0 far below 0 even in f64), are the
 //! reference the finite-difference and accuracy tests hold them to.
 
+use crate::ops::exp::exp;
 use crate::ops::Elem;
 use rayon::prelude::*;
 use std::mem::MaybeUninit;
@@ -25,18 +25,11 @@ const PAR_CHUNK: usize = 1 << 14;
 const K: f64 = 0.797_884_560_802_865_4;
 const C: f64 = 0.044_715;
 
-/// The same constants in f32, and 1/√2, 1/√(2π), log2(e), ln 2 split so
-/// that `k * LN2_HI` is exact for every exponent `k` [`exp`] uses.
+/// The same constants in f32, and 1/√2, 1/√(2π).
 pub(super) const K32: f32 = 0.797_884_6;
 pub(super) const C32: f32 = 0.044_715;
 pub(super) const FRAC_1_SQRT_2: f32 = std::f32::consts::FRAC_1_SQRT_2;
 pub(super) const FRAC_1_SQRT_2PI: f32 = 0.398_942_3;
-pub(super) const LOG2_E: f32 = std::f32::consts::LOG2_E;
-pub(super) const LN2_HI: f32 = 0.693_145_75;
-pub(super) const LN2_LO: f32 = 1.428_606_8e-6;
-/// e^r's Taylor coefficients, highest degree first (Horner's order).
-pub(super) const EXP_TAYLOR: [f32; 8] =
-    [1.0 / 5040.0, 1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0];
 /// erfcc's coefficients, constant term first.
 pub(super) const ERFC: [f32; 10] = [
     -1.265_512_2,
@@ -50,30 +43,6 @@ pub(super) const ERFC: [f32; 10] = [
     -0.822_152_23,
     0.170_872_77,
 ];
-
-/// e^x: `2^k e^r`, k = ⌊x log2 e + 1/2⌋, `r = x - k ln 2` in two exact
-/// steps, e^r by its Taylor polynomial of degree 7 (truncation under 6e-9
-/// on |r| ≤ ln 2 / 2); 0 below -87 and infinity above 88, where 2^k would
-/// leave the normal range.
-#[inline(always)]
-pub fn exp(x: f32) -> f32 {
-    let xc = x.clamp(-87.0, 88.0);
-    let k = (xc * LOG2_E + 0.5).floor();
-    let r = (xc - k * LN2_HI) - k * LN2_LO;
-    let mut p = EXP_TAYLOR[0];
-    for c in &EXP_TAYLOR[1..] {
-        p = p * r + c;
-    }
-    // k is in [-126, 127]: 2^k is a normal f32, built from its exponent bits.
-    let v = p * f32::from_bits(((k as i32 + 127) as u32) << 23);
-    if x < -87.0 {
-        0.0
-    } else if x > 88.0 {
-        f32::INFINITY
-    } else {
-        v
-    }
-}
 
 /// x² / 2 as `h + d`, `h` exact in f32 (x with its low 12 significand bits
 /// cleared, squared) and `d` small: `exp(-h) * exp(-d)` is then e^(-x²/2) to
