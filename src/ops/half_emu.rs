@@ -19,7 +19,7 @@ use half::{f16, slice::HalfFloatSliceExt};
 use rayon::prelude::*;
 
 use crate::error::Result;
-use crate::tensor::{DType, Tensor};
+use crate::tensor::{par_map, DType, Tensor};
 
 /// Whether any operand is f16 (then the op takes its f16 arm).
 pub(crate) fn any_f16<'a>(ts: impl IntoIterator<Item = Option<&'a Tensor>>) -> bool {
@@ -101,35 +101,24 @@ fn round_trip_serial(v: &mut [f32]) {
 
 /// [`widen_into`] into a new vector, which is not zero-filled first.
 pub(crate) fn widen_to_vec(src: &[f16]) -> Vec<f32> {
-    let mut out = Vec::with_capacity(src.len());
     #[cfg(target_arch = "x86_64")]
     if x86::usable() {
-        // SAFETY: the spare capacity holds `src.len()` floats, all of which
-        // the conversion writes before `set_len` makes them readable.
-        unsafe {
-            x86::widen(src.as_ptr(), out.spare_capacity_mut().as_mut_ptr(), src.len());
-            out.set_len(src.len());
-        }
-        return out;
+        // SAFETY: each call converts (writes) its whole chunk.
+        return unsafe { par_map(src, |s, d| x86::widen(s.as_ptr(), d.as_mut_ptr(), s.len().min(d.len()))) };
     }
-    out.resize(src.len(), 0.0);
+    let mut out = vec![0.0; src.len()];
     src.convert_to_f32_slice(&mut out);
     out
 }
 
 /// [`round_into`] into a new vector, which is not zero-filled first.
 pub(crate) fn round_to_vec(src: &[f32]) -> Vec<f16> {
-    let mut out = Vec::with_capacity(src.len());
     #[cfg(target_arch = "x86_64")]
     if x86::usable() {
         // SAFETY: as in `widen_to_vec`.
-        unsafe {
-            x86::round(src.as_ptr(), out.spare_capacity_mut().as_mut_ptr(), src.len());
-            out.set_len(src.len());
-        }
-        return out;
+        return unsafe { par_map(src, |s, d| x86::round(s.as_ptr(), d.as_mut_ptr(), s.len().min(d.len()))) };
     }
-    out.resize(src.len(), f16::ZERO);
+    let mut out = vec![f16::ZERO; src.len()];
     out.convert_from_f32_slice(src);
     out
 }

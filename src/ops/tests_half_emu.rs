@@ -94,3 +94,19 @@ fn widen_timing() {
         );
     }
 }
+
+/// The whole-vector conversions, split over the pool when large, give the
+/// `half` crate's bits at every size around the split.
+#[test]
+fn vector_conversions_split_over_the_pool_give_the_same_bits() {
+    for len in [0, 5, 65_535, 65_536, 65_537, 200_003] {
+        let wide: Vec<f32> = crate::ops::testing::rand_vec_f32(len, 11).iter().map(|v| v * 7e4).collect();
+        let want16: Vec<f16> = wide.iter().map(|&v| f16::from_f32(v)).collect();
+        let got16 = round_to_vec(&wide);
+        assert!(got16.iter().zip(&want16).all(|(g, w)| g.to_bits() == w.to_bits()), "round, {len}");
+        assert_eq!(got16.len(), len);
+        let back = widen_to_vec(&want16);
+        assert!(back.iter().zip(&want16).all(|(g, w)| g.to_bits() == w.to_f32().to_bits()), "widen, {len}");
+        assert_eq!(back.len(), len);
+    }
+}

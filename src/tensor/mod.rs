@@ -30,24 +30,44 @@ impl Clone for CpuStorage {
     }
 }
 
-/// Elements below which [`par_copy`] copies on the calling thread (a
-/// rayon split costs a few microseconds).
+/// Elements below which [`par_copy`] and [`par_map`] run on the calling
+/// thread (a rayon split costs a few microseconds).
 const PAR_COPY_MIN: usize = 1 << 16;
 
 /// `src.to_vec()`, in parallel chunks when `src` is large.
 pub(crate) fn par_copy<T: Copy + Send + Sync>(src: &[T]) -> Vec<T> {
-    use rayon::prelude::*;
     if src.len() < PAR_COPY_MIN {
         return src.to_vec();
     }
-    let fill = |dst: &mut [MaybeUninit<T>]| {
-        dst.par_chunks_mut(PAR_COPY_MIN).zip(src.par_chunks(PAR_COPY_MIN)).for_each(|(d, s)| {
-            for (d, s) in d.iter_mut().zip(s) {
-                d.write(*s);
-            }
-        });
+    let copy = |s: &[T], d: &mut [MaybeUninit<T>]| {
+        for (d, s) in d.iter_mut().zip(s) {
+            d.write(*s);
+        }
     };
-    // SAFETY: the chunks of `dst` cover it, and each element is written.
+    // SAFETY: `copy` writes every element of its chunk.
+    unsafe { par_map(src, copy) }
+}
+
+/// A vector of `src.len()` elements that `kernel` writes from `src`, chunk
+/// by chunk (each output chunk from the input chunk at the same place), in
+/// parallel when `src` is large: the whole-tensor dtype conversions of
+/// apex's O2 ran serially with the second core idle.
+///
+/// # Safety
+/// `kernel` writes every element of the output chunk it is given.
+pub(crate) unsafe fn par_map<S: Sync, D: Send>(
+    src: &[S],
+    kernel: impl Fn(&[S], &mut [MaybeUninit<D>]) + Sync,
+) -> Vec<D> {
+    use rayon::prelude::*;
+    let fill = |dst: &mut [MaybeUninit<D>]| {
+        if src.len() < PAR_COPY_MIN {
+            return kernel(src, dst);
+        }
+        dst.par_chunks_mut(PAR_COPY_MIN).zip(src.par_chunks(PAR_COPY_MIN)).for_each(|(d, s)| kernel(s, d));
+    };
+    // SAFETY: the chunks of `dst` cover it, and the caller's kernel writes
+    // each element of each.
     unsafe { written_by(src.len(), fill) }
 }
 
