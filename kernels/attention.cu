@@ -8,9 +8,10 @@
 // part (j > i) with 0, in place, one warp per row.
 //
 // Bits: each row is one warp, in the CPU's order (the max, then the
-// exponentials summed from 0, then the divisions; the backward dot summed
-// from -0.0; both sums in the warp order of ddp::warp_sum), with _rn intrinsics where the CPU
-// rounds op by op, so from the same scores the f32 softmax is the CPU's.
+// exponentials, the CPU's own ddp::exp_rn, summed from 0, then the
+// divisions; the backward dot summed from -0.0; both sums in the warp order
+// of ddp::warp_sum), with _rn intrinsics where the CPU rounds op by op, so
+// from the same scores the f32 softmax is the CPU's.
 // The GEMMs' summation order is cuBLAS's, not the CPU's: see the launcher.
 #include "common.cuh"
 
@@ -28,10 +29,10 @@ __device__ void causal_softmax_forward_impl(T* att, long long rows, long long t)
     // The exponentials stay in f32 between the passes, as on the CPU, even
     // where T is __half.
     float sum = 0.f;
-    for (long long j = lane; j <= i; j += 32) sum = __fadd_rn(sum, expf(__fsub_rn(ddp::to_f32(row[j]), max)));
+    for (long long j = lane; j <= i; j += 32) sum = __fadd_rn(sum, ddp::exp_rn(__fsub_rn(ddp::to_f32(row[j]), max)));
     sum = ddp::warp_sum(sum);
     for (long long j = lane; j < t; j += 32) {
-      const float p = j <= i ? __fdiv_rn(expf(__fsub_rn(ddp::to_f32(row[j]), max)), sum) : 0.f;
+      const float p = j <= i ? __fdiv_rn(ddp::exp_rn(__fsub_rn(ddp::to_f32(row[j]), max)), sum) : 0.f;
       row[j] = ddp::from_f32<T>(p);
     }
   }

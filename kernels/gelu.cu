@@ -17,26 +17,9 @@ constexpr float kK = 0.7978846f;
 constexpr float kC = 0.044715f;
 constexpr float kFrac1Sqrt2 = 0.70710678118654752440f;
 constexpr float kFrac1Sqrt2Pi = 0.3989423f;
-constexpr float kLog2E = 1.44269504088896340736f;
-constexpr float kLn2Hi = 0.69314575f;
-constexpr float kLn2Lo = 1.4286068e-6f;
 // erfc's coefficients, constant term first.
 __device__ const float kErfc[10] = {-1.2655122f,  1.0000237f, 0.37409196f, 0.09678418f, -0.18628806f,
                                     0.27886807f, -1.135204f, 1.4885159f, -0.82215223f, 0.17087277f};
-// The exp polynomial's coefficients after 1/5040, highest degree first.
-__device__ const float kExp[7] = {1.0f / 720.0f, 1.0f / 120.0f, 1.0f / 24.0f, 1.0f / 6.0f, 0.5f, 1.0f, 1.0f};
-
-__device__ __forceinline__ float ddp_exp(float x) {
-  // Clamped as Rust's f32::clamp: a NaN stays NaN.
-  const float xc = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
-  const float k = floorf(__fadd_rn(__fmul_rn(xc, kLog2E), 0.5f));
-  const float r = __fsub_rn(__fsub_rn(xc, __fmul_rn(k, kLn2Hi)), __fmul_rn(k, kLn2Lo));
-  float p = 1.0f / 5040.0f;
-  for (int i = 0; i < 7; ++i) p = __fadd_rn(__fmul_rn(p, r), kExp[i]);
-  // NaN's k converts to some integer; p is NaN then, and so the product.
-  const float v = __fmul_rn(p, __int_as_float(((int)k + 127) << 23));
-  return x < -87.0f ? 0.0f : (x > 88.0f ? __int_as_float(0x7f800000) : v);
-}
 
 // x²/2 as h + d, h exact.
 __device__ __forceinline__ void half_square(float x, float* h, float* d) {
@@ -52,7 +35,7 @@ __device__ __forceinline__ float cdf(float x, float d, float exp_h) {
   const float t = __fdiv_rn(1.0f, __fadd_rn(1.0f, __fmul_rn(0.5f, z)));
   float p = kErfc[9];
   for (int i = 8; i >= 0; --i) p = __fadd_rn(__fmul_rn(p, t), kErfc[i]);
-  const float half_erfc = __fmul_rn(0.5f, __fmul_rn(t, __fmul_rn(exp_h, ddp_exp(__fsub_rn(p, d)))));
+  const float half_erfc = __fmul_rn(0.5f, __fmul_rn(t, __fmul_rn(exp_h, ddp::exp_rn(__fsub_rn(p, d)))));
   return x <= 0.0f ? half_erfc : __fsub_rn(1.0f, half_erfc);
 }
 
@@ -60,7 +43,7 @@ __device__ __forceinline__ float cdf(float x, float d, float exp_h) {
 __device__ __forceinline__ void tanh_sigmoid(float x, float* s, float* rest) {
   const float cube = __fmul_rn(__fmul_rn(__fmul_rn(kC, x), x), x);
   const float u = __fmul_rn(kK, __fadd_rn(x, cube));
-  const float e = ddp_exp(__fmul_rn(-2.0f, u));
+  const float e = ddp::exp_rn(__fmul_rn(-2.0f, u));
   *s = __fdiv_rn(1.0f, __fadd_rn(1.0f, e));
   *rest = __fdiv_rn(1.0f, __fadd_rn(1.0f, __fdiv_rn(1.0f, e)));
 }
@@ -73,7 +56,7 @@ __device__ __forceinline__ float gelu_value(float x, bool tanh_form) {
   }
   float h, d;
   half_square(x, &h, &d);
-  return __fmul_rn(x, cdf(x, d, ddp_exp(-h)));
+  return __fmul_rn(x, cdf(x, d, ddp::exp_rn(-h)));
 }
 
 // d gelu / dx.
@@ -88,8 +71,8 @@ __device__ __forceinline__ float gelu_slope(float x, bool tanh_form) {
   }
   float h, d;
   half_square(x, &h, &d);
-  const float exp_h = ddp_exp(-h);
-  const float pdf = __fmul_rn(kFrac1Sqrt2Pi, __fmul_rn(exp_h, ddp_exp(-d)));
+  const float exp_h = ddp::exp_rn(-h);
+  const float pdf = __fmul_rn(kFrac1Sqrt2Pi, __fmul_rn(exp_h, ddp::exp_rn(-d)));
   return __fadd_rn(cdf(x, d, exp_h), __fmul_rn(x, pdf));
 }
 
