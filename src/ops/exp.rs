@@ -1,5 +1,5 @@
 //! The CPU kernels' own f32 `e^x`, one IEEE operation at a time (no fused
-//! multiply-adds, no library calls), so kernels/gelu.cu's `ddp_exp`, doing
+//! multiply-adds, no library calls), so kernels/common.cuh's `ddp::exp_rn`, doing
 //! the same operations with `_rn` intrinsics, gives the same bits, and the
 //! AVX-512 form ([`x86::exp`]) gives the scalar one's in every lane. Within
 //! 1.5 ulp of the exact value (`exp_is_within_an_ulp_and_a_half_over_its_range`).
