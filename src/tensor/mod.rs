@@ -36,9 +36,6 @@ const PAR_COPY_MIN: usize = 1 << 16;
 
 /// `src.to_vec()`, in parallel chunks when `src` is large.
 pub(crate) fn par_copy<T: Copy + Send + Sync>(src: &[T]) -> Vec<T> {
-    if src.len() < PAR_COPY_MIN {
-        return src.to_vec();
-    }
     let copy = |s: &[T], d: &mut [MaybeUninit<T>]| {
         for (d, s) in d.iter_mut().zip(s) {
             d.write(*s);

@@ -3,7 +3,8 @@
 //! Training runs [`forward`] and [`backward`] in f32 on formulas with no
 //! cancellation: the exact form through `Φ(x) = erfc(-x/√2) / 2` with erfc's
 //! Chebyshev fit (fractional error under 1.2e-7, Numerical Recipes' `erfcc`),
-//! the tanh form through `(1 + tanh u) / 2 = σ(2u)`, each exp from `ops::exp`. Every operation is one IEEE f32 operation rounded to nearest (no
+//! the tanh form through `(1 + tanh u) / 2 = σ(2u)`, each exp from
+//! `ops::exp`. Every operation is one IEEE f32 operation rounded to nearest (no
 //! fused multiply-adds, no library calls), so kernels/gelu.cu, doing the same
 //! operations in the same order with `_rn` intrinsics, gives the same bits.
 //! Against f64 evaluated exactly they differ by a few f32 ulp

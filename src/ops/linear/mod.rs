@@ -55,7 +55,7 @@ pub fn forward(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Ten
     let xs = cpu_f32(OP, "input", x)?;
     let ws = cpu_f32(OP, "weight", weight)?;
     let bs = bias.map(|b| cpu_f32(OP, "bias", b)).transpose()?;
-    // SAFETY: forward_into writes all n * out_f elements.
+    // SAFETY: cpu::forward writes all n * out_f elements.
     let y = unsafe { written_by(n * out_f, |y| cpu::forward(n, in_f, out_f, xs, ws, bs, y)) };
     Tensor::from_vec(&[n, out_f], y)
 }
