@@ -5,6 +5,7 @@
 //! backward walks the layers in reverse and accumulates into each
 //! parameter's `.grad`.
 
+mod backward;
 pub mod cuda;
 mod fuse;
 pub(crate) mod init;
@@ -108,7 +109,7 @@ impl Node {
         prec: Precision,
         draws: NodeDraws,
     ) -> Result<(Tensor, Saved)> {
-        let cx = Ctx { sync: self.sync.as_ref(), draws: Some(draws) };
+        let cx = Ctx { sync: self.sync.as_ref(), draws: Some(draws), defer: None };
         if let Some(dt) = self.patched(prec) {
             let xs = xs.into_iter().map(|x| cast_round_trip(x, dt)).collect::<Result<_>>()?;
             let mut w = patch::cast_weights(&self.weights, dt)?;
@@ -128,18 +129,24 @@ impl Node {
         self.kind.forward_eval(&self.weights, xs)
     }
 
-    /// Accumulates parameter gradients; returns each input's dx where `need_dx` asks.
+    /// Accumulates parameter gradients (or leaves them in `defer`, where the
+    /// layer can); returns each input's dx where `need_dx` asks.
     fn backward(
         &mut self,
         saved: Saved,
         dy: Tensor,
         need_dx: &[bool],
         prec: Precision,
+        defer: Option<&layers::Deferred>,
     ) -> Result<Vec<Option<Tensor>>> {
-        let cx = Ctx { sync: self.sync.as_ref(), draws: None };
+        let cx = Ctx { sync: self.sync.as_ref(), draws: None, defer };
         match saved {
             Saved::Layer(s) => match self.patched(prec) {
-                Some(dt) => patch::backward(&self.kind, &mut self.weights, s, dy, need_dx, dt, cx),
+                // O1 adds the call's gradients into the fp32 ones on return.
+                Some(dt) => {
+                    let cx = Ctx { defer: None, ..cx };
+                    patch::backward(&self.kind, &mut self.weights, s, dy, need_dx, dt, cx)
+                }
                 None => self.kind.backward(&mut self.weights, s, dy, need_dx, cx),
             },
             Saved::BnReluPool { x, saved } => {
@@ -388,67 +395,6 @@ impl Model {
         values.take(self.layers.len())
     }
 
-    /// Backward from dlogits, accumulating into every parameter's grad.
-    /// The input gradient of the first layer is never computed.
-    pub fn backward(&mut self, saved: Vec<Saved>, dlogits: Tensor) -> Result<()> {
-        self.backward_hooked(saved, dlogits, &mut |_, _| Ok(()))
-    }
-
-    /// [`Model::backward`] that calls `on_ready(param_index, grad)` for each
-    /// parameter (registration order) as soon as its layer's backward is done,
-    /// so DDP can start reducing a bucket while backward goes on. A value
-    /// read by several nodes gets the sum of their gradients (`+=`, in the
-    /// order backward reaches them).
-    pub fn backward_hooked(
-        &mut self,
-        saved: Vec<Saved>,
-        dlogits: Tensor,
-        on_ready: &mut dyn FnMut(usize, &Tensor) -> Result<()>,
-    ) -> Result<()> {
-        let n = self.layers.len();
-        if saved.len() != n {
-            return Err(Error::internal(format!(
-                "backward of {n} layers given {} saved states",
-                saved.len()
-            )));
-        }
-        let inputs: Vec<Vec<usize>> =
-            (0..n).map(|i| self.inputs(i).map(<[usize]>::to_vec)).collect::<Result<_>>()?;
-        let mut first_param = Vec::with_capacity(n);
-        let mut count = 0;
-        for layer in &self.layers {
-            first_param.push(count);
-            count += layer.own_params().count();
-        }
-        let prec = self.precision;
-        let mut grads: Vec<Option<Tensor>> = (0..=n).map(|_| None).collect();
-        grads[n] = Some(dlogits);
-        for (i, s) in saved.into_iter().enumerate().rev() {
-            // A value nothing downstream needed a gradient for (a fused
-            // layer's, or one the graph never reads back to) has none.
-            if let Some(dy) = grads[i + 1].take() {
-                // The model input needs no gradient.
-                let need: Vec<bool> = inputs[i].iter().map(|&v| v > 0).collect();
-                self.swap_tied(i)?;
-                let dxs = self.layers[i].backward(s, dy, &need, prec);
-                self.swap_tied(i)?;
-                for (&v, dx) in inputs[i].iter().zip(dxs?) {
-                    let (Some(dx), true) = (dx, v > 0) else { continue };
-                    match &mut grads[v] {
-                        Some(g) => ops::add::accumulate_(g, &dx)?,
-                        slot => *slot = Some(dx),
-                    }
-                }
-            }
-            // Even a layer no gradient reached reports its (zero) gradients:
-            // DDP's buckets wait for every parameter.
-            for (k, p) in self.layers[i].own_params().enumerate() {
-                on_ready(first_param[i] + k, &p.grad)?;
-            }
-        }
-        Ok(())
-    }
-
     /// PyTorch's `SyncBatchNorm.convert_sync_batchnorm`: every batch
     /// normalization computes its batch statistics over all ranks of `group`.
     pub fn convert_sync_batchnorm(&mut self, group: std::sync::Arc<dyn crate::dist::Communicator>) {
@@ -460,6 +406,8 @@ impl Model {
     }
 }
 
+#[cfg(test)]
+mod tests_backward;
 #[cfg(test)]
 mod tests_o1;
 #[cfg(test)]

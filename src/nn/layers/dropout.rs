@@ -110,7 +110,7 @@ mod tests {
 
     fn ctx(at: u64) -> Ctx<'static> {
         let d = Draws { seed: 3, rank: 0, at: MicroBatch { epoch: 0, index: at } };
-        Ctx { sync: None, draws: Some(d.node(1)) }
+        Ctx { sync: None, draws: Some(d.node(1)), defer: None }
     }
 
     #[test]

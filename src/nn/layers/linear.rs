@@ -1,7 +1,8 @@
 //! `nn.Linear` over `[N, in_features]`, or `[N, T, in_features]` (a
 //! transformer's, each position alike).
 //!
-//! Gradients: `weight.grad += dy^T x`, `bias.grad += sum(dy)`, dx `=`.
+//! Gradients: `weight.grad += dy^T x`, `bias.grad += sum(dy)`, dx `=`; in a
+//! backward that defers ([`Ctx::defer`]) the first two run later.
 
 use std::fmt;
 
@@ -184,11 +185,20 @@ impl Layer for Linear {
         x: Tensor,
         dy: Tensor,
         need_dx: bool,
-        _cx: Ctx<'_>,
+        cx: Ctx<'_>,
     ) -> Result<Option<Tensor>> {
         let (weight, bias) = weight_and_bias(w, Self::TYPE)?;
         let n = x.shape().first().copied().unwrap_or(0);
         let (x, dy) = (self.rows(x, self.in_features)?, self.rows(dy, self.out_features)?);
+        if let Some(defer) = cx.defer {
+            let (dx, grads) = ops::linear::backward_split(x, &weight.value, dy, need_dx)?;
+            defer.put(Box::new(move |g: &mut [Tensor]| match g {
+                [dw] => grads.accumulate(dw, None),
+                [dw, db] => grads.accumulate(dw, Some(db)),
+                _ => Err(Error::internal(format!("linear handed {} gradients", g.len()))),
+            }));
+            return dx.map(|d| self.unrows(d, n, self.in_features)).transpose();
+        }
         let dx = ops::linear::backward(
             &x,
             &weight.value,

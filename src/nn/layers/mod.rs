@@ -126,6 +126,28 @@ pub struct Ctx<'a> {
     /// the model's [`crate::rng::Draws`] for the micro-batch, at the node's
     /// index. `None` outside a training forward.
     pub draws: Option<NodeDraws>,
+    /// Set in a CPU backward that takes parameter gradients off its critical
+    /// path (`nn/backward.rs`): a layer may leave them here instead of
+    /// computing them before it returns.
+    pub defer: Option<&'a Deferred>,
+}
+
+/// A layer's parameter gradients left for later: given the node's `.grad`
+/// tensors in parameter order, it accumulates into them.
+pub type GradJob = Box<dyn FnOnce(&mut [Tensor]) -> Result<()> + Send>;
+
+/// Where one layer's backward leaves its [`GradJob`] ([`Ctx::defer`]).
+#[derive(Default)]
+pub struct Deferred(std::cell::Cell<Option<GradJob>>);
+
+impl Deferred {
+    pub fn put(&self, job: GradJob) {
+        self.0.set(Some(job));
+    }
+
+    pub fn take(&self) -> Option<GradJob> {
+        self.0.take()
+    }
 }
 
 /// Sizes a layer's share of the memory estimate is computed from (bytes

@@ -69,8 +69,7 @@ pub fn forward<T: Elem>(
 /// `db += sum_rows(dy)` (accumulated, like `.grad`), `dx = dy w` (every
 /// element of `dx[..n * in]` written; it may start uninitialized). The `dw`
 /// and `dx` products run side by side on the pool, each split into blocks of
-/// rows when large (of dw: a block of output features, which reads those
-/// columns of dy).
+/// rows when large.
 #[allow(clippy::too_many_arguments)]
 pub fn backward<T: Elem>(
     n: usize,
@@ -83,43 +82,68 @@ pub fn backward<T: Elem>(
     db: Option<&mut [T]>,
     dx: Option<&mut [MaybeUninit<T>]>,
 ) {
-    let weight_grad = || {
-        if par(out_f, in_f, n) {
-            let rows = block_rows(out_f);
-            dw[..out_f * in_f].par_chunks_mut(rows * in_f).enumerate().for_each(|(b, dw)| {
-                let dy = (&dy[b * rows..], out_f, true);
-                gemm_ld(dw.len() / in_f, in_f, n, dy, (x, in_f, false), (dw, in_f), true, Par::Seq)
-            });
-        } else {
-            gemm(out_f, in_f, n, dy, true, x, false, dw, true, Par::Seq);
-        }
-        if let Some(db) = db {
-            for row in dy.chunks(out_f.max(1)).take(n) {
-                for (acc, v) in db.iter_mut().zip(row) {
-                    *acc = *acc + *v;
-                }
-            }
-        }
-    };
-    let input_grad = |dx: &mut [MaybeUninit<T>]| {
-        if n == 0 || in_f == 0 {
-            return;
-        }
-        let block = |rows: usize, dy: &[T], dx: &mut [MaybeUninit<T>]| {
-            gemm_into(rows, in_f, out_f, dy, false, w, false, dx, Par::Seq)
-        };
-        let dx = &mut dx[..n * in_f];
-        if !par(n, in_f, out_f) {
-            return block(n, dy, dx);
-        }
-        let rows = block_rows(n);
-        let blocks = dx.par_chunks_mut(rows * in_f).zip(dy.par_chunks(rows * out_f.max(1)));
-        blocks.for_each(|(dx, dy)| block(dx.len() / in_f, dy, dx));
-    };
     match dx {
         Some(dx) => {
-            rayon::join(weight_grad, || input_grad(dx));
+            rayon::join(
+                || backward_params(n, in_f, out_f, x, dy, dw, db),
+                || backward_input(n, in_f, out_f, w, dy, dx),
+            );
         }
-        None => weight_grad(),
+        None => backward_params(n, in_f, out_f, x, dy, dw, db),
     }
+}
+
+/// [`backward`]'s parameter half: `dw += dy^T x` (split into blocks of
+/// output features when large, each block reading those columns of dy) and
+/// `db += sum_rows(dy)`.
+pub fn backward_params<T: Elem>(
+    n: usize,
+    in_f: usize,
+    out_f: usize,
+    x: &[T],
+    dy: &[T],
+    dw: &mut [T],
+    db: Option<&mut [T]>,
+) {
+    if par(out_f, in_f, n) {
+        let rows = block_rows(out_f);
+        dw[..out_f * in_f].par_chunks_mut(rows * in_f).enumerate().for_each(|(b, dw)| {
+            let dy = (&dy[b * rows..], out_f, true);
+            gemm_ld(dw.len() / in_f, in_f, n, dy, (x, in_f, false), (dw, in_f), true, Par::Seq)
+        });
+    } else {
+        gemm(out_f, in_f, n, dy, true, x, false, dw, true, Par::Seq);
+    }
+    if let Some(db) = db {
+        for row in dy.chunks(out_f.max(1)).take(n) {
+            for (acc, v) in db.iter_mut().zip(row) {
+                *acc = *acc + *v;
+            }
+        }
+    }
+}
+
+/// [`backward`]'s input half: `dx = dy w`, every element of `dx[..n * in]`
+/// written (split into blocks of rows when large).
+pub fn backward_input<T: Elem>(
+    n: usize,
+    in_f: usize,
+    out_f: usize,
+    w: &[T],
+    dy: &[T],
+    dx: &mut [MaybeUninit<T>],
+) {
+    if n == 0 || in_f == 0 {
+        return;
+    }
+    let block = |rows: usize, dy: &[T], dx: &mut [MaybeUninit<T>]| {
+        gemm_into(rows, in_f, out_f, dy, false, w, false, dx, Par::Seq)
+    };
+    let dx = &mut dx[..n * in_f];
+    if !par(n, in_f, out_f) {
+        return block(n, dy, dx);
+    }
+    let rows = block_rows(n);
+    let blocks = dx.par_chunks_mut(rows * in_f).zip(dy.par_chunks(rows * out_f.max(1)));
+    blocks.for_each(|(dx, dy)| block(dx.len() / in_f, dy, dx));
 }

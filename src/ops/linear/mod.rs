@@ -11,7 +11,7 @@ mod tests_f16;
 use super::half_emu::{any_f16, f32_acc, f32_of, store};
 use super::{cpu_f32, cpu_f32_mut};
 use crate::error::{Error, Result};
-use crate::tensor::{written_by, Tensor};
+use crate::tensor::{written_by, DType, Tensor};
 
 const OP: &str = "linear";
 
@@ -103,4 +103,73 @@ pub fn backward(
     let dx =
         unsafe { written_by(n * in_f, |dx| cpu::backward(n, in_f, out_f, xs, ws, dys, dws, dbs, Some(dx))) };
     Tensor::from_vec(x.shape(), dx).map(Some)
+}
+
+/// [`backward`]'s parameter gradients, left for later by [`backward_split`]:
+/// it owns the operands they need. Run on the CPU.
+pub struct ParamGrads {
+    /// The layer's input, in its own dtype (widened when the gradients run).
+    x: Tensor,
+    /// The upstream gradient, f32.
+    dy: Tensor,
+}
+
+impl ParamGrads {
+    /// `dweight += dy^T x`, `dbias += sum_rows(dy)`: [`backward`]'s
+    /// operations and roundings (f16 targets accumulate in f32 and round
+    /// once), so the bits are the same whenever this runs.
+    pub fn accumulate(self, dweight: &mut Tensor, dbias: Option<&mut Tensor>) -> Result<()> {
+        let &[n, out_f] = self.dy.shape() else {
+            return Err(Error::internal(format!("linear: dy of shape {:?} kept", self.dy.shape())));
+        };
+        let in_f = self.x.shape().get(1).copied().unwrap_or(0);
+        dweight.check_shape("linear dweight", &[out_f, in_f])?;
+        if let Some(db) = dbias.as_deref() {
+            db.check_shape("linear dbias", &[out_f])?;
+        }
+        let x = f32_of(&self.x);
+        let xs = cpu_f32(OP, "input", &x)?;
+        let dys = cpu_f32(OP, "dy", &self.dy)?;
+        let with = |dw: &mut Tensor, db: Option<&mut Tensor>| -> Result<()> {
+            let dbs = db.map(|db| cpu_f32_mut(OP, "dbias", db)).transpose()?;
+            cpu::backward_params(n, in_f, out_f, xs, dys, cpu_f32_mut(OP, "dweight", dw)?, dbs);
+            Ok(())
+        };
+        if !any_f16([Some(&*dweight), dbias.as_deref()]) {
+            return with(dweight, dbias);
+        }
+        let mut dw = f32_acc(dweight);
+        let mut db = dbias.as_deref().map(f32_acc);
+        with(&mut dw, db.as_mut())?;
+        store(dweight, &dw)?;
+        if let (Some(target), Some(acc)) = (dbias, db) {
+            store(target, &acc)?;
+        }
+        Ok(())
+    }
+}
+
+/// [`backward`] in two halves: the input gradient now (the next layer's
+/// backward waits for it) and the parameter gradients as a [`ParamGrads`]
+/// to run when a core is free. `x` and `dy` are taken, not copied.
+pub fn backward_split(
+    x: Tensor,
+    weight: &Tensor,
+    dy: Tensor,
+    need_dx: bool,
+) -> Result<(Option<Tensor>, ParamGrads)> {
+    let (n, in_f, out_f) = dims(&x, weight)?;
+    dy.check_shape("linear dy", &[n, out_f])?;
+    let dy = dy.into_dtype(DType::F32);
+    let dx = if need_dx {
+        let w = f32_of(weight);
+        let ws = cpu_f32(OP, "weight", &w)?;
+        let dys = cpu_f32(OP, "dy", &dy)?;
+        // SAFETY: backward_input writes all n * in_f elements of dx.
+        let dx = unsafe { written_by(n * in_f, |dx| cpu::backward_input(n, in_f, out_f, ws, dys, dx)) };
+        Some(Tensor::from_vec(x.shape(), dx)?.into_dtype(x.dtype()))
+    } else {
+        None
+    };
+    Ok((dx, ParamGrads { x, dy }))
 }
