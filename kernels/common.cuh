@@ -45,9 +45,10 @@ __device__ __forceinline__ float warp_max(float v) {
 
 // e^x as the CPU kernels compute it (src/ops/exp.rs): 2^k e^r with
 // k = floor(x log2 e + 1/2), r = x - k ln 2 in two exact steps, e^r by its
-// Taylor polynomial of degree 7; 0 below -87, infinity above 88. Each
-// operation is an _rn intrinsic (NVRTC would contract a*b+c into an FMA,
-// which the CPU never does), so the results are the CPU's bits.
+// Taylor polynomial of degree 7 in fused multiply-adds; 0 below -87,
+// infinity above 88. Each operation is an _rn intrinsic (NVRTC would
+// otherwise contract some a*b+c into FMAs the CPU does not do, or not
+// contract the ones it does), so the results are the CPU's bits.
 __device__ __forceinline__ float exp_rn(float x) {
   constexpr float kLog2E = 1.44269504088896340736f;
   constexpr float kLn2Hi = 0.69314575f;
@@ -57,13 +58,13 @@ __device__ __forceinline__ float exp_rn(float x) {
   const float k = floorf(__fadd_rn(__fmul_rn(xc, kLog2E), 0.5f));
   const float r = __fsub_rn(__fsub_rn(xc, __fmul_rn(k, kLn2Hi)), __fmul_rn(k, kLn2Lo));
   float p = 1.0f / 5040.0f;
-  p = __fadd_rn(__fmul_rn(p, r), 1.0f / 720.0f);
-  p = __fadd_rn(__fmul_rn(p, r), 1.0f / 120.0f);
-  p = __fadd_rn(__fmul_rn(p, r), 1.0f / 24.0f);
-  p = __fadd_rn(__fmul_rn(p, r), 1.0f / 6.0f);
-  p = __fadd_rn(__fmul_rn(p, r), 0.5f);
-  p = __fadd_rn(__fmul_rn(p, r), 1.0f);
-  p = __fadd_rn(__fmul_rn(p, r), 1.0f);
+  p = __fmaf_rn(p, r, 1.0f / 720.0f);
+  p = __fmaf_rn(p, r, 1.0f / 120.0f);
+  p = __fmaf_rn(p, r, 1.0f / 24.0f);
+  p = __fmaf_rn(p, r, 1.0f / 6.0f);
+  p = __fmaf_rn(p, r, 0.5f);
+  p = __fmaf_rn(p, r, 1.0f);
+  p = __fmaf_rn(p, r, 1.0f);
   // NaN's k converts to some integer; p is NaN then, and so the product.
   const float v = __fmul_rn(p, __int_as_float(((int)k + 127) << 23));
   return x < -87.0f ? 0.0f : (x > 88.0f ? __int_as_float(0x7f800000) : v);

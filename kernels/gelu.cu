@@ -6,9 +6,9 @@
 // mirrored erfc(|x|/√2)/2 with erfc's Chebyshev fit, the tanh form as
 // x σ(2u), every exp the CPU's own (range reduction and a degree-7
 // polynomial), and e^(-x²/2) split as e^-h e^-d with h exact. Each
-// operation is an _rn intrinsic (NVRTC would contract a*b+c into an FMA,
-// which the CPU never does), with no library function in between, so the
-// results are the CPU's bits.
+// operation is an _rn intrinsic, the polynomials' steps __fmaf_rn as the
+// CPU fuses them (NVRTC would otherwise contract a*b+c as it likes), with
+// no library function in between, so the results are the CPU's bits.
 #include "common.cuh"
 
 namespace {
@@ -34,7 +34,7 @@ __device__ __forceinline__ float cdf(float x, float d, float exp_h) {
   const float z = __fmul_rn(fabsf(x), kFrac1Sqrt2);
   const float t = __fdiv_rn(1.0f, __fadd_rn(1.0f, __fmul_rn(0.5f, z)));
   float p = kErfc[9];
-  for (int i = 8; i >= 0; --i) p = __fadd_rn(__fmul_rn(p, t), kErfc[i]);
+  for (int i = 8; i >= 0; --i) p = __fmaf_rn(p, t, kErfc[i]);
   const float half_erfc = __fmul_rn(0.5f, __fmul_rn(t, __fmul_rn(exp_h, ddp::exp_rn(__fsub_rn(p, d)))));
   return x <= 0.0f ? half_erfc : __fsub_rn(1.0f, half_erfc);
 }

@@ -4,9 +4,10 @@
 //! cancellation: the exact form through `Φ(x) = erfc(-x/√2) / 2` with erfc's
 //! Chebyshev fit (fractional error under 1.2e-7, Numerical Recipes' `erfcc`),
 //! the tanh form through `(1 + tanh u) / 2 = σ(2u)`, each exp from
-//! `ops::exp`. Every operation is one IEEE f32 operation rounded to nearest (no
-//! fused multiply-adds, no library calls), so kernels/gelu.cu, doing the same
-//! operations in the same order with `_rn` intrinsics, gives the same bits.
+//! `ops::exp`. Every operation is one IEEE f32 operation rounded to nearest
+//! (the polynomials' steps fused multiply-adds, rounded once; no library
+//! calls), so kernels/gelu.cu, doing the same operations in the same order
+//! with `_rn` intrinsics, gives the same bits.
 //! Against f64 evaluated exactly they differ by a few f32 ulp
 //! (`f32_forms_track_the_exact_ones` in tests.rs measures it); libm's f64
 //! erf per element took a fifth of a baby GPT's training step.
@@ -65,7 +66,7 @@ fn cdf(x: f32, d: f32, exp_h: f32) -> f32 {
     let t = 1.0 / (1.0 + 0.5 * z);
     let mut p = ERFC[9];
     for &c in ERFC[..9].iter().rev() {
-        p = p * t + c;
+        p = p.mul_add(t, c);
     }
     // erfcc's exp(-z² + p), z² = x²/2 = h + d.
     let half_erfc = 0.5 * (t * (exp_h * exp(p - d)));
