@@ -2,13 +2,16 @@
 //! nodes getting the sum of their gradients (`+=`, in the order backward
 //! reaches them), each parameter's gradient accumulated into its `.grad`.
 //!
-//! A layer may leave its parameter gradients for later ([`Deferred`]), as
+//! A layer may hand its parameter gradients over for later ([`Defer`]), as
 //! linear does with `dW += dy^T x`, half of a transformer's backward
 //! products. The input gradients are the critical path (each layer waits for
-//! the one after it); the parameter gradients are tasks on the pool that a
-//! core takes up when the critical path leaves it idle (the tail of a split
-//! product, a short serial op). A baby GPT's CPU step left one of its two
-//! cores idle about 9% of the time, mostly beside its backward products.
+//! the one after it); the parameter gradients are tasks on the pool, spawned
+//! before the layer computes its dx, that a core takes up whenever the
+//! critical path leaves it idle (the tail of a split product, a short serial
+//! op). A baby GPT's CPU step left one of its two cores idle about 9% of the
+//! time, mostly beside its backward products; spawned after the dx instead,
+//! the tasks often ran out while the other core finished a product alone.
+//! On one thread, the layers compute them in place as before.
 //!
 //! A task runs the operations the layer would have run, into the same
 //! tensor, so the bits never depend on when it ran. Its gradients leave
@@ -17,11 +20,12 @@
 //! runs, and before the hooks (DDP's buckets) see them, in the same order
 //! as without deferral.
 
+use std::cell::Cell;
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use super::layers::{Deferred, GradJob};
+use super::layers::{Defer, GradJob, Weights};
 use super::{Model, Saved};
 use crate::error::{Error, Result};
 use crate::ops;
@@ -73,6 +77,38 @@ struct Walk<'m, 'h> {
     /// Per node: the index of its first own parameter in registration order.
     first_param: Vec<usize>,
     on_ready: &'h mut dyn FnMut(usize, &Tensor) -> Result<()>,
+}
+
+/// A layer backward's [`Defer`]: spawns its job on the walk's scope.
+struct Spawner<'a, 'scope> {
+    scope: &'a rayon::Scope<'scope>,
+    /// Where the spawned job's outcome will be.
+    out: Cell<Option<Arc<Mutex<Option<Outcome>>>>>,
+}
+
+impl Defer for Spawner<'_, '_> {
+    fn spawn(&self, w: &mut Weights, job: GradJob) {
+        #[cfg(test)]
+        SPAWNED.with(|n| n.set(n.get() + 1));
+        let mut held: Vec<Tensor> =
+            w.params.iter_mut().map(|p| std::mem::replace(&mut p.grad, Tensor::zeros(&[0]))).collect();
+        let out = Arc::new(Mutex::new(None));
+        let back = out.clone();
+        self.scope.spawn(move |_| {
+            // A panic becomes the task's error: a waiter must never wait on
+            // a task that will not finish.
+            let result = catch_unwind(AssertUnwindSafe(|| job(&mut held))).unwrap_or_else(|panic| {
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                Err(Error::internal(format!("a deferred parameter gradient panicked: {what}")))
+            });
+            *back.lock().unwrap_or_else(PoisonError::into_inner) = Some((held, result));
+        });
+        self.out.set(Some(out));
+    }
 }
 
 impl Model {
@@ -134,13 +170,14 @@ impl<'scope> Walk<'_, '_> {
             if let Some(dy) = grads[i + 1].take() {
                 // The model input needs no gradient.
                 let need: Vec<bool> = inputs[i].iter().map(|&v| v > 0).collect();
-                let defer = Deferred::default();
+                let spawner = Spawner { scope, out: Cell::new(None) };
+                let defer = deferring.then_some(&spawner as &dyn Defer);
                 self.model.swap_tied(i)?;
-                let dxs = self.model.layers[i].backward(s, dy, &need, prec, deferring.then_some(&defer));
-                if let (Ok(_), Some(job)) = (&dxs, defer.take()) {
-                    self.spawn(scope, i, job);
+                let dxs = self.model.layers[i].backward(s, dy, &need, prec, defer);
+                self.model.swap_tied(i)?;
+                if let Some(out) = spawner.out.take() {
+                    self.tasks[i] = Some(Task { homes: self.homes(i), out });
                 }
-                self.model.swap_tied(i)?;
                 for (&v, dx) in inputs[i].iter().zip(dxs?) {
                     let (Some(dx), true) = (dx, v > 0) else { continue };
                     match &mut grads[v] {
@@ -157,38 +194,16 @@ impl<'scope> Walk<'_, '_> {
         self.report(true)
     }
 
-    /// Runs `job` on node `i`'s gradients (its tied slot holding the
-    /// owner's, swapped in) as a task on the pool.
-    fn spawn(&mut self, scope: &rayon::Scope<'scope>, i: usize, job: GradJob) {
-        let node = &mut self.model.layers[i];
-        let tie = node.tie.clone();
-        let mut homes = Vec::with_capacity(node.weights.params.len());
-        let mut held = Vec::with_capacity(node.weights.params.len());
-        for (k, p) in node.weights.params.iter_mut().enumerate() {
-            homes.push(match &tie {
+    /// Where node `i`'s gradients live, in parameter order: a tied slot's
+    /// is its owner's.
+    fn homes(&self, i: usize) -> Vec<(usize, usize)> {
+        let node = &self.model.layers[i];
+        (0..node.weights.params.len())
+            .map(|k| match &node.tie {
                 Some(t) if t.slot == k => (t.node, t.param),
                 _ => (i, k),
-            });
-            held.push(std::mem::replace(&mut p.grad, Tensor::zeros(&[0])));
-        }
-        #[cfg(test)]
-        SPAWNED.with(|n| n.set(n.get() + 1));
-        let out = Arc::new(Mutex::new(None));
-        let back = out.clone();
-        scope.spawn(move |_| {
-            // A panic becomes the task's error: a waiter must never wait on
-            // a task that will not finish.
-            let result = catch_unwind(AssertUnwindSafe(|| job(&mut held))).unwrap_or_else(|panic| {
-                let what = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_default();
-                Err(Error::internal(format!("a deferred parameter gradient panicked: {what}")))
-            });
-            *back.lock().unwrap_or_else(PoisonError::into_inner) = Some((held, result));
-        });
-        self.tasks[i] = Some(Task { homes, out });
+            })
+            .collect()
     }
 
     /// Waits for node `i`'s task, if it has one, and puts its gradients back.
@@ -259,7 +274,10 @@ mod tests {
                 on_ready: &mut on_ready,
             };
             rayon::in_place_scope(|scope| {
-                walk.spawn(scope, last, Box::new(|_| panic!("kernel bug")));
+                let spawner = Spawner { scope, out: Cell::new(None) };
+                spawner.spawn(&mut walk.model.layers[last].weights, Box::new(|_| panic!("kernel bug")));
+                let out = spawner.out.take().expect("spawned");
+                walk.tasks[last] = Some(Task { homes: walk.homes(last), out });
                 walk.land(last)
             })
         });

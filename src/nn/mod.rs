@@ -137,7 +137,7 @@ impl Node {
         dy: Tensor,
         need_dx: &[bool],
         prec: Precision,
-        defer: Option<&layers::Deferred>,
+        defer: Option<&dyn layers::Defer>,
     ) -> Result<Vec<Option<Tensor>>> {
         let cx = Ctx { sync: self.sync.as_ref(), draws: None, defer };
         match saved {

@@ -187,18 +187,25 @@ impl Layer for Linear {
         need_dx: bool,
         cx: Ctx<'_>,
     ) -> Result<Option<Tensor>> {
-        let (weight, bias) = weight_and_bias(w, Self::TYPE)?;
         let n = x.shape().first().copied().unwrap_or(0);
         let (x, dy) = (self.rows(x, self.in_features)?, self.rows(dy, self.out_features)?);
         if let Some(defer) = cx.defer {
-            let (dx, grads) = ops::linear::backward_split(x, &weight.value, dy, need_dx)?;
-            defer.put(Box::new(move |g: &mut [Tensor]| match g {
-                [dw] => grads.accumulate(dw, None),
-                [dw, db] => grads.accumulate(dw, Some(db)),
-                _ => Err(Error::internal(format!("linear handed {} gradients", g.len()))),
-            }));
+            let (shape, dtype) = (x.shape().to_vec(), x.dtype());
+            let grads = ops::linear::ParamGrads::new(x, &w.param(0, Self::TYPE)?.value, dy)?;
+            let dy = grads.dy();
+            defer.spawn(
+                w,
+                Box::new(move |g: &mut [Tensor]| match g {
+                    [dw] => grads.accumulate(dw, None),
+                    [dw, db] => grads.accumulate(dw, Some(db)),
+                    _ => Err(Error::internal(format!("linear handed {} gradients", g.len()))),
+                }),
+            );
+            let weight = &w.param(0, Self::TYPE)?.value;
+            let dx = need_dx.then(|| ops::linear::backward_input(&dy, weight, &shape, dtype)).transpose()?;
             return dx.map(|d| self.unrows(d, n, self.in_features)).transpose();
         }
+        let (weight, bias) = weight_and_bias(w, Self::TYPE)?;
         let dx = ops::linear::backward(
             &x,
             &weight.value,

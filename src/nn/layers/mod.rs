@@ -127,27 +127,22 @@ pub struct Ctx<'a> {
     /// index. `None` outside a training forward.
     pub draws: Option<NodeDraws>,
     /// Set in a CPU backward that takes parameter gradients off its critical
-    /// path (`nn/backward.rs`): a layer may leave them here instead of
+    /// path (`nn/backward.rs`): a layer may hand them over here instead of
     /// computing them before it returns.
-    pub defer: Option<&'a Deferred>,
+    pub defer: Option<&'a dyn Defer>,
 }
 
 /// A layer's parameter gradients left for later: given the node's `.grad`
 /// tensors in parameter order, it accumulates into them.
 pub type GradJob = Box<dyn FnOnce(&mut [Tensor]) -> Result<()> + Send>;
 
-/// Where one layer's backward leaves its [`GradJob`] ([`Ctx::defer`]).
-#[derive(Default)]
-pub struct Deferred(std::cell::Cell<Option<GradJob>>);
-
-impl Deferred {
-    pub fn put(&self, job: GradJob) {
-        self.0.set(Some(job));
-    }
-
-    pub fn take(&self) -> Option<GradJob> {
-        self.0.take()
-    }
+/// Runs a layer's parameter gradients off the critical path ([`Ctx::defer`]).
+pub trait Defer {
+    /// Starts `job` on the `.grad` tensors of `w`, which leave `w` until the
+    /// job is done (the backward puts them back before anything reads them).
+    /// Called once per layer backward, before the layer computes its dx, so
+    /// that a core has the job to work on meanwhile.
+    fn spawn(&self, w: &mut Weights, job: GradJob);
 }
 
 /// Sizes a layer's share of the memory estimate is computed from (bytes

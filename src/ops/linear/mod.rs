@@ -12,6 +12,7 @@ use super::half_emu::{any_f16, f32_acc, f32_of, store};
 use super::{cpu_f32, cpu_f32_mut};
 use crate::error::{Error, Result};
 use crate::tensor::{written_by, DType, Tensor};
+use std::sync::Arc;
 
 const OP: &str = "linear";
 
@@ -105,16 +106,29 @@ pub fn backward(
     Tensor::from_vec(x.shape(), dx).map(Some)
 }
 
-/// [`backward`]'s parameter gradients, left for later by [`backward_split`]:
-/// it owns the operands they need. Run on the CPU.
+/// [`backward`]'s parameter gradients, kept for later: the operands they
+/// need, owned. Run on the CPU.
 pub struct ParamGrads {
     /// The layer's input, in its own dtype (widened when the gradients run).
     x: Tensor,
-    /// The upstream gradient, f32.
-    dy: Tensor,
+    /// The upstream gradient, f32, shared with [`backward_input`].
+    dy: Arc<Tensor>,
 }
 
 impl ParamGrads {
+    /// Checks that `x`, `weight` and `dy` fit together and keeps `x` and
+    /// `dy` (widened to f32 once, for both halves of the backward).
+    pub fn new(x: Tensor, weight: &Tensor, dy: Tensor) -> Result<Self> {
+        let (n, _, out_f) = dims(&x, weight)?;
+        dy.check_shape("linear dy", &[n, out_f])?;
+        Ok(ParamGrads { x, dy: Arc::new(dy.into_dtype(DType::F32)) })
+    }
+
+    /// The f32 upstream gradient, for [`backward_input`].
+    pub fn dy(&self) -> Arc<Tensor> {
+        self.dy.clone()
+    }
+
     /// `dweight += dy^T x`, `dbias += sum_rows(dy)`: [`backward`]'s
     /// operations and roundings (f16 targets accumulate in f32 and round
     /// once), so the bits are the same whenever this runs.
@@ -149,27 +163,24 @@ impl ParamGrads {
     }
 }
 
-/// [`backward`] in two halves: the input gradient now (the next layer's
-/// backward waits for it) and the parameter gradients as a [`ParamGrads`]
-/// to run when a core is free. `x` and `dy` are taken, not copied.
-pub fn backward_split(
-    x: Tensor,
-    weight: &Tensor,
-    dy: Tensor,
-    need_dx: bool,
-) -> Result<(Option<Tensor>, ParamGrads)> {
-    let (n, in_f, out_f) = dims(&x, weight)?;
-    dy.check_shape("linear dy", &[n, out_f])?;
-    let dy = dy.into_dtype(DType::F32);
-    let dx = if need_dx {
-        let w = f32_of(weight);
-        let ws = cpu_f32(OP, "weight", &w)?;
-        let dys = cpu_f32(OP, "dy", &dy)?;
-        // SAFETY: backward_input writes all n * in_f elements of dx.
-        let dx = unsafe { written_by(n * in_f, |dx| cpu::backward_input(n, in_f, out_f, ws, dys, dx)) };
-        Some(Tensor::from_vec(x.shape(), dx)?.into_dtype(x.dtype()))
-    } else {
-        None
+/// [`backward`]'s input gradient alone, `dx = dy w`, for an input of
+/// `shape` and `dtype` (the result's), from an f32 `dy` that
+/// [`ParamGrads::new`] checked against them.
+pub fn backward_input(dy: &Tensor, weight: &Tensor, shape: &[usize], dtype: DType) -> Result<Tensor> {
+    let (&[n, out_f], &[w_out, in_f]) = (dy.shape(), weight.shape()) else {
+        return Err(Error::internal(format!("linear: dy {:?} and weight {:?}", dy.shape(), weight.shape())));
     };
-    Ok((dx, ParamGrads { x, dy }))
+    if w_out != out_f || n.checked_mul(in_f) != Some(shape.iter().product()) {
+        return Err(Error::internal(format!(
+            "linear: dy {:?}, weight {:?}, input {shape:?}",
+            dy.shape(),
+            weight.shape()
+        )));
+    }
+    let w = f32_of(weight);
+    let ws = cpu_f32(OP, "weight", &w)?;
+    let dys = cpu_f32(OP, "dy", dy)?;
+    // SAFETY: backward_input writes all n * in_f elements of dx.
+    let dx = unsafe { written_by(n * in_f, |dx| cpu::backward_input(n, in_f, out_f, ws, dys, dx)) };
+    Ok(Tensor::from_vec(shape, dx)?.into_dtype(dtype))
 }
