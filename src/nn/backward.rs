@@ -160,9 +160,12 @@ impl<'scope> Walk<'_, '_> {
         let prec = self.model.precision;
         let mut grads: Vec<Option<Tensor>> = (0..=n).map(|_| None).collect();
         grads[n] = Some(dlogits);
-        // One thread has no idle core for the tasks to fill: it runs each
-        // layer's parameter gradients in place, as the layer would.
-        let deferring = rayon::current_num_threads() > 1;
+        // Tasks need a pool worker to spawn them where the pool's other
+        // workers look first, and another worker to take them: one thread
+        // (or a thread outside any pool, whose tasks would queue behind
+        // every other caller's) runs each layer's parameter gradients in
+        // place, as the layer would.
+        let deferring = rayon::current_thread_index().is_some() && rayon::current_num_threads() > 1;
         for (i, s) in saved.into_iter().enumerate().rev() {
             self.land_touched_by(i)?;
             // A value nothing downstream needed a gradient for (a fused

@@ -3,25 +3,27 @@
 
 use crate::ops::Elem;
 use rayon::prelude::*;
+use std::mem::MaybeUninit;
 
 /// Below this many elements a single core beats rayon's fork/join.
 pub(super) const PAR_MIN_ELEMS: usize = 1 << 15;
 /// Work unit per rayon task: big enough to amortize scheduling.
 pub(super) const PAR_CHUNK: usize = 1 << 14;
 
-/// `y = a + b`.
-pub fn forward<T: Elem>(a: &[T], b: &[T], y: &mut [T]) {
+/// `y = a + b`, every element of `y` written (it may start uninitialized).
+pub fn forward<T: Elem>(a: &[T], b: &[T], y: &mut [MaybeUninit<T>]) {
     debug_assert_eq!(a.len(), b.len());
     debug_assert_eq!(a.len(), y.len());
-    let run = |((xa, xb), ys): ((&[T], &[T]), &mut [T])| {
+    let run = |xa: &[T], xb: &[T], ys: &mut [MaybeUninit<T>]| {
         for ((o, &u), &v) in ys.iter_mut().zip(xa).zip(xb) {
-            *o = u + v;
+            o.write(u + v);
         }
     };
     if a.len() >= PAR_MIN_ELEMS {
-        a.par_chunks(PAR_CHUNK).zip(b.par_chunks(PAR_CHUNK)).zip(y.par_chunks_mut(PAR_CHUNK)).for_each(run);
+        let chunks = a.par_chunks(PAR_CHUNK).zip(b.par_chunks(PAR_CHUNK)).zip(y.par_chunks_mut(PAR_CHUNK));
+        chunks.for_each(|((a, b), y)| run(a, b, y));
     } else {
-        run(((a, b), y));
+        run(a, b, y);
     }
 }
 

@@ -12,7 +12,7 @@ pub mod cuda;
 use super::half_emu::avx512_usable;
 use super::half_emu::{f32_of, round_into, scratch, widen_into, zip_map_inplace, BLOCK};
 use crate::error::{Error, Result};
-use crate::tensor::{CpuStorage, DType, Storage, Tensor};
+use crate::tensor::{written_by, CpuStorage, DType, Storage, Tensor};
 use half::f16;
 use rayon::prelude::*;
 
@@ -45,8 +45,9 @@ pub fn forward(a: &Tensor, b: &Tensor) -> Result<Tensor> {
         }
         _ => {
             let (a, b) = (f32_of(a), f32_of(b));
-            let mut y = vec![0.0f32; a.numel()];
-            cpu::forward(a.as_f32()?, b.as_f32()?, &mut y);
+            let (xa, xb) = (a.as_f32()?, b.as_f32()?);
+            // SAFETY: cpu::forward writes every element (same_shape: equal lengths).
+            let y = unsafe { written_by(xa.len(), |y| cpu::forward(xa, xb, y)) };
             Tensor::from_vec(a.shape(), y)
         }
     }

@@ -23,7 +23,7 @@ fn forward_and_accumulate_match_naive_small_and_threaded() {
 fn the_cpu_kernels_run_in_f64() {
     let (a, b) = (rand_vec(1000, 7), rand_vec(1000, 8));
     let mut y = vec![0.0f64; 1000];
-    cpu::forward(&a, &b, &mut y);
+    cpu::forward(&a, &b, crate::tensor::as_uninit(&mut y));
     let mut acc = a.clone();
     cpu::accumulate(&mut acc, &b);
     let want: Vec<f64> = a.iter().zip(&b).map(|(x, y)| x + y).collect();

@@ -33,7 +33,7 @@ fn check<T: DeviceFloat>(gpu: &Gpu, n: usize, seed: u64) {
     let a = rounded::<T>(&inputs(n, seed));
     let b = rounded::<T>(&inputs(n, seed + 1));
     let mut y_cpu = vec![0f32; n];
-    cpu::forward(&a, &b, &mut y_cpu);
+    cpu::forward(&a, &b, crate::tensor::as_uninit(&mut y_cpu));
     let y_cpu = rounded::<T>(&y_cpu);
 
     let (ad, bd) = (upload::<T>(gpu, &a), upload::<T>(gpu, &b));

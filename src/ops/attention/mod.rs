@@ -19,7 +19,7 @@ use super::cpu_f32;
 use super::dropout::Mask;
 use super::half_emu::{any_f16, f32_of};
 use crate::error::{Error, Result};
-use crate::tensor::Tensor;
+use crate::tensor::{par_filled, Tensor};
 
 const OP: &str = "attention";
 
@@ -51,8 +51,9 @@ pub fn forward(qkv: &Tensor, n_head: usize, mask: Option<&Mask>) -> Result<(Tens
     }
     let (n, t, c) = dims(qkv, n_head)?;
     let x = cpu_f32(OP, "input", qkv)?;
-    let mut y = vec![0f32; n * t * c];
-    let mut att = vec![0f32; n * n_head * t * t];
+    // Zeroed on both cores: the products write them in blocks.
+    let mut y = par_filled(n * t * c, 0f32);
+    let mut att = par_filled(n * n_head * t * t, 0f32);
     cpu::forward(cpu::Dims { n, t, c, h: n_head }, x, mask, &mut y, &mut att);
     Ok((Tensor::from_vec(&[n, t, c], y)?, att))
 }
@@ -70,7 +71,7 @@ pub fn backward(saved: &Saved, dy: &Tensor, n_head: usize, mask: Option<&Mask>) 
     }
     let x = cpu_f32(OP, "input", &saved.qkv)?;
     let dys = cpu_f32(OP, "dy", dy)?;
-    let mut dx = vec![0f32; n * t * 3 * c];
+    let mut dx = par_filled(n * t * 3 * c, 0f32);
     cpu::backward(cpu::Dims { n, t, c, h: n_head }, x, &saved.att, dys, mask, &mut dx);
     Tensor::from_vec(saved.qkv.shape(), dx)
 }

@@ -7,6 +7,7 @@
 use crate::ops::warp_order::{butterfly, lane_sums_of, LANES};
 use crate::ops::Elem;
 use rayon::prelude::*;
+use std::mem::MaybeUninit;
 
 /// Rows per parallel task, and per partial sum of the weight and bias
 /// gradients (kernels/layer_norm.cu takes the same chunks, so the sums agree).
@@ -19,7 +20,7 @@ pub fn forward<T: Elem>(
     w: &[T],
     b: Option<&[T]>,
     eps: f32,
-    y: &mut [T],
+    y: &mut [MaybeUninit<T>],
     mean: &mut [T],
     rstd: &mut [T],
 ) {
@@ -32,10 +33,10 @@ pub fn forward<T: Elem>(
             let rs = T::one() / (var + eps).sqrt();
             for (k, (y, &v)) in y.iter_mut().zip(x).enumerate() {
                 let h = (v - mu) * rs * w[k];
-                *y = match b {
+                y.write(match b {
                     Some(b) => h + b[k],
                     None => h,
-                };
+                });
             }
             (*m, *r) = (mu, rs);
         },
@@ -52,7 +53,7 @@ pub fn backward<T: Elem>(
     mean: &[T],
     rstd: &[T],
     dy: &[T],
-    dx: &mut [T],
+    dx: &mut [MaybeUninit<T>],
     dw: &mut [T],
     db: Option<&mut [T]>,
 ) {
@@ -88,7 +89,7 @@ pub fn backward<T: Elem>(
                 let (mg, mgx) = (butterfly(sg) * inv_c, butterfly(sgx) * inv_c);
                 for (dx, ((&x, &dy), &w)) in dx.iter_mut().zip(x.iter().zip(dy).zip(w)) {
                     let xhat = (x - mu) * rs;
-                    *dx = rs * (dy * w - mg - xhat * mgx);
+                    dx.write(rs * (dy * w - mg - xhat * mgx));
                 }
             }
             (pw, pb)

@@ -12,7 +12,7 @@ mod tests;
 use super::cpu_f32;
 use super::half_emu::{any_f16, f32_acc, f32_of, store};
 use crate::error::{Error, Result};
-use crate::tensor::Tensor;
+use crate::tensor::{written_by, Tensor};
 
 const OP: &str = "layer_norm";
 
@@ -42,9 +42,10 @@ pub fn forward(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>, eps: f32) -> 
     let xs = cpu_f32(OP, "input", x)?;
     let w = cpu_f32(OP, "weight", weight)?;
     let b = bias.map(|b| cpu_f32(OP, "bias", b)).transpose()?;
-    let mut y = vec![0f32; xs.len()];
     let mut stats = Stats { mean: vec![0.0; n], rstd: vec![0.0; n] };
-    cpu::forward(c, xs, w, b, eps, &mut y, &mut stats.mean, &mut stats.rstd);
+    let (mean, rstd) = (&mut stats.mean, &mut stats.rstd);
+    // SAFETY: cpu::forward writes every element of every row (n rows of c).
+    let y = unsafe { written_by(xs.len(), |y| cpu::forward(c, xs, w, b, eps, y, mean, rstd)) };
     Ok((Tensor::from_vec(x.shape(), y)?, stats))
 }
 
@@ -78,12 +79,14 @@ pub fn backward(
     let xs = cpu_f32(OP, "input", x)?;
     let w = cpu_f32(OP, "weight", weight)?;
     let dys = cpu_f32(OP, "dy", dy)?;
-    let mut dx = vec![0f32; xs.len()];
     let dw = dweight.as_f32_mut()?;
     let db = match dbias {
         Some(b) => Some(b.as_f32_mut()?),
         None => None,
     };
-    cpu::backward(c, xs, w, &stats.mean, &stats.rstd, dys, &mut dx, dw, db);
+    // SAFETY: cpu::backward writes every element of every row.
+    let dx = unsafe {
+        written_by(xs.len(), |dx| cpu::backward(c, xs, w, &stats.mean, &stats.rstd, dys, dx, dw, db))
+    };
     Tensor::from_vec(x.shape(), dx)
 }

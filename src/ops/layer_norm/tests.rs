@@ -7,7 +7,7 @@ const N: usize = 5;
 
 fn forward64(x: &[f64], w: &[f64], b: Option<&[f64]>) -> Vec<f64> {
     let (mut y, mut m, mut r) = (vec![0.0; x.len()], vec![0.0; N], vec![0.0; N]);
-    cpu::forward(C, x, w, b, 1e-5, &mut y, &mut m, &mut r);
+    cpu::forward(C, x, w, b, 1e-5, crate::tensor::as_uninit(&mut y), &mut m, &mut r);
     y
 }
 
@@ -31,9 +31,19 @@ fn backward_matches_finite_differences_with_and_without_bias() {
     for with_bias in [true, false] {
         let bias = with_bias.then_some(&b[..]);
         let (mut y, mut m, mut rs) = (vec![0.0; N * C], vec![0.0; N], vec![0.0; N]);
-        cpu::forward(C, &x, &w, bias, 1e-5, &mut y, &mut m, &mut rs);
+        cpu::forward(C, &x, &w, bias, 1e-5, crate::tensor::as_uninit(&mut y), &mut m, &mut rs);
         let (mut dx, mut dw, mut db) = (vec![0.0; N * C], vec![0.5; C], vec![0.25; C]);
-        cpu::backward(C, &x, &w, &m, &rs, &r, &mut dx, &mut dw, with_bias.then_some(&mut db[..]));
+        cpu::backward(
+            C,
+            &x,
+            &w,
+            &m,
+            &rs,
+            &r,
+            crate::tensor::as_uninit(&mut dx),
+            &mut dw,
+            with_bias.then_some(&mut db[..]),
+        );
         check_grad("layer_norm dx", &x, &dx, |x| dot(&r, &forward64(x, &w, bias)), 1e-6);
         // The weight's and bias's gradients were added to 0.5 and 0.25.
         let dw: Vec<f64> = dw.iter().map(|v| v - 0.5).collect();

@@ -22,7 +22,16 @@ fn check<T: DeviceFloat>(gpu: &Gpu, shape: Rows, bias: bool, seed: u64) {
     let b = bias.then(|| rand_vec_f32(c, seed + 2));
 
     let (mut y_cpu, mut mean_cpu, mut rstd_cpu) = (vec![0f32; n], vec![0f32; rows], vec![0f32; rows]);
-    cpu::forward(c, &x, &w, b.as_deref(), eps, &mut y_cpu, &mut mean_cpu, &mut rstd_cpu);
+    cpu::forward(
+        c,
+        &x,
+        &w,
+        b.as_deref(),
+        eps,
+        crate::tensor::as_uninit(&mut y_cpu),
+        &mut mean_cpu,
+        &mut rstd_cpu,
+    );
     let (xd, wd) = (upload::<T>(gpu, &x), upload::<f32>(gpu, &w));
     let bd = b.as_ref().map(|b| upload::<f32>(gpu, b));
     let mut yd = poisoned::<T>(gpu, n);
@@ -41,7 +50,17 @@ fn check<T: DeviceFloat>(gpu: &Gpu, shape: Rows, bias: bool, seed: u64) {
     let db0 = rand_vec_f32(c, seed + 5);
     let (mut dx_cpu, mut dw_cpu, mut db_cpu) = (vec![0f32; n], dw0.clone(), db0.clone());
     let db_arg = if bias { Some(&mut db_cpu[..]) } else { None };
-    cpu::backward(c, &x, &w, &mean_cpu, &rstd_cpu, &dy, &mut dx_cpu, &mut dw_cpu, db_arg);
+    cpu::backward(
+        c,
+        &x,
+        &w,
+        &mean_cpu,
+        &rstd_cpu,
+        &dy,
+        crate::tensor::as_uninit(&mut dx_cpu),
+        &mut dw_cpu,
+        db_arg,
+    );
     let dyd = upload::<T>(gpu, &dy);
     let mut dxd = poisoned::<T>(gpu, n);
     let (mut dwd, mut dbd) = (upload::<f32>(gpu, &dw0), upload::<f32>(gpu, &db0));
