@@ -68,26 +68,6 @@ pub(crate) unsafe fn par_map<S: Sync, D: Send>(
     unsafe { written_by(src.len(), fill) }
 }
 
-/// A vector of `len` copies of `v`, written in parallel chunks when large:
-/// for outputs that kernels write in parts (a serial `memset` of a whole
-/// activation kept the second core idle).
-pub(crate) fn par_filled<T: Copy + Send + Sync>(len: usize, v: T) -> Vec<T> {
-    use rayon::prelude::*;
-    let fill = |d: &mut [MaybeUninit<T>]| {
-        for e in d {
-            e.write(v);
-        }
-    };
-    let all = |dst: &mut [MaybeUninit<T>]| {
-        if len < PAR_COPY_MIN {
-            return fill(dst);
-        }
-        dst.par_chunks_mut(PAR_COPY_MIN).for_each(fill);
-    };
-    // SAFETY: the chunks cover the vector and `fill` writes each element.
-    unsafe { written_by(len, all) }
-}
-
 /// A vector of `len` elements that `fill` writes, without zero-filling it
 /// first: a serial `memset` of a whole activation, ahead of kernels that
 /// write every element anyway, kept the second core idle.

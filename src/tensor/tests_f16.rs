@@ -43,14 +43,3 @@ fn round_trip_widening_is_exact_and_accessors_check_dtype() {
     assert_eq!(z.into_f32_vec().unwrap(), vec![0.0; 4]);
     assert!(Tensor::from_f16_vec(&[2], vec![f16::ONE]).is_err());
 }
-
-/// Filled in parallel chunks or not, every element is the value, the
-/// length exact (around the chunk size, and empty).
-#[test]
-fn par_filled_fills_every_element() {
-    for len in [0, 1, 65_535, 65_536, 65_537, 200_003] {
-        let v = super::par_filled(len, -2.5f32);
-        assert_eq!(v.len(), len);
-        assert!(v.iter().all(|&e| e == -2.5), "{len}");
-    }
-}

@@ -19,7 +19,7 @@ use super::cpu_f32;
 use super::dropout::Mask;
 use super::half_emu::{any_f16, f32_of};
 use crate::error::{Error, Result};
-use crate::tensor::{par_filled, Tensor};
+use crate::tensor::Tensor;
 
 const OP: &str = "attention";
 
@@ -51,9 +51,8 @@ pub fn forward(qkv: &Tensor, n_head: usize, mask: Option<&Mask>) -> Result<(Tens
     }
     let (n, t, c) = dims(qkv, n_head)?;
     let x = cpu_f32(OP, "input", qkv)?;
-    // Zeroed on both cores: the products write them in blocks.
-    let mut y = par_filled(n * t * c, 0f32);
-    let mut att = par_filled(n * n_head * t * t, 0f32);
+    let mut y = vec![0f32; n * t * c];
+    let mut att = vec![0f32; n * n_head * t * t];
     cpu::forward(cpu::Dims { n, t, c, h: n_head }, x, mask, &mut y, &mut att);
     Ok((Tensor::from_vec(&[n, t, c], y)?, att))
 }
@@ -61,17 +60,23 @@ pub fn forward(qkv: &Tensor, n_head: usize, mask: Option<&Mask>) -> Result<(Tens
 /// d qkv (`=`) from `dy[N, T, C]`.
 pub fn backward(saved: &Saved, dy: &Tensor, n_head: usize, mask: Option<&Mask>) -> Result<Tensor> {
     if any_f16([Some(&saved.qkv), Some(dy)]) {
-        let s = Saved { qkv: f32_of(&saved.qkv).into_owned(), att: saved.att.clone() };
-        return Ok(backward(&s, &f32_of(dy), n_head, mask)?.into_dtype(dy.dtype()));
+        let dx = backward_of(&f32_of(&saved.qkv), &saved.att, &f32_of(dy), n_head, mask)?;
+        return Ok(dx.into_dtype(dy.dtype()));
     }
-    let (n, t, c) = dims(&saved.qkv, n_head)?;
+    backward_of(&saved.qkv, &saved.att, dy, n_head, mask)
+}
+
+/// [`backward`] from the input and the softmax (borrowed: f16's widened
+/// input needs no copy of the softmax beside it).
+fn backward_of(qkv: &Tensor, att: &[f32], dy: &Tensor, n_head: usize, mask: Option<&Mask>) -> Result<Tensor> {
+    let (n, t, c) = dims(qkv, n_head)?;
     dy.check_shape("attention backward: dy", &[n, t, c])?;
-    if saved.att.len() != n * n_head * t * t {
+    if att.len() != n * n_head * t * t {
         return Err(Error::internal("attention backward: the saved softmax has the wrong size"));
     }
-    let x = cpu_f32(OP, "input", &saved.qkv)?;
+    let x = cpu_f32(OP, "input", qkv)?;
     let dys = cpu_f32(OP, "dy", dy)?;
-    let mut dx = par_filled(n * t * 3 * c, 0f32);
-    cpu::backward(cpu::Dims { n, t, c, h: n_head }, x, &saved.att, dys, mask, &mut dx);
-    Tensor::from_vec(saved.qkv.shape(), dx)
+    let mut dx = vec![0f32; n * t * 3 * c];
+    cpu::backward(cpu::Dims { n, t, c, h: n_head }, x, att, dys, mask, &mut dx);
+    Tensor::from_vec(qkv.shape(), dx)
 }
