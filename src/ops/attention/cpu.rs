@@ -39,6 +39,36 @@ fn causal_blocks(t: usize) -> impl Iterator<Item = (usize, usize)> {
     (0..t).step_by(CAUSAL_BLOCK).map(move |r0| (r0, (r0 + CAUSAL_BLOCK).min(t)))
 }
 
+/// A matrix read in place: (slice, leading dimension).
+type Rows<'a, T> = (&'a [T], usize);
+
+/// `c = a b^T` on and below the diagonal's blocks (`[t, t]`, terms `k`):
+/// `q k^T`, `dy v^T`. Above them `c` is left as it was.
+fn lower_abt<T: Elem>(t: usize, k: usize, (a, lda): Rows<T>, (b, ldb): Rows<T>, c: &mut [T]) {
+    for (r0, r1) in causal_blocks(t) {
+        let (ar, cr) = ((&a[r0 * lda..], lda, false), (&mut c[r0 * t..], t));
+        gemm_ld(r1 - r0, r1, k, ar, (b, ldb, true), cr, false, Par::Seq);
+    }
+}
+
+/// `c[t, n] = l b` for a lower-triangular `l` (`[t, t]`): row i sums the
+/// terms `j <= i` (`att v`, `ds k`).
+fn lower_times<T: Elem>(t: usize, n: usize, l: &[T], b: Rows<T>, (c, ldc): (&mut [T], usize)) {
+    for (r0, r1) in causal_blocks(t) {
+        let cr = (&mut c[r0 * ldc..], ldc);
+        gemm_ld(r1 - r0, n, r1, (&l[r0 * t..], t, false), (b.0, b.1, false), cr, false, Par::Seq);
+    }
+}
+
+/// `c[t, n] = l^T b` for a lower-triangular `l`: row j sums the terms
+/// `i >= j` (`att^T dy`, `ds^T q`).
+fn lower_t_times<T: Elem>(t: usize, n: usize, l: &[T], (b, ldb): Rows<T>, (c, ldc): (&mut [T], usize)) {
+    for (r0, r1) in causal_blocks(t) {
+        let (lr, br) = ((&l[r0 * t + r0..], t, true), (&b[r0 * ldb..], ldb, false));
+        gemm_ld(r1 - r0, n, t - r0, lr, br, (&mut c[r0 * ldc..], ldc), false, Par::Seq);
+    }
+}
+
 /// The dropped-out copy of one head's softmax `[T, T]`, element `e` of the
 /// whole `[N, H, T, T]` at `offset + e`.
 fn dropped<'a, T: Elem>(att: &'a [T], mask: Option<&Mask>, offset: u64) -> std::borrow::Cow<'a, [T]> {
@@ -69,29 +99,14 @@ pub fn forward<T: Elem>(d: Dims, x: &[T], mask: Option<&Mask>, y: &mut [T], att:
             for head in 0..h {
                 let (q, k, v) = (&x[head * hd..], &x[c + head * hd..], &x[2 * c + head * hd..]);
                 let a = &mut att[head * t * t..(head + 1) * t * t];
-                for (r0, r1) in causal_blocks(t) {
-                    let (qr, ar) = ((&q[r0 * 3 * c..], 3 * c, false), (&mut a[r0 * t..], t));
-                    gemm_ld(r1 - r0, r1, hd, qr, (k, 3 * c, true), ar, false, Par::Seq);
-                }
+                lower_abt(t, hd, (q, 3 * c), (k, 3 * c), a);
                 // Each row's softmax zeroes what the blocks left above the diagonal.
                 for (i, row) in a.chunks_exact_mut(t).enumerate() {
                     super::softmax::row(row, i, scale);
                 }
                 let offset = ((n * h + head) * t * t) as u64;
                 let ad = dropped(a, mask, offset);
-                for (r0, r1) in causal_blocks(t) {
-                    let yr = (&mut y[r0 * c + head * hd..], c);
-                    gemm_ld(
-                        r1 - r0,
-                        hd,
-                        r1,
-                        (&ad[r0 * t..], t, false),
-                        (v, 3 * c, false),
-                        yr,
-                        false,
-                        Par::Seq,
-                    );
-                }
+                lower_times(t, hd, &ad, (v, 3 * c), (&mut y[head * hd..], c));
             }
         });
 }
@@ -113,19 +128,12 @@ pub fn backward<T: Elem>(d: Dims, x: &[T], att: &[T], dy: &[T], mask: Option<&Ma
                 let ad = dropped(a, mask, offset);
                 // d(dropped softmax) = dy v^T on and below the diagonal's
                 // blocks (softmax backward reads no more), then through the mask.
-                for (r0, r1) in causal_blocks(t) {
-                    let (dyr, dar) = ((&dyh[r0 * c..], c, false), (&mut da[r0 * t..], t));
-                    gemm_ld(r1 - r0, r1, hd, dyr, (v, 3 * c, true), dar, false, Par::Seq);
-                }
+                lower_abt(t, hd, (dyh, c), (v, 3 * c), &mut da);
                 if let Some(m) = mask {
                     apply(m, &mut da, offset);
                 }
                 // dv = (dropped softmax)^T dy: row j sums over i >= j.
-                for (r0, r1) in causal_blocks(t) {
-                    let (adr, dyr) = ((&ad[r0 * t + r0..], t, true), (&dyh[r0 * c..], c, false));
-                    let dv = (&mut dx[r0 * 3 * c + 2 * c + head * hd..], 3 * c);
-                    gemm_ld(r1 - r0, hd, t - r0, adr, dyr, dv, false, Par::Seq);
-                }
+                lower_t_times(t, hd, &ad, (dyh, c), (&mut dx[2 * c + head * hd..], 3 * c));
                 // Softmax backward: ds = a * (da - sum_j a da) * scale on and below the diagonal.
                 for i in 0..t {
                     let (ar, dar) = (&a[i * t..i * t + i + 1], &da[i * t..i * t + i + 1]);
@@ -136,22 +144,8 @@ pub fn backward<T: Elem>(d: Dims, x: &[T], att: &[T], dy: &[T], mask: Option<&Ma
                 }
                 // dq = ds k (row i sums over j <= i), dk = ds^T q (row j
                 // over i >= j).
-                for (r0, r1) in causal_blocks(t) {
-                    let dq = (&mut dx[r0 * 3 * c + head * hd..], 3 * c);
-                    gemm_ld(
-                        r1 - r0,
-                        hd,
-                        r1,
-                        (&ds[r0 * t..], t, false),
-                        (k, 3 * c, false),
-                        dq,
-                        false,
-                        Par::Seq,
-                    );
-                    let (dsr, qr) = ((&ds[r0 * t + r0..], t, true), (&q[r0 * 3 * c..], 3 * c, false));
-                    let dk = (&mut dx[r0 * 3 * c + c + head * hd..], 3 * c);
-                    gemm_ld(r1 - r0, hd, t - r0, dsr, qr, dk, false, Par::Seq);
-                }
+                lower_times(t, hd, &ds, (k, 3 * c), (&mut dx[head * hd..], 3 * c));
+                lower_t_times(t, hd, &ds, (q, 3 * c), (&mut dx[c + head * hd..], 3 * c));
             }
         },
     );
