@@ -44,6 +44,27 @@ pub(crate) fn store(target: &mut Tensor, acc: &Tensor) -> Result<()> {
     target.copy_from_f32(acc.as_f32()?)
 }
 
+/// Runs `f` on a weight's and a bias's gradients as f32: the targets
+/// themselves when neither is f16, else f32 working copies ([`f32_acc`])
+/// stored back with one rounding each ([`store`]).
+pub(crate) fn grads_in_f32<R>(
+    dweight: &mut Tensor,
+    dbias: Option<&mut Tensor>,
+    f: impl FnOnce(&mut Tensor, Option<&mut Tensor>) -> Result<R>,
+) -> Result<R> {
+    if !any_f16([Some(&*dweight), dbias.as_deref()]) {
+        return f(dweight, dbias);
+    }
+    let mut dw = f32_acc(dweight);
+    let mut db = dbias.as_deref().map(f32_acc);
+    let r = f(&mut dw, db.as_mut())?;
+    store(dweight, &dw)?;
+    if let (Some(target), Some(acc)) = (dbias, db) {
+        store(target, &acc)?;
+    }
+    Ok(r)
+}
+
 /// Exact f16 -> f32 of `src` into `dst` (same length), by the CPU's
 /// conversion instruction (F16C) where it has one: the same conversion as
 /// [`Tensor::to_dtype`], so a kernel that widens block by block sees the

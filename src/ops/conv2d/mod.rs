@@ -22,7 +22,7 @@ mod tests_winograd;
 
 #[cfg(target_arch = "x86_64")]
 use super::half_emu::Act;
-use super::half_emu::{any_f16, f32_acc, f32_of, store};
+use super::half_emu::{any_f16, f32_acc, f32_of, grads_in_f32, store};
 use super::{cpu_f32, cpu_f32_mut};
 use crate::error::{Error, Result};
 #[cfg(target_arch = "x86_64")]
@@ -226,13 +226,8 @@ pub fn backward(
         return dx.map(|d| Tensor::from_f16_vec(x.shape(), d)).transpose();
     }
     if any_f16([Some(x), Some(weight), Some(dy), Some(&*dweight), dbias.as_deref()]) {
-        let mut dw = f32_acc(dweight);
-        let mut db = dbias.as_deref().map(f32_acc);
-        let dx = backward(&f32_of(x), &f32_of(weight), &f32_of(dy), args, &mut dw, db.as_mut(), need_dx)?;
-        store(dweight, &dw)?;
-        if let (Some(target), Some(acc)) = (dbias, db) {
-            store(target, &acc)?;
-        }
+        let (x32, w32, dy32) = (f32_of(x), f32_of(weight), f32_of(dy));
+        let dx = grads_in_f32(dweight, dbias, |dw, db| backward(&x32, &w32, &dy32, args, dw, db, need_dx))?;
         return Ok(dx.map(|d| d.into_dtype(x.dtype())));
     }
     let g = geometry(x, weight, args)?;

@@ -10,7 +10,7 @@ pub mod cuda;
 mod tests;
 
 use super::cpu_f32;
-use super::half_emu::{any_f16, f32_acc, f32_of, store};
+use super::half_emu::{any_f16, f32_of, grads_in_f32};
 use crate::error::{Error, Result};
 use crate::tensor::{written_by, Tensor};
 
@@ -60,13 +60,8 @@ pub fn backward(
 ) -> Result<Tensor> {
     dy.check_shape("layer_norm backward: dy (must match x)", x.shape())?;
     if any_f16([Some(x), Some(weight), Some(dy), Some(&*dweight), dbias.as_deref()]) {
-        let mut dw = f32_acc(dweight);
-        let mut db = dbias.as_deref().map(f32_acc);
-        let dx = backward(&f32_of(x), &f32_of(weight), stats, &f32_of(dy), &mut dw, db.as_mut())?;
-        store(dweight, &dw)?;
-        if let (Some(target), Some(acc)) = (dbias, db) {
-            store(target, &acc)?;
-        }
+        let (x32, w32, dy32) = (f32_of(x), f32_of(weight), f32_of(dy));
+        let dx = grads_in_f32(dweight, dbias, |dw, db| backward(&x32, &w32, stats, &dy32, dw, db))?;
         return Ok(dx.into_dtype(dy.dtype()));
     }
     let (n, c) = rows(x, weight)?;

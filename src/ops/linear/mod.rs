@@ -8,7 +8,7 @@ mod tests;
 #[cfg(test)]
 mod tests_f16;
 
-use super::half_emu::{any_f16, f32_acc, f32_of, store};
+use super::half_emu::{any_f16, f32_of, grads_in_f32};
 use super::{cpu_f32, cpu_f32_mut};
 use crate::error::{Error, Result};
 use crate::tensor::{written_by, DType, Tensor};
@@ -73,13 +73,8 @@ pub fn backward(
     need_dx: bool,
 ) -> Result<Option<Tensor>> {
     if any_f16([Some(x), Some(weight), Some(dy), Some(&*dweight), dbias.as_deref()]) {
-        let mut dw = f32_acc(dweight);
-        let mut db = dbias.as_deref().map(f32_acc);
-        let dx = backward(&f32_of(x), &f32_of(weight), &f32_of(dy), &mut dw, db.as_mut(), need_dx)?;
-        store(dweight, &dw)?;
-        if let (Some(target), Some(acc)) = (dbias, db) {
-            store(target, &acc)?;
-        }
+        let (x32, w32, dy32) = (f32_of(x), f32_of(weight), f32_of(dy));
+        let dx = grads_in_f32(dweight, dbias, |dw, db| backward(&x32, &w32, &dy32, dw, db, need_dx))?;
         return Ok(dx.map(|d| d.into_dtype(x.dtype())));
     }
     let (n, in_f, out_f) = dims(x, weight)?;
@@ -144,22 +139,11 @@ impl ParamGrads {
         let x = f32_of(&self.x);
         let xs = cpu_f32(OP, "input", &x)?;
         let dys = cpu_f32(OP, "dy", &self.dy)?;
-        let with = |dw: &mut Tensor, db: Option<&mut Tensor>| -> Result<()> {
+        grads_in_f32(dweight, dbias, |dw, db| {
             let dbs = db.map(|db| cpu_f32_mut(OP, "dbias", db)).transpose()?;
             cpu::backward_params(n, in_f, out_f, xs, dys, cpu_f32_mut(OP, "dweight", dw)?, dbs);
             Ok(())
-        };
-        if !any_f16([Some(&*dweight), dbias.as_deref()]) {
-            return with(dweight, dbias);
-        }
-        let mut dw = f32_acc(dweight);
-        let mut db = dbias.as_deref().map(f32_acc);
-        with(&mut dw, db.as_mut())?;
-        store(dweight, &dw)?;
-        if let (Some(target), Some(acc)) = (dbias, db) {
-            store(target, &acc)?;
-        }
-        Ok(())
+        })
     }
 }
 
