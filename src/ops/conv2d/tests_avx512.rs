@@ -48,8 +48,8 @@ const CFGS: &[(usize, usize, usize, usize, usize, usize, usize)] = &[
     (2, 9, 10, 13, 17, 3, 0),
     (1, 8, 5, 5, 8, 3, 2),
     (3, 12, 12, 6, 20, 3, 1),
-    // Enough 9x9 images (4 tiles each, 8 images a batch) that a task's
-    // images end in a partial batch, forward and backward.
+    // Enough 9x9 images (3 x 3 to a mosaic of 25 tiles) that a task's
+    // images end in a partial mosaic, forward and backward.
     (80, 8, 9, 9, 8, 3, 1),
 ];
 

@@ -44,25 +44,35 @@ pub(super) fn fits(g: &ConvGeom) -> bool {
 }
 
 /// Whether [`backward`] takes this geometry: as [`fits`], but 3x3 kernels
-/// only over at least 8 x 8 output pixels. On ResNet-20's 7x7 stage (64
-/// channels, 4 tiles of 6 x 6 an image, a third of them padding) the
-/// weight gradient's transformed accumulators (1 MB a task) cost more than
-/// the products saved: 11.2 ms per batch of 128 against 8.8 ms for the
-/// direct kernels (forward: 3.7 ms against 4.7 ms, so it stays).
+/// under 8 x 8 output pixels only in a mosaic of several images. A lone
+/// 7x7 image spends 4 tiles of 6 x 6 (two thirds of them padding), and the
+/// weight gradient's transformed accumulators (1 MB a task at 64 channels)
+/// then cost more than the products saved: 2.78 ms per batch of 128
+/// against 2.72 ms for the direct kernels, where 3 x 3 images in a mosaic
+/// (1.8 tiles each) take 1.67-1.80 ms (`conv_timing_resnet20`). Up to 64
+/// channels each way, as measured: ResNet-18's 4x4 stage (512 channels)
+/// would hold 64 MB of accumulators a task.
 pub(super) fn fits_backward(g: &ConvGeom) -> bool {
-    fits(g) && (g.k != 3 || g.ho.min(g.wo) >= 8)
+    let small_ok = || g.c.max(g.o) <= 64 && Mosaic::new(g, 6).slots() > 1;
+    fits(g) && (g.k != 3 || g.ho.min(g.wo) >= 8 || small_ok())
 }
 
-/// Tiles per point GEMM that F(6x6, 3x3) batches images up to.
+/// [`Mosaic::new`] for `g`'s tile side, as `(gy, gx, pitch)`.
+#[cfg(test)]
+pub(super) fn mosaic_of(g: &ConvGeom) -> (usize, usize, (usize, usize)) {
+    let mo = Mosaic::new(g, if g.k == 3 { 6 } else { 4 });
+    (mo.gy, mo.gx, mo.pitch)
+}
+
+/// Tiles per point GEMM that F(6x6, 3x3) batches mosaics up to.
 const GEMM_TILES: usize = 32;
 
-/// Images whose tiles go through the point GEMMs together, for `nt` tiles
-/// per image of output tiles of `m x m` pixels. F(6x6, 3x3): about
-/// [`GEMM_TILES`] tiles, as a 7x7 image has only 4, and the point GEMMs
-/// then reloaded the transformed filter (64 KB a point at 64 x 64 channels)
-/// and the weight gradient's accumulators for every 4 tiles. F(4x4, 5x5):
-/// one, as MNIST's conv2 has 16 tiles an image (the sums are the same
-/// either way).
+/// Mosaics whose tiles go through the point GEMMs together, for `nt` tiles
+/// per mosaic of output tiles of `m x m` pixels. F(6x6, 3x3): about
+/// [`GEMM_TILES`] tiles, as the point GEMMs otherwise reload the
+/// transformed filter (64 KB a point at 64 x 64 channels) and the weight
+/// gradient's accumulators every few tiles. F(4x4, 5x5): one, as MNIST's
+/// conv2 has 16 tiles an image (the sums are the same either way).
 fn batch(m: usize, nt: usize) -> usize {
     if m == 6 {
         (GEMM_TILES / nt).max(1)
@@ -71,8 +81,78 @@ fn batch(m: usize, nt: usize) -> usize {
     }
 }
 
-/// An image pixel-major, `[rows][cols][ld]`: its `ch` planes of `h x w`
-/// pixels at `(pad, pad)`, zeros around them and in lanes `ch..ld`.
+/// `gy x gx` images side by side in one pixel-major buffer, `pitch` pixels
+/// apart, so that tiles run across them. A 7x7 image alone takes 2 x 2
+/// tiles of 6 x 6 (144 output pixels for 49); 3 x 3 of them, 8 pixels
+/// apart, take 4 x 4 tiles (1.8 a image), and 2 x 2 images of 14x14 take
+/// 25 tiles instead of 36. Only where the output keeps the input's size
+/// (`2 p = K - 1`): the `p` zero rows and columns between two images are
+/// then the padding of both, for the forward, and the input gradient's
+/// `dy` padded by `q = p` reads the same gaps. Grid pixels in a gap are
+/// computed and dropped (see [`kernels::Slots`]); the weight gradient sums
+/// them as products with the gaps' zero `dy`. Images go to mosaics by
+/// their index in the batch (mosaic `j` holds images `j * slots ..`), so
+/// the output's bits do not depend on how tasks cut the batch. A tile
+/// across two images rounds both with the larger one's values (as a tile
+/// inside one image does with its largest pixels): beside an image 100x
+/// its size, an image's outputs were off by 3.8e-4 of its own peak (4.2e-6
+/// beside one of its size), within Winograd's bounds of the larger one's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Mosaic {
+    gy: usize,
+    gx: usize,
+    pitch: (usize, usize),
+}
+
+impl Mosaic {
+    /// The mosaic with the fewest tiles per image for `g` and tile side
+    /// `m`, at most [`GEMM_TILES`] tiles; one image where none has fewer.
+    fn new(g: &ConvGeom, m: usize) -> Self {
+        let gap = g.padding.max(g.k - 1 - g.padding);
+        let pitch = (g.h.max(g.ho) + gap, g.w.max(g.wo) + gap);
+        let one = Mosaic { gy: 1, gx: 1, pitch };
+        if m != 6 || g.ho != g.h || g.wo != g.w {
+            return one;
+        }
+        let tiles =
+            |mo: &Mosaic| mo.extent((g.ho, g.wo)).0.div_ceil(m) * mo.extent((g.ho, g.wo)).1.div_ceil(m);
+        let mut best = (one, tiles(&one));
+        for gy in 1..=6 {
+            for gx in 1..=6 {
+                let mo = Mosaic { gy, gx, pitch };
+                let nt = tiles(&mo);
+                // Fewer tiles per image (nt / slots), compared as fractions.
+                if nt <= GEMM_TILES && nt * best.0.slots() < best.1 * mo.slots() {
+                    best = (mo, nt);
+                }
+            }
+        }
+        best.0
+    }
+
+    fn slots(&self) -> usize {
+        self.gy * self.gx
+    }
+
+    /// Rows and columns of the mosaic of images of `h x w` pixels.
+    fn extent(&self, (h, w): (usize, usize)) -> (usize, usize) {
+        ((self.gy - 1) * self.pitch.0 + h, (self.gx - 1) * self.pitch.1 + w)
+    }
+
+    /// The first pixel of slot `s`, relative to slot 0's.
+    fn origin(&self, s: usize) -> (usize, usize) {
+        (s / self.gx * self.pitch.0, s % self.gx * self.pitch.1)
+    }
+
+    /// Where the output transform puts the pixels of images of `h x w`.
+    fn slots_of(&self, (h, w): (usize, usize)) -> kernels::Slots {
+        kernels::Slots { h, w, pitch: self.pitch, gy: self.gy, gx: self.gx }
+    }
+}
+
+/// A mosaic of images pixel-major, `[rows][cols][ld]`: each image's `ch`
+/// planes of `h x w` pixels at `(pad, pad)` plus its slot's origin, zeros
+/// around them and in lanes `ch..ld`.
 struct PixelMajor {
     rows: usize,
     cols: usize,
@@ -81,6 +161,7 @@ struct PixelMajor {
     h: usize,
     w: usize,
     ch: usize,
+    mosaic: Mosaic,
 }
 
 impl PixelMajor {
@@ -88,19 +169,46 @@ impl PixelMajor {
         self.rows * self.cols * self.ld
     }
 
-    /// Writes the pixels of `src[ch][h][w]` into `buf` (whose border stays
-    /// as it is: zero), f16 widened as it is read.
-    fn fill(&self, src: Pixels<'_>, buf: &mut [f32]) {
+    /// Writes the images of `images` into the mosaic's slots in order and
+    /// zeros the slots past them (which hold the last mosaic's images
+    /// otherwise: the tiles across a slot's edge would round with them).
+    /// The gaps and the border stay as they are: zero.
+    fn fill<'a>(&self, images: impl Iterator<Item = Pixels<'a>>, buf: &mut [f32]) {
+        let mut filled = 0;
+        for (s, src) in images.enumerate() {
+            self.fill_slot(s, src, buf);
+            filled = s + 1;
+        }
+        for s in filled..self.mosaic.slots() {
+            let (oy, ox) = self.mosaic.origin(s);
+            for y in 0..self.h {
+                let at = ((self.pad + oy + y) * self.cols + self.pad + ox) * self.ld;
+                buf[at..at + self.w * self.ld].fill(0.0);
+            }
+        }
+    }
+
+    /// Writes the pixels of `src[ch][h][w]` into slot `s` of `buf`, f16
+    /// widened as it is read.
+    fn fill_slot(&self, s: usize, src: Pixels<'_>, buf: &mut [f32]) {
+        let (oy, ox) = self.mosaic.origin(s);
         assert!(
             src.len() >= self.ch * self.h * self.w && self.ch <= self.ld && self.ld.is_multiple_of(LANES)
         );
-        assert!(self.pad + self.h <= self.rows && self.pad + self.w <= self.cols && buf.len() >= self.len());
+        assert!(
+            s < self.mosaic.slots()
+                && self.pad + oy + self.h <= self.rows
+                && self.pad + ox + self.w <= self.cols
+        );
+        assert!(buf.len() >= self.len());
         let (dims, at) = ((self.ch, self.h, self.w), (self.pad, self.cols, self.ld));
-        // SAFETY: the asserts are `to_pixel_major`'s contract. AVX-512F/BW/VL: see `fits`.
+        // SAFETY: the asserts are `to_pixel_major`'s contract, from the
+        // slot's origin. AVX-512F/BW/VL: see `fits`.
         unsafe {
+            let dst = buf.as_mut_ptr().add((oy * self.cols + ox) * self.ld);
             match src {
-                Pixels::F32(s) => kernels::to_pixel_major(s.as_ptr(), dims, buf.as_mut_ptr(), at),
-                Pixels::F16(s) => kernels::to_pixel_major(s.as_ptr(), dims, buf.as_mut_ptr(), at),
+                Pixels::F32(s) => kernels::to_pixel_major(s.as_ptr(), dims, dst, at),
+                Pixels::F16(s) => kernels::to_pixel_major(s.as_ptr(), dims, dst, at),
             }
         }
     }
@@ -115,6 +223,8 @@ impl PixelMajor {
 
 /// Sizes shared by the forward and backward passes.
 struct Plan {
+    /// The images a tile grid runs across (the same for every buffer).
+    mosaic: Mosaic,
     /// `x`, padded by `p`: read by the forward and weight-gradient tiles.
     x: PixelMajor,
     /// `dy`, padded by `q = K - 1 - p`: read by the input gradient's tiles
@@ -133,36 +243,41 @@ impl Plan {
     fn new(g: &ConvGeom, m: usize) -> Self {
         let (p, q) = (g.padding, g.k - 1 - g.padding);
         let (ldc, ldo) = (g.c.next_multiple_of(LANES), g.o.next_multiple_of(LANES));
+        let mosaic = Mosaic::new(g, m);
+        // The mosaic's extent in input and output pixels.
+        let ((h, w), (ho, wo)) = (mosaic.extent((g.h, g.w)), mosaic.extent((g.ho, g.wo)));
         // A tile's 8 x 8 patch reaches M * tiles + T - M rows and columns.
         let reach = |n: usize| m * n.div_ceil(m) + T - m;
         let x = PixelMajor {
-            rows: reach(g.ho).max(p + g.h),
-            cols: reach(g.wo).max(p + g.w),
+            rows: reach(ho).max(p + h),
+            cols: reach(wo).max(p + w),
             ld: ldc,
             pad: p,
             h: g.h,
             w: g.w,
             ch: g.c,
+            mosaic,
         };
         let dy = PixelMajor {
-            rows: reach(g.h).max(q + m * g.ho.div_ceil(m)),
-            cols: reach(g.w).max(q + m * g.wo.div_ceil(m)),
+            rows: reach(h).max(q + m * ho.div_ceil(m)),
+            cols: reach(w).max(q + m * wo.div_ceil(m)),
             ld: ldo,
             pad: q,
             h: g.ho,
             w: g.wo,
             ch: g.o,
+            mosaic,
         };
-        let out = x.tiles(m, (g.ho, g.wo));
-        let dx = dy.tiles(m, (g.h, g.w));
-        let dwt = dy.tiles(m, (g.ho, g.wo));
+        let out = x.tiles(m, (ho, wo));
+        let dx = dy.tiles(m, (h, w));
+        let dwt = dy.tiles(m, (ho, wo));
         // What makes the kernels' raw reads sound: every 8 x 8 patch inside
         // its image, every m x m `dy` tile (from (q, q)) inside `dy`.
         let inside = |pm: &PixelMajor, tg: TileGrid, from: usize, side: usize| {
             from + m * (tg.ty - 1) + side <= pm.rows && from + m * (tg.tx - 1) + side <= pm.cols
         };
         assert!(inside(&x, out, 0, T) && inside(&dy, dx, 0, T) && inside(&dy, dwt, q, m));
-        Plan { x, dy, out, dx, dwt }
+        Plan { mosaic, x, dy, out, dx, dwt }
     }
 }
 
@@ -307,41 +422,47 @@ fn forward_with<const M: usize, X: Act>(
     let kk = k * k;
     let u = filters(k, g.c, g.o, |o, c, ki, kj| w[o * ckk + c * kk + ki * k + kj]);
     let (ldc, ldo, nt, hw) = (plan.x.ld, plan.dy.ld, plan.out.count(), g.out_hw());
-    let (pt, b) = (per_forward_task(g.n), batch(M, nt));
+    let slots = plan.mosaic.slots();
+    // Tasks of whole mosaics (see `Mosaic`), batches of `b` mosaics.
+    let (pt, b) = (per_forward_task(g.n).next_multiple_of(slots), batch(M, nt));
     let (xl, yl) = (g.x_len(), g.y_len());
+    let out_slots = plan.mosaic.slots_of((g.ho, g.wo));
     y.par_chunks_mut(pt * yl).zip(x.par_chunks(pt * xl)).for_each(|(yc, xc)| {
-        let lens = [plan.x.len(), TT * point_len(b * nt, ldc), TT * point_len(b * nt, ldo), hw * ldo];
+        let lens = [plan.x.len(), TT * point_len(b * nt, ldc), TT * point_len(b * nt, ldo), slots * hw * ldo];
         with_scratch(lens, 1, |[xt, v, m, out]| {
-            for (yb, xb) in yc.chunks_mut(b * yl).zip(xc.chunks(b * xl)) {
-                let nb = xb.len() / xl;
-                let tiles = plan.out.batched(nb);
-                for (i, xi) in xb.chunks_exact(xl).enumerate() {
-                    plan.x.fill(X::pixels(xi), xt);
+            for (yb, xb) in yc.chunks_mut(b * slots * yl).zip(xc.chunks(b * slots * xl)) {
+                let nm = (xb.len() / xl).div_ceil(slots);
+                let tiles = plan.out.batched(nm);
+                for (j, xm) in xb.chunks(slots * xl).enumerate() {
+                    plan.x.fill(xm.chunks_exact(xl).map(X::pixels), xt);
                     // SAFETY: the patches of `plan.out` lie inside `xt`
-                    // (Plan::new sizes it to their reach); image i's tiles
-                    // start at tile i * nt of `v`, which holds nb * nt <= b *
+                    // (Plan::new sizes it to their reach); mosaic j's tiles
+                    // start at tile j * nt of `v`, which holds nm * nt <= b *
                     // nt tiles a point (cut from the scratch above). `fits`
                     // callers run only where `avx512::usable` found AVX-512F.
                     unsafe {
-                        kernels::input_transform::<M>(xt.as_ptr(), tiles, v.as_mut_ptr().add(i * nt * ldc))
+                        kernels::input_transform::<M>(xt.as_ptr(), tiles, v.as_mut_ptr().add(j * nt * ldc))
                     };
                 }
                 // SAFETY: v, u, m have the lengths the contracts ask for.
                 unsafe {
-                    kernels::point_gemms(nb * nt, g.c, v.as_ptr(), ldc, u.as_ptr(), ldo, m.as_mut_ptr())
+                    kernels::point_gemms(nm * nt, g.c, v.as_ptr(), ldc, u.as_ptr(), ldo, m.as_mut_ptr())
                 };
-                let ps = point_len(nb * nt, ldo);
-                for (i, yi) in yb.chunks_exact_mut(yl).enumerate() {
-                    // SAFETY: image i's tiles in `m` as in `v`; `out` has hw * ldo floats.
+                let ps = point_len(nm * nt, ldo);
+                for (j, ym) in yb.chunks_mut(slots * yl).enumerate() {
+                    // SAFETY: mosaic j's tiles in `m` as in `v`; `out` has
+                    // slots * hw * ldo floats.
                     unsafe {
                         kernels::output_transform::<M>(
-                            m.as_ptr().add(i * nt * ldo),
+                            m.as_ptr().add(j * nt * ldo),
                             (plan.out.ty, plan.out.tx, ldo, ps),
-                            (g.ho, g.wo),
+                            out_slots,
                             out.as_mut_ptr(),
                         )
                     };
-                    to_planes(out, hw, ldo, bias, X::planes(yi));
+                    for (yi, o) in ym.chunks_exact_mut(yl).zip(out.chunks_exact(hw * ldo)) {
+                        to_planes(o, hw, ldo, bias, X::planes(yi));
+                    }
                 }
             }
         });
@@ -380,7 +501,7 @@ fn backward_with<const M: usize, X: Act>(
     let (ckk, k) = (g.ckk(), g.k);
     let kk = k * k;
     let (ldc, ldo, hw) = (plan.x.ld, plan.dy.ld, g.out_hw());
-    let (nt, ntx) = (plan.out.count(), plan.dx.count());
+    let (nt, ntx, slots) = (plan.out.count(), plan.dx.count(), plan.mosaic.slots());
     // The input gradient's filter: `w` flipped, input and output swapped.
     let udx = dx
         .is_some()
@@ -388,8 +509,10 @@ fn backward_with<const M: usize, X: Act>(
     let need_db = db.is_some();
     let b = batch(M, nt);
     let (xl, yl) = (g.x_len(), g.y_len());
-    // Per task: the weight gradient in the transformed domain and db.
-    let partials = backward_tasks(g, dx, |first, imgs, mut dxt| {
+    let dx_slots = plan.mosaic.slots_of((g.h, g.w));
+    // Per task (of whole mosaics): the weight gradient in the transformed
+    // domain and db.
+    let partials = backward_tasks(g, slots, dx, |first, imgs, mut dxt| {
         let mut acc = zeros(TT * ldc * ldo);
         let mut db_t = zeros(if need_db { g.o } else { 0 });
         let dx_len = |n| if dxt.is_some() { n } else { 0 };
@@ -400,50 +523,54 @@ fn backward_with<const M: usize, X: Act>(
             TT * point_len(b * nt, ldo),
             dx_len(TT * point_len(b * ntx, ldo)),
             dx_len(TT * point_len(b * ntx, ldc)),
-            dx_len(g.h * g.w * ldc),
+            dx_len(slots * g.h * g.w * ldc),
         ];
         with_scratch(lens, 2, |[xt, dyt, v, d, vdy, mdx, outdx]| {
             let q = plan.dy.pad;
             let mut i0 = 0;
             while i0 < imgs {
-                // Images i0..i0 + nb, their tiles one after the other in
-                // v, d (and vdy, mdx), image i's from tile i * nt (i * ntx).
-                let nb = b.min(imgs - i0);
-                let (vt, dt, dxt_grid) = (plan.out.batched(nb), plan.dwt.batched(nb), plan.dx.batched(nb));
-                for i in 0..nb {
-                    let img = first + i0 + i;
-                    plan.x.fill(X::pixels(&x[img * xl..(img + 1) * xl]), xt);
-                    let dyi = X::pixels(&dy[img * yl..(img + 1) * yl]);
-                    plan.dy.fill(dyi, dyt);
+                // Images i0..i0 + nb in nm mosaics, their tiles one after
+                // the other in v, d (and vdy, mdx), mosaic j's from tile j *
+                // nt (j * ntx).
+                let nb = (b * slots).min(imgs - i0);
+                let nm = nb.div_ceil(slots);
+                let (vt, dt, dxt_grid) = (plan.out.batched(nm), plan.dwt.batched(nm), plan.dx.batched(nm));
+                for j in 0..nm {
+                    let imgs_j = first + i0 + j * slots..first + i0 + nb.min((j + 1) * slots);
+                    plan.x.fill(imgs_j.clone().map(|i| X::pixels(&x[i * xl..(i + 1) * xl])), xt);
+                    plan.dy.fill(imgs_j.clone().map(|i| X::pixels(&dy[i * yl..(i + 1) * yl])), dyt);
+                    for i in imgs_j {
+                        let dyi = X::pixels(&dy[i * yl..(i + 1) * yl]);
+                        for (o, s) in db_t.iter_mut().enumerate() {
+                            *s += pixels_sum(dyi.slice(o * hw..(o + 1) * hw));
+                        }
+                    }
                     // SAFETY: the patches of `plan.out` lie inside `xt` and
                     // the m x m tiles of `plan.dwt` from (q, q) inside `dyt`
                     // (Plan::new sizes both to their reach); v, d (and vdy)
-                    // hold nb tiles' worth from the offsets (cut from the
+                    // hold nm mosaics' tiles from the offsets (cut from the
                     // scratch above). AVX-512F: see `fits`.
                     unsafe {
-                        kernels::input_transform::<M>(xt.as_ptr(), vt, v.as_mut_ptr().add(i * nt * ldc));
+                        kernels::input_transform::<M>(xt.as_ptr(), vt, v.as_mut_ptr().add(j * nt * ldc));
                         let dy0 = dyt.as_ptr().add((q * plan.dy.cols + q) * ldo);
-                        kernels::dy_transform::<M>(dy0, dt, d.as_mut_ptr().add(i * nt * ldo));
+                        kernels::dy_transform::<M>(dy0, dt, d.as_mut_ptr().add(j * nt * ldo));
                         if dxt.is_some() {
                             kernels::input_transform::<M>(
                                 dyt.as_ptr(),
                                 dxt_grid,
-                                vdy.as_mut_ptr().add(i * ntx * ldo),
+                                vdy.as_mut_ptr().add(j * ntx * ldo),
                             );
                         }
                     }
-                    for (o, s) in db_t.iter_mut().enumerate() {
-                        *s += pixels_sum(dyi.slice(o * hw..(o + 1) * hw));
-                    }
                 }
                 // SAFETY: v, d, acc have the contracts' lengths. The tiles
-                // are summed in image order, as image by image.
-                unsafe { kernels::point_dw(nb * nt, v.as_ptr(), ldc, d.as_ptr(), ldo, acc.as_mut_ptr()) };
+                // are summed in mosaic order.
+                unsafe { kernels::point_dw(nm * nt, v.as_ptr(), ldc, d.as_ptr(), ldo, acc.as_mut_ptr()) };
                 if let (Some(dxt), Some(udx)) = (dxt.as_deref_mut(), udx.as_deref()) {
                     // SAFETY: vdy, udx, mdx have the contracts' lengths.
                     unsafe {
                         kernels::point_gemms(
-                            nb * ntx,
+                            nm * ntx,
                             g.o,
                             vdy.as_ptr(),
                             ldo,
@@ -452,19 +579,22 @@ fn backward_with<const M: usize, X: Act>(
                             mdx.as_mut_ptr(),
                         )
                     };
-                    let ps = point_len(nb * ntx, ldc);
-                    for i in 0..nb {
-                        // SAFETY: image i's tiles in `mdx`; outdx has h * w * ldc floats.
+                    let ps = point_len(nm * ntx, ldc);
+                    let dxb = &mut dxt[i0 * xl..(i0 + nb) * xl];
+                    for (j, dxm) in dxb.chunks_mut(slots * xl).enumerate() {
+                        // SAFETY: mosaic j's tiles in `mdx`; outdx has slots
+                        // * h * w * ldc floats.
                         unsafe {
                             kernels::output_transform::<M>(
-                                mdx.as_ptr().add(i * ntx * ldc),
+                                mdx.as_ptr().add(j * ntx * ldc),
                                 (plan.dx.ty, plan.dx.tx, ldc, ps),
-                                (g.h, g.w),
+                                dx_slots,
                                 outdx.as_mut_ptr(),
                             )
                         };
-                        let dxi = &mut dxt[(i0 + i) * xl..(i0 + i + 1) * xl];
-                        to_planes(outdx, g.h * g.w, ldc, None, X::planes(dxi));
+                        for (dxi, o) in dxm.chunks_exact_mut(xl).zip(outdx.chunks_exact(g.h * g.w * ldc)) {
+                            to_planes(o, g.h * g.w, ldc, None, X::planes(dxi));
+                        }
                     }
                 }
                 i0 += nb;

@@ -302,18 +302,45 @@ unsafe fn patch_transform<const M: usize, const N: usize>(
     }
 }
 
-/// `out[(oh * wo + ow) * ld + l] = (A^T m A)` of every tile of `ty x tx`
-/// tiles of `M x M` pixels (F(M, T + 1 - M)), `m[p * ps + t * ld + l]`, for
-/// the output pixels inside `ho x wo` (`tiles` is `(ty, tx, ld, ps)`).
+/// Where [`output_transform`] puts the pixels of a grid of tiles laid over
+/// a mosaic of `gy x gx` images `pitch` pixels apart (see `super::Mosaic`):
+/// grid pixel `(Y, X)` is pixel `(Y % py, X % px)` of image `(Y / py) * gx
+/// + X / px`, kept when it lies inside that image's `h x w` and the image
+/// inside the mosaic. One image (`gy = gx = 1`) is the pixels inside `h x w`.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Slots {
+    pub h: usize,
+    pub w: usize,
+    pub pitch: (usize, usize),
+    pub gy: usize,
+    pub gx: usize,
+}
+
+impl Slots {
+    /// The pixel index in `out` of grid pixel `(y, x)`: image by image,
+    /// `h * w` pixels each; `None` outside every image.
+    #[inline]
+    fn at(&self, y: usize, x: usize) -> Option<usize> {
+        let ((sy, oh), (sx, ow)) =
+            ((y / self.pitch.0, y % self.pitch.0), (x / self.pitch.1, x % self.pitch.1));
+        (oh < self.h && ow < self.w && sy < self.gy && sx < self.gx)
+            .then(|| ((sy * self.gx + sx) * self.h + oh) * self.w + ow)
+    }
+}
+
+/// `out[pix * ld + l] = (A^T m A)` of every tile of `ty x tx` tiles of `M x
+/// M` pixels (F(M, T + 1 - M)), `m[p * ps + t * ld + l]`, for the grid
+/// pixels `slots` keeps, `pix` the index it gives them (`tiles` is `(ty,
+/// tx, ld, ps)`).
 ///
 /// # Safety
 /// `m` has `63 * ps + ty * tx * ld` floats, `ps >= point_len(ty * tx, ld)`,
-/// `out` `ho * wo * ld`, `M ty >= ho`, `M tx >= wo`; `M` is 4 or 6; AVX-512F.
+/// `out` `gy * gx * h * w * ld` (of `slots`); `M` is 4 or 6; AVX-512F.
 #[target_feature(enable = "avx512f")]
 pub(super) unsafe fn output_transform<const M: usize>(
     m: *const f32,
     (ty, tx, ld, ps): (usize, usize, usize, usize),
-    (ho, wo): (usize, usize),
+    slots: Slots,
     out: *mut f32,
 ) {
     let nt = ty * tx;
@@ -334,11 +361,9 @@ pub(super) unsafe fn output_transform<const M: usize>(
                     }
                 }
                 for (a, row) in cols.iter().enumerate() {
-                    let oh = M * y + a;
                     for (b, v) in at_rows::<M>(*row).into_iter().enumerate() {
-                        let ow = M * x + b;
-                        if oh < ho && ow < wo {
-                            _mm512_storeu_ps(out.add((oh * wo + ow) * ld + l0), v);
+                        if let Some(pix) = slots.at(M * y + a, M * x + b) {
+                            _mm512_storeu_ps(out.add(pix * ld + l0), v);
                         }
                     }
                 }
