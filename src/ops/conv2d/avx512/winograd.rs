@@ -144,9 +144,10 @@ impl Mosaic {
         (s / self.gx * self.pitch.0, s % self.gx * self.pitch.1)
     }
 
-    /// Where the output transform puts the pixels of images of `h x w`.
-    fn slots_of(&self, (h, w): (usize, usize)) -> kernels::Slots {
-        kernels::Slots { h, w, pitch: self.pitch, gy: self.gy, gx: self.gx }
+    /// Where the output transform puts the pixels of images of `h x w`
+    /// from the tiles of `grid`, `m` pixels a side.
+    fn slots_of(&self, (h, w): (usize, usize), grid: TileGrid, m: usize) -> kernels::Slots {
+        kernels::Slots::new((h, w), self.pitch, (self.gy, self.gx), (m * grid.ty, m * grid.tx))
     }
 }
 
@@ -426,7 +427,7 @@ fn forward_with<const M: usize, X: Act>(
     // Tasks of whole mosaics (see `Mosaic`), batches of `b` mosaics.
     let (pt, b) = (per_forward_task(g.n).next_multiple_of(slots), batch(M, nt));
     let (xl, yl) = (g.x_len(), g.y_len());
-    let out_slots = plan.mosaic.slots_of((g.ho, g.wo));
+    let out_slots = plan.mosaic.slots_of((g.ho, g.wo), plan.out, M);
     y.par_chunks_mut(pt * yl).zip(x.par_chunks(pt * xl)).for_each(|(yc, xc)| {
         let lens = [plan.x.len(), TT * point_len(b * nt, ldc), TT * point_len(b * nt, ldo), slots * hw * ldo];
         with_scratch(lens, 1, |[xt, v, m, out]| {
@@ -456,7 +457,7 @@ fn forward_with<const M: usize, X: Act>(
                         kernels::output_transform::<M>(
                             m.as_ptr().add(j * nt * ldo),
                             (plan.out.ty, plan.out.tx, ldo, ps),
-                            out_slots,
+                            &out_slots,
                             out.as_mut_ptr(),
                         )
                     };
@@ -509,7 +510,7 @@ fn backward_with<const M: usize, X: Act>(
     let need_db = db.is_some();
     let b = batch(M, nt);
     let (xl, yl) = (g.x_len(), g.y_len());
-    let dx_slots = plan.mosaic.slots_of((g.h, g.w));
+    let dx_slots = plan.mosaic.slots_of((g.h, g.w), plan.dx, M);
     // Per task (of whole mosaics): the weight gradient in the transformed
     // domain and db.
     let partials = backward_tasks(g, slots, dx, |first, imgs, mut dxt| {
@@ -588,7 +589,7 @@ fn backward_with<const M: usize, X: Act>(
                             kernels::output_transform::<M>(
                                 mdx.as_ptr().add(j * ntx * ldc),
                                 (plan.dx.ty, plan.dx.tx, ldc, ps),
-                                dx_slots,
+                                &dx_slots,
                                 outdx.as_mut_ptr(),
                             )
                         };

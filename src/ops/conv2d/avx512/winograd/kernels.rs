@@ -304,27 +304,38 @@ unsafe fn patch_transform<const M: usize, const N: usize>(
 
 /// Where [`output_transform`] puts the pixels of a grid of tiles laid over
 /// a mosaic of `gy x gx` images `pitch` pixels apart (see `super::Mosaic`):
-/// grid pixel `(Y, X)` is pixel `(Y % py, X % px)` of image `(Y / py) * gx
-/// + X / px`, kept when it lies inside that image's `h x w` and the image
-/// inside the mosaic. One image (`gy = gx = 1`) is the pixels inside `h x w`.
-#[derive(Clone, Copy, Debug)]
+/// grid pixel `(y, x)` is pixel `(y % py, x % px)` of the image in row `y /
+/// py` and column `x / px` of the mosaic, kept when it lies inside that
+/// image's `h x w` and the image inside the mosaic, at index `rows[y] +
+/// cols[x]` of `out` (image by image, `h * w` pixels each). One image (`gy
+/// = gx = 1`) keeps the pixels inside `h x w`. Worked out per row and
+/// column once: a division per pixel stored took 1.2% of a ResNet-20 step.
 pub(super) struct Slots {
-    pub h: usize,
-    pub w: usize,
-    pub pitch: (usize, usize),
-    pub gy: usize,
-    pub gx: usize,
+    rows: Vec<Option<usize>>,
+    cols: Vec<Option<usize>>,
 }
 
 impl Slots {
-    /// The pixel index in `out` of grid pixel `(y, x)`: image by image,
-    /// `h * w` pixels each; `None` outside every image.
-    #[inline]
-    fn at(&self, y: usize, x: usize) -> Option<usize> {
-        let ((sy, oh), (sx, ow)) =
-            ((y / self.pitch.0, y % self.pitch.0), (x / self.pitch.1, x % self.pitch.1));
-        (oh < self.h && ow < self.w && sy < self.gy && sx < self.gx)
-            .then(|| ((sy * self.gx + sx) * self.h + oh) * self.w + ow)
+    /// For a grid of `ny x nx` pixels over images of `h x w`.
+    pub(super) fn new(
+        (h, w): (usize, usize),
+        pitch: (usize, usize),
+        (gy, gx): (usize, usize),
+        (ny, nx): (usize, usize),
+    ) -> Self {
+        let rows = (0..ny)
+            .map(|y| {
+                let (sy, oh) = (y / pitch.0, y % pitch.0);
+                (oh < h && sy < gy).then(|| (sy * gx * h + oh) * w)
+            })
+            .collect();
+        let cols = (0..nx)
+            .map(|x| {
+                let (sx, ow) = (x / pitch.1, x % pitch.1);
+                (ow < w && sx < gx).then(|| sx * h * w + ow)
+            })
+            .collect();
+        Slots { rows, cols }
     }
 }
 
@@ -335,12 +346,13 @@ impl Slots {
 ///
 /// # Safety
 /// `m` has `63 * ps + ty * tx * ld` floats, `ps >= point_len(ty * tx, ld)`,
-/// `out` `gy * gx * h * w * ld` (of `slots`); `M` is 4 or 6; AVX-512F.
+/// `out` `gy * gx * h * w * ld` (of `slots`), `slots` made for `M ty x M
+/// tx` pixels; `M` is 4 or 6; AVX-512F.
 #[target_feature(enable = "avx512f")]
 pub(super) unsafe fn output_transform<const M: usize>(
     m: *const f32,
     (ty, tx, ld, ps): (usize, usize, usize, usize),
-    slots: Slots,
+    slots: &Slots,
     out: *mut f32,
 ) {
     let nt = ty * tx;
@@ -361,9 +373,10 @@ pub(super) unsafe fn output_transform<const M: usize>(
                     }
                 }
                 for (a, row) in cols.iter().enumerate() {
+                    let Some(r) = slots.rows[M * y + a] else { continue };
                     for (b, v) in at_rows::<M>(*row).into_iter().enumerate() {
-                        if let Some(pix) = slots.at(M * y + a, M * x + b) {
-                            _mm512_storeu_ps(out.add(pix * ld + l0), v);
+                        if let Some(c) = slots.cols[M * x + b] {
+                            _mm512_storeu_ps(out.add((r + c) * ld + l0), v);
                         }
                     }
                 }
