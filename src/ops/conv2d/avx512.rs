@@ -19,6 +19,7 @@
 //! Sums run in a different order from the GEMM path (same f32 products).
 
 mod dw;
+mod strided;
 mod winograd;
 
 use super::avx512_direct::{self as direct, Grid, LaneWeights};
@@ -36,7 +37,7 @@ const MR: usize = 8;
 /// Whether this machine and geometry can take the AVX-512 kernels (BW and
 /// VL for the f16 loads and stores that widen and round in place).
 pub fn usable(g: &ConvGeom) -> bool {
-    g.stride == 1
+    (g.stride == 1 || strided::fits(g))
         && g.padding < g.k
         && std::arch::is_x86_feature_detected!("avx512f")
         && std::arch::is_x86_feature_detected!("avx512bw")
@@ -281,6 +282,9 @@ fn transpose_padded(w: &[f32], rows: usize, cols: usize, ld: usize) -> Vec<f32> 
 /// f16 activations (`X = f16`) are widened image by image as they are
 /// loaded and the output rounded image by image as it is stored.
 pub fn forward<X: Act>(g: &ConvGeom, x: &[X], w: &[f32], bias: Option<&[f32]>, y: &mut [X::Out]) {
+    if g.stride > 1 {
+        return strided::forward(g, x, w, bias, y);
+    }
     if g.n > 0 && super::winograd_on() && winograd::fits(g) {
         return winograd::forward(g, x, w, bias, y);
     }
@@ -427,6 +431,9 @@ pub fn backward<X: Act>(
     db: Option<&mut [f32]>,
     dx: Option<&mut [X::Out]>,
 ) {
+    if g.stride > 1 {
+        return strided::backward(g, x, w, dy, dw, db, dx);
+    }
     if g.n > 0 && super::winograd_on() && winograd::fits_backward(g) {
         return winograd::backward(g, x, w, dy, dw, db, dx);
     }

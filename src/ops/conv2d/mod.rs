@@ -18,6 +18,8 @@ mod tests_avx512;
 #[cfg(test)]
 mod tests_f16;
 #[cfg(all(test, target_arch = "x86_64"))]
+mod tests_strided;
+#[cfg(all(test, target_arch = "x86_64"))]
 mod tests_winograd;
 
 #[cfg(target_arch = "x86_64")]

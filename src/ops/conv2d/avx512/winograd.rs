@@ -23,7 +23,7 @@
 //! (`winograd_error_stays_within_a_few_ulps_on_mnist_conv2`), for 64 products
 //! per 16 outputs instead of 36 per 4.
 
-mod kernels;
+pub(super) mod kernels;
 
 use super::dw::pixels_sum;
 use super::{add_partials, backward_tasks, per_forward_task};
@@ -194,24 +194,12 @@ impl PixelMajor {
     fn fill_slot(&self, s: usize, src: Pixels<'_>, buf: &mut [f32]) {
         let (oy, ox) = self.mosaic.origin(s);
         assert!(
-            src.len() >= self.ch * self.h * self.w && self.ch <= self.ld && self.ld.is_multiple_of(LANES)
-        );
-        assert!(
             s < self.mosaic.slots()
                 && self.pad + oy + self.h <= self.rows
                 && self.pad + ox + self.w <= self.cols
         );
-        assert!(buf.len() >= self.len());
-        let (dims, at) = ((self.ch, self.h, self.w), (self.pad, self.cols, self.ld));
-        // SAFETY: the asserts are `to_pixel_major`'s contract, from the
-        // slot's origin. AVX-512F/BW/VL: see `fits`.
-        unsafe {
-            let dst = buf.as_mut_ptr().add((oy * self.cols + ox) * self.ld);
-            match src {
-                Pixels::F32(s) => kernels::to_pixel_major(s.as_ptr(), dims, dst, at),
-                Pixels::F16(s) => kernels::to_pixel_major(s.as_ptr(), dims, dst, at),
-            }
-        }
+        let start = (oy * self.cols + ox) * self.ld;
+        kernels::fill_pixel_major(src, (self.ch, self.h, self.w), buf, start, (self.pad, self.cols, self.ld));
     }
 
     /// The tiles of `m x m` pixels of an output grid of `ho x wo` pixels

@@ -10,7 +10,7 @@
 //! done once per call in f64, and in the weight gradient's final transform.
 
 use crate::ops::conv2d::avx512_direct::transpose16;
-use crate::ops::half_emu::Load16;
+use crate::ops::half_emu::{Load16, Pixels};
 use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
 
@@ -131,6 +131,30 @@ fn g_rows<const N: usize>(u: [__m512; N]) -> [__m512; T] {
     ]
 }
 
+/// [`to_pixel_major`] of `src` into `buf` from float `start`, checked: the
+/// pixels land at `(pad, pad)` of a pixel-major image of `cols` pixels a
+/// row, `ld` floats a pixel (lanes past `ch` zero); the rest of `buf` stays.
+pub(in crate::ops::conv2d::avx512) fn fill_pixel_major(
+    src: Pixels<'_>,
+    (ch, h, w): (usize, usize, usize),
+    buf: &mut [f32],
+    start: usize,
+    (pad, cols, ld): (usize, usize, usize),
+) {
+    assert!(src.len() >= ch * h * w && ch <= ld && ld.is_multiple_of(LANES) && pad + w <= cols);
+    let end = start + ((pad + h.max(1) - 1) * cols + pad + w) * ld;
+    assert!(end <= buf.len(), "pixel-major image past its buffer");
+    // SAFETY: the asserts are `to_pixel_major`'s contract from `start`.
+    // AVX-512F/BW/VL: the callers run only where `avx512::usable` found them.
+    unsafe {
+        let dst = buf.as_mut_ptr().add(start);
+        match src {
+            Pixels::F32(s) => to_pixel_major(s.as_ptr(), (ch, h, w), dst, (pad, cols, ld)),
+            Pixels::F16(s) => to_pixel_major(s.as_ptr(), (ch, h, w), dst, (pad, cols, ld)),
+        }
+    }
+}
+
 /// `dst[((pad + y) * cols + pad + x) * ld + c] = src[(c * h + y) * w + x]`
 /// for `c < ch`, and zero for `ch <= c < ld`: planes to pixel-major, in
 /// 16 x 16 blocks transposed in registers (a gather per pixel took a tenth
@@ -141,7 +165,7 @@ fn g_rows<const N: usize>(u: [__m512; N]) -> [__m512; T] {
 /// `(pad + h - 1) * cols + pad + w - 1` (`ld` floats each); `ch <= ld`,
 /// `ld` a multiple of 16; AVX-512F/BW/VL.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-pub(super) unsafe fn to_pixel_major<S: Load16>(
+unsafe fn to_pixel_major<S: Load16>(
     src: *const S,
     (ch, h, w): (usize, usize, usize),
     dst: *mut f32,
