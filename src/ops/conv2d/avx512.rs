@@ -506,7 +506,7 @@ pub(super) fn backward_with<X: Act>(
     let dxk = DxKernel::new(g, w, &dl);
     let need_db = db.is_some();
     // Per task: dW[O, CKK] and db, summed in task order below.
-    let partials = backward_tasks(g, 1, dx, |first, imgs, mut dxt| {
+    let partials = backward_tasks(g, per_task(g.n), dx, |first, imgs, mut dxt| {
         let mut pdw = if pixel { Some(PixelDw::new(g, &xl)) } else { None };
         let mut dwt = vec![0f32; if pixel { 0 } else { dw_offs.len() * ldo }];
         let mut db_t = vec![0f32; if need_db { g.o } else { 0 }];
@@ -573,17 +573,17 @@ pub(super) fn backward_with<X: Act>(
     add_partials(&partials, dw, db);
 }
 
-/// Runs `task(first image, images, their dx)` for each run of images (a
-/// multiple of `unit` but the last) in parallel (`dx` `None` without an
-/// input gradient), and returns the tasks' `(weight-gradient part, db
-/// part)` in task order.
+/// Runs `task(first image, images, their dx)` for each run of `pt` images
+/// (the last maybe fewer) in parallel (`dx` `None` without an input
+/// gradient), and returns the tasks' `(weight-gradient part, db part)` in
+/// task order.
 fn backward_tasks<X: Send>(
     g: &ConvGeom,
-    unit: usize,
+    pt: usize,
     dx: Option<&mut [X]>,
     task: impl Fn(usize, usize, Option<&mut [X]>) -> (Vec<f32>, Vec<f32>) + Sync + Send,
 ) -> Vec<(Vec<f32>, Vec<f32>)> {
-    let pt = per_task(g.n).next_multiple_of(unit);
+    let pt = pt.max(1);
     let runs: Vec<Option<&mut [X]>> = match dx {
         Some(d) => d.chunks_mut(pt * g.x_len()).map(Some).collect(),
         None => (0..g.n.div_ceil(pt)).map(|_| None).collect(),

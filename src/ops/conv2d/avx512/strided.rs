@@ -24,7 +24,7 @@
 
 use super::dw::pixels_sum;
 use super::winograd::kernels::fill_pixel_major;
-use super::{add_partials, backward_tasks, per_forward_task};
+use super::{add_partials, backward_tasks, per_forward_task, per_task};
 use crate::ops::conv2d::avx512_direct::to_planes;
 use crate::ops::conv2d::cpu::ConvGeom;
 use crate::ops::half_emu::{Act, Pixels};
@@ -261,7 +261,7 @@ pub(super) fn backward<X: Act>(
     let wdx = dx.is_some().then(|| weights(g, w, true));
     // The input gradient's stride classes: (a, b) and their taps as (dy
     // offset, weight offset), dy pixel (i + (a + p - ki) / s, ...) for
-    // class pixel (a + s i, b + s j).
+    // class pixel (a + s i, b + s j), the offset that of row i = 0.
     let classes: Vec<((usize, usize), Vec<Tap>)> = (0..s * s)
         .map(|cl| {
             let (a, b) = (cl / s, cl % s);
@@ -270,7 +270,8 @@ pub(super) fn backward<X: Act>(
                 for kj in 0..k {
                     let (di, dj) = (a as isize + p - ki as isize, b as isize + p - kj as isize);
                     if di.rem_euclid(s as isize) == 0 && dj.rem_euclid(s as isize) == 0 {
-                        let off = dl.at(di.div_euclid(s as isize), dj.div_euclid(s as isize)) - dl.at(0, 0);
+                        // From the start of `dyp` (the border keeps it >= 0).
+                        let off = dl.at(di.div_euclid(s as isize), dj.div_euclid(s as isize));
                         taps.push((off, (ki * k + kj) * g.o * ldc));
                     }
                 }
@@ -280,7 +281,7 @@ pub(super) fn backward<X: Act>(
         .collect();
     let need_db = db.is_some();
     let (xlen, ylen, hw) = (g.x_len(), g.y_len(), g.out_hw());
-    let partials = backward_tasks(g, 1, dx, |first, imgs, mut dxt| {
+    let partials = backward_tasks(g, per_task(g.n), dx, |first, imgs, mut dxt| {
         let mut dwt = vec![0f32; kk * g.c * ldo];
         let mut db_t = vec![0f32; if need_db { g.o } else { 0 }];
         let (mut xp, mut dyp) = (vec![0f32; xl.len()], vec![0f32; dl.len()]);
@@ -322,7 +323,7 @@ pub(super) fn backward<X: Act>(
                         unsafe {
                             run(
                                 cols,
-                                dyp.as_ptr().add(dl.at(r as isize, 0)),
+                                dyp.as_ptr().add(r * dl.cols * ldo),
                                 ldo,
                                 taps,
                                 g.o,
