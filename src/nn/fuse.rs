@@ -1,6 +1,7 @@
 //! Which runs of layers the model hands to one fused kernel: BatchNorm2d +
 //! ReLU + MaxPool2d(2, 2) on f32 activations and on f16 ones with f32
-//! BatchNorm state (O2), BatchNorm2d + ReLU on other f16 ones.
+//! BatchNorm state (O2), BatchNorm2d + ReLU on other f16 ones, and a
+//! residual block's end (BatchNorm2d + the add + ReLU) on f16 ones.
 
 use super::layers::batchnorm2d::{parts, BatchNorm2d, Parts};
 use super::layers::maxpool2d::MaxPool2d;
@@ -54,6 +55,26 @@ pub(super) fn fusable_bn_relu_f16<'a>(
     x: &Tensor,
 ) -> Option<(&'a BatchNorm2d, Parts<'a>)> {
     let [Node { kind: LayerKind::BatchNorm2d(bn), weights, sync, tie: None }, Node { kind: LayerKind::Relu(_), .. }, ..] =
+        layers
+    else {
+        return None;
+    };
+    if x.dtype() != DType::F16 || sync.is_some() {
+        return None;
+    }
+    Some((&*bn, parts(weights).ok()?))
+}
+
+/// The BatchNorm2d heading `layers` when an add of its output and one other
+/// value follows, then ReLU, and `x` is f16 (O2, O3): a residual block's
+/// end, whose BatchNorm output and sum are then never stored (see
+/// `ops::batch_norm::forward_train_add_relu`). The caller checks the
+/// values' readers. SyncBatchNorm runs on its own.
+pub(super) fn fusable_bn_add_relu<'a>(
+    layers: &'a mut [Node],
+    x: &Tensor,
+) -> Option<(&'a BatchNorm2d, Parts<'a>)> {
+    let [Node { kind: LayerKind::BatchNorm2d(bn), weights, sync, tie: None }, Node { kind: LayerKind::Add(_), .. }, Node { kind: LayerKind::Relu(_), .. }, ..] =
         layers
     else {
         return None;

@@ -14,7 +14,7 @@ mod patch;
 mod state;
 mod tie;
 
-use fuse::{fusable_bn_relu_f16, fusable_bn_relu_pool};
+use fuse::{fusable_bn_add_relu, fusable_bn_relu_f16, fusable_bn_relu_pool};
 use layers::{AmpClass, Ctx, LayerKind, LayerSaved, Weights};
 use patch::cast_round_trip;
 pub use state::{StateEntry, StateValue};
@@ -311,6 +311,20 @@ impl Model {
         })
     }
 
+    /// The other operand of a residual block's end at node `i`: BatchNorm,
+    /// an add of its output (read by nothing else) and one other value,
+    /// and ReLU, the only reader of the sum.
+    fn bn_add_relu_other(&self, i: usize, readers: &[usize]) -> Option<usize> {
+        let (add, relu) = (self.inputs(i + 1).ok()?, self.inputs(i + 2).ok()?);
+        let &[a, b] = add else { return None };
+        let other = if a == i + 1 { b } else { a };
+        let fits = (a == i + 1) != (b == i + 1)
+            && readers.get(i + 1) == Some(&1)
+            && relu == [i + 2]
+            && readers.get(i + 2) == Some(&1);
+        fits.then_some(other)
+    }
+
     /// The input as the model takes it: cast to `dt` as apex casts
     /// floating inputs, unless every reader is an embedding (token ids,
     /// which PyTorch holds as integers and apex leaves alone).
@@ -371,6 +385,39 @@ impl Model {
                     values.put(i + 2, y)?;
                     i += 2;
                     continue;
+                }
+            }
+            if single && i + 2 < n {
+                if let Some(other) = self.bn_add_relu_other(i, &readers) {
+                    let add_reads = self.inputs(i + 1)?.to_vec();
+                    if let Some((bn, p)) = fusable_bn_add_relu(&mut self.layers[i..], &xs[0]) {
+                        let cur = xs.remove(0);
+                        let s = values.take(other)?;
+                        // The add saves its operands' dtypes in its own order.
+                        let dtypes =
+                            add_reads.iter().map(|&v| if v == other { s.dtype() } else { cur.dtype() });
+                        let dtypes = dtypes.collect();
+                        let (y, stats) = ops::batch_norm::forward_train_add_relu(
+                            &cur,
+                            &s,
+                            BnParams { weight: &p.weight.value, bias: &p.bias.value },
+                            RunningStats {
+                                running_mean: &mut *p.running_mean,
+                                running_var: &mut *p.running_var,
+                            },
+                            BnHyper { momentum: bn.momentum, eps: bn.eps },
+                        )?;
+                        *p.num_batches_tracked += 1;
+                        let bn_saved = layers::batchnorm2d::Saved { x: cur, stats, global_count: None };
+                        saved.extend([
+                            Saved::Layer(LayerSaved::BatchNorm2d(bn_saved)),
+                            Saved::Layer(LayerSaved::Add(dtypes)),
+                            Saved::Layer(LayerSaved::Relu(y.clone())),
+                        ]);
+                        values.put(i + 3, y)?;
+                        i += 3;
+                        continue;
+                    }
                 }
             }
             let draws = self.draws.node(i);

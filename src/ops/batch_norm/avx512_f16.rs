@@ -342,6 +342,28 @@ pub fn affine_plane(x: &[f16], (a, b): (f32, f32), relu: bool, y: &mut [MaybeUni
     unsafe { affine_lanes(x.as_ptr(), y.as_mut_ptr().cast(), y.len(), a, b, relu) }
 }
 
+/// One plane of `f16::normalize_affine_then` with an add:
+/// `y = relu(round(round(x * a + b) + s))`, BatchNorm's rounded output, the
+/// add's rounded sum and ReLU of it, as the three ops in turn store them.
+pub fn affine_add_relu_plane(x: &[f16], s: &[f16], (a, b): (f32, f32), y: &mut [MaybeUninit<f16>]) {
+    assert!(x.len() == y.len() && s.len() == y.len());
+    // SAFETY: reads x and s and writes every element of y at [i, i + 16)
+    // masked to their length; AVX-512F/BW/VL are checked by the caller.
+    unsafe { affine_add_relu_lanes(x.as_ptr(), s.as_ptr(), y.as_mut_ptr().cast(), y.len(), a, b) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn affine_add_relu_lanes(x: *const f16, s: *const f16, y: *mut f16, len: usize, a: f32, b: f32) {
+    let (av, bv, zero) = (_mm512_set1_ps(a), _mm512_set1_ps(b), _mm512_setzero_ps());
+    for i in (0..len).step_by(LANES) {
+        let m = masks((len - i).min(LANES)).0;
+        let z = round_trip(_mm512_add_ps(_mm512_mul_ps(f16::load16(x.add(i), m), av), bv));
+        let u = round_trip(_mm512_add_ps(z, f16::load16(s.add(i), m)));
+        // As ReLU's own kernel: negatives to zero, NaN and -0 kept.
+        f16::store16(y.add(i), m, _mm512_max_ps(zero, u));
+    }
+}
+
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 unsafe fn affine_lanes(x: *const f16, y: *mut f16, len: usize, a: f32, b: f32, relu: bool) {
     let (av, bv, zero) = (_mm512_set1_ps(a), _mm512_set1_ps(b), _mm512_setzero_ps());

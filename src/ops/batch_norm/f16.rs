@@ -126,36 +126,66 @@ pub fn normalize_affine(
     bias: &[f32],
 ) -> Vec<f16> {
     let (scale, shift) = cpu::affine_coefficients(c, mean, invstd, weight, bias);
-    affine(x, c, hw, &scale, &shift, false)
+    affine(x, c, hw, &scale, &shift, Then::Nothing)
 }
 
-/// `out = round(x * scale + shift)` per channel, then (`relu`) ReLU of the
-/// rounded value.
-fn affine(x: &[f16], c: usize, hw: usize, scale: &[f32], shift: &[f32], relu: bool) -> Vec<f16> {
+/// What follows BatchNorm's output in the same pass.
+#[derive(Clone, Copy)]
+pub enum Then<'a> {
+    Nothing,
+    Relu,
+    /// A residual block's end: the add of this (shortcut) tensor, then ReLU.
+    AddRelu(&'a [f16]),
+}
+
+/// `out = round(x * scale + shift)` per channel, then (`then`) the add of
+/// another tensor, rounded, and ReLU of the rounded value.
+fn affine(x: &[f16], c: usize, hw: usize, scale: &[f32], shift: &[f32], then: Then<'_>) -> Vec<f16> {
     #[cfg(target_arch = "x86_64")]
     if super::avx512::usable() {
         let fill = |out: &mut [MaybeUninit<f16>]| {
             for_each_plane(out, c, hw, |_, s, ch, op| {
-                let xp = &x[(s * c + ch) * hw..][..hw];
-                super::avx512_f16::affine_plane(xp, (scale[ch], shift[ch]), relu, op);
+                let at = (s * c + ch) * hw..(s * c + ch + 1) * hw;
+                let ab = (scale[ch], shift[ch]);
+                match then {
+                    Then::AddRelu(other) => {
+                        super::avx512_f16::affine_add_relu_plane(&x[at.clone()], &other[at], ab, op)
+                    }
+                    _ => super::avx512_f16::affine_plane(&x[at], ab, matches!(then, Then::Relu), op),
+                }
             })
         };
-        // SAFETY: the planes of `out` cover it, and `affine_plane` writes
-        // every element of its plane.
+        // SAFETY: the planes of `out` cover it, and `affine_plane` and
+        // `affine_add_relu_plane` write every element of their plane.
         return unsafe { written_by(x.len(), fill) };
     }
     let mut out = vec![f16::ZERO; x.len()];
-    per_plane([x], &mut out, c, hw, |ch, [xp], op| {
+    let affine_plane = |ch: usize, xp: &[f32], op: &mut [f32]| {
         let (a, b) = (scale[ch], shift[ch]);
         for (o, &v) in op.iter_mut().zip(xp) {
             *o = v * a + b;
         }
-        if relu {
-            // Each value rounded to f16 (BatchNorm's output) before ReLU sees it.
+    };
+    match then {
+        Then::AddRelu(other) => per_plane([x, other], &mut out, c, hw, |ch, [xp, sp], op| {
+            affine_plane(ch, xp, op);
+            // BatchNorm's output and the sum each rounded to f16 as the ops store them.
+            round_trip(op);
+            for (o, s) in op.iter_mut().zip(sp) {
+                *o += s;
+            }
             round_trip(op);
             crate::ops::relu::cpu::forward_inplace(op);
-        }
-    });
+        }),
+        _ => per_plane([x], &mut out, c, hw, |ch, [xp], op| {
+            affine_plane(ch, xp, op);
+            if matches!(then, Then::Relu) {
+                // Each value rounded to f16 (BatchNorm's output) before ReLU sees it.
+                round_trip(op);
+                crate::ops::relu::cpu::forward_inplace(op);
+            }
+        }),
+    }
     out
 }
 
@@ -216,5 +246,19 @@ pub fn normalize_affine_relu(
     bias: &[f32],
 ) -> Vec<f16> {
     let (scale, shift) = cpu::affine_coefficients(c, mean, invstd, weight, bias);
-    affine(x, c, hw, &scale, &shift, true)
+    affine(x, c, hw, &scale, &shift, Then::Relu)
+}
+
+/// [`normalize_affine`] followed by `then` (ReLU, or a residual block's add
+/// and ReLU), as the ops in sequence store it: BatchNorm's output and the
+/// sum each rounded to f16 before the next op sees them.
+pub fn normalize_affine_then(
+    x: &[f16],
+    (c, hw): (usize, usize),
+    (mean, invstd): (&[f32], &[f32]),
+    (weight, bias): (&[f32], &[f32]),
+    then: Then<'_>,
+) -> Vec<f16> {
+    let (scale, shift) = cpu::affine_coefficients(c, mean, invstd, weight, bias);
+    affine(x, c, hw, &scale, &shift, then)
 }

@@ -121,14 +121,15 @@ fn dims(op: &str, x: &Tensor) -> Result<(usize, usize, usize)> {
 }
 
 /// [`forward_train`] of an f16 `x` with f32 parameters and running
-/// statistics (O2), followed by ReLU when `relu`; `None` for other dtypes.
+/// statistics (O2), followed by `then` in the same pass; `None` for other
+/// dtypes.
 fn forward_train_f16(
     op: &str,
     x: &Tensor,
     params: BnParams<&Tensor>,
     running: RunningStats<&mut Tensor>,
     hyper: BnHyper,
-    relu: bool,
+    then: f16::Then<'_>,
 ) -> Option<Result<(Tensor, BatchNormSaved)>> {
     let Storage::Cpu(CpuStorage::F16(xs)) = x.storage() else {
         return None;
@@ -146,11 +147,7 @@ fn forward_train_f16(
         let b = param(op, "bias", params.bias, c)?;
         let sums = f16::local_sums(xs, n, c, hw);
         let stats = cpu::batch_stats::<f32>(&sums.sum, &sums.sumsq, sums.count, f64::from(hyper.eps));
-        let out = if relu {
-            f16::normalize_affine_relu(xs, c, hw, &stats.mean, &stats.invstd, w, b)
-        } else {
-            f16::normalize_affine(xs, c, hw, &stats.mean, &stats.invstd, w, b)
-        };
+        let out = f16::normalize_affine_then(xs, (c, hw), (&stats.mean, &stats.invstd), (w, b), then);
         let rm = param_mut(op, "running_mean", running_mean, c)?;
         let rv = param_mut(op, "running_var", running_var, c)?;
         cpu::update_running(rm, rv, &stats, hyper.momentum);
@@ -170,10 +167,38 @@ pub fn forward_train_relu(
 ) -> Result<(Tensor, BatchNormSaved)> {
     const OP: &str = "forward_train";
     let mut running = running;
-    if let Some(r) = forward_train_f16(OP, x, params, running.reborrow(), hyper, true) {
+    if let Some(r) = forward_train_f16(OP, x, params, running.reborrow(), hyper, f16::Then::Relu) {
         return r;
     }
     let (mut y, saved) = forward_train(x, params, running, hyper)?;
+    super::relu::forward_(&mut y)?;
+    Ok((y, saved))
+}
+
+/// `relu(forward_train(x, ...) + other)`: a residual block's last
+/// BatchNorm, the add of the shortcut and the ReLU after it. For f16 `x`
+/// and `other` on the host with f32 parameters, the statistics' pass and
+/// one more that reads `x` and `other` and writes the ReLU's output (the
+/// three ops in sequence wrote and read back BatchNorm's output and the
+/// sum); the ops in sequence otherwise. The same values and running
+/// statistics either way, bit for bit (addition commutes, so which
+/// operand of the add `other` was does not matter).
+pub fn forward_train_add_relu(
+    x: &Tensor,
+    other: &Tensor,
+    params: BnParams<&Tensor>,
+    running: RunningStats<&mut Tensor>,
+    hyper: BnHyper,
+) -> Result<(Tensor, BatchNormSaved)> {
+    const OP: &str = "forward_train";
+    let mut running = running;
+    if let (Storage::Cpu(CpuStorage::F16(os)), true) = (other.storage(), other.shape() == x.shape()) {
+        if let Some(r) = forward_train_f16(OP, x, params, running.reborrow(), hyper, f16::Then::AddRelu(os)) {
+            return r;
+        }
+    }
+    let (z, saved) = forward_train(x, params, running, hyper)?;
+    let mut y = super::add::forward(&z, other)?;
     super::relu::forward_(&mut y)?;
     Ok((y, saved))
 }
@@ -298,7 +323,7 @@ pub fn forward_train(
 ) -> Result<(Tensor, BatchNormSaved)> {
     const OP: &str = "forward_train";
     let mut running = running;
-    if let Some(r) = forward_train_f16(OP, x, params, running.reborrow(), hyper, false) {
+    if let Some(r) = forward_train_f16(OP, x, params, running.reborrow(), hyper, f16::Then::Nothing) {
         return r;
     }
     if let Some(r) = forward_widened(x, params, running.reborrow(), |x, p, r| forward_train(x, p, r, hyper)) {

@@ -209,3 +209,79 @@ fn fused_relu_backward_refuses_f32_activations() {
     let msg = backward_relu(&x, params, &saved, &x, grads).unwrap_err().to_string();
     assert!(msg.contains("backward_relu: needs f16 x and dy"), "{msg}");
 }
+
+/// A residual block's end in one pass (`forward_train_add_relu`) against
+/// BatchNorm, the add and ReLU in turn: the same f16 bits (values near zero
+/// after the add, where a sum rounded to -0 or a BatchNorm output rounded
+/// before the add decides the sign, included), either operand order of the
+/// add, the same running statistics and saved statistics; and f32
+/// activations (no fused pass) still equal to the ops in turn. Planes of
+/// 40 values: the AVX-512 kernel's whole and masked vectors.
+#[test]
+fn fused_add_relu_forward_matches_batch_norm_then_add_then_relu() {
+    let (n, c, hw) = (3, 4, 40);
+    let shape = [n, c, 8, 5];
+    let x = h(&shape, rand_vec_f32(n * c * hw, 21));
+    let (w, b) = (Tensor::from_vec(&[c], vec![1.5, -0.5, 0.75, 2.0]).unwrap(), Tensor::full(&[c], 0.125));
+    let (mut rm0, mut rv0) = (Tensor::zeros(&[c]), Tensor::full(&[c], 1.0));
+    let params = BnParams { weight: &w, bias: &b };
+    // The shortcut: minus BatchNorm's output (roughly) plus a little, so
+    // many sums land within an ulp of zero.
+    let (z_ref, _) = forward_train(
+        &x,
+        params,
+        RunningStats { running_mean: &mut rm0, running_var: &mut rv0 },
+        BnHyper::default(),
+    )
+    .unwrap();
+    let noise = rand_vec_f32(n * c * hw, 22);
+    let s: Vec<f32> =
+        z_ref.to_dtype(DType::F32).as_f32().unwrap().iter().zip(&noise).map(|(z, e)| -z + 1e-3 * e).collect();
+    for dt in [DType::F16, DType::F32] {
+        let (x, s) = (x.to_dtype(dt), Tensor::from_f32_as(&shape, s.clone(), dt).unwrap());
+        for swap in [false, true] {
+            let (mut rm, mut rv) = (Tensor::zeros(&[c]), Tensor::full(&[c], 1.0));
+            let (y, saved) = forward_train_add_relu(
+                &x,
+                &s,
+                params,
+                RunningStats { running_mean: &mut rm, running_var: &mut rv },
+                BnHyper::default(),
+            )
+            .unwrap();
+            let (mut rm2, mut rv2) = (Tensor::zeros(&[c]), Tensor::full(&[c], 1.0));
+            let (z, saved2) = forward_train(
+                &x,
+                params,
+                RunningStats { running_mean: &mut rm2, running_var: &mut rv2 },
+                BnHyper::default(),
+            )
+            .unwrap();
+            let mut want =
+                if swap { crate::ops::add::forward(&s, &z) } else { crate::ops::add::forward(&z, &s) }
+                    .unwrap();
+            crate::ops::relu::forward_(&mut want).unwrap();
+            assert_eq!(y.dtype(), dt);
+            let bits = |t: &Tensor| {
+                t.to_dtype(DType::F32).as_f32().unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+            };
+            assert_eq!(bits(&y), bits(&want), "{dt:?}, swap {swap}");
+            assert_eq!(saved, saved2);
+            assert_eq!(rm.as_f32().unwrap(), rm2.as_f32().unwrap());
+            assert_eq!(rv.as_f32().unwrap(), rv2.as_f32().unwrap());
+        }
+    }
+    // Some sums did land on zero or below (the ReLU had work to do).
+    let (mut rm, mut rv) = (Tensor::zeros(&[c]), Tensor::full(&[c], 1.0));
+    let s16 = Tensor::from_f32_as(&shape, s, DType::F16).unwrap();
+    let (y, _) = forward_train_add_relu(
+        &x,
+        &s16,
+        params,
+        RunningStats { running_mean: &mut rm, running_var: &mut rv },
+        BnHyper::default(),
+    )
+    .unwrap();
+    let zeros = y.as_f16().unwrap().iter().filter(|v| v.to_f32() == 0.0).count();
+    assert!(zeros > n * c * hw / 4, "only {zeros} outputs at zero");
+}
