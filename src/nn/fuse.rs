@@ -79,8 +79,19 @@ pub(super) fn fusable_bn_add_relu<'a>(
     else {
         return None;
     };
-    if x.dtype() != DType::F16 || sync.is_some() {
+    if x.dtype() != DType::F16 || sync.is_some() || !FUSE_ADD_RELU.with(|f| f.get()) {
         return None;
     }
     Some((&*bn, parts(weights).ok()?))
+}
+
+std::thread_local! {
+    /// Tests turn [`fusable_bn_add_relu`] off to run the layers one by one.
+    pub(super) static FUSE_ADD_RELU: std::cell::Cell<bool> = const { std::cell::Cell::new(true) };
+}
+
+#[cfg(test)]
+std::thread_local! {
+    /// How many block ends this thread's forwards fused (for tests).
+    pub(super) static ADD_RELU_FUSED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }

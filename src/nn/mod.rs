@@ -408,6 +408,8 @@ impl Model {
                             BnHyper { momentum: bn.momentum, eps: bn.eps },
                         )?;
                         *p.num_batches_tracked += 1;
+                        #[cfg(test)]
+                        fuse::ADD_RELU_FUSED.with(|c| c.set(c.get() + 1));
                         let bn_saved = layers::batchnorm2d::Saved { x: cur, stats, global_count: None };
                         saved.extend([
                             Saved::Layer(LayerSaved::BatchNorm2d(bn_saved)),
@@ -455,6 +457,8 @@ impl Model {
 
 #[cfg(test)]
 mod tests_backward;
+#[cfg(test)]
+mod tests_fuse;
 #[cfg(test)]
 mod tests_o1;
 #[cfg(test)]
