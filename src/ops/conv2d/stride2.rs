@@ -3,8 +3,11 @@
 //! 16 at a time by one two-source permute, where the generic loop moves one
 //! element a step. ResNets' downsampling convs (3x3 and 1x1, stride 2) have
 //! rows of 14 and 7 outputs, and those element loops took more time than
-//! their GEMMs. The same values land in the same places (col2im adds each
-//! element once, in the generic loop's order), so results are bit for bit.
+//! their GEMMs. (Those convs now run on `avx512/strided.rs`; this path takes
+//! the strided convs with fewer than 8 channels a side, such as a
+//! 3-channel stem.) The same values land in the same places (col2im adds
+//! each element once, in the generic loop's order), so results are bit for
+//! bit.
 
 use super::cpu::ConvGeom;
 use std::arch::x86_64::*;
