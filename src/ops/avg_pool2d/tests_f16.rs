@@ -40,3 +40,28 @@ fn f16_matches_the_widened_f32_op_rounded() {
     let want = backward(&dy.to_dtype(DType::F32), &[n, c, h, w], a).unwrap().to_dtype(DType::F16);
     assert_eq!(dx.as_f16().unwrap(), want.as_f16().unwrap());
 }
+
+/// Global pooling's backward (its own path) equals the generic kernel's,
+/// bit for bit, in f32 and in f16: signed zeros, subnormals, infinities,
+/// NaN, values whose quotient rounds in f16.
+#[test]
+fn global_backward_equals_the_generic_kernel() {
+    let (n, c, h, w) = (3, 5, 7, 6);
+    let mut v = rand_vec_f32(n * c, 9);
+    v[..6].copy_from_slice(&[-0.0, 0.0, 2f32.powi(-24), f32::INFINITY, f32::NAN, 65504.0]);
+    let g = cpu::Geometry { h, w, oh: 1, ow: 1, args: AvgPool2dArgs::global(h, w) };
+    for dt in [DType::F32, DType::F16] {
+        let dy = Tensor::from_f32_as(&[n, c, 1, 1], v.clone(), dt).unwrap();
+        let dx = backward(&dy, &[n, c, h, w], AvgPool2dArgs::global(h, w)).unwrap();
+        assert_eq!(dx.dtype(), dt);
+        let mut want = vec![0f32; n * c * h * w];
+        cpu::backward(&dy.to_f32_vec(), g, &mut want);
+        let want = Tensor::from_f32_as(&[n, c, h, w], want, dt).unwrap();
+        let bits = |t: &Tensor| t.to_f32_vec().iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&dx), bits(&want), "{dt:?}");
+        assert!(
+            dx.to_f32_vec()[..h * w].iter().all(|x| x.to_bits() == 0),
+            "0 + -0 is +0, as the generic sum"
+        );
+    }
+}

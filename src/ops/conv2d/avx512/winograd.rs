@@ -23,6 +23,7 @@
 //! (`winograd_error_stays_within_a_few_ulps_on_mnist_conv2`), for 64 products
 //! per 16 outputs instead of 36 per 4.
 
+mod filters;
 pub(super) mod kernels;
 
 use super::dw::pixels_sum;
@@ -31,7 +32,8 @@ use crate::ops::conv2d::avx512_direct::to_planes;
 use crate::ops::conv2d::cpu::ConvGeom;
 use crate::ops::conv2d::lines::Lines;
 use crate::ops::half_emu::{Act, Pixels};
-use kernels::{point_len, TileGrid, INV_F, LANES, T, TT};
+use filters::{filters, finish_dw, Taps};
+use kernels::{point_len, TileGrid, LANES, T, TT};
 use rayon::prelude::*;
 use std::cell::RefCell;
 
@@ -282,84 +284,6 @@ impl Plan {
     }
 }
 
-/// The transformed filters `u[p][i][ld]` (`ld` = `nout` rounded up to
-/// lanes) of `at(o, i, ki, kj)`, `G w G^T` in f64 and rounded once. The
-/// output channel runs innermost so the f64 loops vectorize, one input
-/// channel per rayon job. Each sum starts from its first term, as
-/// `Iterator::sum` (from -0.0) does, bit for bit.
-fn filters(
-    k: usize,
-    nin: usize,
-    nout: usize,
-    at: impl Fn(usize, usize, usize, usize) -> f32 + Sync,
-) -> Lines {
-    let ld = nout.next_multiple_of(LANES);
-    // Input channels in parallel, each its `[p][o]` block (the rest of the
-    // pool would otherwise wait): w[ki][kj][o], (G w)[a][kj][o], then u.
-    let blocks: Vec<Vec<f32>> = (0..nin)
-        .into_par_iter()
-        .map(|i| {
-            let (mut w, mut gw) = (vec![0f64; k * k * nout], vec![0f64; T * k * nout]);
-            for (t, wt) in w.chunks_exact_mut(nout).enumerate() {
-                for (o, v) in wt.iter_mut().enumerate() {
-                    *v = at(o, i, t / k, t % k) as f64;
-                }
-            }
-            for (t, dst) in gw.chunks_exact_mut(nout).enumerate() {
-                let (a, kj) = (t / k, t % k);
-                mul_add_rows(
-                    dst,
-                    (0..k).map(|ki| (kernels::g(k, a, ki), &w[(ki * k + kj) * nout..][..nout])),
-                );
-            }
-            let gw = &gw;
-            rows_f32(TT, nout, |p| {
-                (0..k).map(move |kj| (kernels::g(k, p % T, kj), &gw[(p / T * k + kj) * nout..][..nout]))
-            })
-        })
-        .collect();
-    let mut u = Lines::zeroed(TT * nin * ld);
-    for (i, block) in blocks.iter().enumerate() {
-        for (p, src) in block.chunks_exact(nout).enumerate() {
-            u[(p * nin + i) * ld..][..nout].copy_from_slice(src);
-        }
-    }
-    u
-}
-
-/// `rows` rows of `n`: row `t` is [`mul_add_rows`] of `terms(t)`, rounded
-/// to f32 once.
-fn rows_f32<'a, I: Iterator<Item = (f64, &'a [f64])>>(
-    rows: usize,
-    n: usize,
-    terms: impl Fn(usize) -> I,
-) -> Vec<f32> {
-    let (mut out, mut row) = (vec![0f32; rows * n], vec![0f64; n]);
-    for (t, dst) in out.chunks_exact_mut(n.max(1)).enumerate() {
-        mul_add_rows(&mut row, terms(t));
-        for (d, v) in dst.iter_mut().zip(&row) {
-            *d = *v as f32;
-        }
-    }
-    out
-}
-
-/// `dst = sum_k c_k * src_k`, the terms added in order from the first.
-fn mul_add_rows<'a>(dst: &mut [f64], mut terms: impl Iterator<Item = (f64, &'a [f64])>) {
-    let Some((c, src)) = terms.next() else {
-        dst.fill(-0.0);
-        return;
-    };
-    for (d, s) in dst.iter_mut().zip(src) {
-        *d = c * s;
-    }
-    for (c, src) in terms {
-        for (d, s) in dst.iter_mut().zip(src) {
-            *d += c * s;
-        }
-    }
-}
-
 fn zeros(n: usize) -> Vec<f32> {
     vec![0f32; n]
 }
@@ -419,9 +343,8 @@ fn forward_with<const M: usize, X: Act>(
     y: &mut [X::Out],
 ) {
     let plan = Plan::new(g, M);
-    let (ckk, k) = (g.ckk(), g.k);
-    let kk = k * k;
-    let u = filters(k, g.c, g.o, |o, c, ki, kj| w[o * ckk + c * kk + ki * k + kj]);
+    let k = g.k;
+    let u = filters(k, g.c, g.o, Taps::Forward(w));
     let (ldc, ldo, nt, hw) = (plan.x.ld, plan.dy.ld, plan.out.count(), g.out_hw());
     let slots = plan.mosaic.slots();
     // Tasks of whole mosaics (see `Mosaic`), batches of `b` mosaics.
@@ -499,14 +422,11 @@ fn backward_with<const M: usize, X: Act>(
     dx: Option<&mut [X::Out]>,
 ) {
     let plan = Plan::new(g, M);
-    let (ckk, k) = (g.ckk(), g.k);
-    let kk = k * k;
+    let k = g.k;
     let (ldc, ldo, hw) = (plan.x.ld, plan.dy.ld, g.out_hw());
     let (nt, ntx, slots) = (plan.out.count(), plan.dx.count(), plan.mosaic.slots());
     // The input gradient's filter: `w` flipped, input and output swapped.
-    let udx = dx
-        .is_some()
-        .then(|| filters(k, g.o, g.c, |c, o, ki, kj| w[o * ckk + c * kk + (k - 1 - ki) * k + (k - 1 - kj)]));
+    let udx = dx.is_some().then(|| filters(k, g.o, g.c, Taps::Flipped(w)));
     let need_db = db.is_some();
     let b = batch(M, nt);
     let (xl, yl) = (g.x_len(), g.y_len());
@@ -615,41 +535,4 @@ fn backward_with<const M: usize, X: Act>(
     let mut acc = zeros(TT * ldc * ldo);
     add_partials(&partials, &mut acc, db);
     finish_dw(g, &acc, ldc, ldo, dw);
-}
-
-/// `dw[o][c] += A^T (diag(f) acc[.][c][o] diag(f)) A`: the weight gradient
-/// out of the transformed domain (`f` = [`INV_F`], the filter transform's
-/// fractions), in f64, the output channel innermost (see [`filters`]).
-fn finish_dw(g: &ConvGeom, acc: &[f32], ldc: usize, ldo: usize, dw: &mut [f32]) {
-    let (k, no) = (g.k, g.o);
-    let kk = k * k;
-    // Input channels in parallel, each its `[ki][kj][o]` block: s[a][b][o],
-    // r[ki][b][o] = (A^T s)[ki][b], then r A.
-    let blocks: Vec<Vec<f32>> = (0..g.c)
-        .into_par_iter()
-        .map(|c| {
-            let (mut sv, mut r) = (vec![0f64; TT * no], vec![0f64; k * T * no]);
-            for (p, dst) in sv.chunks_exact_mut(no).enumerate() {
-                let (fa, fb) = (INV_F[p / T], INV_F[p % T]);
-                for (d, a) in dst.iter_mut().zip(&acc[(p * ldc + c) * ldo..]) {
-                    *d = *a as f64 * fa * fb;
-                }
-            }
-            for (t, dst) in r.chunks_exact_mut(no).enumerate() {
-                let (ki, b) = (t / T, t % T);
-                mul_add_rows(dst, (0..T).map(|a| (kernels::at(k, ki, a), &sv[(a * T + b) * no..][..no])));
-            }
-            let r = &r;
-            rows_f32(kk, no, |t| {
-                (0..T).map(move |b| (kernels::at(k, t % k, b), &r[(t / k * T + b) * no..][..no]))
-            })
-        })
-        .collect();
-    for (c, block) in blocks.iter().enumerate() {
-        for (t, src) in block.chunks_exact(no).enumerate() {
-            for (o, x) in src.iter().enumerate() {
-                dw[o * g.c * kk + c * kk + t] += *x;
-            }
-        }
-    }
 }
