@@ -1,6 +1,10 @@
 //! `Tensor {shape, storage}` with storage an enum dispatched by `match` (CPU now,
 //! CUDA later). Layout is always contiguous row-major (PyTorch's NCHW for images).
 
+mod buf;
+
+pub use buf::Buf;
+
 use crate::error::{Error, Result};
 use half::f16;
 use std::mem::MaybeUninit;
@@ -12,22 +16,11 @@ pub enum DType {
     F16,
 }
 
-#[derive(Debug)]
+/// A host tensor's elements, shared by its clones (see [`Buf`]).
+#[derive(Debug, Clone)]
 pub enum CpuStorage {
-    F32(Vec<f32>),
-    F16(Vec<f16>),
-}
-
-impl Clone for CpuStorage {
-    /// A copy of the elements, made by the whole pool when large: a graph
-    /// value read twice (a residual block's input) is cloned for the first
-    /// reader, and a serial copy of an activation kept the other core idle.
-    fn clone(&self) -> Self {
-        match self {
-            CpuStorage::F32(v) => CpuStorage::F32(par_copy(v)),
-            CpuStorage::F16(v) => CpuStorage::F16(par_copy(v)),
-        }
-    }
+    F32(Buf<f32>),
+    F16(Buf<f16>),
 }
 
 /// Elements below which [`par_copy`] and [`par_map`] run on the calling
@@ -113,15 +106,18 @@ impl Tensor {
                 data.len()
             )));
         }
-        Ok(Tensor { shape: shape.to_vec(), storage: Storage::Cpu(CpuStorage::F32(data)) })
+        Ok(Tensor { shape: shape.to_vec(), storage: Storage::Cpu(CpuStorage::F32(data.into())) })
     }
 
     pub fn zeros(shape: &[usize]) -> Self {
-        Tensor { shape: shape.to_vec(), storage: Storage::Cpu(CpuStorage::F32(vec![0.0; numel(shape)])) }
+        Tensor {
+            shape: shape.to_vec(),
+            storage: Storage::Cpu(CpuStorage::F32(vec![0.0; numel(shape)].into())),
+        }
     }
 
     pub fn full(shape: &[usize], v: f32) -> Self {
-        Tensor { shape: shape.to_vec(), storage: Storage::Cpu(CpuStorage::F32(vec![v; numel(shape)])) }
+        Tensor { shape: shape.to_vec(), storage: Storage::Cpu(CpuStorage::F32(vec![v; numel(shape)].into())) }
     }
 
     pub fn shape(&self) -> &[usize] {
@@ -162,7 +158,7 @@ impl Tensor {
 
     pub fn into_f32_vec(self) -> Result<Vec<f32>> {
         match self.storage {
-            Storage::Cpu(CpuStorage::F32(v)) => Ok(v),
+            Storage::Cpu(CpuStorage::F32(v)) => Ok(v.into_vec()),
             Storage::Cpu(CpuStorage::F16(v)) => Ok(f16_to_f32(&v)),
         }
     }
@@ -170,7 +166,7 @@ impl Tensor {
     /// The f16 values, rounded to nearest-even from f32 storage.
     pub fn into_f16_vec(self) -> Result<Vec<f16>> {
         match self.storage {
-            Storage::Cpu(CpuStorage::F16(v)) => Ok(v),
+            Storage::Cpu(CpuStorage::F16(v)) => Ok(v.into_vec()),
             Storage::Cpu(CpuStorage::F32(v)) => Ok(f32_to_f16(&v)),
         }
     }
@@ -184,7 +180,7 @@ impl Tensor {
                 data.len()
             )));
         }
-        Ok(Tensor { shape: shape.to_vec(), storage: Storage::Cpu(CpuStorage::F16(data)) })
+        Ok(Tensor { shape: shape.to_vec(), storage: Storage::Cpu(CpuStorage::F16(data.into())) })
     }
 
     /// f32 values stored as `dtype`: rounded to nearest-even for f16, so values
@@ -201,7 +197,7 @@ impl Tensor {
             DType::F32 => Self::zeros(shape),
             DType::F16 => Tensor {
                 shape: shape.to_vec(),
-                storage: Storage::Cpu(CpuStorage::F16(vec![f16::ZERO; numel(shape)])),
+                storage: Storage::Cpu(CpuStorage::F16(vec![f16::ZERO; numel(shape)].into())),
             },
         }
     }
@@ -209,10 +205,10 @@ impl Tensor {
     /// A copy in `dtype` (PyTorch's `.to(dtype)`); f32 -> f16 rounds to nearest-even.
     pub fn to_dtype(&self, dtype: DType) -> Tensor {
         let storage = match (&self.storage, dtype) {
-            (Storage::Cpu(CpuStorage::F32(v)), DType::F32) => CpuStorage::F32(par_copy(v)),
-            (Storage::Cpu(CpuStorage::F16(v)), DType::F16) => CpuStorage::F16(par_copy(v)),
-            (Storage::Cpu(CpuStorage::F32(v)), DType::F16) => CpuStorage::F16(f32_to_f16(v)),
-            (Storage::Cpu(CpuStorage::F16(v)), DType::F32) => CpuStorage::F32(f16_to_f32(v)),
+            (Storage::Cpu(CpuStorage::F32(v)), DType::F32) => CpuStorage::F32(par_copy(v).into()),
+            (Storage::Cpu(CpuStorage::F16(v)), DType::F16) => CpuStorage::F16(par_copy(v).into()),
+            (Storage::Cpu(CpuStorage::F32(v)), DType::F16) => CpuStorage::F16(f32_to_f16(v).into()),
+            (Storage::Cpu(CpuStorage::F16(v)), DType::F32) => CpuStorage::F32(f16_to_f32(v).into()),
         };
         Tensor { shape: self.shape.clone(), storage: Storage::Cpu(storage) }
     }
@@ -244,7 +240,7 @@ impl Tensor {
     /// The values widened to f32 (a copy, whatever the dtype).
     pub fn to_f32_vec(&self) -> Vec<f32> {
         match &self.storage {
-            Storage::Cpu(CpuStorage::F32(v)) => v.clone(),
+            Storage::Cpu(CpuStorage::F32(v)) => par_copy(v),
             Storage::Cpu(CpuStorage::F16(v)) => f16_to_f32(v),
         }
     }
