@@ -28,7 +28,6 @@ use std::sync::{Arc, Mutex, PoisonError};
 use super::layers::{Defer, GradJob, Weights};
 use super::{Model, Saved};
 use crate::error::{Error, Result};
-use crate::ops;
 use crate::tensor::Tensor;
 
 #[cfg(test)]
@@ -160,6 +159,8 @@ impl<'scope> Walk<'_, '_> {
         let prec = self.model.precision;
         let mut grads: Vec<Option<Tensor>> = (0..=n).map(|_| None).collect();
         grads[n] = Some(dlogits);
+        // A value's gradients from its other readers, added by its producer.
+        let mut more: Vec<Vec<Tensor>> = (0..=n).map(|_| Vec::new()).collect();
         // Tasks need a pool worker to spawn them where the pool's other
         // workers look first, and another worker to take them: one thread
         // (or a thread outside any pool, whose tasks would queue behind
@@ -176,7 +177,8 @@ impl<'scope> Walk<'_, '_> {
                 let spawner = Spawner { scope, out: Cell::new(None) };
                 let defer = deferring.then_some(&spawner as &dyn Defer);
                 self.model.swap_tied(i)?;
-                let dxs = self.model.layers[i].backward(s, dy, &need, prec, defer);
+                let dy_more = std::mem::take(&mut more[i + 1]);
+                let dxs = self.model.layers[i].backward(s, dy, dy_more, &need, prec, defer);
                 self.model.swap_tied(i)?;
                 if let Some(out) = spawner.out.take() {
                     self.tasks[i] = Some(Task { homes: self.homes(i), out });
@@ -184,7 +186,7 @@ impl<'scope> Walk<'_, '_> {
                 for (&v, dx) in inputs[i].iter().zip(dxs?) {
                     let (Some(dx), true) = (dx, v > 0) else { continue };
                     match &mut grads[v] {
-                        Some(g) => ops::add::accumulate_(g, &dx)?,
+                        Some(_) => more[v].push(dx),
                         slot => *slot = Some(dx),
                     }
                 }

@@ -130,15 +130,26 @@ impl Node {
     }
 
     /// Accumulates parameter gradients (or leaves them in `defer`, where the
-    /// layer can); returns each input's dx where `need_dx` asks.
+    /// layer can); returns each input's dx where `need_dx` asks. The output's
+    /// gradient is `dy` plus each of `more` (from its other readers, in the
+    /// order they came), summed first as `ops::add::accumulate_` sums them,
+    /// or, for one more into a ReLU, in ReLU's own pass.
     fn backward(
         &mut self,
         saved: Saved,
-        dy: Tensor,
+        mut dy: Tensor,
+        more: Vec<Tensor>,
         need_dx: &[bool],
         prec: Precision,
         defer: Option<&dyn layers::Defer>,
     ) -> Result<Vec<Option<Tensor>>> {
+        if let ([other], Saved::Layer(LayerSaved::Relu(y))) = (&more[..], &saved) {
+            ops::relu::add_backward_(y, &mut dy, other)?;
+            return Ok(vec![Some(dy)]);
+        }
+        for other in &more {
+            ops::add::accumulate_(&mut dy, other)?;
+        }
         let cx = Ctx { sync: self.sync.as_ref(), draws: None, defer };
         match saved {
             Saved::Layer(s) => match self.patched(prec) {

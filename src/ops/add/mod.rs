@@ -4,7 +4,7 @@
 //! and rounded once.
 
 #[cfg(target_arch = "x86_64")]
-mod avx512_f16;
+pub(crate) mod avx512_f16;
 pub mod cpu;
 pub mod cuda;
 

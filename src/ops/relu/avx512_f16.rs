@@ -7,7 +7,7 @@
 //! arithmetic produces: the conversions would quiet it, here it stays.)
 
 use super::cpu::{PAR_CHUNK, PAR_MIN_ELEMS};
-use crate::ops::half_emu::{lanes_from, Load16};
+use crate::ops::half_emu::{lanes_from, Load16, Store16};
 use half::f16;
 use rayon::prelude::*;
 use std::arch::x86_64::*;
@@ -60,6 +60,43 @@ unsafe fn grad_lanes(y: *const f16, dy: *mut f16, len: usize) {
     while i < len {
         let m = lanes_from(i, len);
         let drop = _mm512_mask_cmp_ps_mask::<_CMP_LE_OQ>(m, f16::load16(y.add(i), m), zero);
+        _mm256_mask_storeu_epi16(dy.add(i).cast(), drop, _mm256_setzero_si256());
+        i += LANES;
+    }
+}
+
+/// [`backward_inplace`] of `dy + other` (the sum rounded to f16 once, as
+/// `ops::add::accumulate_` rounds it): the gradient of a value read twice,
+/// summed in the same pass as ReLU's mask instead of one of its own.
+pub fn add_backward_inplace(y: &[f16], dy: &mut [f16], other: &[f16]) {
+    assert!(y.len() == dy.len() && other.len() == dy.len(), "relu backward: y, dy and other lengths differ");
+    type Chunks<'a> = ((&'a [f16], &'a mut [f16]), &'a [f16]);
+    // SAFETY: the three chunks have one length (asserted above);
+    // AVX-512F/BW/VL: callers check `avx512_usable`.
+    let run = |((y, dy), o): Chunks<'_>| unsafe {
+        add_grad_lanes(y.as_ptr(), dy.as_mut_ptr(), o.as_ptr(), dy.len())
+    };
+    if dy.len() >= PAR_MIN_ELEMS {
+        y.par_chunks(PAR_CHUNK)
+            .zip(dy.par_chunks_mut(PAR_CHUNK))
+            .zip(other.par_chunks(PAR_CHUNK))
+            .for_each(run);
+    } else {
+        run(((y, dy), other));
+    }
+}
+
+/// `dy = (y > 0) ? round(dy + other) : 0` over `len` elements, as
+/// [`grad_lanes`] after the add's `sum_lanes`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn add_grad_lanes(y: *const f16, dy: *mut f16, other: *const f16, len: usize) {
+    let zero = _mm512_setzero_ps();
+    let mut i = 0;
+    while i < len {
+        let m = lanes_from(i, len);
+        let drop = _mm512_mask_cmp_ps_mask::<_CMP_LE_OQ>(m, f16::load16(y.add(i), m), zero);
+        let sum = _mm512_add_ps(f16::load16(dy.add(i), m), f16::load16(other.add(i), m));
+        f16::store16(dy.add(i), m & !drop, sum);
         _mm256_mask_storeu_epi16(dy.add(i).cast(), drop, _mm256_setzero_si256());
         i += LANES;
     }

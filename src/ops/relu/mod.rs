@@ -77,6 +77,22 @@ pub fn backward(y: &Tensor, dy: &Tensor) -> Result<Tensor> {
     }
 }
 
+/// `dy` becomes the dx of `dy + other` in place: the gradient of a ReLU
+/// output read twice (a residual block's input), its readers' gradients
+/// summed as `ops::add::accumulate_` sums them, then ReLU's [`backward_`].
+/// One pass for f16 on AVX-512, the two ops otherwise; the same bits.
+pub fn add_backward_(y: &Tensor, dy: &mut Tensor, other: &Tensor) -> Result<()> {
+    dy.check_shape("relu backward_: dy (must match y)", y.shape())?;
+    other.check_shape("relu backward_: the other reader's dy (must match y)", y.shape())?;
+    #[cfg(target_arch = "x86_64")]
+    if avx512_usable() && [y.dtype(), dy.dtype(), other.dtype()] == [DType::F16; 3] {
+        avx512_f16::add_backward_inplace(y.as_f16()?, dy.as_f16_mut()?, other.as_f16()?);
+        return Ok(());
+    }
+    super::add::accumulate_(dy, other)?;
+    backward_(y, dy)
+}
+
 /// `dy` becomes dx in place.
 pub fn backward_(y: &Tensor, dy: &mut Tensor) -> Result<()> {
     dy.check_shape("relu backward_: dy (must match y)", y.shape())?;

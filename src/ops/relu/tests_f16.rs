@@ -62,5 +62,38 @@ fn avx512_f16_kernels_store_the_generic_paths_bits() {
         avx512_f16::backward_inplace(x, &mut fast);
         zip_map_inplace(x, &mut slow, cpu::backward_inplace);
         assert_eq!(bits(&fast), bits(&slow), "backward over {start}..{end}");
+
+        // The gradient of a value read twice: summed, then masked.
+        let other: Vec<half::f16> = (0..len).map(|i| all[(start + i * 104_729 + 17) % all.len()]).collect();
+        let (mut fast, mut slow) = (dy.clone(), dy.clone());
+        avx512_f16::add_backward_inplace(x, &mut fast, &other);
+        crate::ops::add::avx512_f16::accumulate(&mut slow, &other);
+        zip_map_inplace(x, &mut slow, cpu::backward_inplace);
+        assert_eq!(bits(&fast), bits(&slow), "add backward over {start}..{end}");
     }
+}
+
+/// `add_backward_` is `accumulate_` then `backward_`, bit for bit, in every
+/// dtype mix (the fused kernel for f16, the two ops otherwise), and refuses
+/// a gradient of another shape.
+#[test]
+fn add_backward_is_accumulate_then_backward() {
+    let y = vec![-1.0, 0.0, -0.0, 3.0, 1e-7, 65504.0, f32::NAN, 2.0];
+    let dy = vec![1.0, 2.0, 3.0, 0.1, 5.0, 65504.0, 1.0, f32::INFINITY];
+    let other = vec![0.5, -2.0, 1.0, 0.2, -5.0, 65504.0, 1.0, f32::NEG_INFINITY];
+    let dts = [DType::F16, DType::F32];
+    for (dy_t, o_t, y_t) in dts.iter().flat_map(|&a| dts.iter().flat_map(move |&b| dts.map(|c| (a, b, c)))) {
+        let t = |v: &[f32], dt| Tensor::from_f32_as(&[8], v.to_vec(), dt).unwrap();
+        let (y, other) = (t(&y, y_t), t(&other, o_t));
+        let mut fused = t(&dy, dy_t);
+        add_backward_(&y, &mut fused, &other).unwrap();
+        let mut want = t(&dy, dy_t);
+        crate::ops::add::accumulate_(&mut want, &other).unwrap();
+        backward_(&y, &mut want).unwrap();
+        let bits = |t: &Tensor| t.to_f32_vec().iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&fused), bits(&want), "dy {dy_t:?}, other {o_t:?}, y {y_t:?}");
+    }
+    let mut dy = Tensor::zeros(&[8]);
+    let err = add_backward_(&Tensor::zeros(&[8]), &mut dy, &Tensor::zeros(&[4])).unwrap_err().to_string();
+    assert!(err.contains("other reader's dy") && err.contains("[4]"), "{err}");
 }
