@@ -83,15 +83,20 @@ fn batch(m: usize, nt: usize) -> usize {
     }
 }
 
-/// Images per backward task: whole mosaics, spread evenly over four tasks
+/// Images per backward task: whole mosaics, spread evenly over a few tasks
 /// a thread. Each task sums the weight gradient into accumulators of its
-/// own, added up in task order afterwards. Fewer, longer tasks would add
-/// fewer accumulators (1 MB each at 64 x 64 channels), but each sums twice
-/// the tiles in f32 in the transformed domain: at two tasks a thread the
-/// seed ConvNet's 20 O0 steps drifted from the device's by 1.7e-4 of a
-/// weight, against 5.4e-6 at four (`twenty_o0_steps_on_the_gpu_match_the_cpu`).
-fn per_backward_task(n: usize, slots: usize) -> usize {
-    let tasks = 4 * rayon::current_num_threads().max(1);
+/// own (`acc_len` floats), added up in task order afterwards. F(6x6, 3x3)
+/// with accumulators of 256 KB or more (32 x 32 channels and up) takes two
+/// tasks a thread: at four, writing and adding up 1 MB of accumulators a
+/// task made ResNet-20's 7x7 convs' backward (64 channels, batch 128, two
+/// threads) 8-10% slower, its 14x14 ones' (32) 6%. Four otherwise, as each
+/// task then sums half
+/// the tiles in f32 in the transformed domain: the seed ConvNet's 5x5 F(4x4,
+/// 5x5) at two drifted from the device by 1.7e-4 of a weight in 20 O0 steps,
+/// against 5.4e-6 at four (`twenty_o0_steps_on_the_gpu_match_the_cpu`).
+fn per_backward_task(n: usize, slots: usize, m: usize, acc_len: usize) -> usize {
+    let per_thread = if m == 6 && acc_len >= TT * 32 * 32 { 2 } else { 4 };
+    let tasks = per_thread * rayon::current_num_threads().max(1);
     n.div_ceil(slots).div_ceil(tasks).max(1) * slots
 }
 
@@ -434,7 +439,8 @@ fn backward_with<const M: usize, X: Act>(
     // Per task (of whole mosaics): the weight gradient in the transformed
     // domain and db.
     let acc_len = TT * ldc * ldo;
-    let partials = backward_tasks(g, per_backward_task(g.n, slots), dx, |first, imgs, mut dxt| {
+    let per_task = per_backward_task(g.n, slots, M, acc_len);
+    let partials = backward_tasks(g, per_task, dx, |first, imgs, mut dxt| {
         // Written in full by the first `point_dw` (see below).
         let mut acc: Vec<f32> = Vec::with_capacity(acc_len);
         let mut db_t = zeros(if need_db { g.o } else { 0 });
