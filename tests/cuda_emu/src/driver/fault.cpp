@@ -19,23 +19,41 @@ namespace cuemu {
 
 static struct sigaction g_old_segv, g_old_bus;
 
-static void on_fault(int sig, siginfo_t* si, void* uctx) {
-  if (cuemu_exec_in_kernel()) {
-    char desc[512], where[256], msg[1024];
-    {
-      // The worker does not hold the lock while kernel code runs.
-      std::lock_guard<std::mutex> lk(g().mu);
-      describe_addr_locked((uintptr_t)si->si_addr, desc, sizeof desc);
-    }
-    where[0] = 0;
-    cuemu_exec_where(where, sizeof where);
-    snprintf(msg, sizeof msg, "illegal memory access (%s) in %s: %s", sig == SIGSEGV ? "SIGSEGV" : "SIGBUS",
-             where[0] ? where : "a kernel", desc);
-    cuemu_exec_fault(msg, 700);  // does not return
+// Set while this thread checks a host access. A fault inside that check
+// (the handler runs on the thread's alternate stack, which on a test thread
+// is Rust's 8 KB, half of it the kernel's signal frame) would wait forever
+// on the lock its outer frame holds: the program dies of it instead, as it
+// would without the emulator.
+static thread_local bool t_in_handler = false;
+
+// A fault in kernel code: ends the launch (workers have large alternate
+// stacks; out of line, so its buffers are not on a test thread's).
+__attribute__((noinline)) static void kernel_fault(int sig, siginfo_t* si) {
+  char desc[512], where[256], msg[1024];
+  {
+    // The worker does not hold the lock while kernel code runs.
+    std::lock_guard<std::mutex> lk(g().mu);
+    describe_addr_locked((uintptr_t)si->si_addr, desc, sizeof desc);
   }
+  where[0] = 0;
+  cuemu_exec_where(where, sizeof where);
+  snprintf(msg, sizeof msg, "illegal memory access (%s) in %s: %s", sig == SIGSEGV ? "SIGSEGV" : "SIGBUS",
+           where[0] ? where : "a kernel", desc);
+  cuemu_exec_fault(msg, 700);  // does not return
+}
+
+static void on_fault(int sig, siginfo_t* si, void* uctx) {
+  if (t_in_handler) {
+    sigaction(sig, sig == SIGSEGV ? &g_old_segv : &g_old_bus, nullptr);
+    return;
+  }
+  if (cuemu_exec_in_kernel()) kernel_fault(sig, si);
   // x86-64: bit 1 of the page-fault error code is set for a write.
   const bool write = (((ucontext_t*)uctx)->uc_mcontext.gregs[REG_ERR] & 2) != 0;
-  if (host_guard_fault((uintptr_t)si->si_addr, write)) return;  // the access runs again, now allowed
+  t_in_handler = true;
+  const bool guarded = host_guard_fault((uintptr_t)si->si_addr, write);
+  t_in_handler = false;
+  if (guarded) return;  // the access runs again, now allowed
   sigaction(sig, sig == SIGSEGV ? &g_old_segv : &g_old_bus, nullptr);
 }
 

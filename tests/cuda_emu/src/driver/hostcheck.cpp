@@ -165,6 +165,25 @@ void release_host_guards_locked() {
   }
 }
 
+// The report of a host access before its copy's stream was synchronized
+// (out of line: its buffer is off the fault handler's stack until needed).
+__attribute__((noinline)) static void report_host_race(uintptr_t addr, bool write, uintptr_t base, const Pinned& b,
+                                                       const HostGuard& gd) {
+  char msg[1024];
+  snprintf(msg, sizeof msg,
+           "host %s of pinned memory at 0x%lx (byte %zu of the %zu-byte pinned buffer at 0x%lx) before the host "
+           "synchronized with %s, which %s [0x%lx, +%zu bytes) of it (synchronize the stream, an event recorded "
+           "after the copy, or the context first)",
+           write ? "write" : "read", (unsigned long)addr, (size_t)(addr - base), b.len, (unsigned long)base,
+           gd.what.c_str(), gd.device_writes ? "writes" : "reads", (unsigned long)gd.lo, (size_t)(gd.hi - gd.lo));
+  fprintf(stderr, "cuemu: error: %s\n", msg);
+  if (!fault_pending.load()) {
+    fault_ctx = b.ctx;
+    fault_msg = msg;
+    fault_pending.store(true);
+  }
+}
+
 bool host_guard_fault(uintptr_t addr, bool write) {
   std::lock_guard<std::mutex> lk(mu());
   auto it = find_locked(addr, 1);
@@ -173,20 +192,7 @@ bool host_guard_fault(uintptr_t addr, bool write) {
   const uintptr_t pg = addr & ~(uintptr_t)(page() - 1);
   for (auto& gd : b.guards) {
     if (addr < gd.lo || addr >= gd.hi || (!gd.device_writes && !write)) continue;
-    char msg[1024];
-    snprintf(msg, sizeof msg,
-             "host %s of pinned memory at 0x%lx (byte %zu of the %zu-byte pinned buffer at 0x%lx) before the host "
-             "synchronized with %s, which %s [0x%lx, +%zu bytes) of it (synchronize the stream, an event recorded "
-             "after the copy, or the context first)",
-             write ? "write" : "read", (unsigned long)addr, (size_t)(addr - it->first), b.len,
-             (unsigned long)it->first, gd.what.c_str(), gd.device_writes ? "writes" : "reads", (unsigned long)gd.lo,
-             (size_t)(gd.hi - gd.lo));
-    fprintf(stderr, "cuemu: error: %s\n", msg);
-    if (!fault_pending.load()) {
-      fault_ctx = b.ctx;
-      fault_msg = msg;
-      fault_pending.store(true);
-    }
+    report_host_race(addr, write, it->first, b, gd);
     // Let the program go on to its next CUDA call, which reports the error.
     b.guards.clear();
     b.loose.clear();
