@@ -25,6 +25,27 @@ impl Lines {
         Lines { lines: vec![Line([0.0; LINE]); len.div_ceil(LINE)], len }
     }
 
+    /// `len` floats that `fill` writes through the pointer it is given,
+    /// without zero-filling them first (the last line's floats past `len`
+    /// are zero).
+    ///
+    /// # Safety
+    /// `fill` writes every one of the `len` floats from the pointer on.
+    pub(super) unsafe fn written_by(len: usize, fill: impl FnOnce(*mut f32)) -> Self {
+        let n = len.div_ceil(LINE);
+        let mut lines: Vec<Line> = Vec::with_capacity(n);
+        let base = lines.spare_capacity_mut().as_mut_ptr().cast::<f32>();
+        if n > 0 {
+            // SAFETY: line n - 1 lies in the capacity just reserved.
+            unsafe { base.add((n - 1) * LINE).write_bytes(0, LINE) };
+        }
+        fill(base);
+        // SAFETY: the caller's contract: `fill` wrote floats 0..len, and the
+        // last line's rest is zero, so all n lines are initialized.
+        unsafe { lines.set_len(n) };
+        Lines { lines, len }
+    }
+
     /// Makes room for at least `len` floats: the contents are kept and new
     /// floats are zero.
     pub(super) fn grow(&mut self, len: usize) {

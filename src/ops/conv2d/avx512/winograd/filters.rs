@@ -35,9 +35,7 @@ pub(super) fn filters(k: usize, nin: usize, nout: usize, taps: Taps<'_>) -> Line
     debug_assert!(k == 3 || k == 5, "Winograd takes 3x3 and 5x5 kernels, not {k}x{k}");
     let (kk, ld) = (k * k, nout.next_multiple_of(LANES));
     let gt: Vec<f64> = (0..T * k).map(|x| kernels::g(k, x / k, x % k)).collect();
-    let mut u = Lines::zeroed(TT * nin * ld);
-    let dst = Dst(u.as_mut_ptr());
-    (0..nin).into_par_iter().for_each(|i| {
+    let job = |dst: &Dst, i: usize| {
         // w[t][o]: filter (o, i)'s taps, each output channel's together in
         // the weights.
         let mut w = vec![0f64; kk * nout];
@@ -50,11 +48,10 @@ pub(super) fn filters(k: usize, nin: usize, nout: usize, taps: Taps<'_>) -> Line
                 w[if flip { kk - 1 - t } else { t } * nout + o] = *v as f64;
             }
         }
-        let dst = &dst;
         // SAFETY: `fits` callers run only where `avx512::usable` found
         // AVX-512F and VL; `w` and `gt` have the lengths asked for. Job i
-        // writes only u[p][i][..nout] (rows p * nin + i of `ld` floats),
-        // inside `u` and apart from every other job's.
+        // writes only u[p][i][..ld] (row p * nin + i of `ld` floats, its
+        // padding lanes zeroed), inside `u` and apart from every other job's.
         unsafe {
             let row0 = dst.0.add(i * ld);
             if k == 3 {
@@ -62,9 +59,19 @@ pub(super) fn filters(k: usize, nin: usize, nout: usize, taps: Taps<'_>) -> Line
             } else {
                 filter_block::<5>(nout, &w, &gt, row0, nin * ld)
             }
+            for p in 0..TT {
+                row0.add(p * nin * ld + nout).write_bytes(0, ld - nout);
+            }
         }
-    });
-    u
+    };
+    // SAFETY: the jobs write every row of every point (see `job`), a serial
+    // zero-fill of 1 MB (64 x 64 channels) left the other core idle.
+    unsafe {
+        Lines::written_by(TT * nin * ld, |u| {
+            let dst = Dst(u);
+            (0..nin).into_par_iter().for_each(|i| job(&dst, i));
+        })
+    }
 }
 
 /// `u`'s floats, written by [`filters`]' jobs, each its own rows.
