@@ -202,11 +202,13 @@ impl Tensor {
         }
     }
 
-    /// A copy in `dtype` (PyTorch's `.to(dtype)`); f32 -> f16 rounds to nearest-even.
+    /// The values in `dtype` (PyTorch's `.to(dtype)`): the same elements,
+    /// shared (see [`Buf`]), when already `dtype`; f32 -> f16 rounds to
+    /// nearest-even.
     pub fn to_dtype(&self, dtype: DType) -> Tensor {
         let storage = match (&self.storage, dtype) {
-            (Storage::Cpu(CpuStorage::F32(v)), DType::F32) => CpuStorage::F32(par_copy(v).into()),
-            (Storage::Cpu(CpuStorage::F16(v)), DType::F16) => CpuStorage::F16(par_copy(v).into()),
+            (Storage::Cpu(s @ CpuStorage::F32(_)), DType::F32)
+            | (Storage::Cpu(s @ CpuStorage::F16(_)), DType::F16) => s.clone(),
             (Storage::Cpu(CpuStorage::F32(v)), DType::F16) => CpuStorage::F16(f32_to_f16(v).into()),
             (Storage::Cpu(CpuStorage::F16(v)), DType::F32) => CpuStorage::F32(f16_to_f32(v).into()),
         };

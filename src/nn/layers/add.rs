@@ -59,13 +59,13 @@ impl Join for Add {
 
     fn backward(&self, dtypes: Vec<DType>, dy: Tensor, need_dx: &[bool]) -> Result<Vec<Option<Tensor>>> {
         // The last operand that needs a gradient takes dy itself, the others
-        // dy shared (or converted to their dtype).
+        // dy in their dtype (shared when it is dy's).
         let last = need_dx.iter().rposition(|&need| need);
         let mut dy = Some(dy);
         let mut dxs = Vec::with_capacity(need_dx.len());
         for (i, (&need, dt)) in need_dx.iter().zip(dtypes).enumerate() {
             let dx = match (need, &dy) {
-                (true, Some(g)) if Some(i) != last => Some(g.clone().into_dtype(dt)),
+                (true, Some(g)) if Some(i) != last => Some(g.to_dtype(dt)),
                 (true, Some(_)) => dy.take().map(|g| g.into_dtype(dt)),
                 _ => None,
             };
