@@ -443,6 +443,23 @@ unsafe fn gemm_tile<const Q: usize, const OV: usize>(
 /// keeps both FMA pipes' latency covered too).
 const QT: usize = 8;
 
+/// Tiles in the register block that starts `rest` tiles before the end
+/// (`ov` lane vectors): [`QT`], or all of them where they fit in one block
+/// (up to 15 x 1 or 12 x 2 accumulators), so that the tiles past the last
+/// multiple of 8 share a block instead of going one at a time. A lone
+/// tile is a chain of `nc` dependent FMAs, and ResNet-20's 25-tile GEMMs
+/// (28x28 images, 14x14 ones four to a mosaic) left one over at every
+/// point: at 16 channels it took as long as eight tiles in a block. Every
+/// tile sums its channels in the same order in any block.
+fn block_tiles(rest: usize, ov: usize) -> usize {
+    let most = if ov == 1 { 15 } else { 12 };
+    if rest <= most {
+        rest
+    } else {
+        QT
+    }
+}
+
 /// For every point `p`: `m[p][t][..ldo] = v[p][t][..nc] * u[p][..nc][..ldo]`,
 /// `nt` tiles (`v` row stride `ldv`, `u` `[TT][nc][ldo]`).
 ///
@@ -459,24 +476,34 @@ pub(super) unsafe fn point_gemms(
     ldo: usize,
     m: *mut f32,
 ) {
+    // One monomorphic block per tile count `block_tiles` hands out.
+    macro_rules! block {
+        ($ov:literal, $q:expr, $a:expr, $($n:literal)*) => {
+            match $q {
+                $($n => gemm_tile::<$n, $ov>($a.0, $a.1, $a.2, $a.3, $a.4, $a.5, $a.6),)*
+                _ => unreachable!("block_tiles hands out at most 15 x 1 or 12 x 2 tiles"),
+            }
+        };
+    }
     for p in 0..TT {
         let (vp, up, mp) =
             (v.add(p * point_len(nt, ldv)), u.add(p * nc * ldo), m.add(p * point_len(nt, ldo)));
         let mut o0 = 0;
         while o0 < ldo {
-            let two = ldo - o0 >= 2 * LANES;
+            let ov = if ldo - o0 >= 2 * LANES { 2 } else { 1 };
             let mut t0 = 0;
             while t0 < nt {
                 let (vq, uq, mq) = (vp.add(t0 * ldv), up.add(o0), mp.add(t0 * ldo + o0));
-                match (nt - t0 >= QT, two) {
-                    (true, true) => gemm_tile::<QT, 2>(nc, vq, ldv, uq, ldo, mq, ldo),
-                    (true, false) => gemm_tile::<QT, 1>(nc, vq, ldv, uq, ldo, mq, ldo),
-                    (false, true) => gemm_tile::<1, 2>(nc, vq, ldv, uq, ldo, mq, ldo),
-                    (false, false) => gemm_tile::<1, 1>(nc, vq, ldv, uq, ldo, mq, ldo),
+                let q = block_tiles(nt - t0, ov);
+                let args = (nc, vq, ldv, uq, ldo, mq, ldo);
+                if ov == 2 {
+                    block!(2, q, args, 1 2 3 4 5 6 7 8 9 10 11 12)
+                } else {
+                    block!(1, q, args, 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15)
                 }
-                t0 += if nt - t0 >= QT { QT } else { 1 };
+                t0 += q;
             }
-            o0 += if two { 2 * LANES } else { LANES };
+            o0 += ov * LANES;
         }
     }
 }
