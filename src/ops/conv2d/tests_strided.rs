@@ -32,6 +32,10 @@ const CFGS: &[Cfg] = &[
     (1, 10, 13, 12, 24, 5, 2, 2),
     (2, 8, 9, 9, 16, 1, 3, 0),
     (1, 20, 6, 7, 33, 3, 2, 2),
+    // 1x1 stride 2 reads only every other pixel: odd sides, channels off
+    // the lanes, rows of more than 16 such pixels (35 = 16 + 16 + 3).
+    (2, 9, 15, 13, 17, 1, 2, 0),
+    (1, 20, 5, 70, 24, 1, 2, 0),
 ];
 
 fn geom(cfg: Cfg) -> ConvGeom {

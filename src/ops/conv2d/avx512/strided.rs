@@ -25,9 +25,9 @@
 use super::dw::pixels_sum;
 use super::winograd::kernels::fill_pixel_major;
 use super::{add_partials, backward_tasks, per_forward_task, per_task};
-use crate::ops::conv2d::avx512_direct::to_planes;
+use crate::ops::conv2d::avx512_direct::{to_planes, transpose16};
 use crate::ops::conv2d::cpu::ConvGeom;
-use crate::ops::half_emu::{Act, Pixels};
+use crate::ops::half_emu::{Act, Load16, Pixels};
 use rayon::prelude::*;
 use std::arch::x86_64::*;
 
@@ -57,6 +57,9 @@ struct Layout {
     ch: usize,
     h: usize,
     w: usize,
+    /// Only every other pixel of every other row, `ceil(h / 2) x ceil(w /
+    /// 2)` of them: all that a 1x1 stride-2 conv reads (see [`Layout::x`]).
+    every_other: bool,
 }
 
 impl Layout {
@@ -74,8 +77,88 @@ impl Layout {
 
     /// Writes `src[ch][h][w]` into `buf` (whose border stays zero).
     fn fill(&self, src: Pixels<'_>, buf: &mut [f32]) {
-        assert!(self.pad + self.h <= self.rows && self.len() <= buf.len());
-        fill_pixel_major(src, (self.ch, self.h, self.w), buf, 0, (self.pad, self.cols, self.ld));
+        if self.every_other {
+            fill_every_other(src, (self.ch, self.h, self.w), buf, self.ld);
+        } else {
+            assert!(self.pad + self.h <= self.rows && self.len() <= buf.len());
+            fill_pixel_major(src, (self.ch, self.h, self.w), buf, 0, (self.pad, self.cols, self.ld));
+        }
+    }
+
+    /// The input's layout for `g`: padded by `p`, or, for a 1x1 stride-2
+    /// kernel without padding, only the pixels it reads, a quarter of them
+    /// (the pixel-major copy of the whole image took most of ResNet-20's
+    /// projection shortcuts' time). The kernels then step one pixel (and
+    /// one row) where they stepped two; the sums are the same.
+    fn x(g: &ConvGeom) -> Self {
+        let (ld, p) = (g.c.next_multiple_of(LANES), g.padding);
+        let (h, w) = (g.h, g.w);
+        if g.k == 1 && g.stride == 2 && p == 0 {
+            let (rows, cols) = (h.div_ceil(2), w.div_ceil(2));
+            return Layout { rows, cols, ld, pad: 0, ch: g.c, h, w, every_other: true };
+        }
+        Layout { rows: h + 2 * p, cols: w + 2 * p, ld, pad: p, ch: g.c, h, w, every_other: false }
+    }
+
+    /// Floats from pixel `(y, x)` of the input to pixel `(y, x + 1)` of
+    /// the same stride-`s` window row, and to the next window row.
+    fn steps(&self, s: usize) -> (usize, usize) {
+        if self.every_other {
+            (self.ld, self.cols * self.ld)
+        } else {
+            (s * self.ld, s * self.cols * self.ld)
+        }
+    }
+}
+
+/// `buf[(y * ceil(w / 2) + x) * ld + c] = src[(c * h + 2 y) * w + 2 x]`
+/// for `c < ch` (zero for `ch <= c < ld`): the pixels of even rows and
+/// columns, pixel-major.
+fn fill_every_other(src: Pixels<'_>, (ch, h, w): (usize, usize, usize), buf: &mut [f32], ld: usize) {
+    assert!(src.len() >= ch * h * w && ch <= ld && ld.is_multiple_of(LANES));
+    assert!(h.div_ceil(2) * w.div_ceil(2) * ld <= buf.len(), "pixel-major image past its buffer");
+    // SAFETY: the asserts are `every_other`'s contract. AVX-512F/BW/VL:
+    // the callers run only where `avx512::usable` found them.
+    unsafe {
+        match src {
+            Pixels::F32(s) => every_other(s.as_ptr(), (ch, h, w), buf.as_mut_ptr(), ld),
+            Pixels::F16(s) => every_other(s.as_ptr(), (ch, h, w), buf.as_mut_ptr(), ld),
+        }
+    }
+}
+
+/// [`fill_every_other`] once checked: for each output row, 16 pixels of a
+/// row at a time, loaded as 32 source values (f16 widened) and their even
+/// lanes picked, then 16 channels by 16 pixels transposed in registers.
+///
+/// # Safety
+/// `src` has `ch * h * w` elements, `dst` `ceil(h / 2) * ceil(w / 2) * ld`
+/// floats; `ch <= ld`, `ld` a multiple of 16; AVX-512F/BW/VL.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn every_other<S: Load16>(src: *const S, (ch, h, w): (usize, usize, usize), dst: *mut f32, ld: usize) {
+    let (hw, ho, wo) = (h * w, h.div_ceil(2), w.div_ceil(2));
+    let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    let mask = |n: usize| ((1u32 << n.min(LANES)) - 1) as u16;
+    for y in 0..ho {
+        for x0 in (0..wo).step_by(LANES) {
+            let nx = (wo - x0).min(LANES);
+            // Source values 2 x0 ..= 2 (x0 + nx - 1) of row 2 y.
+            let span = 2 * nx - 1;
+            let (lo, hi) = (mask(span), mask(span.saturating_sub(LANES)));
+            for c0 in (0..ld).step_by(LANES) {
+                // Channels past `ch` load nothing (zeros) from one that exists.
+                let nc = ch.saturating_sub(c0);
+                let mut m: [__m512; LANES] = std::array::from_fn(|i| {
+                    let (ml, mh) = if i < nc { (lo, hi) } else { (0, 0) };
+                    let p = src.add((c0 + i.min(ch.max(1) - 1)) * hw + 2 * (y * w + x0));
+                    _mm512_permutex2var_ps(S::load16(p, ml), even, S::load16(p.wrapping_add(LANES), mh))
+                });
+                transpose16(&mut m);
+                for (i, v) in m.iter().enumerate().take(nx) {
+                    _mm512_storeu_ps(dst.add((y * wo + x0 + i) * ld + c0), *v);
+                }
+            }
+        }
     }
 }
 
@@ -173,15 +256,14 @@ unsafe fn run(
 /// The per-image layouts: `x` padded by `p`; `dy` with a border of `K`
 /// zeros, wide enough for every tap of the input gradient.
 fn layouts(g: &ConvGeom) -> (Layout, Layout) {
-    let (ldc, ldo) = (g.c.next_multiple_of(LANES), g.o.next_multiple_of(LANES));
-    let p = g.padding;
-    let x = Layout { rows: g.h + 2 * p, cols: g.w + 2 * p, ld: ldc, pad: p, ch: g.c, h: g.h, w: g.w };
+    let ldo = g.o.next_multiple_of(LANES);
+    let x = Layout::x(g);
     // dx pixel (ih, iw) reads dy at ((ih + p - ki) / s, ...): from -(K - 1)
     // / s up to (H - 1 + p) / s, under K + H / s + 1 either way.
     let b = g.k + 1;
     let rows = b + g.h.max(g.ho) + b;
     let cols = b + g.w.max(g.wo) + b;
-    let dy = Layout { rows, cols, ld: ldo, pad: b, ch: g.o, h: g.ho, w: g.wo };
+    let dy = Layout { rows, cols, ld: ldo, pad: b, ch: g.o, h: g.ho, w: g.wo, every_other: false };
     (x, dy)
 }
 
@@ -210,6 +292,7 @@ pub(super) fn forward<X: Act>(g: &ConvGeom, x: &[X], w: &[f32], bias: Option<&[f
     let ldo = g.o.next_multiple_of(LANES);
     let wt = weights(g, w, false);
     let (s, k, hw) = (g.stride, g.k, g.out_hw());
+    let (step, row) = xl.steps(s);
     let taps: Vec<Tap> = (0..k * k)
         .map(|t| (xl.at((t / k) as isize, (t % k) as isize) - xl.at(0, 0), t * g.c * ldo))
         .collect();
@@ -220,7 +303,7 @@ pub(super) fn forward<X: Act>(g: &ConvGeom, x: &[X], w: &[f32], bias: Option<&[f
             xl.fill(X::pixels(xi), &mut xp);
             for oh in 0..g.ho {
                 // Window (oh, 0) starts at padded pixel (s oh, 0).
-                let src = xl.at((s * oh) as isize - g.padding as isize, -(g.padding as isize));
+                let src = xl.at(-(g.padding as isize), -(g.padding as isize)) + oh * row;
                 // SAFETY: window (oh, ow) reads padded pixels up to (s oh + K
                 // - 1, s ow + K - 1) < (H + 2p, W + 2p), inside `xp`; `out`
                 // holds Ho Wo pixels of `ldo`. AVX-512F: `usable`.
@@ -228,7 +311,7 @@ pub(super) fn forward<X: Act>(g: &ConvGeom, x: &[X], w: &[f32], bias: Option<&[f
                     run(
                         g.wo,
                         xp.as_ptr().add(src),
-                        s * xl.ld,
+                        step,
                         &taps,
                         g.c,
                         wt.as_ptr(),
@@ -258,6 +341,7 @@ pub(super) fn backward<X: Act>(
     let (xl, dl) = layouts(g);
     let (ldc, ldo) = (xl.ld, dl.ld);
     let (s, k, p, kk) = (g.stride, g.k, g.padding as isize, g.k * g.k);
+    let (x_step, x_row) = xl.steps(s);
     let wdx = dx.is_some().then(|| weights(g, w, true));
     // The input gradient's stride classes: (a, b) and their taps as (dy
     // offset, weight offset), dy pixel (i + (a + p - ki) / s, ...) for
@@ -303,8 +387,8 @@ pub(super) fn backward<X: Act>(
                     dw_image(
                         g,
                         xp.as_ptr().add(xl.at(ki - p, kj - p)),
-                        s * ldc,
-                        xl.cols * ldc * s,
+                        x_step,
+                        x_row,
                         dyp.as_ptr().add(dl.at(0, 0)),
                         dl.cols * ldo,
                         dwt.as_mut_ptr().add(tap * g.c * ldo),
@@ -431,6 +515,50 @@ unsafe fn dw_block<const OV: usize>(
     for (c, row) in s.iter().enumerate().take(nc) {
         for (v, a) in row.iter().enumerate() {
             _mm512_storeu_ps(acc.add(c * lda + v * LANES), *a);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::half_emu::avx512_usable;
+    use half::f16;
+
+    /// The every-other-pixel copy equals the whole image's copy at the
+    /// even rows and columns, bit for bit (zeros of both signs, infinities,
+    /// NaN, subnormals, f16 widened), over odd and even sides, rows of
+    /// several 16-pixel blocks and channel counts off the lanes.
+    #[test]
+    fn every_other_pixel_is_the_whole_copy_subsampled() {
+        if !avx512_usable() {
+            eprintln!("no AVX-512 on this CPU: kernel not checked");
+            return;
+        }
+        let specials = [0.0f32, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 1e-41, -3.5, 65504.0];
+        for (ch, h, w) in [(16usize, 28usize, 28usize), (9, 15, 13), (20, 5, 70), (33, 1, 1), (1, 4, 33)] {
+            let ld = ch.next_multiple_of(LANES);
+            let vals: Vec<f32> = (0..ch * h * w)
+                .map(
+                    |i| if i % 7 == 3 { specials[i % specials.len()] } else { (i as f32 * 0.37).sin() * 1e3 },
+                )
+                .collect();
+            let halves: Vec<f16> = vals.iter().map(|&v| f16::from_f32(v)).collect();
+            for src in [Pixels::F32(&vals), Pixels::F16(&halves)] {
+                let mut whole = vec![f32::NAN; h * w * ld];
+                fill_pixel_major(src, (ch, h, w), &mut whole, 0, (0, w, ld));
+                let (ho, wo) = (h.div_ceil(2), w.div_ceil(2));
+                let mut sub = vec![f32::NAN; ho * wo * ld];
+                fill_every_other(src, (ch, h, w), &mut sub, ld);
+                for y in 0..ho {
+                    for x in 0..wo {
+                        for c in 0..ld {
+                            let (a, b) = (sub[(y * wo + x) * ld + c], whole[(2 * y * w + 2 * x) * ld + c]);
+                            assert_eq!(a.to_bits(), b.to_bits(), "{ch}x{h}x{w} pixel ({y}, {x}) lane {c}");
+                        }
+                    }
+                }
+            }
         }
     }
 }
