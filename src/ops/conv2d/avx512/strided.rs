@@ -139,7 +139,16 @@ unsafe fn every_other<S: Load16>(src: *const S, (ch, h, w): (usize, usize, usize
     let (hw, ho, wo) = (h * w, h.div_ceil(2), w.div_ceil(2));
     let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
     let mask = |n: usize| ((1u32 << n.min(LANES)) - 1) as u16;
+    // The next image's planes follow these: fetched into the cache a slice
+    // per output row, as `to_pixel_major` does (and for its reason: more
+    // planes at once than the hardware prefetcher follows).
+    let next = src.wrapping_add(ch * hw).cast::<u8>();
+    let bytes = ch * hw * std::mem::size_of::<S>();
+    let per_row = bytes.div_ceil(ho.max(1)).next_multiple_of(64);
     for y in 0..ho {
+        for at in (y * per_row..((y + 1) * per_row).min(bytes)).step_by(64) {
+            _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(at).cast());
+        }
         for x0 in (0..wo).step_by(LANES) {
             let nx = (wo - x0).min(LANES);
             // Source values 2 x0 ..= 2 (x0 + nx - 1) of row 2 y.
