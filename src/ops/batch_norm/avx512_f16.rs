@@ -182,11 +182,12 @@ unsafe fn dz_plane_avx512(g: *const f16, codes: &[u8], w: usize, dz: *mut f32) {
 /// The gradient at BatchNorm's output as the backward kernels load it, 16
 /// lanes at a time.
 pub trait Dz: Copy {
-    /// Lanes `m` of elements `i..i + 16`, the others `+0`.
+    /// Lanes `m` of elements `i..i + 16`, the others `+0`; `xv` is BatchNorm's
+    /// input at those elements, which the callers load anyway.
     ///
     /// # Safety
     /// The lanes in `m` lie inside the plane; AVX-512F/BW/VL.
-    unsafe fn dz16(self, i: usize, m: __mmask16) -> __m512;
+    unsafe fn dz16(self, i: usize, m: __mmask16, xv: __m512) -> __m512;
 }
 
 /// A plane of `dz` itself, f32 or f16 (widened).
@@ -196,7 +197,7 @@ struct Plain<D>(*const D);
 impl<D: Load16> Dz for Plain<D> {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    unsafe fn dz16(self, i: usize, m: __mmask16) -> __m512 {
+    unsafe fn dz16(self, i: usize, m: __mmask16, _xv: __m512) -> __m512 {
         D::load16(self.0.add(i), m)
     }
 }
@@ -210,18 +211,23 @@ impl<D: Load16> Dz for Plain<D> {
 #[derive(Clone, Copy)]
 struct ReluDz {
     dy: *const f16,
-    x: *const f16,
     scale: f32,
     shift: f32,
 }
 
+/// The largest f32 that rounds to an f16 zero: half the smallest subnormal
+/// (2^-24), which ties to the even zero. So `round(v) <= 0` exactly where
+/// `v <= RELU_ZERO` (ordered both: NaN rounds to NaN), without the two
+/// conversions of the rounding.
+const RELU_ZERO: f32 = 1.0 / 33_554_432.0;
+
 impl Dz for ReluDz {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    unsafe fn dz16(self, i: usize, m: __mmask16) -> __m512 {
+    unsafe fn dz16(self, i: usize, m: __mmask16, xv: __m512) -> __m512 {
         let (a, b) = (_mm512_set1_ps(self.scale), _mm512_set1_ps(self.shift));
-        let v = round_trip(_mm512_add_ps(_mm512_mul_ps(f16::load16(self.x.add(i), m), a), b));
-        let drop = _mm512_mask_cmp_ps_mask::<_CMP_LE_OQ>(m, v, _mm512_setzero_ps());
+        let v = _mm512_add_ps(_mm512_mul_ps(xv, a), b);
+        let drop = _mm512_mask_cmp_ps_mask::<_CMP_LE_OQ>(m, v, _mm512_set1_ps(RELU_ZERO));
         f16::load16(self.dy.add(i), m & !drop)
     }
 }
@@ -242,7 +248,7 @@ pub fn plane_backward_sums<D: Load16>(x: &[f16], dz: &[D], mean: f32) -> (f64, f
 /// sums of ReLU's backward followed by [`plane_backward_sums`], bit for bit.
 pub fn plane_backward_sums_relu(x: &[f16], dy: &[f16], (scale, shift): (f32, f32), mean: f32) -> (f64, f64) {
     assert_eq!(x.len(), dy.len());
-    let dz = ReluDz { dy: dy.as_ptr(), x: x.as_ptr(), scale, shift };
+    let dz = ReluDz { dy: dy.as_ptr(), scale, shift };
     // SAFETY: as in `plane_backward_sums`.
     unsafe { backward_sums_lanes(x.as_ptr(), dz, x.len(), mean) }
 }
@@ -260,8 +266,9 @@ unsafe fn backward_sums_lanes<G: Dz>(x: *const f16, dz: G, len: usize, mean: f32
         let (t0, tail) = (b0 + nv * LANES, n - nv * LANES);
         let (mut xt, mut gt) = ([0.0f32; LANES], [0.0f32; LANES]);
         let m = masks(tail).0;
-        _mm512_storeu_ps(xt.as_mut_ptr(), f16::load16(x.add(t0), m));
-        _mm512_storeu_ps(gt.as_mut_ptr(), dz.dz16(t0, m));
+        let xv = f16::load16(x.add(t0), m);
+        _mm512_storeu_ps(xt.as_mut_ptr(), xv);
+        _mm512_storeu_ps(gt.as_mut_ptr(), dz.dz16(t0, m, xv));
         for (&xv, &g) in xt.iter().zip(&gt).take(tail) {
             rs += g;
             rq += g * (xv - mean);
@@ -279,8 +286,8 @@ unsafe fn backward_block_sums<G: Dz>(x: *const f16, dz: G, b0: usize, nv: usize,
     let (mut sv, mut qv) = (_mm512_setzero_ps(), _mm512_setzero_ps());
     for v in 0..nv {
         let i = b0 + v * LANES;
-        let g = dz.dz16(i, 0xffff);
         let xv = f16::load16(x.add(i), 0xffff);
+        let g = dz.dz16(i, 0xffff, xv);
         sv = _mm512_add_ps(sv, g);
         qv = _mm512_add_ps(qv, _mm512_mul_ps(g, _mm512_sub_ps(xv, mv)));
     }
@@ -314,7 +321,7 @@ pub fn dx_plane_relu(
     dx: &mut [MaybeUninit<f16>],
 ) {
     assert!(x.len() == dx.len() && dy.len() == dx.len());
-    let dz = ReluDz { dy: dy.as_ptr(), x: x.as_ptr(), scale, shift };
+    let dz = ReluDz { dy: dy.as_ptr(), scale, shift };
     // SAFETY: as in `dx_plane_f16`.
     unsafe { dx_lanes(x.as_ptr(), dz, dx.as_mut_ptr().cast(), dx.len(), coef) }
 }
@@ -326,8 +333,8 @@ unsafe fn dx_lanes<G: Dz>(x: *const f16, dz: G, out: *mut f16, len: usize, (k, p
     let (kv, pv, qv) = (_mm512_set1_ps(k), _mm512_set1_ps(p), _mm512_set1_ps(q));
     for i in (0..len).step_by(LANES) {
         let m = masks((len - i).min(LANES)).0;
-        let g = dz.dz16(i, m);
         let xv = f16::load16(x.add(i), m);
+        let g = dz.dz16(i, m, xv);
         let d = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(kv, g), _mm512_mul_ps(pv, xv)), qv);
         f16::store16(out.add(i), m, d);
     }
@@ -375,5 +382,26 @@ unsafe fn affine_lanes(x: *const f16, y: *mut f16, len: usize, a: f32, b: f32, r
             v = _mm512_max_ps(zero, round_trip(v));
         }
         f16::store16(y.add(i), m, v);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RELU_ZERO;
+    use half::f16;
+
+    /// `v <= RELU_ZERO` is `round(v) <= 0` for every f32 whose low 16 bits
+    /// sit at an f16 rounding edge (all 65,536 high halves: every exponent,
+    /// both signs, infinities and NaNs), and for the 4,000 floats around
+    /// the threshold itself.
+    #[test]
+    fn relu_zero_is_where_rounding_gives_zero() {
+        let edges = [0u32, 1, 0x0fff, 0x1000, 0x1001, 0x7fff, 0x8000, 0x8001, 0xefff, 0xffff];
+        let around = (0..4000u32).map(|d| RELU_ZERO.to_bits() - 2000 + d);
+        let all = (0..1u32 << 16).flat_map(|hi| edges.iter().map(move |lo| hi << 16 | lo)).chain(around);
+        for bits in all {
+            let v = f32::from_bits(bits);
+            assert_eq!(v <= RELU_ZERO, f16::from_f32(v).to_f32() <= 0.0, "{v:e} ({bits:#010x})");
+        }
     }
 }
