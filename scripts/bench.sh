@@ -18,6 +18,7 @@
 #   MODEL=gpt THREADS=2 scripts/bench.sh        # the baby GPT (configs/gpt_sotu_o2.toml), tokens/s
 #   MODEL=gpt DEVICE=cuda BENCH_CONFIG=configs/gpt_sotu_gpu_o2.toml BATCH=64 scripts/bench.sh   # another config of the model
 #   BASE_BIN=/path/to/old/ddptrain scripts/bench.sh   # an older build too, in the same rounds
+#   DDPTRAIN_WARMUP=3 TORCH_WARMUP=3 MODEL=resnet20 scripts/bench.sh   # both timed after 3 untimed steps
 # MODEL=resnet20 measures the ResNet-20 config instead of the seed ConvNet:
 # ddptrain at O0 and O2 (amp.opt_level set on the one config), PyTorch with
 # Nesterov momentum as the config trains, batch 128 and 30 steps by default
@@ -100,10 +101,25 @@ if [ "$MODEL" = gpt ]; then torch_cfgs=("eager" "compile"); fi
 torch_run() { torch_ips "$1" "$THREADS" "$BATCH" "$STEPS"; }
 rows="$out/rows.txt"
 : >"$rows"
+# With DDPTRAIN_WARMUP=W, ddptrain's rate is taken after its first W steps,
+# as PyTorch's after TORCH_WARMUP (ddptrain's first step is 1.7x a later
+# one: the page faults of every activation's first touch); the same runs'
+# rates from step 1 are kept as the *_from_step1 rows.
+from_step1() {
+  local field=images_per_s
+  if [ -n "${BENCH_TEXT:-}" ]; then field=tokens_per_s; fi
+  if [ "${DDPTRAIN_WARMUP:-0}" -gt 0 ]; then echo "$1 ${2}_from_step1 $(json_field "$3/summary.json" $field)" >>"$rows"; fi
+}
 for r in $(seq "$REPS"); do
-  for l in "${levels[@]}"; do echo "$r ddptrain_$l $(run_level "$l")" >>"$rows"; done
+  for l in "${levels[@]}"; do
+    echo "$r ddptrain_$l $(run_level "$l")" >>"$rows"
+    from_step1 "$r" "ddptrain_$l" "$out/$l"
+  done
   if [ -n "${BASE_BIN:-}" ]; then
-    for l in "${levels[@]}"; do echo "$r base_$l $(BIN=$BASE_BIN run_level "$l")" >>"$rows"; done
+    for l in "${levels[@]}"; do
+      echo "$r base_$l $(BIN=$BASE_BIN run_level "$l")" >>"$rows"
+      from_step1 "$r" "base_$l" "$out/$l"
+    done
   fi
   if [ "$have_torch" = 1 ]; then
     for c in "${torch_cfgs[@]}"; do echo "$r pytorch_$c $(torch_run "$c" 2>/dev/null | tail -n1)" >>"$rows"; done
@@ -149,7 +165,8 @@ torch = [k for k in med if k.startswith("pytorch_")]
 if torch:
     fast = max(torch, key=med.get)
     print(f"fastest PyTorch configuration: {fast} ({med[fast]:.0f} {unit})")
-    for name in ("ddptrain_o0", "ddptrain_o2", "base_o0", "base_o2"):
+    names = ("ddptrain_o0", "ddptrain_o2", "base_o0", "base_o2")
+    for name in [n + s for n in names for s in ("", "_from_step1")]:
         if name in runs:
             m, rs = ratio(name, fast)
             print(f"{name} / {fast}: {m:.2f}x median of {len(rs)} interleaved pairs "

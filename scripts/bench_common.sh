@@ -18,13 +18,33 @@ json_field() {
   python3 -c "import json,sys; print(round(json.load(open(sys.argv[1]))[sys.argv[2]]))" "$1" "$2"
 }
 
+# steady_rate DIR WARMUP WORLD FIELD: FIELD (images_per_s or tokens_per_s)
+# of the run in DIR over its training steps after the first WARMUP, from
+# the per-step lines of DIR/metrics.jsonl (each rank's rate over its own
+# step, times WORLD), as PyTorch is timed after its warmup steps.
+steady_rate() {
+  python3 - "$@" <<'PY'
+import json, sys
+d, warmup, world, field = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+rates = [r["images_per_s"] for r in map(json.loads, open(f"{d}/metrics.jsonl"))
+         if r.get("kind") == "train" and r["step"] > warmup]
+if not rates:
+    sys.exit(f"steady_rate: {d} has no training step after the first {warmup}")
+s = json.load(open(f"{d}/summary.json"))
+per_image = s[field] / s["images_per_s"]  # 1, or the block size for tokens/s
+print(round(world * len(rates) / sum(1 / r for r in rates) * per_image))
+PY
+}
+
 # ddptrain_ips LEVEL WORLD THREADS BATCH STEPS DIR [ARG...]: one ddptrain run of
 # configs/mnist_LEVEL.toml (or, when BENCH_CONFIG is set, of that config with
 # amp.opt_level=LEVEL) on synthetic data: STEPS steps of global batch BATCH
 # (BATCH/WORLD per rank; STEPS x BATCH training images, one test batch), rayon
 # THREADS per rank (empty: launch's even split of the cores), run dir DIR, ARGs
 # appended. Prints images/s from DIR/summary.json (training steps only, all
-# ranks); with BENCH_TEXT set, a text config's tokens/s on the corpus there. WORLD > 1 goes through `ddptrain launch --nproc-per-node WORLD` on
+# ranks); with BENCH_TEXT set, a text config's tokens/s on the corpus there.
+# With DDPTRAIN_WARMUP=W (default 0), over the steps after the first W
+# instead (steady_rate), the whole run's rate left in DIR/summary.json. WORLD > 1 goes through `ddptrain launch --nproc-per-node WORLD` on
 # MASTER_PORT (default 29517) with 16 KB / 64 KB buckets: the seed ConvNet's
 # 116 KB of gradients fit in DDP's default 1 MB first bucket, whose all-reduce
 # can only start when backward ends; small buckets let the fc and conv2 buckets
@@ -45,13 +65,19 @@ ddptrain_ips() {
     --set data.batch_size=$((batch / world)) --set train.max_steps="$steps" --set run.out_dir="$dir"
     --set logging.progress=never "$@")
   if [ -n "$threads" ]; then env=(RAYON_NUM_THREADS="$threads"); fi
+  local warmup=${DDPTRAIN_WARMUP:-0}
+  if [ "$warmup" -gt 0 ]; then args+=(--set logging.every_steps=1); fi
   if [ "$world" = 1 ]; then
     env "${env[@]}" "$BIN" "${args[@]}" >/dev/null
   else
     env "${env[@]}" "$BIN" launch --nproc-per-node "$world" --master-port "${MASTER_PORT:-29517}" -- \
       "${args[@]}" --set parallel.first_bucket_mb=0.015625 --set parallel.bucket_cap_mb=0.0625 >/dev/null
   fi
-  json_field "$dir/summary.json" "$field"
+  if [ "$warmup" -gt 0 ]; then
+    steady_rate "$dir" "$warmup" "$world" "$field"
+  else
+    json_field "$dir/summary.json" "$field"
+  fi
 }
 
 # torch_why: empty when $PYTHON can import torch, else why not (one line).
