@@ -87,17 +87,21 @@ pub fn add_backward_inplace(y: &[f16], dy: &mut [f16], other: &[f16]) {
 }
 
 /// `dy = (y > 0) ? round(dy + other) : 0` over `len` elements, as
-/// [`grad_lanes`] after the add's `sum_lanes`.
+/// [`grad_lanes`] after the add's `sum_lanes`. `y <= 0` is read off the
+/// bits, without widening: a set sign or a zero, unless a NaN. Dropped
+/// lanes store the f32 +0 rounded, +0 as [`grad_lanes`] writes.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 unsafe fn add_grad_lanes(y: *const f16, dy: *mut f16, other: *const f16, len: usize) {
-    let zero = _mm512_setzero_ps();
+    let (zero, magnitude, inf) =
+        (_mm256_setzero_si256(), _mm256_set1_epi16(0x7fff), _mm256_set1_epi16(0x7c00));
     let mut i = 0;
     while i < len {
         let m = lanes_from(i, len);
-        let drop = _mm512_mask_cmp_ps_mask::<_CMP_LE_OQ>(m, f16::load16(y.add(i), m), zero);
+        let yb = _mm256_maskz_loadu_epi16(m, y.add(i).cast());
+        let nan = _mm256_cmpgt_epu16_mask(_mm256_and_si256(yb, magnitude), inf);
+        let drop = _mm256_cmple_epi16_mask(yb, zero) & !nan;
         let sum = _mm512_add_ps(f16::load16(dy.add(i), m), f16::load16(other.add(i), m));
-        f16::store16(dy.add(i), m & !drop, sum);
-        _mm256_mask_storeu_epi16(dy.add(i).cast(), drop, _mm256_setzero_si256());
+        f16::store16(dy.add(i), m, _mm512_maskz_mov_ps(!drop, sum));
         i += LANES;
     }
 }
