@@ -359,36 +359,82 @@ pub fn affine_add_relu_plane(x: &[f16], s: &[f16], (a, b): (f32, f32), y: &mut [
     unsafe { affine_add_relu_lanes(x.as_ptr(), s.as_ptr(), y.as_mut_ptr().cast(), y.len(), a, b) }
 }
 
+/// ReLU of 16 f16 values on their bits: a negative value (a set sign, not
+/// -0, not a NaN) becomes +0, -0 and NaN stay, as `max_ps(0, v)` of the
+/// widened value leaves them (the second operand, for two zeros or a NaN).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+fn relu_bits(h: __m256i) -> __m256i {
+    let magnitude = _mm256_and_si256(h, _mm256_set1_epi16(0x7fff));
+    let negative = _mm256_cmplt_epi16_mask(h, _mm256_setzero_si256())
+        & _mm256_cmpneq_epi16_mask(magnitude, _mm256_setzero_si256())
+        & _mm256_cmple_epu16_mask(magnitude, _mm256_set1_epi16(0x7c00));
+    _mm256_mask_mov_epi16(h, negative, _mm256_setzero_si256())
+}
+
+/// `v` rounded to f16 (nearest-even), as `f16::store16` stores it.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn to_f16_bits(v: __m512) -> __m256i {
+    _mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v)
+}
+
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 unsafe fn affine_add_relu_lanes(x: *const f16, s: *const f16, y: *mut f16, len: usize, a: f32, b: f32) {
-    let (av, bv, zero) = (_mm512_set1_ps(a), _mm512_set1_ps(b), _mm512_setzero_ps());
+    let (av, bv) = (_mm512_set1_ps(a), _mm512_set1_ps(b));
     for i in (0..len).step_by(LANES) {
         let m = masks((len - i).min(LANES)).0;
         let z = round_trip(_mm512_add_ps(_mm512_mul_ps(f16::load16(x.add(i), m), av), bv));
-        let u = round_trip(_mm512_add_ps(z, f16::load16(s.add(i), m)));
+        let u = to_f16_bits(_mm512_add_ps(z, f16::load16(s.add(i), m)));
         // As ReLU's own kernel: negatives to zero, NaN and -0 kept.
-        f16::store16(y.add(i), m, _mm512_max_ps(zero, u));
+        _mm256_mask_storeu_epi16(y.add(i).cast(), m, relu_bits(u));
     }
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 unsafe fn affine_lanes(x: *const f16, y: *mut f16, len: usize, a: f32, b: f32, relu: bool) {
-    let (av, bv, zero) = (_mm512_set1_ps(a), _mm512_set1_ps(b), _mm512_setzero_ps());
+    let (av, bv) = (_mm512_set1_ps(a), _mm512_set1_ps(b));
     for i in (0..len).step_by(LANES) {
         let m = masks((len - i).min(LANES)).0;
-        let mut v = _mm512_add_ps(_mm512_mul_ps(f16::load16(x.add(i), m), av), bv);
+        let mut h = to_f16_bits(_mm512_add_ps(_mm512_mul_ps(f16::load16(x.add(i), m), av), bv));
         if relu {
-            // As in `forward_plane_avx512`: max_ps(0, v) keeps NaN and -0.
-            v = _mm512_max_ps(zero, round_trip(v));
+            // As in `forward_plane_avx512`: max_ps(0, v) of the rounded v.
+            h = relu_bits(h);
         }
-        f16::store16(y.add(i), m, v);
+        _mm256_mask_storeu_epi16(y.add(i).cast(), m, h);
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::RELU_ZERO;
+    use super::{relu_bits, RELU_ZERO};
     use half::f16;
+    use std::arch::x86_64::*;
+
+    /// `relu_bits` is `max_ps(0, v)` of every f16 `v` widened and rounded
+    /// back (the signalling NaNs kept: the conversions would quiet them,
+    /// and no arithmetic makes one), 16 at a time.
+    #[test]
+    fn relu_bits_is_max_with_zero_of_every_f16() {
+        if !crate::ops::half_emu::avx512_usable() {
+            eprintln!("no AVX-512 on this CPU: kernel not checked");
+            return;
+        }
+        let all: Vec<u16> = (0..=u16::MAX).collect();
+        for chunk in all.chunks(16) {
+            let mut got = [0u16; 16];
+            // SAFETY: 16 u16 in and out; AVX-512F/BW/VL checked above.
+            unsafe {
+                let h = _mm256_loadu_si256(chunk.as_ptr().cast());
+                _mm256_storeu_si256(got.as_mut_ptr().cast(), relu_bits(h));
+            }
+            for (&b, &g) in chunk.iter().zip(&got) {
+                let v = f16::from_bits(b);
+                let want = if v.is_nan() || v.to_f32() >= 0.0 { b } else { 0 };
+                assert_eq!(g, want, "{v} ({b:#06x})");
+            }
+        }
+    }
 
     /// `v <= RELU_ZERO` is `round(v) <= 0` for every f32 whose low 16 bits
     /// sit at an f16 rounding edge (all 65,536 high halves: every exponent,
