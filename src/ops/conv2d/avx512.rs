@@ -19,6 +19,7 @@
 //! Sums run in a different order from the GEMM path (same f32 products).
 
 mod dw;
+mod pixel_major;
 mod strided;
 mod winograd;
 

@@ -27,6 +27,7 @@ mod filters;
 pub(super) mod kernels;
 
 use super::dw::pixels_sum;
+use super::pixel_major::fill_pixel_major;
 use super::{add_partials, backward_tasks, per_forward_task};
 use crate::ops::conv2d::avx512_direct::to_planes;
 use crate::ops::conv2d::cpu::ConvGeom;
@@ -218,7 +219,7 @@ impl PixelMajor {
                 && self.pad + ox + self.w <= self.cols
         );
         let start = (oy * self.cols + ox) * self.ld;
-        kernels::fill_pixel_major(src, (self.ch, self.h, self.w), buf, start, (self.pad, self.cols, self.ld));
+        fill_pixel_major(src, (self.ch, self.h, self.w), buf, start, (self.pad, self.cols, self.ld));
     }
 
     /// The tiles of `m x m` pixels of an output grid of `ho x wo` pixels

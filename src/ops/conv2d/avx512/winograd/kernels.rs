@@ -9,8 +9,6 @@
 //! (21/4, 17/4, 5/2, ...); the other fractions live in the filter transform,
 //! done once per call in f64, and in the weight gradient's final transform.
 
-use crate::ops::conv2d::avx512_direct::transpose16;
-use crate::ops::half_emu::{Load16, Pixels};
 use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
 
@@ -129,83 +127,6 @@ fn g_rows<const N: usize>(u: [__m512; N]) -> [__m512; T] {
         _mm512_sub_ps(e3, o3),
         u[N - 1],
     ]
-}
-
-/// [`to_pixel_major`] of `src` into `buf` from float `start`, checked: the
-/// pixels land at `(pad, pad)` of a pixel-major image of `cols` pixels a
-/// row, `ld` floats a pixel (lanes past `ch` zero); the rest of `buf` stays.
-pub(in crate::ops::conv2d::avx512) fn fill_pixel_major(
-    src: Pixels<'_>,
-    (ch, h, w): (usize, usize, usize),
-    buf: &mut [f32],
-    start: usize,
-    (pad, cols, ld): (usize, usize, usize),
-) {
-    assert!(src.len() >= ch * h * w && ch <= ld && ld.is_multiple_of(LANES) && pad + w <= cols);
-    let end = start + ((pad + h.max(1) - 1) * cols + pad + w) * ld;
-    assert!(end <= buf.len(), "pixel-major image past its buffer");
-    // SAFETY: the asserts are `to_pixel_major`'s contract from `start`.
-    // AVX-512F/BW/VL: the callers run only where `avx512::usable` found them.
-    unsafe {
-        let dst = buf.as_mut_ptr().add(start);
-        match src {
-            Pixels::F32(s) => to_pixel_major(s.as_ptr(), (ch, h, w), dst, (pad, cols, ld)),
-            Pixels::F16(s) => to_pixel_major(s.as_ptr(), (ch, h, w), dst, (pad, cols, ld)),
-        }
-    }
-}
-
-/// `dst[((pad + y) * cols + pad + x) * ld + c] = src[(c * h + y) * w + x]`
-/// for `c < ch`, and zero for `ch <= c < ld`: planes to pixel-major, in
-/// 16 x 16 blocks transposed in registers (a gather per pixel took a tenth
-/// of a training step); f16 sources are widened as they are loaded.
-///
-/// # Safety
-/// `src` has `ch * h * w` elements; `dst` holds the pixels up to
-/// `(pad + h - 1) * cols + pad + w - 1` (`ld` floats each); `ch <= ld`,
-/// `ld` a multiple of 16; AVX-512F/BW/VL.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn to_pixel_major<S: Load16>(
-    src: *const S,
-    (ch, h, w): (usize, usize, usize),
-    dst: *mut f32,
-    (pad, cols, ld): (usize, usize, usize),
-) {
-    let hw = h * w;
-    // The next image's planes follow these: fetch them into the cache a
-    // slice per pixel block, so the next call's loads find them there. The
-    // loads read 16 to 64 planes at once, a stride of a plane apart, more
-    // streams than the hardware prefetcher follows: they waited on memory
-    // for two thirds of this function's time, and ResNet-20 O2 trains 5-9%
-    // faster with the hint (the activations come from the step's earlier
-    // layers, out of L2 by now).
-    let next = src.wrapping_add(ch * hw).cast::<u8>();
-    let bytes = ch * hw * std::mem::size_of::<S>();
-    let per_block = bytes.div_ceil(hw.div_ceil(LANES)).next_multiple_of(64);
-    for p0 in (0..hw).step_by(LANES) {
-        let np = (hw - p0).min(LANES);
-        let mask = ((1u32 << np) - 1) as u16;
-        let from = p0 / LANES * per_block;
-        for at in (from..(from + per_block).min(bytes)).step_by(64) {
-            _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(at).cast());
-        }
-        for c0 in (0..ld).step_by(LANES) {
-            // Fixed counts keep `m` in registers (see `to_planes`): channels
-            // past `ch` load nothing (zeros) from a channel that exists.
-            let nc = ch.saturating_sub(c0);
-            let mut m: [__m512; LANES] = std::array::from_fn(|i| {
-                let k = if i < nc { mask } else { 0 };
-                S::load16(src.add((c0 + i.min(ch.max(1) - 1)) * hw + p0), k)
-            });
-            transpose16(&mut m);
-            for (i, v) in m.iter().enumerate() {
-                if i < np {
-                    let (y, x) = ((p0 + i) / w, (p0 + i) % w);
-                    _mm512_storeu_ps(dst.add(((pad + y) * cols + pad + x) * ld + c0), *v);
-                }
-            }
-        }
-    }
 }
 
 /// Floats per transform point in the transformed buffers (`v`, `d`, `m`):
