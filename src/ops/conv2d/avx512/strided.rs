@@ -251,11 +251,13 @@ pub(super) fn forward<X: Act>(g: &ConvGeom, x: &[X], w: &[f32], bias: Option<&[f
         for (yi, xi) in yc.chunks_exact_mut(g.y_len()).zip(xc.chunks_exact(g.x_len())) {
             xl.fill(X::pixels(xi), &mut xp);
             for oh in 0..g.ho {
-                // Window (oh, 0) starts at padded pixel (s oh, 0).
+                // Window (oh, 0) starts at padded pixel (s oh, 0) (pixel
+                // (oh, 0) of an every-other-pixel layout).
                 let src = xl.at(-(g.padding as isize), -(g.padding as isize)) + oh * row;
                 // SAFETY: window (oh, ow) reads padded pixels up to (s oh + K
-                // - 1, s ow + K - 1) < (H + 2p, W + 2p), inside `xp`; `out`
-                // holds Ho Wo pixels of `ldo`. AVX-512F: `usable`.
+                // - 1, s ow + K - 1) < (H + 2p, W + 2p), inside `xp` (the
+                // every-other layout: pixel (oh, ow) < (Ho, Wo), its whole
+                // extent); `out` holds Ho Wo pixels of `ldo`. AVX-512F: `usable`.
                 unsafe {
                     run(
                         g.wo,
@@ -330,8 +332,9 @@ pub(super) fn backward<X: Act>(
             for tap in 0..kk {
                 let (ki, kj) = ((tap / k) as isize, (tap % k) as isize);
                 // SAFETY: pixel (oh, ow)'s tap reads padded x pixel (s oh +
-                // ki, s ow + kj), inside `xp`; dy pixels inside `dyp`;
-                // `dwt` holds [K K][C][ldo]. AVX-512F: `usable`.
+                // ki, s ow + kj), inside `xp` (the every-other layout's
+                // pixel (oh, ow)); dy pixels inside `dyp`; `dwt` holds [K
+                // K][C][ldo]. AVX-512F: `usable`.
                 unsafe {
                     dw_image(
                         g,
