@@ -8,6 +8,7 @@
 use super::avx512::{lanes_to_f64, load_codes, masks};
 use super::fused_cpu::KILLED;
 use crate::ops::half_emu::{Load16, Store16};
+use crate::ops::relu::avx512_f16::negative;
 use half::f16;
 use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
@@ -359,17 +360,13 @@ pub fn affine_add_relu_plane(x: &[f16], s: &[f16], (a, b): (f32, f32), y: &mut [
     unsafe { affine_add_relu_lanes(x.as_ptr(), s.as_ptr(), y.as_mut_ptr().cast(), y.len(), a, b) }
 }
 
-/// ReLU of 16 f16 values on their bits: a negative value (a set sign, not
-/// -0, not a NaN) becomes +0, -0 and NaN stay, as `max_ps(0, v)` of the
-/// widened value leaves them (the second operand, for two zeros or a NaN).
+/// ReLU of 16 f16 values on their bits: a negative value becomes +0, -0
+/// and NaN stay, as `max_ps(0, v)` of the widened value leaves them (the
+/// second operand, for two zeros or a NaN).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 fn relu_bits(h: __m256i) -> __m256i {
-    let magnitude = _mm256_and_si256(h, _mm256_set1_epi16(0x7fff));
-    let negative = _mm256_cmplt_epi16_mask(h, _mm256_setzero_si256())
-        & _mm256_cmpneq_epi16_mask(magnitude, _mm256_setzero_si256())
-        & _mm256_cmple_epu16_mask(magnitude, _mm256_set1_epi16(0x7c00));
-    _mm256_mask_mov_epi16(h, negative, _mm256_setzero_si256())
+    _mm256_mask_mov_epi16(h, negative(h), _mm256_setzero_si256())
 }
 
 /// `v` rounded to f16 (nearest-even), as `f16::store16` stores it.

@@ -1,6 +1,6 @@
-//! f16 ReLU on AVX-512 without widening whole blocks into scratch: each 16
-//! lanes are widened in registers only to compare them with zero, and the
-//! lanes that ReLU zeroes are overwritten with +0. A kept lane is left as it
+//! f16 ReLU on AVX-512 without widening: each 16 lanes are compared with
+//! zero on their bits ([`negative`], [`nonpositive`]), and the lanes that
+//! ReLU zeroes are overwritten with +0. A kept lane is left as it
 //! is, which is what the widen / f32 select / round sequence of the generic
 //! path stores (an f16 widens exactly and rounds back to itself), so the bits
 //! are the same, in one pass over memory. (Except a signalling NaN, which no
@@ -13,6 +13,33 @@ use rayon::prelude::*;
 use std::arch::x86_64::*;
 
 const LANES: usize = 16;
+
+/// The lanes of 16 f16 bit patterns that are `< 0` (ordered): a set sign,
+/// not -0, not a NaN. Read off the bits, without widening.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+pub(crate) fn negative(h: __m256i) -> __mmask16 {
+    let magnitude = _mm256_and_si256(h, _mm256_set1_epi16(0x7fff));
+    _mm256_cmplt_epi16_mask(h, _mm256_setzero_si256())
+        & _mm256_cmpneq_epi16_mask(magnitude, _mm256_setzero_si256())
+        & !nan(magnitude)
+}
+
+/// The lanes of 16 f16 bit patterns that are `<= 0` (ordered): a set sign
+/// or a zero, unless a NaN.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+fn nonpositive(h: __m256i) -> __mmask16 {
+    let magnitude = _mm256_and_si256(h, _mm256_set1_epi16(0x7fff));
+    _mm256_cmple_epi16_mask(h, _mm256_setzero_si256()) & !nan(magnitude)
+}
+
+/// The NaN lanes of 16 f16 magnitudes (sign bit clear).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+fn nan(magnitude: __m256i) -> __mmask16 {
+    _mm256_cmpgt_epu16_mask(magnitude, _mm256_set1_epi16(0x7c00))
+}
 
 /// `v = relu(v)`: negative lanes become +0; -0 and NaN stay (`v < 0` is false).
 pub fn forward_inplace(v: &mut [f16]) {
@@ -28,11 +55,10 @@ pub fn forward_inplace(v: &mut [f16]) {
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 unsafe fn relu_lanes(p: *mut f16, len: usize) {
-    let zero = _mm512_setzero_ps();
     let mut i = 0;
     while i < len {
         let m = lanes_from(i, len);
-        let neg = _mm512_mask_cmp_ps_mask::<_CMP_LT_OQ>(m, f16::load16(p.add(i), m), zero);
+        let neg = m & negative(_mm256_maskz_loadu_epi16(m, p.add(i).cast()));
         _mm256_mask_storeu_epi16(p.add(i).cast(), neg, _mm256_setzero_si256());
         i += LANES;
     }
@@ -55,11 +81,10 @@ pub fn backward_inplace(y: &[f16], dy: &mut [f16]) {
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 unsafe fn grad_lanes(y: *const f16, dy: *mut f16, len: usize) {
-    let zero = _mm512_setzero_ps();
     let mut i = 0;
     while i < len {
         let m = lanes_from(i, len);
-        let drop = _mm512_mask_cmp_ps_mask::<_CMP_LE_OQ>(m, f16::load16(y.add(i), m), zero);
+        let drop = m & nonpositive(_mm256_maskz_loadu_epi16(m, y.add(i).cast()));
         _mm256_mask_storeu_epi16(dy.add(i).cast(), drop, _mm256_setzero_si256());
         i += LANES;
     }
@@ -87,19 +112,14 @@ pub fn add_backward_inplace(y: &[f16], dy: &mut [f16], other: &[f16]) {
 }
 
 /// `dy = (y > 0) ? round(dy + other) : 0` over `len` elements, as
-/// [`grad_lanes`] after the add's `sum_lanes`. `y <= 0` is read off the
-/// bits, without widening: a set sign or a zero, unless a NaN. Dropped
-/// lanes store the f32 +0 rounded, +0 as [`grad_lanes`] writes.
+/// [`grad_lanes`] after the add's `sum_lanes`. Dropped lanes store the f32
+/// +0 rounded, +0 as [`grad_lanes`] writes.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 unsafe fn add_grad_lanes(y: *const f16, dy: *mut f16, other: *const f16, len: usize) {
-    let (zero, magnitude, inf) =
-        (_mm256_setzero_si256(), _mm256_set1_epi16(0x7fff), _mm256_set1_epi16(0x7c00));
     let mut i = 0;
     while i < len {
         let m = lanes_from(i, len);
-        let yb = _mm256_maskz_loadu_epi16(m, y.add(i).cast());
-        let nan = _mm256_cmpgt_epu16_mask(_mm256_and_si256(yb, magnitude), inf);
-        let drop = _mm256_cmple_epi16_mask(yb, zero) & !nan;
+        let drop = nonpositive(_mm256_maskz_loadu_epi16(m, y.add(i).cast()));
         let sum = _mm512_add_ps(f16::load16(dy.add(i), m), f16::load16(other.add(i), m));
         f16::store16(dy.add(i), m, _mm512_maskz_mov_ps(!drop, sum));
         i += LANES;

@@ -2,7 +2,7 @@
 //! gradient buffers instead of allocating per step.
 
 #[cfg(target_arch = "x86_64")]
-mod avx512_f16;
+pub(crate) mod avx512_f16;
 pub mod cpu;
 pub mod cuda;
 
