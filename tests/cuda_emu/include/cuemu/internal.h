@@ -105,6 +105,38 @@ void cuemu_exec_fault(const char* message, int cuda_error);
 // "kernel K, block (x,y,z), thread (x,y,z)" of the thread running now, for messages.
 void cuemu_exec_where(char* buf, size_t len);
 
+// ---------------------------------------------------------------- profiler ---
+// CUEMU_PROFILE=<file> ("%p" in it becomes the process id): one JSON line per
+// device operation (kernel, GEMM, copy, memset) with what Nsight Compute
+// counts: global requests per warp-level instruction and the 32-byte sectors
+// they touch, shared-memory wavefronts, and DRAM bytes through an L2 model
+// of CUEMU_L2_BYTES (default 50 MiB). Off by default; src/driver/profile.cpp.
+
+// Kinds of a profiled access.
+enum cuemu_prof_kind { CUEMU_PROF_LD = 0, CUEMU_PROF_ST = 1, CUEMU_PROF_ATOM = 2, CUEMU_PROF_SHLD = 3,
+                       CUEMU_PROF_SHST = 4, CUEMU_PROF_KINDS = 5 };
+int cuemu_profile_enabled(void);
+// From kernel code (include/device/cuemu_checks.h): an access of n bytes at
+// a by the running CUDA thread, made by the instruction at `site`.
+void cuemu_profile_access(uintptr_t a, uint32_t n, int kind, const void* site);
+// The next number in host enqueue order: records are written when an
+// operation runs on its stream's worker, and carry this to be sorted back.
+unsigned long long cuemu_profile_ticket(void);
+// A strided set of byte runs one operation reads or writes: `count` runs of
+// `run_bytes`, `stride` bytes apart, starting at `ptr` (a matrix's columns).
+typedef struct cuemu_prof_span {
+  uintptr_t ptr;
+  size_t run_bytes;
+  size_t count;
+  long long stride;
+  int write;
+} cuemu_prof_span;
+// A host-implemented operation ran: its record, with `fields` (JSON members
+// without braces, may be "") and the DRAM bytes of `spans` through the L2
+// model. Call on the stream worker, in execution order.
+void cuemu_profile_op(unsigned long long ticket, const char* kind, const char* name, const char* fields,
+                      const cuemu_prof_span* spans, int nspans);
+
 // ------------------------------------------------------ stream operations ---
 
 typedef struct cuemu_access {

@@ -27,56 +27,72 @@ struct Region {
 };
 // Set when the module is loaded (before any kernel of it runs).
 static Region g_region;
+static const bool g_profile = cuemu_profile_enabled() != 0;
 
-__attribute__((no_sanitize_thread, always_inline)) inline void check(const volatile void* p, size_t n, int write) {
+// `site` is the instruction that made the access (the return address of the
+// entry point below): the profiler's warp-level requests are the lanes'
+// accesses at one site, matched by occurrence. `prof` is the access's
+// cuemu_prof_kind for global memory (shared ones derive from it), or -1: an
+// atomic checks a read and a write, but is one request.
+__attribute__((no_sanitize_thread, always_inline)) inline void check(const volatile void* p, size_t n, int write,
+                                                                     int prof, const void* site) {
   const uintptr_t a = (uintptr_t)p;
-  if (a - g_region.base < g_region.len)
+  if (a - g_region.base < g_region.len) {
     cuemu_check_device(a, n, write);
-  else if (a - (uintptr_t)__start_cuemu_shared < (uintptr_t)(__stop_cuemu_shared - __start_cuemu_shared))
+    if (__builtin_expect(g_profile, 0) && prof >= 0) cuemu_profile_access(a, (uint32_t)n, prof, site);
+  } else if (a - (uintptr_t)__start_cuemu_shared < (uintptr_t)(__stop_cuemu_shared - __start_cuemu_shared)) {
     cuemu_check_shared(a, n, write);
+    if (__builtin_expect(g_profile, 0) && prof >= 0)
+      cuemu_profile_access(a, (uint32_t)n, prof == CUEMU_PROF_LD ? CUEMU_PROF_SHLD : CUEMU_PROF_SHST, site);
+  }
 }
 
 }  // namespace cuemu_checks
 
+#define CUEMU_SITE __builtin_return_address(0)
+#define CUEMU_LD(p, n) cuemu_checks::check(p, n, 0, CUEMU_PROF_LD, CUEMU_SITE)
+#define CUEMU_ST(p, n) cuemu_checks::check(p, n, 1, CUEMU_PROF_ST, CUEMU_SITE)
+// An atomic: checked as a read and a write, profiled once.
+#define CUEMU_ATOM(p, n)                                                 \
+  (cuemu_checks::check(p, n, 0, -1, nullptr), cuemu_checks::check(p, n, 1, CUEMU_PROF_ATOM, CUEMU_SITE))
 #define CUEMU_ACCESS_ENTRY(n)                                                                              \
-  CUEMU_CHECKER void __tsan_read##n(void* p) { cuemu_checks::check(p, n, 0); }                             \
-  CUEMU_CHECKER void __tsan_write##n(void* p) { cuemu_checks::check(p, n, 1); }                            \
-  CUEMU_CHECKER void __tsan_unaligned_read##n(void* p) { cuemu_checks::check(p, n, 0); }                   \
-  CUEMU_CHECKER void __tsan_unaligned_write##n(void* p) { cuemu_checks::check(p, n, 1); }
+  CUEMU_CHECKER void __tsan_read##n(void* p) { CUEMU_LD(p, n); }                                           \
+  CUEMU_CHECKER void __tsan_write##n(void* p) { CUEMU_ST(p, n); }                                          \
+  CUEMU_CHECKER void __tsan_unaligned_read##n(void* p) { CUEMU_LD(p, n); }                                 \
+  CUEMU_CHECKER void __tsan_unaligned_write##n(void* p) { CUEMU_ST(p, n); }
 CUEMU_ACCESS_ENTRY(1)
 CUEMU_ACCESS_ENTRY(2)
 CUEMU_ACCESS_ENTRY(4)
 CUEMU_ACCESS_ENTRY(8)
 CUEMU_ACCESS_ENTRY(16)
 #undef CUEMU_ACCESS_ENTRY
-CUEMU_CHECKER void __tsan_read_range(void* p, size_t n) { cuemu_checks::check(p, n, 0); }
-CUEMU_CHECKER void __tsan_write_range(void* p, size_t n) { cuemu_checks::check(p, n, 1); }
+CUEMU_CHECKER void __tsan_read_range(void* p, size_t n) { CUEMU_LD(p, n); }
+CUEMU_CHECKER void __tsan_write_range(void* p, size_t n) { CUEMU_ST(p, n); }
 CUEMU_CHECKER void __tsan_init(void) {}
 CUEMU_CHECKER void __tsan_func_entry(void*) {}
 CUEMU_CHECKER void __tsan_func_exit(void) {}
-CUEMU_CHECKER void __tsan_vptr_update(void** p, void*) { cuemu_checks::check(p, sizeof(void*), 1); }
-CUEMU_CHECKER void __tsan_vptr_read(void** p) { cuemu_checks::check(p, sizeof(void*), 0); }
+CUEMU_CHECKER void __tsan_vptr_update(void** p, void*) { CUEMU_ST(p, sizeof(void*)); }
+CUEMU_CHECKER void __tsan_vptr_read(void** p) { CUEMU_LD(p, sizeof(void*)); }
 CUEMU_CHECKER void __tsan_atomic_thread_fence(int) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 CUEMU_CHECKER void __tsan_atomic_signal_fence(int) { __atomic_signal_fence(__ATOMIC_SEQ_CST); }
 
 // Every atomic runs sequentially consistent (at least as strong as asked).
 #define CUEMU_ATOMIC_RMW(bits, T, op)                                                                      \
   CUEMU_CHECKER T __tsan_atomic##bits##_##op(volatile T* p, T v, int) {                                      \
-    cuemu_checks::check(p, sizeof(T), 0);                                                                  \
-    cuemu_checks::check(p, sizeof(T), 1);                                                                  \
+    CUEMU_ATOM(p, sizeof(T));                                                                              \
     return __atomic_##op(p, v, __ATOMIC_SEQ_CST);                                                          \
   }
 #define CUEMU_ATOMIC_ALL(bits, T)                                                                          \
   CUEMU_CHECKER T __tsan_atomic##bits##_load(const volatile T* p, int) {                                   \
-    cuemu_checks::check(p, sizeof(T), 0);                                                                  \
+    CUEMU_LD(p, sizeof(T));                                                                                \
     return __atomic_load_n(p, __ATOMIC_SEQ_CST);                                                           \
   }                                                                                                        \
   CUEMU_CHECKER void __tsan_atomic##bits##_store(volatile T* p, T v, int) {                                \
-    cuemu_checks::check(p, sizeof(T), 1);                                                                  \
+    CUEMU_ST(p, sizeof(T));                                                                                \
     __atomic_store_n(p, v, __ATOMIC_SEQ_CST);                                                              \
   }                                                                                                        \
   CUEMU_CHECKER T __tsan_atomic##bits##_exchange(volatile T* p, T v, int) {                                \
-    cuemu_checks::check(p, sizeof(T), 1);                                                                  \
+    CUEMU_ATOM(p, sizeof(T));                                                                              \
     return __atomic_exchange_n(p, v, __ATOMIC_SEQ_CST);                                                    \
   }                                                                                                        \
   CUEMU_ATOMIC_RMW(bits, T, fetch_add)                                                                     \
@@ -86,18 +102,15 @@ CUEMU_CHECKER void __tsan_atomic_signal_fence(int) { __atomic_signal_fence(__ATO
   CUEMU_ATOMIC_RMW(bits, T, fetch_xor)                                                                     \
   CUEMU_ATOMIC_RMW(bits, T, fetch_nand)                                                                    \
   CUEMU_CHECKER int __tsan_atomic##bits##_compare_exchange_strong(volatile T* p, T* expected, T v, int, int) { \
-    cuemu_checks::check(p, sizeof(T), 0);                                                                  \
-    cuemu_checks::check(p, sizeof(T), 1);                                                                  \
+    CUEMU_ATOM(p, sizeof(T));                                                                              \
     return __atomic_compare_exchange_n(p, expected, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);          \
   }                                                                                                        \
   CUEMU_CHECKER int __tsan_atomic##bits##_compare_exchange_weak(volatile T* p, T* expected, T v, int, int) {   \
-    cuemu_checks::check(p, sizeof(T), 0);                                                                  \
-    cuemu_checks::check(p, sizeof(T), 1);                                                                  \
+    CUEMU_ATOM(p, sizeof(T));                                                                              \
     return __atomic_compare_exchange_n(p, expected, v, true, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);           \
   }                                                                                                        \
   CUEMU_CHECKER T __tsan_atomic##bits##_compare_exchange_val(volatile T* p, T expected, T v, int, int) {     \
-    cuemu_checks::check(p, sizeof(T), 0);                                                                  \
-    cuemu_checks::check(p, sizeof(T), 1);                                                                  \
+    CUEMU_ATOM(p, sizeof(T));                                                                              \
     __atomic_compare_exchange_n(p, &expected, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);                \
     return expected;                                                                                       \
   }
@@ -108,3 +121,7 @@ CUEMU_ATOMIC_ALL(64, uint64_t)
 #undef CUEMU_ATOMIC_ALL
 #undef CUEMU_ATOMIC_RMW
 #undef CUEMU_CHECKER
+#undef CUEMU_LD
+#undef CUEMU_ST
+#undef CUEMU_ATOM
+#undef CUEMU_SITE

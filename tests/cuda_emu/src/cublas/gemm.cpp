@@ -219,6 +219,7 @@ cublasStatus_t gemm_call(const GemmCall& c, const char* fn) {
   op->call = c;
   op->device_scalars = device_scalars;
   op->reduced_reduction = (h->math_mode & CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION) == 0;
+  op->ticket = cuemu_profile_enabled() ? cuemu_profile_ticket() : 0;
   // Host-mode scalars are read now (the caller may reuse them at once, as
   // cuBLAS allows); device-mode ones when the op runs, in stream order.
   if (!device_scalars) {

@@ -26,6 +26,8 @@
 #include <new>
 #include <vector>
 
+#include <cuemu/internal.h>
+
 #include "gemm_op.h"
 
 namespace cuemu_blas {
@@ -147,6 +149,42 @@ void run_plain(const GemmCall& c, T alpha, T beta) {
 
 }  // namespace
 
+namespace {
+
+size_t type_bytes(int t) {
+  return t == CUDA_R_64F ? 8 : (t == CUDA_R_16F || t == CUDA_R_16BF) ? 2 : 4;
+}
+
+// The GEMM's record: its shape, types and FLOPs, and the columns of A, B and
+// C it read and wrote (C is read too unless beta is 0), for the L2 model.
+void profile(const GemmOp& op, bool reads_c) {
+  const GemmCall& c = op.call;
+  const int a_rows = c.transa == CUBLAS_OP_N ? c.m : c.k, a_cols = c.transa == CUBLAS_OP_N ? c.k : c.m;
+  const int b_rows = c.transb == CUBLAS_OP_N ? c.k : c.n, b_cols = c.transb == CUBLAS_OP_N ? c.n : c.k;
+  const size_t ae = type_bytes(c.atype), be = type_bytes(c.btype), ce = type_bytes(c.ctype);
+  std::vector<cuemu_prof_span> spans;
+  for (int b = 0; b < c.batch; b++) {
+    if (c.k > 0) {
+      spans.push_back({(uintptr_t)c.A + (uintptr_t)(b * c.stride_a * (long long)ae), a_rows * ae, (size_t)a_cols,
+                       (long long)c.lda * (long long)ae, 0});
+      spans.push_back({(uintptr_t)c.B + (uintptr_t)(b * c.stride_b * (long long)be), b_rows * be, (size_t)b_cols,
+                       (long long)c.ldb * (long long)be, 0});
+    }
+    const uintptr_t cp = (uintptr_t)c.C + (uintptr_t)(b * c.stride_c * (long long)ce);
+    if (reads_c) spans.push_back({cp, c.m * ce, (size_t)c.n, (long long)c.ldc * (long long)ce, 0});
+    spans.push_back({cp, c.m * ce, (size_t)c.n, (long long)c.ldc * (long long)ce, 1});
+  }
+  char fields[512];
+  snprintf(fields, sizeof fields,
+           "\"m\":%d,\"n\":%d,\"k\":%d,\"batch\":%d,\"transa\":\"%s\",\"transb\":\"%s\",\"atype\":%d,"
+           "\"ctype\":%d,\"compute\":%d,\"beta_nonzero\":%s,\"flops\":%.0f",
+           c.m, c.n, c.k, c.batch, c.transa == CUBLAS_OP_N ? "N" : "T", c.transb == CUBLAS_OP_N ? "N" : "T",
+           c.atype, c.ctype, c.compute, reads_c ? "true" : "false", 2.0 * c.m * c.n * (double)c.k * c.batch);
+  cuemu_profile_op(op.ticket, "gemm", op.fn, fields, spans.data(), (int)spans.size());
+}
+
+}  // namespace
+
 int gemm_run(void* user, char* err, size_t err_len) {
   GemmOp* op = static_cast<GemmOp*>(user);
   const GemmCall& c = op->call;
@@ -169,6 +207,7 @@ int gemm_run(void* user, char* err, size_t err_len) {
              c.n, c.k);
     return 2;  // CUDA_ERROR_OUT_OF_MEMORY
   }
+  if (cuemu_profile_enabled()) profile(*op, beta != 0.0);
   return 0;
 }
 

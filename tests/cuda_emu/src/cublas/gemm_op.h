@@ -44,6 +44,7 @@ struct GemmOp {
   // The handle's math mode lacked CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_
   // REDUCTION when the call was made: a 16-bit C may be reduced in 16 bits.
   bool reduced_reduction;
+  unsigned long long ticket;  // the profiler's host-order number (0 when off)
 };
 
 cublasStatus_t gemm_call(const GemmCall& c, const char* fn);

@@ -13,6 +13,7 @@
 
 #include "api_decls.h"
 #include "driver.h"
+#include "profile.h"
 #include "hostcheck.h"
 #include "memcheck.h"
 
@@ -66,15 +67,24 @@ int htod(CUdeviceptr dst, const void* src, size_t n, CUstream h, bool async, con
   const char* view = (const char*)host_view(src, n);
   Op op;
   op.name = call;
+  const unsigned long long ticket = cuemu_profile_enabled() ? profile_ticket() : 0;
   if (async && pinned) {
-    op.run = [dst, view, n](char*, size_t) {
+    op.run = [dst, view, n, ticket, call](char*, size_t) {
       memcpy((void*)dst, view, n);
+      if (cuemu_profile_enabled()) {
+        const cuemu_prof_span sp = {dst, n, 1, 0, 1};
+        profile_op_bytes(ticket, "memcpy_htod", call, n, &sp, 1);
+      }
       return 0;
     };
   } else {
     auto snap = std::make_shared<std::vector<char>>(view, view + n);
-    op.run = [dst, snap](char*, size_t) {
+    op.run = [dst, snap, ticket, call](char*, size_t) {
       memcpy((void*)dst, snap->data(), snap->size());
+      if (cuemu_profile_enabled()) {
+        const cuemu_prof_span sp = {dst, snap->size(), 1, 0, 1};
+        profile_op_bytes(ticket, "memcpy_htod", call, snap->size(), &sp, 1);
+      }
       return 0;
     };
   }
@@ -98,8 +108,13 @@ int dtoh(void* dst, CUdeviceptr src, size_t n, CUstream h, bool async, const cha
   void* view = host_view(dst, n);
   Op op;
   op.name = call;
-  op.run = [view, src, n](char*, size_t) {
+  const unsigned long long ticket = cuemu_profile_enabled() ? profile_ticket() : 0;
+  op.run = [view, src, n, ticket, call](char*, size_t) {
     memcpy(view, (const void*)src, n);
+    if (cuemu_profile_enabled()) {
+      const cuemu_prof_span sp = {src, n, 1, 0, 0};
+      profile_op_bytes(ticket, "memcpy_dtoh", call, n, &sp, 1);
+    }
     return 0;
   };
   if (int r = enqueue_locked(t.s, std::move(op), {{src, n, false}}, call)) return r;
@@ -122,8 +137,13 @@ int dtod(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream h, const char* cal
   if (int r = check_dev_locked(dst, n, call, "destination")) return r;
   Op op;
   op.name = call;
-  op.run = [dst, src, n](char*, size_t) {
+  const unsigned long long ticket = cuemu_profile_enabled() ? profile_ticket() : 0;
+  op.run = [dst, src, n, ticket, call](char*, size_t) {
     memmove((void*)dst, (const void*)src, n);
+    if (cuemu_profile_enabled()) {
+      const cuemu_prof_span sp[2] = {{src, n, 1, 0, 0}, {dst, n, 1, 0, 1}};
+      profile_op_bytes(ticket, "memcpy_dtod", call, n, sp, 2);
+    }
     return 0;
   };
   if (int r = enqueue_locked(t.s, std::move(op), {{src, n, false}, {dst, n, true}}, call)) return r;
@@ -144,7 +164,12 @@ int memset_n(CUdeviceptr dst, T value, size_t count_n, CUstream h, const char* c
   if (int r = check_dev_locked(dst, n, call, "destination")) return r;
   Op op;
   op.name = call;
-  op.run = [dst, value, count_n](char*, size_t) {
+  const unsigned long long ticket = cuemu_profile_enabled() ? profile_ticket() : 0;
+  op.run = [dst, value, count_n, ticket, call, n](char*, size_t) {
+    if (cuemu_profile_enabled()) {
+      const cuemu_prof_span sp = {dst, n, 1, 0, 1};
+      profile_op_bytes(ticket, "memset", call, n, &sp, 1);
+    }
     T* p = (T*)dst;
     if (sizeof(T) == 1)
       memset(p, (int)value, count_n);

@@ -16,6 +16,7 @@
 #include "api_decls.h"
 #include "driver.h"
 #include "memcheck.h"
+#include "profile.h"
 
 using namespace cuemu;
 
@@ -342,12 +343,14 @@ CUEMU_API int cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz
   }
   Op op;
   op.name = std::string("kernel ") + kn;
-  op.run = [ld](char* err, size_t len) {
+  const unsigned long long ticket = cuemu_profile_enabled() ? profile_ticket() : 0;
+  op.run = [ld, ticket](char* err, size_t len) {
     cuemu_exec_result res;
     memset(&res, 0, sizeof res);
     cuemu_exec_grid(ld->module, ld->k, ld->grid, ld->block, ld->smem, ld->argv.data(), &res);
     flush_check_counters();
     count(C_SHARED_CHECKS, cuemu_exec_take_shared_checks());
+    if (res.ok && cuemu_profile_enabled()) profile_kernel(ticket, ld->k->name, ld->grid, ld->block, ld->smem);
     if (res.ok) return 0;
     snprintf(err, len, "%s", res.message[0] ? res.message : "kernel launch failed");
     return res.cuda_error ? res.cuda_error : 719;

@@ -93,6 +93,7 @@ void thread_finished(Worker* w, int t) {
   w->th[t].state = T_DONE;
   w->warp_done[t / 32] |= 1u << (t % 32);
   w->ndone++;
+  if (__builtin_expect(w->prof != nullptr, 0)) prof_thread_done(w, t);
 }
 
 void fiber_main(Worker* w, long stack_slot) {
@@ -257,6 +258,7 @@ CUEMU_EXPORT void cuemu_exec_grid(const cuemu_module_info* module, const cuemu_k
   w->k = k;
   w->mod = module;
   shared_launch(w, module);
+  prof_launch_start(w);
   w->args = args;
   w->grid = grid;
   w->block = block;

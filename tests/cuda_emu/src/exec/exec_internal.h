@@ -3,6 +3,7 @@
 // barriers and warp-level operations.
 #pragma once
 #include "cuemu/internal.h"
+#include "profile.h"
 
 #include <setjmp.h>
 #include <stddef.h>
@@ -99,7 +100,10 @@ struct Worker {
   bool shared_pending = false;           // a read of a byte the block had not written
   PendingRead pending{};
   long long shared_checks = 0;
+  // ---- profiler (null unless CUEMU_PROFILE is set)
+  LaunchProf* prof = nullptr;
 };
+static_assert(kMaxThreads == kProfMaxThreads, "one profile lane per CUDA thread");
 
 extern __thread Worker* tls_w __attribute__((tls_model("initial-exec")));
 
@@ -115,5 +119,9 @@ void shared_block_start(Worker* w);
 // read of never-written shared memory is pending.
 bool shared_barrier(Worker* w, bool block_end);
 void shared_warp_synced(Worker* w, int t);
+
+// The profiler's hooks (profile.cpp): a launch starts; thread t exited.
+void prof_launch_start(Worker* w);
+void prof_thread_done(Worker* w, int t);
 
 }  // namespace cuemu_exec

@@ -1,0 +1,45 @@
+// What the profiler's kernel side (src/exec/profile.cpp) hands the driver's
+// record writer (src/driver/profile.cpp) after each profiled launch.
+#pragma once
+#include <stdint.h>
+
+#include <vector>
+
+#include "cuemu/internal.h"
+
+namespace cuemu_exec {
+
+constexpr int kProfMaxThreads = 1024;
+
+// One access of one CUDA thread, until its warp is complete.
+struct Rec {
+  uintptr_t site;
+  uintptr_t addr;
+  uint32_t n;
+  uint8_t kind;  // cuemu_prof_kind
+};
+
+struct LaunchProf {
+  std::vector<Rec> lane[kProfMaxThreads];
+  // Per cuemu_prof_kind: warp-level requests, distinct sectors summed over
+  // requests (global kinds), bytes the lanes asked for.
+  uint64_t req[CUEMU_PROF_KINDS], sectors[CUEMU_PROF_KINDS], bytes[CUEMU_PROF_KINDS];
+  uint64_t sh_wavefronts, sh_ideal;
+  uint64_t warps, max_warp_requests;
+  // Every sector a request read or wrote (repeats included; the driver
+  // makes them unique once per launch).
+  std::vector<uint64_t> read_sectors, write_sectors;
+  void reset() {
+    for (auto& l : lane) l.clear();
+    for (int k = 0; k < CUEMU_PROF_KINDS; k++) req[k] = sectors[k] = bytes[k] = 0;
+    sh_wavefronts = sh_ideal = warps = max_warp_requests = 0;
+    read_sectors.clear();
+    write_sectors.clear();
+  }
+};
+
+// The profile of the launch that last ran on this OS thread (null if none
+// was profiled).
+LaunchProf* last_launch_profile();
+
+}  // namespace cuemu_exec
