@@ -68,7 +68,7 @@ struct Profiler {
     touched.reserve(rd.size() + wr.size());
     std::set_union(rd.begin(), rd.end(), wr.begin(), wr.end(), std::back_inserter(touched));
     ages.emplace_back(a, std::move(touched));
-    while (stamp.size() > capacity && ages.size() > 1) {
+    while (stamp.size() > capacity && !ages.empty()) {
       auto& [old, secs] = ages.front();
       for (uint64_t s : secs) {
         auto it = stamp.find(s);
