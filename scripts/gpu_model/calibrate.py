@@ -55,27 +55,29 @@ def old_kernels(work):
 
 
 def kernel_points(work):
-    """(label, measured us, record)."""
+    """{label: (measured us or None, record)} for the GPT's four row kernels,
+    one thread a row (df41e02) and one warp a row (today), at its shapes."""
     old = old_kernels(work)
     new = ROOT / "kernels"
-    ln_args = [("buf", ROWS * C * 2), ("buf", C * 4), ("null",), ("buf", ROWS * C * 2), ("buf", ROWS * 4),
-               ("buf", ROWS * 4), ("i64", ROWS), ("i64", C), ("f32", 1e-5)]
-    sm_args = [("buf", ATT_ROWS * T * 2), ("i64", ATT_ROWS), ("i64", T)]
-
-    def grid(threads):
-        return (min(65535, -(-threads // 256)), 1, 1)
-
-    pts = []
-    for label, inc, threads, measured in (("layer_norm forward [16384, 384], one thread a row", old, ROWS, 409.0),
-                                          ("layer_norm forward [16384, 384], one warp a row", new, ROWS * 32, 17.0)):
-        rec = emu_kernel.launch((inc / "layer_norm.cu").read_text(), "layer_norm_forward_f16", grid(threads),
-                                (256, 1, 1), ln_args, name="layer_norm.cu", include=inc, l2_bytes=0)
-        pts.append((label, measured, rec))
-    for label, inc, threads, measured in (("causal softmax forward [98304, 256], one thread a row", old, ATT_ROWS, 582.0),
-                                          ("causal softmax forward [98304, 256], one warp a row", new, ATT_ROWS * 32, 76.0)):
-        rec = emu_kernel.launch((inc / "attention.cu").read_text(), "causal_softmax_forward_f16", grid(threads),
-                                (256, 1, 1), sm_args, name="attention.cu", include=inc, l2_bytes=0)
-        pts.append((label, measured, rec))
+    x, stat = ("buf", ROWS * C * 2), ("buf", ROWS * 4)
+    att = ("buf", ATT_ROWS * T * 2)
+    cases = {
+        "layer_norm_forward": ("layer_norm.cu", ROWS,
+                               [x, ("buf", C * 4), ("null",), x, stat, stat, ("i64", ROWS), ("i64", C), ("f32", 1e-5)]),
+        "layer_norm_backward_dx": ("layer_norm.cu", ROWS,
+                                   [x, ("buf", C * 4), stat, stat, x, x, ("i64", ROWS), ("i64", C)]),
+        "causal_softmax_forward": ("attention.cu", ATT_ROWS, [att, ("i64", ATT_ROWS), ("i64", T)]),
+        "causal_softmax_backward": ("attention.cu", ATT_ROWS, [att, att, ("i64", ATT_ROWS), ("i64", T), ("f32", 0.125)]),
+    }
+    measured = {("layer_norm_forward", "thread"): 409.0, ("layer_norm_forward", "warp"): 17.0,
+                ("causal_softmax_forward", "thread"): 582.0, ("causal_softmax_forward", "warp"): 76.0}
+    pts = {}
+    for kernel, (file, rows, args) in cases.items():
+        for how, inc, threads in (("thread", old, rows), ("warp", new, rows * 32)):
+            grid = (min(65535, -(-threads // 256)), 1, 1)
+            rec = emu_kernel.launch((inc / file).read_text(), f"{kernel}_f16", grid, (256, 1, 1), args, name=file,
+                                    include=inc, l2_bytes=0)
+            pts[(kernel, how)] = (measured.get((kernel, how)), rec)
     return pts
 
 
@@ -100,19 +102,21 @@ def main():
     rows = []
     with tempfile.TemporaryDirectory() as work:
         pts = kernel_points(work)
-    modeled = {}
-    for label, measured, rec in pts:
-        t, bound, occ, _ = model.op_time(rec, h100, kernels)
-        modeled[label] = t
-        rows.append({"point": label, "device": "h100", "measured": measured, "modeled": round(t, 1), "unit": "us",
-                     "error": t / measured - 1, "bound": bound})
-    for a, b, measured in (("layer_norm forward [16384, 384], one thread a row",
-                            "layer_norm forward [16384, 384], one warp a row", 409.0 / 17.0),
-                           ("causal softmax forward [98304, 256], one thread a row",
-                            "causal softmax forward [98304, 256], one warp a row", 582.0 / 76.0)):
-        ratio = modeled[a] / modeled[b]
-        rows.append({"point": f"ratio: {a.split(',')[0]}, thread / warp", "device": "h100", "measured": round(measured, 2),
-                     "modeled": round(ratio, 2), "unit": "x", "error": ratio / measured - 1, "bound": ""})
+    modeled = {key: model.op_time(rec, h100, kernels)[:2] for key, (_, rec) in pts.items()}
+    shape = {"layer_norm_forward": "[16384, 384]", "causal_softmax_forward": "[98304, 256]"}
+    for (kernel, how), (measured, _) in pts.items():
+        if measured is None:
+            continue
+        t, bound = modeled[(kernel, how)]
+        rows.append({"point": f"{kernel} {shape[kernel]}, one {how} a row", "device": "h100", "measured": measured,
+                     "modeled": round(t, 1), "unit": "us", "error": t / measured - 1, "bound": bound})
+    for kernel in shape:
+        m = pts[(kernel, "thread")][0] / pts[(kernel, "warp")][0]
+        r = modeled[(kernel, "thread")][0] / modeled[(kernel, "warp")][0]
+        rows.append({"point": f"{kernel}: one thread a row / one warp a row", "device": "h100", "measured": round(m, 2),
+                     "modeled": round(r, 2), "unit": "x", "error": r / m - 1, "bound": ""})
+    # What one thread a row adds to a step's kernel time (the df41e02 build).
+    slower = {k: modeled[(k, "thread")][0] - modeled[(k, "warp")][0] for k, _ in pts}
     out = Path(args.profiles)
     for label, config, level, device, measured, unit in STEPS:
         p = step_profile(config, level, device, out)
@@ -122,13 +126,20 @@ def main():
                      "step_ms": round(p["modeled_step_ms"], 3), "gpu_ms": round(p["gpu_ms"], 3),
                      "host_ms": round(p["host_ms"], 3)})
         if label.startswith("GPT O2"):
-            # The H100's 400-launch ncu sample: 400 consecutive kernels of the
-            # O2 run, 11.11 ms at 7464636 (today's row kernels).
-            kern = sum(r["launches"] for r in p["kernels"] if r["kind"] in ("kernel", "gemm"))
-            gpu_kernels_ms = sum(r["modeled_us"] for r in p["kernels"] if r["kind"] in ("kernel", "gemm")) / 1e3
-            sample = gpu_kernels_ms * 400 / kern
-            rows.append({"point": "GPT O2: 400 consecutive kernels (ncu sample)", "device": "h100", "measured": 11.11,
-                         "modeled": round(sample, 2), "unit": "ms", "error": sample / 11.11 - 1, "bound": ""})
+            # The H100's ncu sample: 400 consecutive kernels of the O2 run
+            # (launches 1500-1899), 11.11 ms at 7464636 (today's row
+            # kernels) and 24.36 ms at df41e02 (one thread a row): the
+            # step's kernel time scaled to 400 kernels.
+            ops = [r for r in p["kernels"] if r["kind"] in ("kernel", "gemm")]
+            n = sum(r["launches"] for r in ops)
+            now = sum(r["modeled_us"] for r in ops) / 1e3
+            then = now + sum(slower[model.family(r["name"])] * r["launches"] for r in ops
+                             if model.family(r["name"]) in slower) / 1e3
+            for build, ms, measured in (("7464636", now, 11.11), ("df41e02", then, 24.36)):
+                sample = ms * 400 / n
+                rows.append({"point": f"GPT O2: 400 consecutive kernels (ncu sample), {build}", "device": "h100",
+                             "measured": measured, "modeled": round(sample, 2), "unit": "ms",
+                             "error": sample / measured - 1, "bound": ""})
     if args.json:
         print(json.dumps(rows, indent=1))
         return

@@ -2,7 +2,8 @@
 (tests/cuda_emu, CUEMU_PROFILE), would take on a GPU of devices.toml.
 
 A kernel launch costs the GPU's launch floor plus the largest of
-  dram     its DRAM bytes (the profiler's L2 model) at the HBM bandwidth,
+  dram     its DRAM bytes (the profiler's L2 model) at the share of HBM
+           bandwidth its requests' width allows (stream_efficiency),
   l2       the sectors its requests move between L2 and the SMs,
   lsu      its L1 wavefronts (a request costs one per 128-byte line it
            touches) and shared-memory wavefronts, one per SM per cycle,
@@ -52,6 +53,18 @@ def l1_wavefronts(rec):
     return sum(max(rec.get(f"{k}_requests", 0), rec.get(f"{k}_sectors", 0) / 4) for k in ("ld", "st", "atom"))
 
 
+def stream_efficiency(rec, spec):
+    """The fraction of HBM bandwidth a kernel's requests can draw: the full
+    `dram_efficiency` from `full_request_bytes` a warp-level request up, in
+    proportion below (a warp of 2-byte loads keeps half the bytes in flight
+    that a warp of 4-byte ones does)."""
+    req = _global(rec, "requests")
+    if not req:
+        return spec["dram_efficiency"]
+    per = (rec.get("ld_bytes", 0) + rec.get("st_bytes", 0)) / req
+    return spec["dram_efficiency"] * min(1.0, per / spec["full_request_bytes"])
+
+
 def kernel_terms(rec, spec, resources):
     grid, block = rec["grid"], rec["block"]
     blocks = grid[0] * grid[1] * grid[2]
@@ -65,7 +78,7 @@ def kernel_terms(rec, spec, resources):
     waves = math.ceil(blocks / (spec["sms"] * per_sm))
     hz = spec["clock_ghz"] * 1e9
     us = 1e6
-    dram = (rec.get("dram_read", 0) + rec.get("dram_write", 0)) / (spec["hbm_tb_s"] * 1e12 * spec["dram_efficiency"])
+    dram = (rec.get("dram_read", 0) + rec.get("dram_write", 0)) / (spec["hbm_tb_s"] * 1e12 * stream_efficiency(rec, spec))
     l2 = _global(rec, "sectors") * 32 / (spec["l2_tb_s"] * 1e12)
     lsu = (l1_wavefronts(rec) + rec.get("shared_wavefronts", 0)) / (active * spec["l1_wavefronts_per_sm_cycle"] * hz)
     lanes = rec.get("f32_fma", 0) + rec.get("f32_add", 0) + rec.get("f32_mul", 0) + rec.get("f32_other", 0)
