@@ -110,7 +110,9 @@ void cuemu_exec_where(char* buf, size_t len);
 // device operation (kernel, GEMM, copy, memset) with what Nsight Compute
 // counts: global requests per warp-level instruction and the 32-byte sectors
 // they touch, shared-memory wavefronts, and DRAM bytes through an L2 model
-// of CUEMU_L2_BYTES (default 50 MiB). Off by default; src/driver/profile.cpp.
+// of CUEMU_L2_BYTES (default 50 MiB), and the kernels' arithmetic (per
+// thread-operation: FMAs, adds, divides, special functions, integer divides,
+// instructions). Off by default; src/driver/profile.cpp.
 
 // Kinds of a profiled access.
 enum cuemu_prof_kind { CUEMU_PROF_LD = 0, CUEMU_PROF_ST = 1, CUEMU_PROF_ATOM = 2, CUEMU_PROF_SHLD = 3,
@@ -119,6 +121,22 @@ int cuemu_profile_enabled(void);
 // From kernel code (include/device/cuemu_checks.h): an access of n bytes at
 // a by the running CUDA thread, made by the instruction at `site`.
 void cuemu_profile_access(uintptr_t a, uint32_t n, int kind, const void* site);
+// The running launch's basic-block counters, for the callback profiled
+// kernels call at the start of every block (include/device/cuemu_checks.h):
+// the block whose call returns to `base + off` is counts[off >> 2] (two call
+// instructions end at least 5 bytes apart). span is 0 outside a launch.
+typedef struct cuemu_prof_blocks {
+  uintptr_t base;
+  uintptr_t span;
+  uint64_t* counts;
+} cuemu_prof_blocks;
+extern __thread cuemu_prof_blocks cuemu_prof_blocks_tls __attribute__((tls_model("initial-exec")));
+// Where the x86 code does not show the GPU's operation (a half conversion
+// done in software, rsqrtf as a square root and a divide), the device
+// headers put a marker next to it in profiled kernels: `nopl BASE+kind(%rax)`,
+// a no-op the profiler finds in the disassembly.
+#define CUEMU_PROF_MARK_BASE 0x43554d00
+enum cuemu_prof_mark { CUEMU_PROF_MARK_F16_CVT = 1, CUEMU_PROF_MARK_RSQRT = 2 };
 // The next number in host enqueue order: records are written when an
 // operation runs on its stream's worker, and carry this to be sorted back.
 unsigned long long cuemu_profile_ticket(void);

@@ -16,7 +16,20 @@
 extern "C" char __start_cuemu_shared[] __attribute__((weak, visibility("hidden")));
 extern "C" char __stop_cuemu_shared[] __attribute__((weak, visibility("hidden")));
 
+#ifdef CUEMU_PROFILE_BLOCKS
+// Profiled kernels also call a function at the start of every basic block
+// (-fsanitize-coverage=trace-pc): it counts the block for the running launch,
+// whose counters libcuda hands over in cuemu_prof_blocks_tls. The checkers
+// below are not kernel work: they are left out of those blocks.
+#define CUEMU_CHECKER extern "C" __attribute__((visibility("hidden"), no_sanitize_thread, no_sanitize_coverage, noinline))
+extern "C" __attribute__((no_sanitize_thread, no_sanitize_coverage, noinline)) void __sanitizer_cov_trace_pc(void) {
+  cuemu_prof_blocks* b = &cuemu_prof_blocks_tls;
+  const uintptr_t off = (uintptr_t)__builtin_return_address(0) - b->base;
+  if (off < b->span) b->counts[off >> 2]++;
+}
+#else
 #define CUEMU_CHECKER extern "C" __attribute__((visibility("hidden"), no_sanitize_thread, noinline))
+#endif
 
 namespace cuemu_checks {
 

@@ -290,9 +290,31 @@ static __forceinline__ double __int2double_rn(int x) { return (double)x; }
 
 // ------------------------------------------------------------------ math ---
 // <math.h> provides the C99 functions and the C++ overloads (sqrt(float), ...).
+#ifdef CUEMU_PROFILE_BLOCKS
+// One MUFU.RSQ on the GPU: marked for the profiler, which counts it as one
+// special op instead of the square root and the divide that compute it here
+// (the opaque input keeps that square root apart from the kernel's own).
+static __forceinline__ float rsqrtf(float x) {
+  float r = 1.0f / sqrtf(cuemu_opaque(x));
+  __asm__("nopl %c1(%%rax)" : "+x"(r) : "i"(CUEMU_PROF_MARK_BASE + CUEMU_PROF_MARK_RSQRT));
+  return r;
+}
+#else
 static __forceinline__ float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+#endif
 static __forceinline__ double rsqrt(double x) { return 1.0 / sqrt(x); }
-// __expf, __logf, __log2f, __powf, __sinf, __cosf, __tanf: glibc declares them (same functions).
+// The GPU's fast approximations, computed as the precise functions: glibc
+// declares these names but its libm exports none of them.
+#define __expf(x) expf(x)
+#define __exp10f(x) exp10f(x)
+#define __logf(x) logf(x)
+#define __log2f(x) log2f(x)
+#define __log10f(x) log10f(x)
+#define __powf(x, y) powf(x, y)
+#define __sinf(x) sinf(x)
+#define __cosf(x) cosf(x)
+#define __tanf(x) tanf(x)
+#define __sincosf(x, s, c) sincosf(x, s, c)
 static __forceinline__ float __fdividef(float a, float b) { return a / b; }
 static __forceinline__ float __saturatef(float x) { return x != x ? 0.f : (x < 0.f ? 0.f : (x > 1.f ? 1.f : x)); }
 static __forceinline__ float normcdff(float x) { return 0.5f * erfcf(-x * 0.70710678118654752f); }

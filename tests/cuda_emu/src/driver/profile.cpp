@@ -1,6 +1,6 @@
 // The profiler's records (CUEMU_PROFILE=<file>): one JSON line per device
 // operation, and the L2 model that turns each operation's sectors into DRAM
-// bytes.
+// bytes. A kernel's record also has its arithmetic (src/exec/profile_blocks.cpp).
 //
 // The L2 model: a set of resident 32-byte sectors of CUEMU_L2_BYTES (default
 // 50 MiB, an H100's and an H200's L2), least recently used out, at the
@@ -149,7 +149,7 @@ void profile_kernel(unsigned long long ticket, const char* name, cuemu_dim3 grid
            "\"atom_requests\":%llu,\"atom_sectors\":%llu,"
            "\"shared_ld_requests\":%llu,\"shared_st_requests\":%llu,\"shared_bytes\":%llu,"
            "\"shared_wavefronts\":%llu,\"shared_wavefronts_ideal\":%llu,"
-           "\"unique_read_sectors\":%zu,\"unique_write_sectors\":%zu,\"dram_read\":%llu,\"dram_write\":%llu}\n",
+           "\"unique_read_sectors\":%zu,\"unique_write_sectors\":%zu,\"dram_read\":%llu,\"dram_write\":%llu",
            ticket, name, grid.x, grid.y, grid.z, block.x, block.y, block.z, smem, threads,
            (unsigned long long)p->warps, (unsigned long long)p->max_warp_requests,
            (unsigned long long)p->req[CUEMU_PROF_LD], (unsigned long long)p->sectors[CUEMU_PROF_LD],
@@ -160,7 +160,11 @@ void profile_kernel(unsigned long long ticket, const char* name, cuemu_dim3 grid
            (unsigned long long)(p->bytes[CUEMU_PROF_SHLD] + p->bytes[CUEMU_PROF_SHST]),
            (unsigned long long)p->sh_wavefronts, (unsigned long long)p->sh_ideal, p->read_sectors.size(),
            p->write_sectors.size(), (unsigned long long)dram_rd, (unsigned long long)dram_wr);
-  pr.write(buf);
+  std::string line = buf;
+  for (int k = 0; k < cuemu_exec::A_KINDS; k++)
+    line += ",\"" + std::string(cuemu_exec::kArithNames[k]) + "\":" + std::to_string(p->arith[k]);
+  line += "}\n";
+  pr.write(line);
 }
 
 void profile_op_bytes(unsigned long long ticket, const char* kind, const char* call, size_t bytes,

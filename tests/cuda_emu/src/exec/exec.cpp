@@ -285,6 +285,7 @@ CUEMU_EXPORT void cuemu_exec_grid(const cuemu_module_info* module, const cuemu_k
   w->cur = -1;
   w->cur_ctx = nullptr;
   __asm__ volatile("ldmxcsr %0" : : "m"(w->saved_mxcsr));
+  if (__builtin_expect(w->prof != nullptr, 0)) prof_launch_end(w);
   lock->unlock();
   if (w->error) {
     out->ok = 0;

@@ -120,8 +120,13 @@ void shared_block_start(Worker* w);
 bool shared_barrier(Worker* w, bool block_end);
 void shared_warp_synced(Worker* w, int t);
 
-// The profiler's hooks (profile.cpp): a launch starts; thread t exited.
+// The profiler's hooks (profile.cpp): a launch starts; thread t exited;
+// the launch ended (profile_blocks.cpp: its arithmetic), before the module
+// lock is released.
 void prof_launch_start(Worker* w);
 void prof_thread_done(Worker* w, int t);
+void prof_launch_end(Worker* w);
+// The launch's block counters (profile_blocks.cpp), from prof_launch_start.
+void prof_blocks_start(Worker* w);
 
 }  // namespace cuemu_exec

@@ -161,6 +161,7 @@ void prof_launch_start(Worker* w) {
   if (!cuemu_profile_enabled()) return;
   if (!w->prof) w->prof = new LaunchProf();
   w->prof->reset();
+  prof_blocks_start(w);
 }
 
 LaunchProf* last_launch_profile() { return tls_w ? tls_w->prof : nullptr; }

@@ -11,6 +11,17 @@ namespace cuemu_exec {
 
 constexpr int kProfMaxThreads = 1024;
 
+// A launch's arithmetic, per thread-operation, summed over its threads (a
+// SIMD instruction counts its lanes): the record's fields of the same names.
+enum ArithKind {
+  A_F32_FMA, A_F32_ADD, A_F32_MUL, A_F32_DIV, A_F32_SQRT, A_F32_OTHER, A_F64, A_F16_CVT, A_SPECIAL,
+  A_INT_DIV32, A_INT_DIV64, A_INSTRUCTIONS, A_KINDS
+};
+extern const char* const kArithNames[A_KINDS];
+
+// One kernel object's basic blocks (profile_blocks.cpp).
+struct ModuleBlocks;
+
 // One access of one CUDA thread, until its warp is complete.
 struct Rec {
   uintptr_t site;
@@ -29,10 +40,14 @@ struct LaunchProf {
   // Every sector a request read or wrote (repeats included; the driver
   // makes them unique once per launch).
   std::vector<uint64_t> read_sectors, write_sectors;
+  uint64_t arith[A_KINDS];
+  ModuleBlocks* blocks;  // the running launch's object
   void reset() {
     for (auto& l : lane) l.clear();
     for (int k = 0; k < CUEMU_PROF_KINDS; k++) req[k] = sectors[k] = bytes[k] = 0;
     sh_wavefronts = sh_ideal = warps = max_warp_requests = 0;
+    for (auto& a : arith) a = 0;
+    blocks = nullptr;
     read_sectors.clear();
     write_sectors.clear();
   }

@@ -6,7 +6,9 @@
 // with -ffp-contract=fast for --fmad=true (NVRTC's default: the GPU compiler
 // contracts a*b+c into an FMA wherever it likes; the _rn intrinsics stay
 // unfused in both cases) and -ffp-contract=off for --fmad=false, and the
-// memory-access instrumentation of the device checks.
+// memory-access instrumentation of the device checks. Under the profiler
+// (CUEMU_PROFILE) also a call at the start of every basic block, whose counts
+// give the kernels' instruction mix (src/exec/profile_blocks.cpp).
 //
 // Objects are cached by a content hash (source, headers, options, the device
 // headers and this library) under $CUEMU_CACHE_DIR, else
@@ -33,10 +35,14 @@ bool env_off(const char* name) {
   return e && strcmp(e, "0") == 0;
 }
 
-bool instrumented() {
-  // The profiler (CUEMU_PROFILE) counts the same accesses the checks see.
+bool profiling() {
   const char* prof = getenv("CUEMU_PROFILE");
-  if (prof && *prof) return true;
+  return prof && *prof;
+}
+
+bool instrumented() {
+  // The profiler counts the same accesses the checks see.
+  if (profiling()) return true;
   return !(env_off("CUEMU_MEMCHECK") && env_off("CUEMU_INITCHECK") && env_off("CUEMU_SHAREDCHECK"));
 }
 
@@ -140,6 +146,12 @@ nvrtcResult compile(Program* p, int nopts, const char* const* opts) {
   if (instrumented()) {
     for (const char* f : {"-fsanitize=thread", "--param=tsan-instrument-func-entry-exit=0",
                           "--param=tsan-distinguish-volatile=0", "-DCUEMU_CHECKS=1"})
+      common.push_back(f);
+  }
+  // Sibling calls off: a block's call at its end would become a jump, whose
+  // callback then returns into the caller and counts no block of its own.
+  if (profiling()) {
+    for (const char* f : {"-fsanitize-coverage=trace-pc", "-fno-optimize-sibling-calls", "-DCUEMU_PROFILE_BLOCKS=1"})
       common.push_back(f);
   }
 
@@ -264,6 +276,9 @@ nvrtcResult compile(Program* p, int nopts, const char* const* opts) {
   cc.push_back("-lcuda");
   cc.push_back("-Wl,-rpath," + libdir);
   cc.push_back("-Wl,--no-undefined");
+  // The block callback has default visibility (GCC declares it so): bound
+  // inside the object, a direct call instead of one through the PLT.
+  if (profiling()) cc.push_back("-Wl,-Bsymbolic");
   rc = run_cmd(cc, work, out);
   p->log = out;
   if (rc != 0) {
