@@ -218,6 +218,7 @@ TEST_CASE(coalesced_f32_is_four_sectors_a_request) {
   EXPECT_FIELD(r, "st_requests", n / 32);
   EXPECT_FIELD(r, "st_sectors", n / 8);
   EXPECT_FIELD(r, "ld_bytes", n * 4);
+  EXPECT_FIELD(r, "ld_wavefronts", n / 32);  // one 128-byte line a request
   EXPECT_FIELD(r, "threads", n);
 }
 
@@ -229,6 +230,7 @@ TEST_CASE(one_thread_a_row_is_32_sectors_a_request) {
   std::string r = last_record("row_sum");
   EXPECT_FIELD(r, "ld_requests", 2 * 64);       // two warps, 64 columns each
   EXPECT_FIELD(r, "ld_sectors", 2 * 64 * 32);   // every lane its own sector
+  EXPECT_FIELD(r, "ld_wavefronts", 2 * 64 * 32);  // and its own line
   EXPECT_FIELD(r, "max_warp_requests", 64 + 1);  // 64 loads and the store
 }
 
@@ -240,6 +242,7 @@ TEST_CASE(float4_is_sixteen_sectors_a_request) {
   std::string r = last_record("copy_f4");
   EXPECT_FIELD(r, "ld_requests", n / 32);
   EXPECT_FIELD(r, "ld_sectors", n / 32 * 16);
+  EXPECT_FIELD(r, "ld_wavefronts", n / 32 * 4);
 }
 
 TEST_CASE(divergent_lanes_share_one_request) {

@@ -161,6 +161,9 @@ void profile_kernel(unsigned long long ticket, const char* name, cuemu_dim3 grid
            (unsigned long long)p->sh_wavefronts, (unsigned long long)p->sh_ideal, p->read_sectors.size(),
            p->write_sectors.size(), (unsigned long long)dram_rd, (unsigned long long)dram_wr);
   std::string line = buf;
+  line += ",\"ld_wavefronts\":" + std::to_string(p->wavefronts[CUEMU_PROF_LD]) +
+          ",\"st_wavefronts\":" + std::to_string(p->wavefronts[CUEMU_PROF_ST]) +
+          ",\"atom_wavefronts\":" + std::to_string(p->wavefronts[CUEMU_PROF_ATOM]);
   for (int k = 0; k < cuemu_exec::A_KINDS; k++)
     line += ",\"" + std::string(cuemu_exec::kArithNames[k]) + "\":" + std::to_string(p->arith[k]);
   line += "}\n";

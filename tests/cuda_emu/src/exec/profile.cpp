@@ -31,36 +31,52 @@ inline int sectors_of(uintptr_t a, uint32_t n, uint64_t* out, int cap) {
   return k;
 }
 
-// One warp-level global request: the lanes' accesses (up to 32).
+// One warp-level global request: the lanes' accesses (up to 32). Its cost
+// in L1 is a wavefront per distinct 128-byte line (l1tex's t-stage serves
+// one line a cycle), in L2 a transfer per distinct 32-byte sector.
 void global_request(LaunchProf* p, int kind, const Rec* const* r, int nlanes) {
-  uint64_t sec[32 * 4];
-  std::vector<uint64_t> big;
+  constexpr int kCap = 32 * 3;
+  uint64_t sec[kCap];
+  std::vector<uint64_t>& big = p->scratch;  // only for range accesses (a struct copy)
+  big.clear();
   int ns = 0;
   uint64_t bytes = 0;
   for (int i = 0; i < nlanes; i++) {
     bytes += r[i]->n;
-    if (r[i]->n <= 64 && ns + 3 <= (int)(sizeof sec / sizeof sec[0])) {
+    if (r[i]->n <= 64 && ns + 3 <= kCap) {
       ns += sectors_of(r[i]->addr, r[i]->n, sec + ns, 3);
-    } else {  // a range access (a struct copy): every sector it covers
+    } else {
       for (uint64_t s = r[i]->addr >> 5; s <= (r[i]->addr + r[i]->n - 1) >> 5; s++) big.push_back(s);
     }
   }
-  big.insert(big.end(), sec, sec + ns);
+  uint64_t* v = sec;
+  size_t nv = (size_t)ns;
+  if (!big.empty()) {
+    big.insert(big.end(), sec, sec + ns);
+    v = big.data();
+    nv = big.size();
+  }
   bool sorted = true;
-  for (size_t i = 1; i < big.size() && sorted; i++) sorted = big[i - 1] <= big[i];
-  if (!sorted) std::sort(big.begin(), big.end());
-  size_t uniq = 0;
-  for (size_t i = 0; i < big.size(); i++)
-    if (i == 0 || big[i] != big[i - 1]) big[uniq++] = big[i];
-  big.resize(uniq);
+  for (size_t i = 1; i < nv && sorted; i++) sorted = v[i - 1] <= v[i];
+  if (!sorted) std::sort(v, v + nv);
+  size_t uniq = 0, lines = 0;
+  for (size_t i = 0; i < nv; i++) {
+    if (i > 0 && v[i] == v[uniq - 1]) continue;
+    if (uniq == 0 || (v[i] >> 2) != (v[uniq - 1] >> 2)) lines++;
+    v[uniq++] = v[i];
+  }
   p->req[kind]++;
   p->sectors[kind] += uniq;
+  p->wavefronts[kind] += lines;
   p->bytes[kind] += bytes;
   // The launch's footprint for the L2 model: loads read, stores write, an
-  // atomic does both (at the L2, where the hardware performs it).
-  for (uint64_t s : big) {
-    if (kind != CUEMU_PROF_ST) p->read_sectors.push_back(s);
-    if (kind != CUEMU_PROF_LD) p->write_sectors.push_back(s);
+  // atomic does both (at the L2, where the hardware performs it). A run of
+  // requests over the same sectors (a loop over a row) adds them once.
+  for (size_t i = 0; i < uniq; i++) {
+    if (kind != CUEMU_PROF_ST && (p->read_sectors.empty() || p->read_sectors.back() != v[i]))
+      p->read_sectors.push_back(v[i]);
+    if (kind != CUEMU_PROF_LD && (p->write_sectors.empty() || p->write_sectors.back() != v[i]))
+      p->write_sectors.push_back(v[i]);
   }
 }
 

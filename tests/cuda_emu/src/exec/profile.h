@@ -35,6 +35,9 @@ struct LaunchProf {
   // Per cuemu_prof_kind: warp-level requests, distinct sectors summed over
   // requests (global kinds), bytes the lanes asked for.
   uint64_t req[CUEMU_PROF_KINDS], sectors[CUEMU_PROF_KINDS], bytes[CUEMU_PROF_KINDS];
+  // Per global kind: distinct 128-byte lines summed over requests (L1 wavefronts).
+  uint64_t wavefronts[CUEMU_PROF_KINDS];
+  std::vector<uint64_t> scratch;  // a request's sectors when a lane's access spans many
   uint64_t sh_wavefronts, sh_ideal;
   uint64_t warps, max_warp_requests;
   // Every sector a request read or wrote (repeats included; the driver
@@ -44,7 +47,7 @@ struct LaunchProf {
   ModuleBlocks* blocks;  // the running launch's object
   void reset() {
     for (auto& l : lane) l.clear();
-    for (int k = 0; k < CUEMU_PROF_KINDS; k++) req[k] = sectors[k] = bytes[k] = 0;
+    for (int k = 0; k < CUEMU_PROF_KINDS; k++) req[k] = sectors[k] = bytes[k] = wavefronts[k] = 0;
     sh_wavefronts = sh_ideal = warps = max_warp_requests = 0;
     for (auto& a : arith) a = 0;
     blocks = nullptr;
