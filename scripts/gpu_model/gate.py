@@ -24,9 +24,6 @@ STEP_TOLERANCE = 0.03
 # Sectors per request are ratios of exact counts; this only absorbs rounding
 # of the figures written to the baseline.
 SECTOR_TOLERANCE = 1e-3
-# Small probe batches keep the gate to minutes; the counts are carried to
-# this batch, the same in every run.
-GATE_BATCHES = {"gpt_sotu_gpu_o2": 64, "resnet20_fashion_o2": 128, "mnist_o2": 100}
 
 
 def baseline_path(config):
@@ -74,10 +71,7 @@ def main():
     ap.add_argument("--update", action="store_true")
     ap.add_argument("--device", default="h100")
     args = ap.parse_args()
-    stem = Path(args.config).stem
     cmd = [str(ROOT / "scripts/gpu-profile.sh"), "--config", args.config, "--device", args.device, "--json"]
-    if stem in GATE_BATCHES:
-        cmd += ["--batch", str(GATE_BATCHES[stem])]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         sys.exit(f"gpu-profile failed ({r.returncode}): {r.stderr[-3000:]}")

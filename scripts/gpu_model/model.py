@@ -82,7 +82,16 @@ def kernel_terms(rec, spec, resources):
     l2 = _global(rec, "sectors") * 32 / (spec["l2_tb_s"] * 1e12)
     lsu = (l1_wavefronts(rec) + rec.get("shared_wavefronts", 0)) / (active * spec["l1_wavefronts_per_sm_cycle"] * hz)
     lanes = rec.get("f32_fma", 0) + rec.get("f32_add", 0) + rec.get("f32_mul", 0) + rec.get("f32_other", 0)
-    issue = rec.get("instructions", 0) + 20 * rec.get("int_div32", 0) + 70 * rec.get("int_div64", 0)
+    # Issue slots: the kernel's own instructions (the profiler counts them
+    # on the host; less what the host spends beyond the GPU on each half
+    # conversion, software there, and on each thread's entry), plus what the GPU
+    # runs for an integer division (no divide instruction: a reciprocal and
+    # a few multiply-adds, a long subroutine for 64 bits) and for a math
+    # library call (the profiler counts the call as one instruction).
+    own = (rec.get("instructions", 0) - spec["f16_cvt_host_extra"] * rec.get("f16_cvt", 0)
+           - spec["thread_host_extra"] * rec.get("threads", 0))
+    issue = (max(0.0, own) + spec["int_div32_issue"] * rec.get("int_div32", 0)
+             + spec["int_div64_issue"] * rec.get("int_div64", 0) + spec["special_issue"] * rec.get("special", 0))
     alu = max(lanes / (spec["fp32_lanes_per_sm"] * active * hz),
               rec.get("special", 0) / (spec["sfu_per_sm_cycle"] * active * hz),
               issue / (32 * spec["issue_per_sm_cycle"] * active * hz))
