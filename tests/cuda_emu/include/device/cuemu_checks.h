@@ -40,7 +40,14 @@ struct Region {
 };
 // Set when the module is loaded (before any kernel of it runs).
 static Region g_region;
-static const bool g_profile = cuemu_profile_enabled() != 0;
+// Profiled objects are compiled apart (CUEMU_PROFILE_BLOCKS, from the
+// emulated NVRTC when CUEMU_PROFILE is set): the checks of an ordinary
+// object carry no profiler branch at all.
+#ifdef CUEMU_PROFILE_BLOCKS
+static constexpr bool g_profile = true;
+#else
+static constexpr bool g_profile = false;
+#endif
 
 // `site` is the instruction that made the access (the return address of the
 // entry point below): the profiler's warp-level requests are the lanes'
@@ -52,10 +59,10 @@ __attribute__((no_sanitize_thread, always_inline)) inline void check(const volat
   const uintptr_t a = (uintptr_t)p;
   if (a - g_region.base < g_region.len) {
     cuemu_check_device(a, n, write);
-    if (__builtin_expect(g_profile, 0) && prof >= 0) cuemu_profile_access(a, (uint32_t)n, prof, site);
+    if (g_profile && prof >= 0) cuemu_profile_access(a, (uint32_t)n, prof, site);
   } else if (a - (uintptr_t)__start_cuemu_shared < (uintptr_t)(__stop_cuemu_shared - __start_cuemu_shared)) {
     cuemu_check_shared(a, n, write);
-    if (__builtin_expect(g_profile, 0) && prof >= 0)
+    if (g_profile && prof >= 0)
       cuemu_profile_access(a, (uint32_t)n, prof == CUEMU_PROF_LD ? CUEMU_PROF_SHLD : CUEMU_PROF_SHST, site);
   }
 }
