@@ -37,6 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts/gpu_model"))
 
 import model  # noqa: E402
+import resources  # noqa: E402  (the real compiler's registers, for occupancy)
 
 STEPS = 2
 L2_BYTES = 50 * 2**20
@@ -195,8 +196,6 @@ def main():
     binary = args.bin or str(ROOT / "target/release/ddptrain")
     if not Path(binary).is_file():
         ap.error(f"no ddptrain at {binary}: cargo build --release, or give --bin")
-    import resources  # the real compiler's registers, for occupancy
-
     kernels = resources.collect()["kernels"]
     check = None
     if args.from_records:

@@ -45,14 +45,6 @@ def _global(rec, key):
     return sum(rec.get(f"{k}_{key}", 0) for k in ("ld", "st", "atom"))
 
 
-def l1_wavefronts(rec):
-    """Global L1 wavefronts: counted by the profiler where it has them, else
-    a request's sectors four to a line (exact for coalesced access)."""
-    if "ld_wavefronts" in rec:
-        return _global(rec, "wavefronts")
-    return sum(max(rec.get(f"{k}_requests", 0), rec.get(f"{k}_sectors", 0) / 4) for k in ("ld", "st", "atom"))
-
-
 def stream_efficiency(rec, spec):
     """The fraction of HBM bandwidth a kernel's requests can draw: the full
     `dram_efficiency` from `full_request_bytes` a warp-level request up, in
@@ -80,7 +72,7 @@ def kernel_terms(rec, spec, resources):
     us = 1e6
     dram = (rec.get("dram_read", 0) + rec.get("dram_write", 0)) / (spec["hbm_tb_s"] * 1e12 * stream_efficiency(rec, spec))
     l2 = _global(rec, "sectors") * 32 / (spec["l2_tb_s"] * 1e12)
-    lsu = (l1_wavefronts(rec) + rec.get("shared_wavefronts", 0)) / (active * spec["l1_wavefronts_per_sm_cycle"] * hz)
+    lsu = (_global(rec, "wavefronts") + rec.get("shared_wavefronts", 0)) / (active * spec["l1_wavefronts_per_sm_cycle"] * hz)
     lanes = rec.get("f32_fma", 0) + rec.get("f32_add", 0) + rec.get("f32_mul", 0) + rec.get("f32_other", 0)
     # Issue slots: the kernel's own instructions (the profiler counts them
     # on the host; less what the host spends beyond the GPU on each half
