@@ -39,6 +39,9 @@ TEST_CASE(device_queries) {
   CHECK(cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, 0) == 0 && v == 227 * 1024);
   CHECK(cuDeviceGet(&v, 1) == CUDA_ERROR_INVALID_DEVICE);
   CHECK(cuDriverGetVersion(&v) == 0 && v == 13000);
+  // The real NVRTC asks any driver it loads for its private tables: "none".
+  const void* table = &v;
+  CHECK(cuGetExportTable(&table, name) == CUDA_ERROR_NOT_SUPPORTED && table == nullptr);
 }
 
 // CUDA_VISIBLE_DEVICES is read once per process: check it in fresh children

@@ -9,6 +9,7 @@ extern "C" {
 #endif
 int cuInit(unsigned flags);
 int cuDriverGetVersion(int* v);
+int cuGetExportTable(const void** table, const void* uuid);
 int cuGetErrorName(int error, const char** s);
 int cuGetErrorString(int error, const char** s);
 int cuDeviceGetCount(int* n);

@@ -155,6 +155,16 @@ CUEMU_API int cuDriverGetVersion(int* v) {
   return 0;
 }
 
+// The driver's private tables (by UUID), which the real NVRTC asks a driver
+// it finds for: this one has none, and saying so lets a process that loads
+// both (scripts/gpu_model/resources.py under scripts/emulated-gpu.sh) compile
+// as it does with no driver, where a missing symbol crashed it.
+CUEMU_API int cuGetExportTable(const void** table, const void* uuid) {
+  (void)uuid;
+  if (table) *table = nullptr;
+  return 801;  // CUDA_ERROR_NOT_SUPPORTED
+}
+
 #define NEED_INIT() \
   if (!initialized()) return 3
 #define CHECK_DEV(d)                                                                            \
