@@ -25,7 +25,10 @@ way. ddptrain checkpoints every step. Three checks:
      each side, below);
    - each parameter's update (its change over the step) and the optimizer
      state come from the gradients and are compared to GRAD_TOL of their
-     scale. PyTorch's own fp32 gradients differ by up to 3e-4 of their scale
+     scale; under AdamW, which moves every element by about lr whatever its
+     gradient's size, the update is PyTorch's AdamW step on ddptrain's own
+     gradient (adamw_replay says why) and the gradients are held to
+     PyTorch's through the moments. PyTorch's own fp32 gradients differ by up to 3e-4 of their scale
      between 1 and 2 threads (conv1's, whose gradient comes out of
      BatchNorm's backward as a difference of near-equal terms), and ddptrain
      differs from PyTorch by about as much (1e-4). Where a max-pool window
@@ -307,9 +310,10 @@ def compare(ours, ref, before=None):
     compared by their update over the step, as the norm of the difference over
     the norm of PyTorch's update: Adam divides each element by its own
     gradient's size, so an element whose gradient is nearly 0 turns the
-    gradients' rounding noise into an O(1) change of its own tiny update,
-    which the norm weighs by its size. BN-cancelled biases' updates are
-    rounding noise times lr and are left out there."""
+    gradients' rounding noise into an O(1) change of its own update, which
+    the norm weighs by its size only once the second moment has a history:
+    AdamW's parameters are compared by adamw_replay instead. BN-cancelled
+    biases' updates are rounding noise times lr and are left out here."""
     out = {}
     for name in sorted(set(ours) | set(ref)):
         if name not in ours or name not in ref:
@@ -330,6 +334,39 @@ def compare(ours, ref, before=None):
             if name.startswith(bias) and weight + name[len(bias) :] in ref:
                 scale = max(scale, ref[weight + name[len(bias) :]].double().abs().max().item())
         out[name] = ratio((o - t).abs().max().item(), scale)
+    return out
+
+
+def adamw_replay(k):
+    """{parameter: difference of ddptrain's step-k update from PyTorch's
+    AdamW given ddptrain's own gradient}, relative to the update's norm.
+    AdamW moves an element by about lr * sign(g) whatever its gradient's
+    size (at step 1 exactly: m / sqrt(v) = g / |g|), so an element whose
+    gradient lies within the two sides' rounding difference of zero moves
+    by +lr on one side and -lr on the other: the MNIST ResNet's conv1 at
+    step 1 has gradients of 4.5e-7 and 8.2e-7 against a largest 0.051 (1e-5
+    of its scale, where the two sides' gradients agree to 2.3e-4) whose
+    signs differ, 0.14 of the update's norm. So the gradients are held to
+    PyTorch's through the moments (exp_avg, exp_avg_sq against PyTorch's,
+    element by element), and the update to PyTorch's AdamW step taken from
+    ddptrain's checkpoint k-1 with the gradient ddptrain's moments imply
+    (g = (m_k - beta1 m_{k-1}) / (1 - beta1), clipping already in it)."""
+    load_into(replay, replay_opt, ckpts[k - 1], k - 1)
+    beta1 = hp["betas"][0]
+    for group in replay_opt.param_groups:
+        group["lr"] = lr_at(k - 1)
+    params = dict(replay.named_parameters())
+    for name, p in params.items():
+        m_prev = ckpts[k - 1].get(f"{name}.exp_avg")
+        m = ckpts[k][f"{name}.exp_avg"].double()
+        g = (m - beta1 * m_prev.double()) / (1 - beta1) if m_prev is not None else m / (1 - beta1)
+        p.grad = g.to(p.dtype)
+    replay_opt.step()
+    out = {}
+    for name, p in params.items():
+        before = ckpts[k - 1][name].double()
+        du, dt = ckpts[k][name].double() - before, p.detach().double() - before
+        out[name] = ratio((du - dt).norm().item(), dt.norm().item())
     return out
 
 
@@ -389,12 +426,17 @@ print(f"{'step':>4} {'lr':>10} {'loss ddptrain':>14} {'loss pytorch':>14} {'rel'
       f"{'buffers':>9} {'updates':>9} {'optim':>9}  worst gradient tensor")
 stepper = build(DESC)
 step_opt = make_optimizer(stepper)
+replay = build(DESC)
+replay_opt = make_optimizer(replay)
 worst_step = {"forward": 0.0, "norm": 0.0, "grad": 0.0}
 for k in range(1, min(a.steps, len(trace)) + 1):
     load_into(stepper, step_opt, ckpts[k - 1], k - 1)
     loss, grad_norm = train_step(stepper, step_opt, k - 1)
     per_kind = {"param": (0.0, ""), "buffer": (0.0, ""), "optim": (0.0, ""), "count": (0.0, "")}
-    for name, r in compare(ckpts[k], state_of(stepper, step_opt), before=ckpts[k - 1]).items():
+    results = compare(ckpts[k], state_of(stepper, step_opt), before=ckpts[k - 1])
+    if a.optimizer == "adamw":
+        results.update(adamw_replay(k))
+    for name, r in results.items():
         kd = kind(name)
         tol = {"buffer": FORWARD_TOL, "count": 0.0}.get(kd, GRAD_TOL)
         if not r <= tol:

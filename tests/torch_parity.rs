@@ -170,6 +170,22 @@ fn a_one_percent_learning_rate_difference_fails_the_oracle() {
     );
 }
 
+/// The same under AdamW, whose updates are held to PyTorch's AdamW step on
+/// ddptrain's own gradients: a 1% larger learning rate is a 1e-2 larger
+/// update of every element, ten times the tolerance.
+#[test]
+fn a_one_percent_learning_rate_difference_fails_the_adamw_oracle() {
+    let test = "a_one_percent_learning_rate_difference_fails_the_adamw_oracle";
+    let Some(python) = torch_python(test) else { return };
+    let o = parity(&python, SEED_CONFIG, &["--optimizer", "adamw", "--steps", "2", "--lr-scale", "1.01"]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(1), "the perturbed run passed:\n{t}");
+    assert!(
+        t.contains("MISMATCH step 1: fc.weight differs by 9.9"),
+        "expected step 1's fc.weight update to differ by ~1e-2:\n{t}"
+    );
+}
+
 /// `ddptrain check --config configs/mnist_o2.toml --json`, parsed.
 fn describe(sets: &[&str]) -> Value {
     let mut args = vec!["check", "--config", "configs/mnist_o2.toml", "--json"];
