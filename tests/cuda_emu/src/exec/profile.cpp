@@ -12,8 +12,6 @@
 // Most warps run the same accesses in every lane (no divergence): their
 // lanes are matched by position with no hashing at all.
 #include <algorithm>
-#include <map>
-#include <unordered_map>
 #include <utility>
 
 #include "exec_internal.h"
@@ -22,6 +20,8 @@
 namespace cuemu_exec {
 
 namespace {
+
+using PerfSlot = LaunchProf::Slot;
 
 // Sectors of [a, a + n) into out; returns how many.
 inline int sectors_of(uintptr_t a, uint32_t n, uint64_t* out, int cap) {
@@ -121,6 +121,74 @@ void request(LaunchProf* p, const Rec* const* r, int nlanes) {
     global_request(p, kind, r, nlanes);
 }
 
+// Open addressing over `table` (a power of two, at least twice the keys),
+// whose slots are empty unless they carry the current generation: clearing
+// it between warps is one increment.
+PerfSlot* find_slot(std::vector<PerfSlot>& table, uint32_t gen, uintptr_t site, uint32_t occ) {
+  const size_t mask = table.size() - 1;
+  uint64_t h = (uint64_t)site * 0x9e3779b97f4a7c15ull ^ (uint64_t)occ * 0xc2b2ae3d27d4eb4full;
+  for (size_t i = (h >> 32) & mask;; i = (i + 1) & mask) {
+    PerfSlot& s = table[i];
+    if (s.gen != gen) {
+      s = PerfSlot{site, occ, gen, -1};
+      return &s;
+    }
+    if (s.site == site && s.occ == occ) return &s;
+  }
+}
+
+// A fresh generation of `table`, sized for `keys` keys.
+uint32_t next_gen(std::vector<PerfSlot>& table, uint32_t& gen, size_t keys) {
+  size_t want = 64;
+  while (want < 2 * keys) want *= 2;
+  if (table.size() < want || ++gen == 0) {
+    table.assign(std::max(want, table.size()), PerfSlot{0, 0, 0, -1});
+    gen = 1;
+  }
+  return gen;
+}
+
+// Divergent lanes: the k-th access of a lane at a site joins the request
+// (site, k), requests in the order the warp first reached them, lanes in
+// lane order within each.
+void divergent_warp(LaunchProf* p, const std::vector<Rec>* lane, int n) {
+  size_t total = 0, longest = 0;
+  for (int t = 0; t < n; t++) {
+    total += lane[t].size();
+    longest = std::max(longest, lane[t].size());
+  }
+  const uint32_t rgen = next_gen(p->request_of, p->request_gen, total);
+  p->member.clear();
+  int groups = 0;
+  for (int t = 0; t < n; t++) {
+    const uint32_t sgen = next_gen(p->seen, p->seen_gen, longest);
+    for (const Rec& r : lane[t]) {
+      PerfSlot* s = find_slot(p->seen, sgen, r.site, 0);
+      const uint32_t occ = (uint32_t)(s->group + 1);  // occurrences so far, -1 when new
+      s->group = (int)occ;
+      PerfSlot* g = find_slot(p->request_of, rgen, r.site, occ);
+      if (g->group < 0) g->group = groups++;
+      p->member.emplace_back(g->group, &r);
+    }
+  }
+  // Counting sort by request, stable, so each request's lanes keep their order.
+  p->group_start.assign((size_t)groups + 1, 0);
+  for (const auto& m : p->member) p->group_start[(size_t)m.first + 1]++;
+  for (int g = 0; g < groups; g++) p->group_start[(size_t)g + 1] += p->group_start[(size_t)g];
+  p->grouped.resize(p->member.size());
+  {
+    std::vector<int>& at = p->group_start;
+    for (const auto& m : p->member) p->grouped[(size_t)at[(size_t)m.first]++] = m.second;
+    // `at` now holds each request's end; its start is the previous one's end.
+    for (int g = groups; g > 0; g--) at[(size_t)g] = at[(size_t)g - 1];
+    at[0] = 0;
+  }
+  for (int g = 0; g < groups; g++) {
+    const int b = p->group_start[(size_t)g], e = p->group_start[(size_t)g + 1];
+    request(p, p->grouped.data() + b, e - b);
+  }
+}
+
 // The lanes [t0, t1) of one warp have all exited: their requests.
 void warp_done(Worker* w, int t0, int t1) {
   LaunchProf* p = w->prof;
@@ -147,23 +215,7 @@ void warp_done(Worker* w, int t0, int t1) {
       request(p, grp, n);
     }
   } else {
-    // Divergent lanes: (site, occurrence) -> the request's lanes, in the
-    // order the warp first reached each one.
-    std::map<std::pair<uintptr_t, uint32_t>, int> index;
-    std::vector<std::vector<const Rec*>> groups;
-    for (int t = t0; t < t1; t++) {
-      std::unordered_map<uintptr_t, uint32_t> occ;
-      for (const Rec& r : lane[t]) {
-        const auto key = std::make_pair(r.site, occ[r.site]++);
-        auto it = index.find(key);
-        if (it == index.end()) {
-          it = index.emplace(key, (int)groups.size()).first;
-          groups.emplace_back();
-        }
-        groups[it->second].push_back(&r);
-      }
-    }
-    for (auto& g : groups) request(p, g.data(), (int)g.size());
+    divergent_warp(p, lane + t0, n);
   }
   const uint64_t mine = p->req[CUEMU_PROF_LD] + p->req[CUEMU_PROF_ST] + p->req[CUEMU_PROF_ATOM] - global_reqs;
   p->max_warp_requests = std::max(p->max_warp_requests, mine);

@@ -44,6 +44,19 @@ struct LaunchProf {
   // makes them unique once per launch).
   std::vector<uint64_t> read_sectors, write_sectors;
   uint64_t arith[A_KINDS];
+  // A divergent warp's matching (profile.cpp), kept between warps so that
+  // matching allocates nothing once warmed up.
+  struct Slot {
+    uintptr_t site;
+    uint32_t occ, gen;
+    int group;
+  };
+  std::vector<Slot> request_of;  // (site, occurrence) -> request, open addressing
+  std::vector<Slot> seen;        // one lane's site -> occurrences so far
+  uint32_t request_gen = 0, seen_gen = 0;
+  std::vector<std::pair<int, const Rec*>> member;  // (request, access), lane order
+  std::vector<int> group_start;
+  std::vector<const Rec*> grouped;
   ModuleBlocks* blocks;  // the running launch's object
   void reset() {
     for (auto& l : lane) l.clear();
