@@ -80,8 +80,14 @@ if [ "$DEVICE" = cuda ]; then
     fp32=$("$PYTHON" scripts/bench_torch.py "${targs[@]}")
     amp=$("$PYTHON" scripts/bench_torch.py "${targs[@]}" --amp)
     printf '%-28s %12s\n' "pytorch fp32" "$fp32" "pytorch autocast+GradScaler" "$amp"
+    if [ -z "${BENCH_TEXT:-}" ]; then
+      # NHWC, where cuDNN's tensor-core convolutions run without transposes.
+      amp_cl=$("$PYTHON" scripts/bench_torch.py "${targs[@]}" --amp --layout channels_last)
+      printf '%-28s %12s\n' "pytorch autocast NHWC" "$amp_cl"
+    fi
     echo "ratio ddptrain O0/pytorch fp32: $(ratio "$ours" "$fp32")"
     echo "ratio ddptrain O2/pytorch autocast+GradScaler: $(ratio "$ours_o2" "$amp")"
+    if [ -n "${amp_cl:-}" ]; then echo "ratio ddptrain O2/pytorch autocast NHWC: $(ratio "$ours_o2" "$amp_cl")"; fi
   else
     echo "pytorch: not measured ($PYTHON cannot import torch with CUDA; set PYTHON)"
   fi

@@ -6,7 +6,8 @@
 # (tests/gpu_trainer.rs, gpu_sync.rs, ddp_cuda.rs: gpu-check runs them with
 # DDPTRAIN_BIN and DDPTRAIN_REPO, since their build paths do not exist there),
 # copied into gpu-bundle/ (gitignored) with a MANIFEST, plus the MNIST and
-# cats-and-dogs files and part of the SOTU corpus when data/ has them. Debug info and symbol tables are
+# cats-and-dogs files and part of the SOTU corpus when data/ has them, and
+# the modeled GPU step of three configs (modeled/*.json). Debug info and symbol tables are
 # stripped so the bundle stays small enough to copy (limit: 60 MB).
 #
 #   scripts/gpu-bundle.sh            # then copy the repo with gpu-bundle/ to the GPU machine
@@ -103,6 +104,20 @@ else
     echo "gpu-bundle: warning: no State of the Union addresses in $sotu (scripts/fetch-sotu.sh, or set SOTU_DIR); gpu-check will not train the GPT"
 fi
 
+# The modeled step of each gated config on the GPU lent here (an H200; set
+# MODELED_DEVICE=h100 for another), which gpu-check.sh holds the measured
+# kernels against (scripts/gpu_model/measured.py). MODELED=0 skips it (about
+# 7 minutes on 2 cores).
+if [ "${MODELED:-1}" != 0 ]; then
+    mkdir -p "$out/modeled"
+    for c in configs/mnist_o2.toml configs/resnet20_fashion_o2.toml configs/gpt_sotu_gpu_o2.toml; do
+        stem=$(basename "$c" .toml)
+        echo "gpu-bundle: modeled step of $c on ${MODELED_DEVICE:-h200}"
+        DDPTRAIN_BIN="$bin" scripts/gpu-profile.sh --config "$c" --device "${MODELED_DEVICE:-h200}" --json \
+            >"$out/modeled/$stem.json" \
+            || { echo "gpu-bundle: warning: no modeled step of $c; gpu-check will not compare it"; rm -f "$out/modeled/$stem.json"; }
+    done
+fi
 {
     echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -srm)"
     echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (with uncommitted changes)')"

@@ -16,11 +16,14 @@
 #   7. scripts/bench.sh on the GPU: ddptrain O0/O2 vs PyTorch fp32/autocast,
 #      the seed ConvNet and configs/gpt_sotu_gpu_o2.toml (text from data/sotu or
 #      the bundle's part of it), and that GPT resumed after SIGTERM byte for byte
+#   7c. ResNet-20 at batch 128 against PyTorch eager, autocast and autocast NHWC
 #   8. the GPU integration tests (tests/gpu_trainer.rs, gpu_sync.rs,
 #      ddp_cuda.rs), one row each, spawning the bundled ddptrain
 #      (DDPTRAIN_BIN) and reading configs/ here (DDPTRAIN_REPO). Under CI=true
 #      a missing GPU or NCCL fails them; NCCL runs that need a GPU per rank
 #      skip on fewer GPUs and are counted in the row's figure.
+#   9. the modeled step of three configs against ncu's kernel times here
+#      (scripts/gpu_model/measured.py, the bundle's modeled/*.json)
 # and prints a summary table. Exit 0 only when every check passed; a piece
 # that cannot run is reported "not run (reason)" and fails the check.
 set -uo pipefail
@@ -358,6 +361,13 @@ else
     fi
 fi
 
+# --- 7c. ResNet-20 at batch 128 against PyTorch (eager, autocast, NHWC too) ------
+if ! have ddptrain || [ -z "$gpu" ]; then
+    record "ResNet-20 benchmark" "not run (no ddptrain binary or no GPU)" ""
+else
+    bench_row "ResNet-20 benchmark" "$work/resnet_bench.log" MODEL=resnet20 BATCH=128 STEPS="${RESNET_BENCH_STEPS:-100}"
+fi
+
 # --- 8. GPU integration tests ----------------------------------------------------
 # Their build paths (cargo's ddptrain, the checkout) do not exist here: point
 # them at the bundle's binary and this checkout, and at the MNIST files step 5
@@ -401,6 +411,41 @@ for t in gpu_trainer gpu_sync ddp_cuda; do
         record "$check" FAIL "exit $rc: $fig"
         grep -E "^test .* FAILED|panicked|skipped: " "$log" | head -n 40 | sed 's/^/   | /'
         tail -n 30 "$log" | sed 's/^/   | /'
+    fi
+done
+
+# --- 9. the modeled step against this GPU, kernel by kernel (ncu) --------------
+# scripts/gpu_model/measured.py: each config's step under Nsight Compute
+# against the bundle's modeled/*.json (gpu-bundle.sh), so every lending
+# recalibrates scripts/gpu_model/devices.toml. A table a config; the row
+# records the kernels' measured and modeled sums.
+ncu=${NCU:-$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -n1)}
+for c in configs/mnist_o2.toml configs/resnet20_fashion_o2.toml configs/gpt_sotu_gpu_o2.toml; do
+    stem=$(basename "$c" .toml)
+    check="modeled vs ncu: $stem"
+    modeled="$bundle/modeled/$stem.json"
+    if ! have ddptrain || [ -z "$gpu" ]; then
+        record "$check" "not run (no ddptrain binary or no GPU)" ""
+    elif [ -z "$ncu" ]; then
+        record "$check" "not run (no ncu: set NCU)" ""
+    elif [ ! -f "$modeled" ]; then
+        record "$check" "not run (no $modeled: gpu-bundle.sh writes it)" ""
+    elif [ "$stem" = gpt_sotu_gpu_o2 ] && [ -z "$sotu" ]; then
+        record "$check" "not run (no text in data/sotu or $bundle/data/sotu)" ""
+    else
+        log="$work/ncu_$stem.log"
+        sets=()
+        [ "$stem" = gpt_sotu_gpu_o2 ] && sets=(--set "data.path=$sotu")
+        # measured.py reads the config's arguments from the modeled JSON;
+        # the text's folder is this machine's.
+        if timeout "${NCU_TIMEOUT:-300}" python3 scripts/gpu_model/measured.py --config "$c" --bin "$bundle/ddptrain" \
+            --modeled "$modeled" --ncu "$ncu" --json "$work/ncu_$stem.json" "${sets[@]}" >"$log" 2>&1; then
+            sed 's/^/   | /' "$log"
+            record "$check" PASS "$(grep -o '^kernels: .*' "$log" | cut -c10-)"
+        else
+            tail -n 25 "$log" | sed 's/^/   | /'
+            record "$check" FAIL "$(grep -m1 -oE 'ncu failed.*|launch counts differ.*|LibraryNotLoaded.*' "$log" || echo 'measured.py failed (log above)')"
+        fi
     fi
 done
 

@@ -59,3 +59,16 @@ fn resnet20_step_holds_its_modeled_gpu_baseline() {
 fn gpt_step_holds_its_modeled_gpu_baseline() {
     gate("configs/gpt_sotu_gpu_o2.toml");
 }
+
+/// The model's own unit tests (scripts/gpu_model/test_*.py: sm_90
+/// occupancy, reading ncu's CSV for gpu-check's modeled-vs-measured table).
+#[test]
+fn the_gpu_models_unit_tests_pass() {
+    let o = Command::new("python3")
+        .args(["-m", "unittest", "discover", "-s", "scripts/gpu_model", "-p", "test_*.py"])
+        .current_dir(repo_root())
+        .output()
+        .expect("cannot run python3");
+    let t = text(&o);
+    assert!(o.status.success() && t.contains("OK"), "scripts/gpu_model's unit tests failed:\n{t}");
+}
