@@ -5,7 +5,7 @@
 
 use crate::config::{AmpConfig, LossScale};
 use crate::error::{Error, Result};
-use crate::tensor::{CpuStorage, Storage, Tensor};
+use crate::tensor::{CpuStorage, Tensor};
 use rayon::prelude::*;
 
 use super::Policy;
@@ -228,14 +228,14 @@ impl LossScaler {
                 // unscaled value covers both; the `|` keeps the loop branch-free.
                 let mut non_finite = false;
                 match g.storage() {
-                    Storage::Cpu(CpuStorage::F32(src)) => {
+                    CpuStorage::F32(src) => {
                         for (d, &s) in dst.iter_mut().zip(src) {
                             let v = s * inv;
                             non_finite |= !v.is_finite();
                             *d = v;
                         }
                     }
-                    Storage::Cpu(CpuStorage::F16(src)) => {
+                    CpuStorage::F16(src) => {
                         for (d, &s) in dst.iter_mut().zip(src) {
                             let v = f32::from(s) * inv;
                             non_finite |= !v.is_finite();

@@ -1,11 +1,11 @@
 //! Distributed data parallel, process layer: who this rank is ([`env`]), how
 //! the ranks find each other ([`rendezvous`]) and the collectives between them
-//! ([`Communicator`], over TCP in [`tcp`]).
+//! ([`Communicator`], over TCP in [`tcp`], MPI with the `mpi` feature, and
+//! NCCL for device buffers in [`cuda`]).
 //!
 //! The [`Communicator`] trait is what the trainer programs against: buffers are
 //! handed over by value and come back from [`Work::wait`], so an implementation
-//! may run the operation on a thread (TCP) or a stream (NCCL, later) while the
-//! caller computes. Operations complete in the order they are issued, and their
+//! may run the operation on a thread (TCP, MPI) while the caller computes. Operations complete in the order they are issued, and their
 //! results are bitwise equal on every rank.
 
 mod agree;

@@ -7,14 +7,14 @@ use super::layers::batchnorm2d::{parts, BatchNorm2d, Parts};
 use super::layers::maxpool2d::MaxPool2d;
 use super::layers::LayerKind;
 use super::Node;
-use crate::tensor::{CpuStorage, DType, Storage, Tensor};
+use crate::tensor::{CpuStorage, DType, Tensor};
 
 fn is_cpu_f32(t: &Tensor) -> bool {
-    matches!(t.storage(), Storage::Cpu(CpuStorage::F32(_)))
+    matches!(t.storage(), CpuStorage::F32(_))
 }
 
 fn is_cpu_f16(t: &Tensor) -> bool {
-    matches!(t.storage(), Storage::Cpu(CpuStorage::F16(_)))
+    matches!(t.storage(), CpuStorage::F16(_))
 }
 
 /// The BatchNorm2d heading `layers` when it is followed by ReLU and

@@ -4,7 +4,7 @@
 //! `kernels/<family>.cu`.
 
 use crate::error::{Error, Result};
-use crate::tensor::{CpuStorage, Storage, Tensor};
+use crate::tensor::{CpuStorage, Tensor};
 
 pub mod elem;
 pub use elem::Elem;
@@ -31,7 +31,7 @@ pub mod warp_order;
 /// its dtype (f16 and device tensors have their own kernels elsewhere).
 pub(crate) fn cpu_f32<'a>(op: &str, what: &str, t: &'a Tensor) -> Result<&'a [f32]> {
     match t.storage() {
-        Storage::Cpu(CpuStorage::F32(v)) => Ok(v),
+        CpuStorage::F32(v) => Ok(v),
         _ => Err(Error::Unsupported(format!("{op}: {what} of dtype {:?} on this device", t.dtype()))),
     }
 }

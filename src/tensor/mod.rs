@@ -83,14 +83,9 @@ pub(crate) fn as_uninit<T>(s: &mut [T]) -> &mut [MaybeUninit<T>] {
 }
 
 #[derive(Debug, Clone)]
-pub enum Storage {
-    Cpu(CpuStorage),
-}
-
-#[derive(Debug, Clone)]
 pub struct Tensor {
     shape: Vec<usize>,
-    storage: Storage,
+    storage: CpuStorage,
 }
 
 pub fn numel(shape: &[usize]) -> usize {
@@ -106,18 +101,15 @@ impl Tensor {
                 data.len()
             )));
         }
-        Ok(Tensor { shape: shape.to_vec(), storage: Storage::Cpu(CpuStorage::F32(data.into())) })
+        Ok(Tensor { shape: shape.to_vec(), storage: CpuStorage::F32(data.into()) })
     }
 
     pub fn zeros(shape: &[usize]) -> Self {
-        Tensor {
-            shape: shape.to_vec(),
-            storage: Storage::Cpu(CpuStorage::F32(vec![0.0; numel(shape)].into())),
-        }
+        Tensor { shape: shape.to_vec(), storage: CpuStorage::F32(vec![0.0; numel(shape)].into()) }
     }
 
     pub fn full(shape: &[usize], v: f32) -> Self {
-        Tensor { shape: shape.to_vec(), storage: Storage::Cpu(CpuStorage::F32(vec![v; numel(shape)].into())) }
+        Tensor { shape: shape.to_vec(), storage: CpuStorage::F32(vec![v; numel(shape)].into()) }
     }
 
     pub fn shape(&self) -> &[usize] {
@@ -130,12 +122,12 @@ impl Tensor {
 
     pub fn dtype(&self) -> DType {
         match &self.storage {
-            Storage::Cpu(CpuStorage::F32(_)) => DType::F32,
-            Storage::Cpu(CpuStorage::F16(_)) => DType::F16,
+            CpuStorage::F32(_) => DType::F32,
+            CpuStorage::F16(_) => DType::F16,
         }
     }
 
-    pub fn storage(&self) -> &Storage {
+    pub fn storage(&self) -> &CpuStorage {
         &self.storage
     }
 
@@ -143,7 +135,7 @@ impl Tensor {
     /// silently, so a caller never pays for a hidden copy.
     pub fn as_f32(&self) -> Result<&[f32]> {
         match &self.storage {
-            Storage::Cpu(CpuStorage::F32(v)) => Ok(v),
+            CpuStorage::F32(v) => Ok(v),
             _ => Err(Error::shape(format!("expected a CPU f32 tensor, got {:?}", self.dtype()))),
         }
     }
@@ -151,23 +143,23 @@ impl Tensor {
     pub fn as_f32_mut(&mut self) -> Result<&mut [f32]> {
         let dt = self.dtype();
         match &mut self.storage {
-            Storage::Cpu(CpuStorage::F32(v)) => Ok(v),
+            CpuStorage::F32(v) => Ok(v),
             _ => Err(Error::shape(format!("expected a CPU f32 tensor, got {dt:?}"))),
         }
     }
 
     pub fn into_f32_vec(self) -> Result<Vec<f32>> {
         match self.storage {
-            Storage::Cpu(CpuStorage::F32(v)) => Ok(v.into_vec()),
-            Storage::Cpu(CpuStorage::F16(v)) => Ok(f16_to_f32(&v)),
+            CpuStorage::F32(v) => Ok(v.into_vec()),
+            CpuStorage::F16(v) => Ok(f16_to_f32(&v)),
         }
     }
 
     /// The f16 values, rounded to nearest-even from f32 storage.
     pub fn into_f16_vec(self) -> Result<Vec<f16>> {
         match self.storage {
-            Storage::Cpu(CpuStorage::F16(v)) => Ok(v.into_vec()),
-            Storage::Cpu(CpuStorage::F32(v)) => Ok(f32_to_f16(&v)),
+            CpuStorage::F16(v) => Ok(v.into_vec()),
+            CpuStorage::F32(v) => Ok(f32_to_f16(&v)),
         }
     }
 
@@ -180,7 +172,7 @@ impl Tensor {
                 data.len()
             )));
         }
-        Ok(Tensor { shape: shape.to_vec(), storage: Storage::Cpu(CpuStorage::F16(data.into())) })
+        Ok(Tensor { shape: shape.to_vec(), storage: CpuStorage::F16(data.into()) })
     }
 
     /// f32 values stored as `dtype`: rounded to nearest-even for f16, so values
@@ -197,7 +189,7 @@ impl Tensor {
             DType::F32 => Self::zeros(shape),
             DType::F16 => Tensor {
                 shape: shape.to_vec(),
-                storage: Storage::Cpu(CpuStorage::F16(vec![f16::ZERO; numel(shape)].into())),
+                storage: CpuStorage::F16(vec![f16::ZERO; numel(shape)].into()),
             },
         }
     }
@@ -207,12 +199,11 @@ impl Tensor {
     /// nearest-even.
     pub fn to_dtype(&self, dtype: DType) -> Tensor {
         let storage = match (&self.storage, dtype) {
-            (Storage::Cpu(s @ CpuStorage::F32(_)), DType::F32)
-            | (Storage::Cpu(s @ CpuStorage::F16(_)), DType::F16) => s.clone(),
-            (Storage::Cpu(CpuStorage::F32(v)), DType::F16) => CpuStorage::F16(f32_to_f16(v).into()),
-            (Storage::Cpu(CpuStorage::F16(v)), DType::F32) => CpuStorage::F32(f16_to_f32(v).into()),
+            (s @ CpuStorage::F32(_), DType::F32) | (s @ CpuStorage::F16(_), DType::F16) => s.clone(),
+            (CpuStorage::F32(v), DType::F16) => CpuStorage::F16(f32_to_f16(v).into()),
+            (CpuStorage::F16(v), DType::F32) => CpuStorage::F32(f16_to_f32(v).into()),
         };
-        Tensor { shape: self.shape.clone(), storage: Storage::Cpu(storage) }
+        Tensor { shape: self.shape.clone(), storage }
     }
 
     /// Converts in place (no copy when already `dtype`).
@@ -226,7 +217,7 @@ impl Tensor {
 
     pub fn as_f16(&self) -> Result<&[f16]> {
         match &self.storage {
-            Storage::Cpu(CpuStorage::F16(v)) => Ok(v),
+            CpuStorage::F16(v) => Ok(v),
             _ => Err(Error::shape(format!("expected a CPU f16 tensor, got {:?}", self.dtype()))),
         }
     }
@@ -234,7 +225,7 @@ impl Tensor {
     pub fn as_f16_mut(&mut self) -> Result<&mut [f16]> {
         let dt = self.dtype();
         match &mut self.storage {
-            Storage::Cpu(CpuStorage::F16(v)) => Ok(v),
+            CpuStorage::F16(v) => Ok(v),
             _ => Err(Error::shape(format!("expected a CPU f16 tensor, got {dt:?}"))),
         }
     }
@@ -242,8 +233,8 @@ impl Tensor {
     /// The values widened to f32 (a copy, whatever the dtype).
     pub fn to_f32_vec(&self) -> Vec<f32> {
         match &self.storage {
-            Storage::Cpu(CpuStorage::F32(v)) => par_copy(v),
-            Storage::Cpu(CpuStorage::F16(v)) => f16_to_f32(v),
+            CpuStorage::F32(v) => par_copy(v),
+            CpuStorage::F16(v) => f16_to_f32(v),
         }
     }
 
@@ -258,8 +249,8 @@ impl Tensor {
             )));
         }
         match &mut self.storage {
-            Storage::Cpu(CpuStorage::F32(v)) => v.copy_from_slice(src),
-            Storage::Cpu(CpuStorage::F16(v)) => crate::ops::half_emu::round_into(src, v),
+            CpuStorage::F32(v) => v.copy_from_slice(src),
+            CpuStorage::F16(v) => crate::ops::half_emu::round_into(src, v),
         }
         Ok(())
     }
@@ -267,8 +258,8 @@ impl Tensor {
     /// Sets every element to `value` (rounded for f16), whatever the dtype.
     pub fn fill_(&mut self, value: f32) {
         match &mut self.storage {
-            Storage::Cpu(CpuStorage::F32(v)) => v.fill(value),
-            Storage::Cpu(CpuStorage::F16(v)) => v.fill(f16::from_f32(value)),
+            CpuStorage::F32(v) => v.fill(value),
+            CpuStorage::F16(v) => v.fill(f16::from_f32(value)),
         }
     }
 

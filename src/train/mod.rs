@@ -348,7 +348,7 @@ pub fn train(cfg: &Config) -> Result<Summary> {
 pub fn train_with(cfg: &Config, opts: &RunOptions) -> Result<Summary> {
     // Before the device is chosen: "cuda" without a GPU names the file and key.
     config::preflight(cfg)?;
-    match device_for_model(cfg, select_device(cfg)?)? {
+    match select_device(cfg)? {
         crate::cuda::select::Device::Cuda(gpu) => {
             let (s, setup) = start(cfg, opts)?.split();
             let mut engine = cuda::CudaEngine::new(
@@ -390,28 +390,6 @@ pub fn train_with(cfg: &Config, opts: &RunOptions) -> Result<Summary> {
             }
         }
     }
-}
-
-/// The device, unless the model has a layer without device kernels: then
-/// `"cuda"` is a config error naming the layer, and `"auto"` trains on the
-/// CPU with one warning line.
-fn device_for_model(
-    cfg: &Config,
-    device: crate::cuda::select::Device,
-) -> Result<crate::cuda::select::Device> {
-    use crate::cuda::select::Device;
-    if !matches!(device, Device::Cuda(_)) {
-        return Ok(device);
-    }
-    let resolved = config::model::resolve(&cfg.model)?;
-    let Some(why) = resolved.iter().find_map(crate::nn::cuda::plan::without_kernels) else {
-        return Ok(device);
-    };
-    if cfg.run.device == config::Device::Cuda {
-        return Err(Error::config(cfg.config_path.display().to_string(), "run.device", why));
-    }
-    eprintln!("ddptrain: warning: {why}; run.device = \"auto\" trains on the CPU");
-    Ok(Device::Cpu)
 }
 
 /// What the data and the config make of a run: the sampler, the steps and

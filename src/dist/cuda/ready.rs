@@ -54,10 +54,6 @@ impl ReadyTracker {
         Ok(ReadyTracker { names, bucket_of, pending: size.clone(), size, marked: vec![false; n], next: 0 })
     }
 
-    pub fn num_buckets(&self) -> usize {
-        self.size.len()
-    }
-
     /// Buckets launched so far this step (`0..launched()`).
     pub fn launched(&self) -> usize {
         self.next

@@ -320,13 +320,6 @@ impl DeviceParams {
         Ok(buf.slice(s.offset..s.offset + s.numel))
     }
 
-    /// Parameter `i`'s value, writable (uploads, BatchNorm's f16 twins).
-    pub fn value_mut<T: DevElem>(&mut self, i: usize) -> Result<CudaViewMut<'_, T>> {
-        let s = self.slots.get(i).ok_or_else(|| internal(format!("no parameter {i}")))?.clone();
-        let buf = T::of_mut(&mut self.groups[s.group].values).ok_or_else(|| dtype_error::<T>(&s))?;
-        Ok(buf.slice_mut(s.offset..s.offset + s.numel))
-    }
-
     /// Runs `f` with the values of parameters `values` and the writable
     /// `.grad`s of `grads` (at most two: a layer's weight and bias), in the
     /// order asked. Values and gradients live apart, so both can be borrowed.

@@ -189,34 +189,6 @@ pub struct Plan {
     pub tokens: bool,
 }
 
-/// Why node `r` cannot run on the device yet, naming it; `None` when it can.
-pub fn without_kernels(r: &crate::config::model::ResolvedLayer) -> Option<String> {
-    let missing = match &r.kind {
-        LayerKind::CausalSelfAttention(_)
-        | LayerKind::Embedding(_)
-        | LayerKind::LayerNorm(_)
-        | LayerKind::Gelu(_)
-        | LayerKind::Linear(_)
-        | LayerKind::Conv2d(_)
-        | LayerKind::BatchNorm2d(_)
-        | LayerKind::Relu(_)
-        | LayerKind::MaxPool2d(_)
-        | LayerKind::AvgPool2d(_)
-        | LayerKind::AdaptiveAvgPool2d(_)
-        | LayerKind::Flatten(_)
-        | LayerKind::Dropout(_)
-        | LayerKind::Add(_) => false,
-    };
-    missing.then(|| {
-        format!(
-            "layer `{}` ({}, input {:?}) has no CUDA kernels yet; train this model with run.device = \"cpu\"",
-            r.name,
-            r.kind.type_name(),
-            r.in_shape
-        )
-    })
-}
-
 fn internal(msg: String) -> Error {
     Error::internal(format!("device model plan: {msg}"))
 }
@@ -319,9 +291,6 @@ impl Plan {
             }
             index_of.push(params.clone());
             let (weight, bias) = (params.first().copied(), params.get(1).copied());
-            if let Some(why) = without_kernels(r) {
-                return Err(Error::Unsupported(why));
-            }
             let step = match &layer.kind {
                 LayerKind::Embedding(_)
                 | LayerKind::LayerNorm(_)

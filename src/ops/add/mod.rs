@@ -12,7 +12,7 @@ pub mod cuda;
 use super::half_emu::avx512_usable;
 use super::half_emu::{f32_of, round_into, scratch, widen_into, zip_map_inplace, BLOCK};
 use crate::error::{Error, Result};
-use crate::tensor::{written_by, CpuStorage, DType, Storage, Tensor};
+use crate::tensor::{written_by, CpuStorage, DType, Tensor};
 use half::f16;
 use rayon::prelude::*;
 
@@ -58,7 +58,7 @@ pub fn forward(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 pub fn accumulate_(dst: &mut Tensor, src: &Tensor) -> Result<()> {
     same_shape("accumulate_", dst, src, ("dst", "src"))?;
     match src.storage() {
-        Storage::Cpu(CpuStorage::F16(s)) if dst.dtype() == DType::F16 => {
+        CpuStorage::F16(s) if dst.dtype() == DType::F16 => {
             #[cfg(target_arch = "x86_64")]
             if avx512_usable() {
                 avx512_f16::accumulate(dst.as_f16_mut()?, s);
@@ -66,7 +66,7 @@ pub fn accumulate_(dst: &mut Tensor, src: &Tensor) -> Result<()> {
             }
             zip_map_inplace(s, dst.as_f16_mut()?, |s, d| cpu::accumulate(d, s));
         }
-        Storage::Cpu(CpuStorage::F32(s)) if dst.dtype() == DType::F16 => {
+        CpuStorage::F32(s) if dst.dtype() == DType::F16 => {
             accumulate_f32_into_f16(dst.as_f16_mut()?, s);
         }
         _ => cpu::accumulate(dst.as_f32_mut()?, f32_of(src).as_f32()?),

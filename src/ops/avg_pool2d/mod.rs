@@ -8,7 +8,7 @@ pub mod cuda;
 
 use super::half_emu::{round_into, scratch, widen_into};
 use crate::error::{Error, Result};
-use crate::tensor::{CpuStorage, Storage, Tensor};
+use crate::tensor::{CpuStorage, Tensor};
 use cpu::Geometry;
 use half::f16;
 use rayon::prelude::*;
@@ -83,12 +83,12 @@ pub fn forward(x: &Tensor, args: AvgPool2dArgs) -> Result<Tensor> {
     let out = [n, c, g.oh, g.ow];
     let len = n * c * g.oh * g.ow;
     match x.storage() {
-        Storage::Cpu(CpuStorage::F32(xs)) => {
+        CpuStorage::F32(xs) => {
             let mut y = vec![0.0f32; len];
             cpu::forward(xs, g, &mut y);
             Tensor::from_vec(&out, y)
         }
-        Storage::Cpu(CpuStorage::F16(xs)) => {
+        CpuStorage::F16(xs) => {
             let mut y = vec![f16::ZERO; len];
             per_plane_f16(xs, g.h * g.w, &mut y, g.oh * g.ow, |xs, ys| cpu::forward(xs, g, ys));
             Tensor::from_f16_vec(&out, y)
@@ -112,12 +112,12 @@ pub fn backward(dy: &Tensor, x_shape: &[usize], args: AvgPool2dArgs) -> Result<T
         return global_backward(dy, x_shape, g.divisor::<f32>());
     }
     match dy.storage() {
-        Storage::Cpu(CpuStorage::F32(dys)) => {
+        CpuStorage::F32(dys) => {
             let mut dx = vec![0.0f32; len];
             cpu::backward(dys, g, &mut dx);
             Tensor::from_vec(x_shape, dx)
         }
-        Storage::Cpu(CpuStorage::F16(dys)) => {
+        CpuStorage::F16(dys) => {
             let mut dx = vec![f16::ZERO; len];
             per_plane_f16(dys, g.oh * g.ow, &mut dx, g.h * g.w, |gs, dxs| cpu::backward(gs, g, dxs));
             Tensor::from_f16_vec(x_shape, dx)
@@ -134,8 +134,8 @@ fn global_backward(dy: &Tensor, x_shape: &[usize], div: f32) -> Result<Tensor> {
     let hw = x_shape[2] * x_shape[3];
     let values: Vec<f32> = dy.to_f32_vec().iter().map(|&v| 0.0 + v / div).collect();
     match dy.storage() {
-        Storage::Cpu(CpuStorage::F32(_)) => Tensor::from_vec(x_shape, fill_planes(&values, hw)),
-        Storage::Cpu(CpuStorage::F16(_)) => {
+        CpuStorage::F32(_) => Tensor::from_vec(x_shape, fill_planes(&values, hw)),
+        CpuStorage::F16(_) => {
             let mut rounded = vec![f16::ZERO; values.len()];
             round_into(&values, &mut rounded);
             Tensor::from_f16_vec(x_shape, fill_planes(&rounded, hw))

@@ -15,7 +15,7 @@ pub mod sync;
 
 use super::half_emu::{any_f16, f32_acc, f32_of, store};
 use crate::error::{Error, Result};
-use crate::tensor::{CpuStorage, Storage, Tensor};
+use crate::tensor::{CpuStorage, Tensor};
 
 // The arguments of the BatchNorm ops, named as PyTorch names them, so no two
 // buffers of one type are passed by position. Generic over how the CPU ops
@@ -96,14 +96,14 @@ fn unsupported(op: &str, t: &Tensor) -> Error {
 fn param<'a>(op: &str, what: &str, t: &'a Tensor, c: usize) -> Result<&'a [f32]> {
     t.check_shape(&format!("batch_norm {op}: {what}"), &[c])?;
     match t.storage() {
-        Storage::Cpu(CpuStorage::F32(v)) => Ok(v),
+        CpuStorage::F32(v) => Ok(v),
         _ => Err(unsupported(op, t)),
     }
 }
 
 fn param_mut<'a>(op: &str, what: &str, t: &'a mut Tensor, c: usize) -> Result<&'a mut [f32]> {
     t.check_shape(&format!("batch_norm {op}: {what}"), &[c])?;
-    if !matches!(t.storage(), Storage::Cpu(CpuStorage::F32(_))) {
+    if !matches!(t.storage(), CpuStorage::F32(_)) {
         return Err(unsupported(op, t));
     }
     t.as_f32_mut()
@@ -131,7 +131,7 @@ fn forward_train_f16(
     hyper: BnHyper,
     then: f16::Then<'_>,
 ) -> Option<Result<(Tensor, BatchNormSaved)>> {
-    let Storage::Cpu(CpuStorage::F16(xs)) = x.storage() else {
+    let CpuStorage::F16(xs) = x.storage() else {
         return None;
     };
     let RunningStats { running_mean, running_var } = running;
@@ -192,7 +192,7 @@ pub fn forward_train_add_relu(
 ) -> Result<(Tensor, BatchNormSaved)> {
     const OP: &str = "forward_train";
     let mut running = running;
-    if let (Storage::Cpu(CpuStorage::F16(os)), true) = (other.storage(), other.shape() == x.shape()) {
+    if let (CpuStorage::F16(os), true) = (other.storage(), other.shape() == x.shape()) {
         if let Some(r) = forward_train_f16(OP, x, params, running.reborrow(), hyper, f16::Then::AddRelu(os)) {
             return r;
         }
@@ -210,8 +210,7 @@ pub fn forward_train_add_relu(
 pub fn backward_relu_fits(x: &Tensor, params: BnParams<&Tensor>) -> bool {
     #[cfg(target_arch = "x86_64")]
     if avx512::usable() {
-        return matches!(x.storage(), Storage::Cpu(CpuStorage::F16(_)))
-            && all_f32([params.weight, params.bias]);
+        return matches!(x.storage(), CpuStorage::F16(_)) && all_f32([params.weight, params.bias]);
     }
     let _ = (x, params);
     false
@@ -231,7 +230,7 @@ pub fn backward_relu(
     grads: BnGrads<&mut Tensor>,
 ) -> Result<Tensor> {
     const OP: &str = "backward_relu";
-    let (Storage::Cpu(CpuStorage::F16(xs)), Storage::Cpu(CpuStorage::F16(dys)), true) =
+    let (CpuStorage::F16(xs), CpuStorage::F16(dys), true) =
         (x.storage(), dy.storage(), backward_relu_fits(x, params))
     else {
         return Err(Error::internal(format!(
@@ -254,7 +253,7 @@ pub fn backward_relu(
 }
 
 fn all_f32<const K: usize>(ts: [&Tensor; K]) -> bool {
-    ts.iter().all(|t| matches!(t.storage(), Storage::Cpu(CpuStorage::F32(_))))
+    ts.iter().all(|t| matches!(t.storage(), CpuStorage::F32(_)))
 }
 
 fn too_few(op: &str, x: &Tensor) -> Error {
@@ -335,7 +334,7 @@ pub fn forward_train(
         return Err(too_few(OP, x));
     }
     match x.storage() {
-        Storage::Cpu(CpuStorage::F32(xs)) => {
+        CpuStorage::F32(xs) => {
             let w = param(OP, "weight", params.weight, c)?;
             let b = param(OP, "bias", params.bias, c)?;
             let sums = cpu::local_sums(xs, n, c, hw);
@@ -369,7 +368,7 @@ pub fn forward_eval(
     }
     let (_, c, hw) = dims(OP, x)?;
     match x.storage() {
-        Storage::Cpu(CpuStorage::F32(xs)) => {
+        CpuStorage::F32(xs) => {
             let w = param(OP, "weight", weight, c)?;
             let b = param(OP, "bias", bias, c)?;
             let rm = param(OP, "running_mean", running_mean, c)?;
@@ -394,7 +393,7 @@ pub fn backward(
 ) -> Result<Tensor> {
     const OP: &str = "backward";
     let mut grads = grads;
-    if let (Storage::Cpu(CpuStorage::F16(xs)), Storage::Cpu(CpuStorage::F16(dys)), true) =
+    if let (CpuStorage::F16(xs), CpuStorage::F16(dys), true) =
         (x.storage(), dy.storage(), all_f32([weight, &*grads.dweight, &*grads.dbias]))
     {
         let (n, c, hw) = backward_dims(OP, x, saved, dy)?;
@@ -414,7 +413,7 @@ pub fn backward(
     let BnGrads { dweight, dbias } = grads;
     let (n, c, hw) = backward_dims(OP, x, saved, dy)?;
     match (x.storage(), dy.storage()) {
-        (Storage::Cpu(CpuStorage::F32(xs)), Storage::Cpu(CpuStorage::F32(dys))) => {
+        (CpuStorage::F32(xs), CpuStorage::F32(dys)) => {
             let w = param(OP, "weight", weight, c)?;
             // Both gradients are validated before either is written.
             let dw = param_mut(OP, "dweight", dweight, c)?;
@@ -425,7 +424,7 @@ pub fn backward(
             cpu::backward_dx(xs, dys, c, hw, &saved.mean, &saved.invstd, w, &sums, n * hw, &mut dx);
             Tensor::from_vec(x.shape(), dx)
         }
-        (Storage::Cpu(CpuStorage::F32(_)), _) => Err(unsupported(OP, dy)),
+        (CpuStorage::F32(_), _) => Err(unsupported(OP, dy)),
         _ => Err(unsupported(OP, x)),
     }
 }
@@ -497,7 +496,7 @@ pub fn forward_train_relu_maxpool2(
         )));
     }
     match x.storage() {
-        Storage::Cpu(CpuStorage::F32(xs)) => {
+        CpuStorage::F32(xs) => {
             let wt = param(OP, "weight", weight, c)?;
             let b = param(OP, "bias", bias, c)?;
             let sums = cpu::local_sums(xs, n, c, h * w);
@@ -514,7 +513,7 @@ pub fn forward_train_relu_maxpool2(
                 BnReluPoolSaved { stats: BatchNormSaved { mean: stats.mean, invstd: stats.invstd }, codes };
             Ok((Tensor::from_vec(&[n, c, h / 2, w / 2], out)?, saved))
         }
-        Storage::Cpu(CpuStorage::F16(xs)) if all_f32([weight, bias, &*running_mean, &*running_var]) => {
+        CpuStorage::F16(xs) if all_f32([weight, bias, &*running_mean, &*running_var]) => {
             let wt = param(OP, "weight", weight, c)?;
             let b = param(OP, "bias", bias, c)?;
             let sums = f16::local_sums(xs, n, c, h * w);
@@ -561,7 +560,7 @@ pub fn backward_relu_maxpool2(
     }
     let shape = x.shape().to_vec();
     match (x.storage(), dy.storage()) {
-        (Storage::Cpu(CpuStorage::F32(_)), Storage::Cpu(CpuStorage::F32(dys))) => {
+        (CpuStorage::F32(_), CpuStorage::F32(dys)) => {
             let wt = param(OP, "weight", weight, c)?;
             let dw = param_mut(OP, "dweight", dweight, c)?;
             let db = param_mut(OP, "dbias", dbias, c)?;
@@ -590,8 +589,8 @@ pub fn backward_relu_maxpool2(
             );
             Tensor::from_vec(&shape, xs)
         }
-        (Storage::Cpu(CpuStorage::F32(_)), _) => Err(unsupported(OP, dy)),
-        (Storage::Cpu(CpuStorage::F16(_)), _) if all_f32([weight, &*dweight, &*dbias]) => {
+        (CpuStorage::F32(_), _) => Err(unsupported(OP, dy)),
+        (CpuStorage::F16(_), _) if all_f32([weight, &*dweight, &*dbias]) => {
             let wt = param(OP, "weight", weight, c)?;
             let dw = param_mut(OP, "dweight", dweight, c)?;
             let db = param_mut(OP, "dbias", dbias, c)?;
@@ -599,12 +598,12 @@ pub fn backward_relu_maxpool2(
             let (mean, invstd) = (&stats.mean, &stats.invstd);
             let mut xs = x.into_f16_vec()?;
             match dy.storage() {
-                Storage::Cpu(CpuStorage::F16(d)) => {
+                CpuStorage::F16(d) => {
                     let sums = f16_pool::backward_sums(&xs, d, codes, n, c, h, w, mean, invstd);
                     add_param_grads(dw, db, &sums);
                     f16_pool::backward_dx(&mut xs, d, codes, c, h, w, mean, invstd, wt, &sums, count);
                 }
-                Storage::Cpu(CpuStorage::F32(d)) => {
+                CpuStorage::F32(d) => {
                     let sums = f16_pool::backward_sums(&xs, d, codes, n, c, h, w, mean, invstd);
                     add_param_grads(dw, db, &sums);
                     f16_pool::backward_dx(&mut xs, d, codes, c, h, w, mean, invstd, wt, &sums, count);
@@ -616,13 +615,13 @@ pub fn backward_relu_maxpool2(
     }
 }
 
-#[cfg(all(test, target_arch = "x86_64"))]
-mod avx512_tests;
-#[cfg(test)]
-mod f16_pool_tests;
-#[cfg(test)]
-mod fused_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests_avx512;
 #[cfg(test)]
 mod tests_f16;
+#[cfg(test)]
+mod tests_f16_pool;
+#[cfg(test)]
+mod tests_fused;

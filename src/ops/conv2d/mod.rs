@@ -29,7 +29,7 @@ use super::{cpu_f32, cpu_f32_mut};
 use crate::error::{Error, Result};
 #[cfg(target_arch = "x86_64")]
 use crate::tensor::written_by;
-use crate::tensor::{CpuStorage, Storage, Tensor};
+use crate::tensor::{CpuStorage, Tensor};
 use cpu::ConvGeom;
 use half::f16;
 #[cfg(target_arch = "x86_64")]
@@ -166,7 +166,7 @@ fn forward_f16(
     bias: Option<&Tensor>,
     args: Conv2dArgs,
 ) -> Result<Option<Tensor>> {
-    let Storage::Cpu(CpuStorage::F16(xs)) = x.storage() else {
+    let CpuStorage::F16(xs) = x.storage() else {
         return Ok(None);
     };
     let g = geometry(x, weight, args)?;
@@ -201,9 +201,7 @@ pub fn backward(
     need_dx: bool,
 ) -> Result<Option<Tensor>> {
     // f16 activations without whole-tensor copies (as in `forward_f16`).
-    if let (Storage::Cpu(CpuStorage::F16(xs)), Storage::Cpu(CpuStorage::F16(dys))) =
-        (x.storage(), dy.storage())
-    {
+    if let (CpuStorage::F16(xs), CpuStorage::F16(dys)) = (x.storage(), dy.storage()) {
         let g = geometry(x, weight, args)?;
         check_grads(&g, weight, dy, dweight, dbias.as_deref())?;
         let w32 = f32_of(weight);

@@ -6,7 +6,7 @@ pub mod cuda;
 
 use super::half_emu::{any_f16, f32_of};
 use crate::error::{Error, Result};
-use crate::tensor::{CpuStorage, Storage, Tensor};
+use crate::tensor::{CpuStorage, Tensor};
 
 /// Result of the training loss: the mean loss, how many rows were classified
 /// correctly, and the (scaled) gradient w.r.t. the logits.
@@ -80,7 +80,7 @@ pub fn forward_backward(logits: &Tensor, labels: &[u32], grad_scale: f32) -> Res
     }
     let (n, c) = check("forward_backward", logits, labels)?;
     match logits.storage() {
-        Storage::Cpu(CpuStorage::F32(xs)) => {
+        CpuStorage::F32(xs) => {
             let mut d = vec![0.0f32; n * c];
             let (sum, correct) = cpu::forward_backward(xs, labels, c, grad_scale, &mut d);
             Ok(CrossEntropyOut {
@@ -101,7 +101,7 @@ pub fn forward(logits: &Tensor, labels: &[u32]) -> Result<(f64, usize)> {
     }
     let (_, c) = check("forward", logits, labels)?;
     match logits.storage() {
-        Storage::Cpu(CpuStorage::F32(xs)) => Ok(cpu::forward(xs, labels, c)),
+        CpuStorage::F32(xs) => Ok(cpu::forward(xs, labels, c)),
         _ => Err(unsupported("forward", logits)),
     }
 }

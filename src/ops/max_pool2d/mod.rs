@@ -6,7 +6,7 @@ pub mod cuda;
 
 use super::half_emu::{round_into, scratch, widen_into};
 use crate::error::{Error, Result};
-use crate::tensor::{CpuStorage, Storage, Tensor};
+use crate::tensor::{CpuStorage, Tensor};
 use cpu::Geometry;
 use half::f16;
 use rayon::prelude::*;
@@ -46,14 +46,14 @@ pub fn forward(x: &Tensor, kernel_size: usize, stride: usize) -> Result<(Tensor,
     let g = geometry("forward", h, w, kernel_size, stride)?;
     let (oh, ow) = g.out_hw();
     match x.storage() {
-        Storage::Cpu(CpuStorage::F32(xs)) => {
+        CpuStorage::F32(xs) => {
             let len = n * c * oh * ow;
             let mut y = vec![0.0f32; len];
             let mut idx = vec![0u32; len];
             cpu::forward(xs, g, &mut y, &mut idx);
             Ok((Tensor::from_vec(&[n, c, oh, ow], y)?, idx))
         }
-        Storage::Cpu(CpuStorage::F16(xs)) => {
+        CpuStorage::F16(xs) => {
             let len = n * c * oh * ow;
             let mut y = vec![f16::ZERO; len];
             let mut idx = vec![0u32; len];
@@ -88,12 +88,12 @@ pub fn backward(dy: &Tensor, indices: &[u32], x_shape: &[usize]) -> Result<Tenso
         ))
     };
     match dy.storage() {
-        Storage::Cpu(CpuStorage::F32(dys)) => {
+        CpuStorage::F32(dys) => {
             let mut dx = vec![0.0f32; n * c * h * w];
             cpu::backward(dys, indices, h * w, oh * ow, &mut dx).map_err(bad_index)?;
             Tensor::from_vec(x_shape, dx)
         }
-        Storage::Cpu(CpuStorage::F16(dys)) => {
+        CpuStorage::F16(dys) => {
             let mut dx = vec![f16::ZERO; n * c * h * w];
             backward_f16(dys, indices, h * w, oh * ow, &mut dx).map_err(bad_index)?;
             Tensor::from_f16_vec(x_shape, dx)

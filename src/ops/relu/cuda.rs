@@ -29,23 +29,6 @@ pub fn forward<T: DeviceFloat>(gpu: &Gpu, x: &impl DevicePtr<T>, y: &mut impl De
     Ok(())
 }
 
-/// `x = relu(x)` in place.
-pub fn forward_<T: DeviceFloat>(gpu: &Gpu, x: &mut impl DevicePtrMut<T>) -> Result<()> {
-    let n = x.len();
-    if n == 0 {
-        return Ok(());
-    }
-    let f = gpu.kernel(T::pick(&RELU_FORWARD))?;
-    let stream = gpu.stream();
-    let (xp, _x) = x.device_ptr_mut(stream);
-    let n64 = n as i64;
-    // SAFETY: x holds n elements; the kernel reads each element before the
-    // same thread overwrites it, so input and output may alias.
-    unsafe { f.launch_on(stream).arg(&xp).arg(&xp).arg(&n64).launch(launch_1d(n)) }
-        .map_err(|e| Error::cuda("relu forward_", e))?;
-    Ok(())
-}
-
 /// `dx = dy` where the forward output `y > 0` (or is NaN), else 0.
 pub fn backward<T: DeviceFloat>(
     gpu: &Gpu,
@@ -68,29 +51,6 @@ pub fn backward<T: DeviceFloat>(
     // SAFETY: all three hold n elements of T (checked above).
     unsafe { f.launch_on(stream).arg(&yp).arg(&dyp).arg(&dxp).arg(&n64).launch(launch_1d(n)) }
         .map_err(|e| Error::cuda("relu backward", e))?;
-    Ok(())
-}
-
-/// `dy` becomes dx in place.
-pub fn backward_<T: DeviceFloat>(
-    gpu: &Gpu,
-    y: &impl DevicePtr<T>,
-    dy: &mut impl DevicePtrMut<T>,
-) -> Result<()> {
-    let n = y.len();
-    check_len("relu backward_", "dy", dy.len(), n)?;
-    if n == 0 {
-        return Ok(());
-    }
-    let f = gpu.kernel(T::pick(&RELU_BACKWARD))?;
-    let stream = gpu.stream();
-    let (yp, _y) = y.device_ptr(stream);
-    let (dyp, _dy) = dy.device_ptr_mut(stream);
-    let n64 = n as i64;
-    // SAFETY: both hold n elements; dy is read before the same thread
-    // overwrites it, so dy and dx may alias.
-    unsafe { f.launch_on(stream).arg(&yp).arg(&dyp).arg(&dyp).arg(&n64).launch(launch_1d(n)) }
-        .map_err(|e| Error::cuda("relu backward_", e))?;
     Ok(())
 }
 

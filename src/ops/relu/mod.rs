@@ -10,7 +10,7 @@ pub mod cuda;
 use super::half_emu::avx512_usable;
 use super::half_emu::{any_f16, f32_acc, f32_of, map_inplace, store, zip_map_inplace};
 use crate::error::{Error, Result};
-use crate::tensor::{CpuStorage, DType, Storage, Tensor};
+use crate::tensor::{CpuStorage, DType, Tensor};
 
 fn unsupported(op: &str, t: &Tensor) -> Error {
     Error::Unsupported(format!(
@@ -20,7 +20,7 @@ fn unsupported(op: &str, t: &Tensor) -> Error {
 }
 
 fn is_cpu_f32(t: &Tensor) -> bool {
-    matches!(t.storage(), Storage::Cpu(CpuStorage::F32(_)))
+    matches!(t.storage(), CpuStorage::F32(_))
 }
 
 pub fn forward(x: &Tensor) -> Result<Tensor> {
@@ -28,7 +28,7 @@ pub fn forward(x: &Tensor) -> Result<Tensor> {
         return Ok(forward(&f32_of(x))?.into_dtype(x.dtype()));
     }
     match x.storage() {
-        Storage::Cpu(CpuStorage::F32(xs)) => {
+        CpuStorage::F32(xs) => {
             let mut y = vec![0.0f32; xs.len()];
             cpu::forward(xs, &mut y);
             Tensor::from_vec(x.shape(), y)
@@ -67,12 +67,12 @@ pub fn backward(y: &Tensor, dy: &Tensor) -> Result<Tensor> {
         return Ok(backward(&f32_of(y), &f32_of(dy))?.into_dtype(dy.dtype()));
     }
     match (y.storage(), dy.storage()) {
-        (Storage::Cpu(CpuStorage::F32(ys)), Storage::Cpu(CpuStorage::F32(dys))) => {
+        (CpuStorage::F32(ys), CpuStorage::F32(dys)) => {
             let mut dx = vec![0.0f32; ys.len()];
             cpu::backward(ys, dys, &mut dx);
             Tensor::from_vec(y.shape(), dx)
         }
-        (Storage::Cpu(CpuStorage::F32(_)), _) => Err(unsupported("backward", dy)),
+        (CpuStorage::F32(_), _) => Err(unsupported("backward", dy)),
         _ => Err(unsupported("backward", y)),
     }
 }
@@ -114,7 +114,7 @@ pub fn backward_(y: &Tensor, dy: &mut Tensor) -> Result<()> {
         return Err(unsupported("backward_", dy));
     }
     match y.storage() {
-        Storage::Cpu(CpuStorage::F32(ys)) => {
+        CpuStorage::F32(ys) => {
             cpu::backward_inplace(ys, dy.as_f32_mut()?);
             Ok(())
         }
