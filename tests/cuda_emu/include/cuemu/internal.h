@@ -118,9 +118,12 @@ void cuemu_exec_where(char* buf, size_t len);
 enum cuemu_prof_kind { CUEMU_PROF_LD = 0, CUEMU_PROF_ST = 1, CUEMU_PROF_ATOM = 2, CUEMU_PROF_SHLD = 3,
                        CUEMU_PROF_SHST = 4, CUEMU_PROF_KINDS = 5 };
 int cuemu_profile_enabled(void);
-// From kernel code (include/device/cuemu_checks.h): an access of n bytes at
-// a by the running CUDA thread, made by the instruction at `site`.
-void cuemu_profile_access(uintptr_t a, uint32_t n, int kind, const void* site);
+// From profiled kernel code (include/device/cuemu_checks.h): an access of n
+// bytes at a by the running CUDA thread, made by the instruction at `site`,
+// checked as cuemu_check_device (cuemu_check_shared) checks it and recorded:
+// one call per access.
+void cuemu_profile_device(uintptr_t a, size_t n, int write, int kind, const void* site);
+void cuemu_profile_shared(uintptr_t a, size_t n, int write, int kind, const void* site);
 // The running launch's basic-block counters, for the callback profiled
 // kernels call at the start of every block (include/device/cuemu_checks.h):
 // the block whose call returns to `base + off` is counts[off >> 2] (two call

@@ -58,12 +58,15 @@ __attribute__((no_sanitize_thread, always_inline)) inline void check(const volat
                                                                      int prof, const void* site) {
   const uintptr_t a = (uintptr_t)p;
   if (a - g_region.base < g_region.len) {
-    cuemu_check_device(a, n, write);
-    if (g_profile && prof >= 0) cuemu_profile_access(a, (uint32_t)n, prof, site);
-  } else if (a - (uintptr_t)__start_cuemu_shared < (uintptr_t)(__stop_cuemu_shared - __start_cuemu_shared)) {
-    cuemu_check_shared(a, n, write);
     if (g_profile && prof >= 0)
-      cuemu_profile_access(a, (uint32_t)n, prof == CUEMU_PROF_LD ? CUEMU_PROF_SHLD : CUEMU_PROF_SHST, site);
+      cuemu_profile_device(a, n, write, prof, site);
+    else
+      cuemu_check_device(a, n, write);
+  } else if (a - (uintptr_t)__start_cuemu_shared < (uintptr_t)(__stop_cuemu_shared - __start_cuemu_shared)) {
+    if (g_profile && prof >= 0)
+      cuemu_profile_shared(a, n, write, prof == CUEMU_PROF_LD ? CUEMU_PROF_SHLD : CUEMU_PROF_SHST, site);
+    else
+      cuemu_check_shared(a, n, write);
   }
 }
 

@@ -124,7 +124,7 @@ void request(LaunchProf* p, const Rec* const* r, int nlanes) {
 // Open addressing over `table` (a power of two, at least twice the keys),
 // whose slots are empty unless they carry the current generation: clearing
 // it between warps is one increment.
-PerfSlot* find_slot(std::vector<PerfSlot>& table, uint32_t gen, uintptr_t site, uint32_t occ) {
+PerfSlot* find_slot(std::vector<PerfSlot>& table, uint32_t gen, uint32_t site, uint32_t occ) {
   const size_t mask = table.size() - 1;
   uint64_t h = (uint64_t)site * 0x9e3779b97f4a7c15ull ^ (uint64_t)occ * 0xc2b2ae3d27d4eb4full;
   for (size_t i = (h >> 32) & mask;; i = (i + 1) & mask) {
@@ -244,9 +244,23 @@ void prof_thread_done(Worker* w, int t) {
 
 using namespace cuemu_exec;
 
-CUEMU_EXPORT void cuemu_profile_access(uintptr_t a, uint32_t n, int kind, const void* site) {
+namespace {
+inline void record(uintptr_t a, size_t n, int kind, const void* site) {
   Worker* w = tls_w;
   if (!w || !w->in_kernel || w->cur < 0 || !w->prof) return;
-  w->prof->lane[w->cur].push_back(Rec{(uintptr_t)site, a, n, (uint8_t)kind});
+  const uint32_t bytes = n < (1u << 28) ? (uint32_t)n : (1u << 28) - 1;
+  w->prof->lane[w->cur].push_back(Rec{a, (uint32_t)(uintptr_t)site, bytes, (uint32_t)kind});
+}
+}  // namespace
+
+// A profiled object's access: checked and recorded in one call.
+CUEMU_EXPORT void cuemu_profile_device(uintptr_t a, size_t n, int write, int kind, const void* site) {
+  cuemu_check_device(a, n, write);
+  record(a, n, kind, site);
+}
+
+CUEMU_EXPORT void cuemu_profile_shared(uintptr_t a, size_t n, int write, int kind, const void* site) {
+  cuemu_check_shared(a, n, write);
+  record(a, n, kind, site);
 }
 

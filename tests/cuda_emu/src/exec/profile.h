@@ -22,13 +22,18 @@ extern const char* const kArithNames[A_KINDS];
 // One kernel object's basic blocks (profile_blocks.cpp).
 struct ModuleBlocks;
 
-// One access of one CUDA thread, until its warp is complete.
+// One access of one CUDA thread, until its warp is complete: 16 bytes, as
+// the lanes' records are most of the profiler's memory traffic. A launch
+// runs the code of one object, smaller than 4 GB, so the low half of a
+// site's address names it within the launch.
 struct Rec {
-  uintptr_t site;
   uintptr_t addr;
-  uint32_t n;
-  uint8_t kind;  // cuemu_prof_kind
+  uint32_t site;
+  uint32_t n : 28;     // larger accesses are counted as 2^28 - 1 bytes
+  uint32_t kind : 4;   // cuemu_prof_kind
 };
+static_assert(sizeof(Rec) == 16, "a lane record is two words");
+static_assert(CUEMU_PROF_KINDS <= 16, "a record's kind is 4 bits");
 
 struct LaunchProf {
   std::vector<Rec> lane[kProfMaxThreads];
@@ -47,8 +52,7 @@ struct LaunchProf {
   // A divergent warp's matching (profile.cpp), kept between warps so that
   // matching allocates nothing once warmed up.
   struct Slot {
-    uintptr_t site;
-    uint32_t occ, gen;
+    uint32_t site, occ, gen;
     int group;
   };
   std::vector<Slot> request_of;  // (site, occurrence) -> request, open addressing
