@@ -140,6 +140,8 @@ enum Command {
     Sample(SampleArgs),
     /// Validate the config; print the resolved config and the model summary.
     Check(CheckArgs),
+    /// Print every config key (section, key, type, default, meaning) as markdown: docs/CONFIG.md.
+    Keys,
     /// Start this node's ranks with torchrun's environment: `launch --nproc-per-node N -- <ddptrain args>`.
     Launch(ddptrain::launch::LaunchArgs),
     /// Rendezvous and collectives self-test of the distributed layer (for tests and cluster checks).
@@ -178,6 +180,11 @@ fn check(args: &CheckArgs) -> anyhow::Result<u8> {
     println!("# state_dict at {}\n{}", policy.opt_level, desc.state_dict_table());
     println!("{estimate}");
     println!("config OK");
+    Ok(0)
+}
+
+fn keys() -> anyhow::Result<u8> {
+    print!("{}", config::keys::markdown()?);
     Ok(0)
 }
 
@@ -344,6 +351,7 @@ fn main() -> ExitCode {
         Some(Command::Train(a)) => run_train(a),
         Some(Command::Eval(a)) => eval(a),
         Some(Command::Sample(a)) => sample(a),
+        Some(Command::Keys) => keys(),
         Some(Command::Launch(a)) => ddptrain::launch::run(a).map_err(Into::into),
         Some(Command::DistSelftest(a)) => ddptrain::dist::selftest::run(a).map_err(Into::into),
         None => run_train(&cli.train),

@@ -60,6 +60,11 @@ const SUM: &str = "sum";
 const SUM_KEYS: &[&str] = &["type", "branches"];
 const BLOCK_KEYS: &[&str] = &["type", "name", "args", "repeat", "first"];
 
+/// The entries of `layers` that are not layer types, with their keys: the
+/// `type` each is written with (a block's use: any capitalized name).
+pub(crate) const WIRING: &[(&str, &[&str])] =
+    &[(SEQUENTIAL, SEQUENTIAL_KEYS), (RESIDUAL, RESIDUAL_KEYS), (SUM, SUM_KEYS), ("<Block>", BLOCK_KEYS)];
+
 /// Every `type` an entry may have: the layer types, then the blocks.
 pub(crate) static ENTRY_TYPES: LazyLock<Vec<&'static str>> =
     LazyLock::new(|| TYPES.iter().copied().chain([SEQUENTIAL, RESIDUAL, SUM]).collect());

@@ -48,7 +48,19 @@ pub fn load_with_env(path: &Path, sets: &[String], env: &[(String, String)]) -> 
     let file = path.display().to_string();
     let text = std::fs::read_to_string(path)
         .map_err(|e| Error::config(&file, "<file>", format!("cannot read the config file: {e}")))?;
-    let table: toml::Table = toml::from_str(&text).map_err(|e| syntax_error(&file, &text, &e))?;
+    load_text(path, &text, sets, env)
+}
+
+/// [`load_with_env`] of `text`, as if read from `path` (which names the run
+/// and the errors; nothing is read from it).
+pub(crate) fn load_text(
+    path: &Path,
+    text: &str,
+    sets: &[String],
+    env: &[(String, String)],
+) -> Result<Config> {
+    let file = path.display().to_string();
+    let table: toml::Table = toml::from_str(text).map_err(|e| syntax_error(&file, text, &e))?;
 
     let mut fig = Figment::new().merge(Layer {
         meta: Metadata::from(file.clone(), Source::File(path.to_path_buf())),
@@ -91,6 +103,24 @@ pub fn load_with_env(path: &Path, sets: &[String], env: &[(String, String)]) -> 
         other => other,
     })?;
     Ok(cfg)
+}
+
+/// The dotted keys whose defaults [`derived_defaults`] computes from other
+/// keys for the config `text` (`run.name`, `data.eval_batch_size`, ...).
+pub(crate) fn derived_keys(path: &Path, text: &str) -> Result<Vec<String>> {
+    let file = path.display().to_string();
+    let table: toml::Table = toml::from_str(text).map_err(|e| syntax_error(&file, text, &e))?;
+    let fig = Figment::new().merge(Layer {
+        meta: Metadata::named(file),
+        dict: table.into_iter().map(|(k, v)| (k, toml_to_value(v))).collect(),
+    });
+    let mut keys = Vec::new();
+    for (section, value) in derived_defaults(&fig, path).dict {
+        if let Some(dict) = value.into_dict() {
+            keys.extend(dict.into_keys().map(|k| format!("{section}.{k}")));
+        }
+    }
+    Ok(keys)
 }
 
 /// Defaults that depend on other values, joined under everything else.

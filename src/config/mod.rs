@@ -7,11 +7,15 @@
 pub(crate) mod blocks;
 pub mod describe;
 mod diff;
+mod key_docs;
+mod key_rows_layers;
+pub mod keys;
 pub(crate) mod layers;
 mod load;
 pub mod memory;
 pub mod model;
 mod preflight;
+mod probe;
 pub(crate) mod schema;
 mod tie;
 mod validate;
