@@ -2,7 +2,7 @@
 //! lives do not overlap share a buffer ([`super::plan::Plan::storage`]),
 //! and a layer's output never shares one with its inputs.
 
-use super::layers::internal;
+use super::layer::internal;
 use super::params::DevBuf;
 use crate::error::Result;
 
@@ -30,13 +30,6 @@ impl Acts<'_> {
     pub fn get_mut(&mut self, value: usize) -> Result<&mut DevBuf> {
         let b = self.buffer_of(value)?;
         Ok(&mut self.bufs[b])
-    }
-
-    /// The buffer of `read` and, writable, that of `write`, another one.
-    pub fn read_write(&mut self, read: usize, write: usize) -> Result<(&DevBuf, &mut DevBuf)> {
-        let (r, w) = (self.buffer_of(read)?, self.buffer_of(write)?);
-        read_and_write(self.bufs, r, w)
-            .ok_or_else(|| internal(format!("activations {read} and {write} share buffer {w}")))
     }
 
     /// The buffers of `reads` and, writable, of `write`, which must be

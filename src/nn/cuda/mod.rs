@@ -3,10 +3,11 @@
 //! before the first step, and every op a launch of its `ops/<family>/cuda.rs`.
 
 mod acts;
-mod half;
-mod layers;
+pub mod layer;
 pub mod model;
+mod o1;
 pub mod params;
 pub mod plan;
-mod transformer;
+mod step;
+pub mod workspace;
 pub use model::{GpuModel, LocalHooks, TrainHooks};

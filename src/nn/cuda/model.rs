@@ -4,28 +4,24 @@
 //! only, with no host synchronization, and the DDP and SyncBatchNorm
 //! communication goes through [`TrainHooks`].
 
-use super::acts::Acts;
-use super::layers::{self, Ctx, LayerState};
+pub use super::layer::Elem;
+use super::layer::StateArgs;
 use super::params::{DevBuf, DevElem, DeviceParams};
-use super::plan::{activation_dtype, Plan, Step};
-use super::transformer::{LnState, TransformerScratch};
-use crate::cuda::blas::{Blas, BlasElem};
+#[cfg(doc)]
+use super::plan::Route;
+use super::plan::{activation_dtype, Plan};
+use super::workspace::Scratchpad;
+use crate::cuda::blas::Blas;
 use crate::cuda::Gpu;
 use crate::error::{Error, Result};
-use crate::nn::layers::LayerKind;
+use crate::nn::layers::DeviceNode;
 use crate::nn::Model;
-use crate::ops::add::cuda as addk;
-use crate::ops::cross_entropy::cuda::{self as xent, CrossEntropyTotals};
+use crate::ops::cross_entropy::cuda::CrossEntropyTotals;
 use crate::rng::Draws;
 use crate::tensor::DType;
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
 use half::f16;
 use std::sync::Arc;
-
-/// An activation element type: f32 or f16.
-pub trait Elem: DevElem + BlasElem {}
-impl Elem for f32 {}
-impl Elem for f16 {}
 
 /// What a training step asks of its surroundings (DDP, SyncBatchNorm).
 pub trait TrainHooks {
@@ -58,67 +54,53 @@ impl TrainHooks for LocalHooks {
     }
 }
 
-/// f32 scratch for BatchNorm, sized for the most channels: f16 parameters
-/// and running statistics cast up (O3), f32 gradients accumulated before
-/// the one rounding into the f16 `.grad`, and the reduction buffers.
-pub(super) struct BnScratch {
-    pub weight: CudaSlice<f32>,
-    pub bias: CudaSlice<f32>,
-    pub running_mean: CudaSlice<f32>,
-    pub running_var: CudaSlice<f32>,
-    pub dweight: CudaSlice<f32>,
-    pub dbias: CudaSlice<f32>,
-    /// `[sum dy, sum dy*xhat]`, 2c (backward).
-    pub sums: CudaSlice<f32>,
-    /// `[count, sum, sumsq]`, 1 + 2c (SyncBatchNorm forward).
-    pub totals: CudaSlice<f32>,
-}
-
-/// O1's f16 scratch: conv/linear weights and biases cast per call, their
-/// f16 gradients before they are added into the f32 `.grad`, and the f16
-/// output, dy and dx of one layer.
-pub(super) struct HalfScratch {
-    pub weight: CudaSlice<f16>,
-    pub bias: CudaSlice<f16>,
-    pub dweight: CudaSlice<f16>,
-    pub dbias: CudaSlice<f16>,
-    pub y: CudaSlice<f16>,
-    pub dy: CudaSlice<f16>,
-    pub dx: CudaSlice<f16>,
-}
-
 pub struct GpuModel {
     pub params: DeviceParams,
     /// The key of the training forward's random draws, as the host
     /// model's [`Model::draws`]: the engine sets the micro-batch before
     /// each [`GpuModel::train_batch`].
     pub draws: Draws,
-    gpu: Arc<Gpu>,
-    blas: Blas,
-    plan: Plan,
+    pub(super) gpu: Arc<Gpu>,
+    pub(super) blas: Blas,
+    pub(super) plan: Plan,
     /// The dtype of every activation and activation gradient.
-    act: DType,
-    /// O1: conv and linear compute in f16 on f32 activations.
-    o1: bool,
-    states: Vec<LayerState>,
+    pub(super) act: DType,
+    /// Each node's device plan and state, in execution order.
+    pub(super) nodes: Vec<DeviceNode>,
+    /// O1's f16 copy of a wrapped node's input, which its backward reads.
+    pub(super) o1_inputs: Vec<Option<CudaSlice<f16>>>,
     /// Activation buffers (`plan.buffers`; `plan.storage` says which holds
     /// each activation, the input in 0), in `act`.
-    acts: Vec<DevBuf>,
+    pub(super) acts: Vec<DevBuf>,
     /// The gradient buffers (`plan.grad_buffer` says which holds the
     /// gradient of each activation), in `act`.
-    grads: Vec<DevBuf>,
-    /// A dx on its way into the gradient of a value with several readers
-    /// (one element when no value has several).
-    dx_scratch: DevBuf,
-    /// Conv's im2col and swapped-dy scratch, in the conv compute dtype.
-    col: DevBuf,
-    dy_t: DevBuf,
-    bn: BnScratch,
-    half: Option<HalfScratch>,
-    tf: TransformerScratch,
+    pub(super) grads: Vec<DevBuf>,
+    /// A dx on its way into a gradient another reader wrote ([`Route::Add`];
+    /// one element when no dx takes that route).
+    pub(super) dx_scratch: DevBuf,
+    /// The layers' shared scratch.
+    pub(super) scratch: Scratchpad,
+    /// The model input's token ids in f32 (whatever the activation dtype: an
+    /// id above 2048 has no f16), for a token embedding.
+    pub(super) ids: CudaSlice<f32>,
 }
 
-pub(super) fn alloc<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+/// The first `len` values of an activation or state buffer, as `T`.
+pub(crate) fn view<T: DevElem>(b: &DevBuf, len: usize) -> Result<CudaView<'_, T>> {
+    let (have, dt) = (b.len(), b.dtype());
+    T::of(b).and_then(|s| s.try_slice(0..len)).ok_or_else(|| {
+        super::layer::internal(format!("{len} {:?} values asked of a {dt:?} buffer of {have}", T::DTYPE))
+    })
+}
+
+pub(crate) fn view_mut<T: DevElem>(b: &mut DevBuf, len: usize) -> Result<CudaViewMut<'_, T>> {
+    let (have, dt) = (b.len(), b.dtype());
+    T::of_mut(b).and_then(|s| s.try_slice_mut(0..len)).ok_or_else(|| {
+        super::layer::internal(format!("{len} {:?} values asked of a {dt:?} buffer of {have}", T::DTYPE))
+    })
+}
+
+pub(crate) fn alloc<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
     gpu: &Gpu,
     n: usize,
 ) -> Result<CudaSlice<T>> {
@@ -138,9 +120,7 @@ impl GpuModel {
         allow_tf32: bool,
     ) -> Result<Self> {
         let act = activation_dtype(host)?;
-        let o1 = host.precision.patch_conv_linear.is_some();
         let plan = Plan::new(host, max_batch)?;
-        let compute = if o1 { DType::F16 } else { act };
         let blas = Blas::new(&gpu, allow_tf32)?;
         let params = DeviceParams::new(&gpu, host, first_bucket_bytes, bucket_cap_bytes)?;
         let g = &*gpu;
@@ -149,66 +129,16 @@ impl GpuModel {
         let grads = (0..plan.grad_buffers)
             .map(|_| DevBuf::zeros(g, act, plan.grad * max_batch))
             .collect::<Result<_>>()?;
-        let dx_scratch = DevBuf::zeros(g, act, if shared_reads(&plan) { plan.grad * max_batch } else { 1 })?;
-        let mut states = Vec::with_capacity(plan.layers.len());
-        for (lp, layer) in plan.layers.iter().zip(&host.layers) {
-            states.push(match &lp.step {
-                Step::BatchNorm { channels, .. } => {
-                    LayerState::BatchNorm(Box::new(layers::BnState::new(g, layer, *channels)?))
-                }
-                Step::MaxPool { .. } => LayerState::MaxPool(alloc(g, lp.out_numel * max_batch)?),
-                Step::Conv { .. } | Step::Linear { .. } if o1 => {
-                    LayerState::HalfInput(alloc(g, lp.in_numel * max_batch)?)
-                }
-                Step::LayerNorm { c, .. } => {
-                    LayerState::LayerNorm(Box::new(LnState::new(g, lp.in_numel / (*c).max(1) * max_batch)?))
-                }
-                Step::Attention { t, n_head, .. } => {
-                    LayerState::Attention(DevBuf::zeros(g, act, n_head * t * t * max_batch)?)
-                }
-                Step::Conv { .. }
-                | Step::Linear { .. }
-                | Step::Embedding { .. }
-                | Step::Gelu { .. }
-                | Step::Relu
-                | Step::AvgPool { .. }
-                | Step::Flatten
-                | Step::Dropout { .. }
-                | Step::Add => LayerState::None,
-            });
+        let dx_scratch = DevBuf::zeros(g, act, if plan.dx_scratch { plan.grad * max_batch } else { 1 })?;
+        let (mut nodes, mut o1_inputs) = (Vec::with_capacity(plan.layers.len()), Vec::new());
+        for (lp, node) in plan.layers.iter().zip(&host.layers) {
+            let a =
+                StateArgs { gpu: g, node, max_batch, act, in_numel: lp.in_numel, out_numel: lp.out_numel };
+            nodes.push(lp.op.clone().allocate(&a)?);
+            o1_inputs.push(if lp.o1 { Some(alloc(g, lp.in_numel * max_batch)?) } else { None });
         }
-        let c = plan.channels;
-        let bn = BnScratch {
-            weight: alloc(g, c)?,
-            bias: alloc(g, c)?,
-            running_mean: alloc(g, c)?,
-            running_var: alloc(g, c)?,
-            dweight: alloc(g, c)?,
-            dbias: alloc(g, c)?,
-            sums: alloc(g, 2 * c)?,
-            totals: alloc(g, 1 + 2 * c)?,
-        };
-        let half = if o1 {
-            let act_len = plan.grad * max_batch;
-            Some(HalfScratch {
-                weight: alloc(g, plan.weight)?,
-                bias: alloc(g, plan.bias)?,
-                dweight: alloc(g, plan.weight)?,
-                dbias: alloc(g, plan.bias)?,
-                y: alloc(g, act_len)?,
-                dy: alloc(g, act_len)?,
-                dx: alloc(g, act_len)?,
-            })
-        } else {
-            None
-        };
-        let tf = TransformerScratch {
-            ids: alloc(g, if plan.tokens { plan.acts[0] * max_batch } else { 1 })?,
-            ln_workspace: alloc(g, plan.ln_workspace)?,
-            att_workspace: DevBuf::zeros(g, act, plan.att * max_batch)?,
-        };
-        let col = DevBuf::zeros(g, compute, plan.col)?;
-        let dy_t = DevBuf::zeros(g, compute, plan.dy_t)?;
+        let scratch = Scratchpad::new(g, &plan.scratch)?;
+        let ids = alloc(g, if plan.tokens { plan.acts[0] * max_batch } else { 1 })?;
         Ok(GpuModel {
             params,
             draws: host.draws,
@@ -216,32 +146,19 @@ impl GpuModel {
             blas,
             plan,
             act,
-            o1,
-            states,
+            nodes,
+            o1_inputs,
             acts,
             grads,
             dx_scratch,
-            col,
-            dy_t,
-            bn,
-            half,
-            tf,
+            scratch,
+            ids,
         })
     }
 
     /// Every buffer a DDP replica keeps in step (BatchNorm running statistics).
     pub fn buffers_mut(&mut self) -> Vec<&mut DevBuf> {
-        self.states
-            .iter_mut()
-            .flat_map(|s| match s {
-                LayerState::BatchNorm(bn) => bn.running_mut().into_iter().collect(),
-                LayerState::None
-                | LayerState::MaxPool(_)
-                | LayerState::HalfInput(_)
-                | LayerState::LayerNorm(_)
-                | LayerState::Attention(_) => Vec::new(),
-            })
-            .collect()
+        self.nodes.iter_mut().flat_map(DeviceNode::buffers_mut).collect()
     }
 
     pub fn gpu(&self) -> &Arc<Gpu> {
@@ -257,10 +174,8 @@ impl GpuModel {
     pub fn upload(&mut self, host: &Model) -> Result<()> {
         self.check_layers(host)?;
         self.params.upload(&self.gpu, host)?;
-        for (state, layer) in self.states.iter_mut().zip(&host.layers) {
-            if let LayerState::BatchNorm(s) = state {
-                s.upload(&self.gpu, layer)?;
-            }
+        for (node, layer) in self.nodes.iter_mut().zip(&host.layers) {
+            node.upload(&self.gpu, layer)?;
         }
         Ok(())
     }
@@ -269,19 +184,15 @@ impl GpuModel {
     pub fn download(&self, host: &mut Model) -> Result<()> {
         self.check_layers(host)?;
         self.params.download(&self.gpu, host)?;
-        for (state, layer) in self.states.iter().zip(&mut host.layers) {
-            if let LayerState::BatchNorm(s) = state {
-                s.download(&self.gpu, layer)?;
-            }
+        for (node, layer) in self.nodes.iter().zip(&mut host.layers) {
+            node.download(&self.gpu, layer)?;
         }
         Ok(())
     }
 
     fn check_layers(&self, host: &Model) -> Result<()> {
-        let same = host.layers.len() == self.states.len()
-            && host.layers.iter().zip(&self.states).all(|(l, s)| {
-                matches!(l.kind, LayerKind::BatchNorm2d(_)) == matches!(s, LayerState::BatchNorm(_))
-            });
+        let same = host.layers.len() == self.nodes.len()
+            && host.layers.iter().zip(&self.nodes).all(|(l, d)| l.kind.type_name() == d.type_name());
         if same {
             Ok(())
         } else {
@@ -357,186 +268,6 @@ impl GpuModel {
             n * self.plan.positions * self.plan.classes,
         )
     }
-
-    /// The step's shared context and the buffers the layers read and write.
-    #[allow(clippy::type_complexity)]
-    fn parts(&mut self) -> (Ctx<'_>, Acts<'_>, Grads<'_>, &mut [LayerState], &Plan) {
-        let GpuModel {
-            params,
-            draws,
-            gpu,
-            blas,
-            plan,
-            o1,
-            states,
-            acts,
-            grads,
-            dx_scratch,
-            col,
-            dy_t,
-            bn,
-            half,
-            tf,
-            ..
-        } = self;
-        let ctx = Ctx { gpu, draws: *draws, blas, params, o1: *o1, col, dy_t, bn, half: half.as_mut(), tf };
-        let acts = Acts { bufs: acts, storage: &plan.storage };
-        (ctx, acts, Grads { bufs: grads, scratch: dx_scratch }, states, &*plan)
-    }
-
-    /// The model input: `x` converted to the activation dtype into buffer 0,
-    /// and as it is into the token ids a token embedding reads.
-    fn load_input(ctx: &mut Ctx<'_>, plan: &Plan, acts: &mut Acts<'_>, x: &CudaView<'_, f32>) -> Result<()> {
-        let (gpu, len) = (ctx.gpu, x.len());
-        if plan.tokens {
-            gpu.stream()
-                .memcpy_dtod(x, &mut ctx.tf.ids.slice_mut(0..len))
-                .map_err(|e| Error::cuda("copying the token ids", e))?;
-        }
-        match acts.get_mut(0)? {
-            DevBuf::F32(b) => gpu
-                .stream()
-                .memcpy_dtod(x, &mut b.slice_mut(0..len))
-                .map_err(|e| Error::cuda("copying the input batch", e)),
-            DevBuf::F16(b) => crate::cuda::cast::f32_to_f16(gpu, x, &mut b.slice_mut(0..len)),
-        }
-    }
-
-    fn train<A: Elem>(
-        &mut self,
-        x: &CudaView<'_, f32>,
-        labels: &CudaView<'_, u32>,
-        n: usize,
-        grad_scale: &CudaView<'_, f32>,
-        totals: &mut CrossEntropyTotals,
-        hooks: &mut dyn TrainHooks,
-    ) -> Result<()> {
-        let (mut ctx, mut acts, grads, states, plan) = self.parts();
-        Self::load_input(&mut ctx, plan, &mut acts, x)?;
-        for (lp, state) in plan.layers.iter().zip(states.iter_mut()) {
-            layers::forward::<A>(&mut ctx, lp, state, &mut acts, n, true, hooks)?;
-        }
-        let (classes, rows) = (plan.classes, n * plan.positions);
-        let Grads { bufs: grads, scratch } = grads;
-        let count = grads.len();
-        let slot = |b: usize| {
-            plan.grad_buffer.get(b).copied().filter(|&s| s < count).ok_or_else(|| {
-                Error::internal(format!("device model: activation {b} has no gradient buffer"))
-            })
-        };
-        {
-            let logits = layers::view::<A>(acts.get(plan.logits())?, rows * classes)?;
-            let mut dlogits = layers::view_mut::<A>(&mut grads[slot(plan.logits())?], rows * classes)?;
-            let shape = [rows, classes];
-            xent::forward_backward(ctx.gpu, &logits, labels, shape, grad_scale, &mut dlogits, totals)?;
-        }
-        // Which gradient buffers hold a value's gradient yet: the first dx
-        // into a buffer is written (`=`), a later reader's is added (`+=`).
-        let mut written = vec![false; plan.acts.len()];
-        written[plan.logits()] = true;
-        for (lp, state) in plan.layers.iter().zip(states.iter()).rev() {
-            let len = n * lp.in_numel;
-            match lp.step {
-                // dx is dy, in the same buffer.
-                Step::Flatten => {}
-                Step::Add => {
-                    for &s in lp.srcs.iter().filter(|&&s| s > 0) {
-                        let (dy, dx) = pair(grads, slot(lp.dst)?, slot(s)?)?;
-                        let dy = layers::view::<A>(dy, len)?;
-                        let mut dx = layers::view_mut::<A>(dx, len)?;
-                        if written[s] {
-                            addk::accumulate(ctx.gpu, &mut dx, &dy)?;
-                        } else {
-                            ctx.gpu
-                                .stream()
-                                .memcpy_dtod(&dy, &mut dx)
-                                .map_err(|e| Error::cuda(format!("add {} backward", lp.name), e))?;
-                            written[s] = true;
-                        }
-                    }
-                }
-                Step::Conv { .. }
-                | Step::Linear { .. }
-                | Step::BatchNorm { .. }
-                | Step::Relu
-                | Step::MaxPool { .. }
-                | Step::AvgPool { .. }
-                | Step::Dropout { .. }
-                | Step::Embedding { .. }
-                | Step::LayerNorm { .. }
-                | Step::Gelu { .. }
-                | Step::Attention { .. } => {
-                    // The model input needs no gradient.
-                    let need_dx = lp.src > 0;
-                    let dst = slot(lp.dst)?;
-                    if need_dx && written[lp.src] {
-                        let src = slot(lp.src)?;
-                        let io = (&grads[dst], &mut *scratch);
-                        layers::backward::<A>(&mut ctx, lp, state, &acts, io, n, true, hooks)?;
-                        let (from, mut to) =
-                            (layers::view::<A>(scratch, len)?, layers::view_mut::<A>(&mut grads[src], len)?);
-                        addk::accumulate(ctx.gpu, &mut to, &from)?;
-                    } else if need_dx {
-                        let io = pair(grads, dst, slot(lp.src)?)?;
-                        layers::backward::<A>(&mut ctx, lp, state, &acts, io, n, true, hooks)?;
-                        written[lp.src] = true;
-                    } else if !lp.params.is_empty() {
-                        // No dx: the buffer passed for it is never touched.
-                        let io = (&grads[dst], &mut *scratch);
-                        layers::backward::<A>(&mut ctx, lp, state, &acts, io, n, false, hooks)?;
-                    }
-                }
-            }
-            if !lp.ready.is_empty() {
-                hooks.grads_ready(ctx.params, &lp.ready)?;
-            }
-        }
-        Ok(())
-    }
-
-    fn eval<A: Elem>(
-        &mut self,
-        x: &CudaView<'_, f32>,
-        labels: &CudaView<'_, u32>,
-        n: usize,
-        totals: &mut CrossEntropyTotals,
-    ) -> Result<()> {
-        let (mut ctx, mut acts, _, states, plan) = self.parts();
-        Self::load_input(&mut ctx, plan, &mut acts, x)?;
-        for (lp, state) in plan.layers.iter().zip(states.iter_mut()) {
-            layers::forward::<A>(&mut ctx, lp, state, &mut acts, n, false, &mut LocalHooks)?;
-        }
-        let rows = n * plan.positions;
-        let logits = layers::view::<A>(acts.get(plan.logits())?, rows * plan.classes)?;
-        xent::forward(ctx.gpu, &logits, labels, [rows, plan.classes], totals)
-    }
-}
-
-/// The gradient buffers of one step and the dx scratch.
-struct Grads<'a> {
-    bufs: &'a mut [DevBuf],
-    scratch: &'a mut DevBuf,
-}
-
-/// Gradient buffer `read` (a node's dy) and `write` (its input's dx): two
-/// gradients live at once, so two different buffers.
-fn pair(bufs: &mut [DevBuf], read: usize, write: usize) -> Result<(&DevBuf, &mut DevBuf)> {
-    super::acts::read_and_write(bufs, read, write)
-        .ok_or_else(|| Error::internal(format!("device model: dy in gradient buffer {read}, dx in {write}")))
-}
-
-/// Whether some activation buffer has several readers (a residual's input),
-/// so that a dx may need adding into a gradient instead of writing it.
-fn shared_reads(plan: &Plan) -> bool {
-    let mut reads = vec![0usize; plan.acts.len()];
-    for lp in plan.layers.iter().filter(|lp| lp.step != Step::Flatten) {
-        for &s in &lp.srcs {
-            if let Some(r) = reads.get_mut(s) {
-                *r += 1;
-            }
-        }
-    }
-    reads.iter().any(|&r| r > 1)
 }
 
 #[cfg(test)]

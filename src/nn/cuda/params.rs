@@ -48,6 +48,17 @@ impl DevBuf {
         }
     }
 
+    pub fn len(&self) -> usize {
+        match self {
+            DevBuf::F32(b) => b.len(),
+            DevBuf::F16(b) => b.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     pub fn zero(&mut self, gpu: &Gpu) -> Result<()> {
         let s = gpu.stream();
         match self {
@@ -88,6 +99,10 @@ pub trait DevElem: DeviceFloat + cudarc::driver::DeviceRepr {
     const DTYPE: DType;
     fn of(buf: &DevBuf) -> Option<&CudaSlice<Self>>;
     fn of_mut(buf: &mut DevBuf) -> Option<&mut CudaSlice<Self>>;
+    /// f16 views as views of `Self`: themselves for f16, none for f32 (O1's
+    /// f16 copies handed to code generic over the element type).
+    fn from_f16<'v, 'a>(v: &'v [CudaView<'a, f16>]) -> Option<&'v [CudaView<'a, Self>]>;
+    fn from_f16_mut<'v, 'a>(v: &'v mut [CudaViewMut<'a, f16>]) -> Option<&'v mut [CudaViewMut<'a, Self>]>;
 }
 
 impl DevElem for f32 {
@@ -104,6 +119,12 @@ impl DevElem for f32 {
             DevBuf::F16(_) => None,
         }
     }
+    fn from_f16<'v, 'a>(_: &'v [CudaView<'a, f16>]) -> Option<&'v [CudaView<'a, f32>]> {
+        None
+    }
+    fn from_f16_mut<'v, 'a>(_: &'v mut [CudaViewMut<'a, f16>]) -> Option<&'v mut [CudaViewMut<'a, f32>]> {
+        None
+    }
 }
 
 impl DevElem for f16 {
@@ -119,6 +140,12 @@ impl DevElem for f16 {
             DevBuf::F16(b) => Some(b),
             DevBuf::F32(_) => None,
         }
+    }
+    fn from_f16<'v, 'a>(v: &'v [CudaView<'a, f16>]) -> Option<&'v [CudaView<'a, f16>]> {
+        Some(v)
+    }
+    fn from_f16_mut<'v, 'a>(v: &'v mut [CudaViewMut<'a, f16>]) -> Option<&'v mut [CudaViewMut<'a, f16>]> {
+        Some(v)
     }
 }
 

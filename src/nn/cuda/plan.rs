@@ -1,129 +1,35 @@
 //! What the device model allocates, worked out on the host from the layers
-//! and their resolved shapes: activation buffers shared by values whose
-//! lives do not overlap (Flatten's output is its input), gradient buffers
-//! reused the same way, one im2col scratch for the largest conv, and the
-//! per-layer state backward needs. Pure, so it is tested without a GPU.
+//! and their resolved shapes: each node's device plan and needs (its
+//! type's `cuda.rs`), activation buffers shared by values whose lives do
+//! not overlap (Flatten's output is its input), gradient buffers reused the
+//! same way, each dx's route into its input's gradient (written, or added
+//! to what another reader wrote), and the workspace as the largest scratch
+//! any layer asks for. Pure, so it is tested without a GPU.
 
+use super::layer::{internal, Grad, Needs, PlanArgs, Scratch};
 use crate::error::{Error, Result};
-use crate::nn::layers::{AmpClass, LayerKind};
+use crate::nn::layers::{AmpClass, DeviceOp};
 use crate::nn::Model;
-use crate::ops::avg_pool2d::AvgPool2dArgs;
-use crate::ops::conv2d::cpu::ConvGeom;
-use crate::ops::conv2d::out_size;
-use crate::ops::embedding::cuda::Table;
 use crate::tensor::DType;
 
-/// One layer's device work.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Step {
-    /// `geom.n` is 0 here; each batch fills in its own.
-    Conv {
-        geom: ConvGeom,
-        weight: usize,
-        bias: Option<usize>,
-    },
-    /// `hw` is H*W of the input; `param_dtype` that of weight, bias and the
-    /// running statistics (f16 under O3).
-    BatchNorm {
-        channels: usize,
-        hw: usize,
-        weight: usize,
-        bias: usize,
-        sync: bool,
-        param_dtype: DType,
-    },
-    Relu,
-    /// `shape` is the input's `[C, H, W]`.
-    MaxPool {
-        shape: [usize; 3],
-        kernel: usize,
-        stride: usize,
-    },
-    /// `shape` is the input's `[C, H, W]`; average pooling and global
-    /// average pooling alike.
-    AvgPool {
-        shape: [usize; 3],
-        args: AvgPool2dArgs,
-    },
-    Flatten,
-    /// `nn.Dropout(p)`: its mask drawn from the node's Philox counters
-    /// (`node` is its index in execution order), in forward and again in
-    /// backward.
-    Dropout {
-        p: f64,
-        node: usize,
-    },
-    /// The residual add of its inputs (`srcs`), same shape.
+/// How a dx reaches the gradient of the value it is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    /// No gradient: the model input's.
+    None,
+    /// The first dx into that gradient (`=`).
+    Write,
+    /// Another reader's dx is there already: added (`+=`).
     Add,
-    /// `rows` is how many rows of `in_features` a sample holds: 1 for
-    /// `[in]`, T for a transformer's `[T, C]` (the same GEMM over `n * T` rows).
-    Linear {
-        in_features: usize,
-        out_features: usize,
-        rows: usize,
-        weight: usize,
-        bias: Option<usize>,
-    },
-    /// Token ids (the model input, as f32) or, with `positions`, the
-    /// position of each of a sample's `rows` outputs.
-    Embedding {
-        table: Table,
-        rows: usize,
-        positions: bool,
-        weight: usize,
-    },
-    /// Over the last `c` values of each row; `param_dtype` that of weight and
-    /// bias (f16 under O2, run on f32 copies as the CPU widens them).
-    LayerNorm {
-        c: usize,
-        eps: f32,
-        weight: usize,
-        bias: Option<usize>,
-        param_dtype: DType,
-    },
-    Gelu {
-        tanh: bool,
-    },
-    /// `[T, 3C]` to `[T, C]`; its softmax `[H, T, T]` kept for backward.
-    /// `dropout_p` drops softmax probabilities with the mask of the node's
-    /// Philox counters (`node`, as [`Step::Dropout`]).
-    Attention {
-        t: usize,
-        c: usize,
-        n_head: usize,
-        dropout_p: f64,
-        node: usize,
-    },
-}
-
-impl Step {
-    /// Which activations this step's backward reads: `(its inputs, its
-    /// output)`. Whatever else it needs it keeps in its own state (pooling
-    /// indices, BatchNorm's batch statistics, O1's f16 copy of a conv or
-    /// linear input, dropout's counters), so a value no backward reads is
-    /// dead once its last reader's forward has run.
-    pub fn backward_reads(&self, o1: bool) -> (bool, bool) {
-        match self {
-            Step::Conv { .. } | Step::Linear { .. } => (!o1, false),
-            Step::BatchNorm { .. } | Step::LayerNorm { .. } | Step::Gelu { .. } | Step::Attention { .. } => {
-                (true, false)
-            }
-            // The ids it reads are the model input's f32 copy, kept all step.
-            Step::Embedding { .. } => (false, false),
-            Step::Relu => (false, true),
-            Step::MaxPool { .. }
-            | Step::AvgPool { .. }
-            | Step::Flatten
-            | Step::Dropout { .. }
-            | Step::Add => (false, false),
-        }
-    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct LayerPlan {
     pub name: String,
-    pub step: Step,
+    pub op: DeviceOp,
+    pub needs: Needs,
+    /// apex O1's wrapper: a conv or linear run in f16 on f32 activations (`o1.rs`).
+    pub o1: bool,
     /// The activations (values) read and written (0 is the model input);
     /// the same value for Flatten, which only renames the shape. `src` is
     /// the first of `srcs` (the one input of every layer but the add).
@@ -131,6 +37,8 @@ pub struct LayerPlan {
     pub src: usize,
     pub srcs: Vec<usize>,
     pub dst: usize,
+    /// How each input's dx reaches its gradient, in `srcs` order.
+    pub routes: Vec<Route>,
     /// Elements per sample of the input and the output.
     pub in_numel: usize,
     pub out_numel: usize,
@@ -141,6 +49,14 @@ pub struct LayerPlan {
     /// they are ready after its backward, a tied one after its owner's,
     /// which backward reaches later.
     pub ready: Vec<usize>,
+}
+
+impl LayerPlan {
+    /// Whether the backward runs: a dx is wanted or parameters learn.
+    pub fn runs_backward(&self) -> bool {
+        self.needs.grad == Grad::Backward
+            && (self.routes.first() != Some(&Route::None) || !self.params.is_empty())
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -158,7 +74,7 @@ pub struct Plan {
     pub buffers: Vec<usize>,
     /// Elements per sample of the largest activation: the size of every
     /// gradient buffer, and of the scratch a dx is written to before it is
-    /// added (`+=`) into the gradient of a value with several readers.
+    /// added into a gradient ([`Route::Add`]).
     pub grad: usize,
     /// The gradient buffer of each activation buffer (`usize::MAX` for
     /// the input's, which is never computed), reused by liveness: a
@@ -168,47 +84,17 @@ pub struct Plan {
     pub grad_buffer: Vec<usize>,
     /// How many gradient buffers that takes.
     pub grad_buffers: usize,
-    /// The im2col scratch and conv's swapped-dy scratch for `max_batch`,
-    /// sized for the largest conv (0 without convs).
-    pub col: usize,
-    pub dy_t: usize,
-    /// The largest conv/linear weight and bias (O1's per-call f16 copies).
-    pub weight: usize,
-    pub bias: usize,
-    /// The most channels of any BatchNorm or LayerNorm (their f32 scratch).
-    pub channels: usize,
+    /// Whether some layer's dx is added into a gradient ([`Route::Add`]
+    /// from a backward), which takes the dx scratch.
+    pub dx_scratch: bool,
+    /// The workspace: each region's largest size over the layers.
+    pub scratch: Scratch,
     /// Logits per sample are `[positions, classes]`: a language model's
     /// `[T, V]` (a label per position), else `[classes]` (positions 1).
     pub classes: usize,
     pub positions: usize,
-    /// The largest LayerNorm backward workspace for `max_batch` (f32s).
-    pub ln_workspace: usize,
-    /// The largest attention matrix per sample (`H * T * T`).
-    pub att: usize,
     /// Whether a token embedding reads the model input's ids.
     pub tokens: bool,
-}
-
-fn internal(msg: String) -> Error {
-    Error::internal(format!("device model plan: {msg}"))
-}
-
-fn chw(name: &str, shape: &[usize]) -> Result<[usize; 3]> {
-    match *shape {
-        [c, h, w] => Ok([c, h, w]),
-        _ => Err(internal(format!("layer {name} needs a [C, H, W] input, got {shape:?}"))),
-    }
-}
-
-/// An average pooling's step, its output checked against the resolved shape.
-fn avg_pool(name: &str, in_shape: &[usize], out_shape: &[usize], args: AvgPool2dArgs) -> Result<Step> {
-    let shape = chw(name, in_shape)?;
-    let [c, h, w] = shape;
-    let (oh, ow) = args.out_hw(h, w)?;
-    if out_shape != [c, oh, ow] {
-        return Err(internal(format!("avg_pool {name} gives {:?}, not {out_shape:?}", [c, oh, ow])));
-    }
-    Ok(Step::AvgPool { shape, args })
 }
 
 impl Plan {
@@ -234,17 +120,13 @@ impl Plan {
             buffers: Vec::new(),
             grad_buffer: Vec::new(),
             grad_buffers: 0,
-            col: 0,
-            dy_t: 0,
-            weight: 0,
-            bias: 0,
-            channels: 0,
+            dx_scratch: false,
+            scratch: Scratch::default(),
             classes: 0,
             positions: 1,
-            ln_workspace: 0,
-            att: 0,
             tokens: false,
         };
+        let o1 = model.precision.patch_conv_linear;
         let mut next_param = 0;
         let mut index_of: Vec<Vec<usize>> = Vec::with_capacity(model.layers.len());
         // The activation buffer of each value (0 the input, i + 1 node i's output).
@@ -290,120 +172,23 @@ impl Plan {
                 }
             }
             index_of.push(params.clone());
-            let (weight, bias) = (params.first().copied(), params.get(1).copied());
-            let step = match &layer.kind {
-                LayerKind::Embedding(_)
-                | LayerKind::LayerNorm(_)
-                | LayerKind::Gelu(_)
-                | LayerKind::CausalSelfAttention(_) => {
-                    super::transformer::plan_step(&mut plan, model, node, r, weight, bias)?
-                }
-                LayerKind::Conv2d(conv) => {
-                    let [c, h, wd] = chw(&r.name, &r.in_shape)?;
-                    let (o, k, s, p) = (conv.out_channels, conv.kernel_size, conv.stride, conv.padding);
-                    let (ho, wo) = (out_size(h, k, s, p), out_size(wd, k, s, p));
-                    if conv.in_channels != c || ho * wo == 0 || r.out_shape != [o, ho, wo] {
-                        return Err(internal(format!(
-                            "conv {} ({conv}) does not take {:?} to {:?}",
-                            r.name, r.in_shape, r.out_shape
-                        )));
-                    }
-                    let geom = ConvGeom { n: 0, c, h, w: wd, o, k, stride: s, padding: p, ho, wo };
-                    let batch = ConvGeom { n: max_batch, ..geom };
-                    plan.col = plan.col.max(crate::ops::conv2d::cuda::col_len(&batch));
-                    plan.dy_t = plan.dy_t.max(crate::ops::conv2d::cuda::dy_t_len(&batch));
-                    let weight = weight.ok_or_else(|| internal(format!("conv {} has no weight", r.name)))?;
-                    Step::Conv { geom, weight, bias }
-                }
-                LayerKind::BatchNorm2d(_) => {
-                    let [c, h, w] = chw(&r.name, &r.in_shape)?;
-                    let w_ = &layer.weights;
-                    let weight_value = model.param_value(node, 0)?;
-                    let dt = weight_value.dtype();
-                    let same = [
-                        w_.param(1, "batchnorm2d")?.value.dtype(),
-                        w_.tensor(0, "batchnorm2d")?.dtype(),
-                        w_.tensor(1, "batchnorm2d")?.dtype(),
-                    ];
-                    if same.iter().any(|&d| d != dt) || weight_value.numel() != c {
-                        return Err(internal(format!(
-                            "BatchNorm {} parameters and running statistics must be {c} values of one dtype",
-                            r.name
-                        )));
-                    }
-                    plan.channels = plan.channels.max(c);
-                    let (Some(weight), Some(bias)) = (weight, bias) else {
-                        return Err(internal(format!("BatchNorm {} has no weight and bias", r.name)));
-                    };
-                    Step::BatchNorm {
-                        channels: c,
-                        hw: h * w,
-                        weight,
-                        bias,
-                        sync: layer.sync.is_some(),
-                        param_dtype: dt,
-                    }
-                }
-                LayerKind::Relu(_) => Step::Relu,
-                LayerKind::MaxPool2d(pool) => {
-                    let shape = chw(&r.name, &r.in_shape)?;
-                    let [c, h, w] = shape;
-                    let (kernel, stride) = (pool.kernel_size, pool.stride);
-                    let out = crate::ops::max_pool2d::cuda::out_shape([max_batch, c, h, w], kernel, stride)?;
-                    if out[1..] != r.out_shape[..] {
-                        return Err(internal(format!(
-                            "max_pool {} gives {:?}, not {:?}",
-                            r.name, out, r.out_shape
-                        )));
-                    }
-                    Step::MaxPool { shape, kernel, stride }
-                }
-                LayerKind::AvgPool2d(pool) => avg_pool(&r.name, &r.in_shape, &r.out_shape, pool.args())?,
-                LayerKind::AdaptiveAvgPool2d(pool) => {
-                    avg_pool(&r.name, &r.in_shape, &r.out_shape, pool.args())?
-                }
-                LayerKind::Flatten(_) => Step::Flatten,
-                LayerKind::Dropout(d) => {
-                    if out_numel != in_numel {
-                        return Err(internal(format!(
-                            "dropout {} of {:?} to {:?}",
-                            r.name, r.in_shape, r.out_shape
-                        )));
-                    }
-                    Step::Dropout { p: d.p, node }
-                }
-                LayerKind::Add(_) => {
-                    if srcs.len() < 2 || out_numel != in_numel {
-                        return Err(internal(format!(
-                            "add {} of {} inputs {:?}",
-                            r.name,
-                            srcs.len(),
-                            r.in_shape
-                        )));
-                    }
-                    Step::Add
-                }
-                LayerKind::Linear(lin) => {
-                    let (in_features, out_features) = (lin.in_features, lin.out_features);
-                    let rows = in_numel / in_features.max(1);
-                    if rows * in_features != in_numel || rows * out_features != out_numel {
-                        return Err(internal(format!(
-                            "linear {} ({lin}) does not take {:?} to {:?}",
-                            r.name, r.in_shape, r.out_shape
-                        )));
-                    }
-                    let weight =
-                        weight.ok_or_else(|| internal(format!("linear {} has no weight", r.name)))?;
-                    Step::Linear { in_features, out_features, rows, weight, bias }
-                }
+            let wrapped = o1.filter(|_| layer.kind.amp_class() == AmpClass::Fp16);
+            let a = PlanArgs {
+                name: &r.name,
+                node,
+                in_shape: &r.in_shape,
+                out_shape: &r.out_shape,
+                max_batch,
+                compute: wrapped.unwrap_or(model.precision.input),
+                model,
             };
-            if let Step::Conv { .. } | Step::Linear { .. } = step {
-                for (i, p) in layer.weights.params.iter().enumerate() {
-                    let slot = if i == 0 { &mut plan.weight } else { &mut plan.bias };
-                    *slot = (*slot).max(p.value.numel());
-                }
+            let (op, mut needs) = layer.kind.device_plan(&a)?;
+            if wrapped.is_some() {
+                needs = super::o1::needs(needs, &a, params.len())?;
             }
-            let dst = if step == Step::Flatten {
+            plan.scratch.fit(&needs.scratch);
+            plan.tokens |= needs.tokens;
+            let dst = if needs.grad == Grad::Alias {
                 src
             } else {
                 plan.acts.push(out_numel);
@@ -411,8 +196,11 @@ impl Plan {
             };
             plan.layers.push(LayerPlan {
                 name: r.name.clone(),
-                step,
+                op,
+                needs,
+                o1: wrapped.is_some(),
                 src,
+                routes: Vec::new(),
                 srcs,
                 dst,
                 in_numel,
@@ -427,22 +215,50 @@ impl Plan {
         plan.classes = out.last().copied().unwrap_or(1);
         plan.positions = plan.acts[plan.logits()] / plan.classes.max(1);
         plan.assign_grad_buffers();
-        plan.assign_storage(model.precision.patch_conv_linear.is_some());
+        plan.assign_routes();
+        plan.assign_storage();
         Ok(plan)
+    }
+
+    /// [`LayerPlan::routes`]: walks backward's order; the first dx into a
+    /// value's gradient is written, a later reader's is added.
+    fn assign_routes(&mut self) {
+        let mut written = vec![false; self.acts.len()];
+        written[self.logits()] = true;
+        let mut dx_scratch = false;
+        for lp in self.layers.iter_mut().rev() {
+            lp.routes = match lp.needs.grad {
+                Grad::Alias => vec![Route::None; lp.srcs.len()],
+                Grad::Identity | Grad::Backward => lp
+                    .srcs
+                    .iter()
+                    .map(|&s| match (s, written[s]) {
+                        (0, _) => Route::None,
+                        (_, true) => Route::Add,
+                        (_, false) => {
+                            written[s] = true;
+                            Route::Write
+                        }
+                    })
+                    .collect(),
+            };
+            dx_scratch |= lp.needs.grad == Grad::Backward && lp.routes.contains(&Route::Add);
+        }
+        self.dx_scratch = dx_scratch;
     }
 
     /// [`Plan::storage`]: walks forward's order; a node's output takes the
     /// smallest free buffer that holds it (else the largest free one,
     /// grown, else a new one) before its inputs are freed, so no kernel
     /// writes over what it reads.
-    fn assign_storage(&mut self, o1: bool) {
+    fn assign_storage(&mut self) {
         let end = self.layers.len();
         let mut last = vec![0usize; self.acts.len()];
         last[0] = end;
         let logits = self.logits();
         last[logits] = end;
         for (i, lp) in self.layers.iter().enumerate() {
-            let (reads_x, reads_y) = lp.step.backward_reads(o1);
+            let (reads_x, reads_y) = (lp.needs.reads_input, lp.needs.reads_output);
             for &s in &lp.srcs {
                 last[s] = last[s].max(if reads_x { end } else { i });
             }
@@ -498,7 +314,7 @@ impl Plan {
         of[self.logits()] = take(&mut free);
         for lp in self.layers.iter().rev() {
             // Flatten's dx is its dy, in the same buffer.
-            if lp.step == Step::Flatten {
+            if lp.needs.grad == Grad::Alias {
                 continue;
             }
             for &s in lp.srcs.iter().filter(|&&s| s > 0) {

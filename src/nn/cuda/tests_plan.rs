@@ -1,9 +1,14 @@
 //! The device model's buffer plan, on the host (no GPU needed).
 
-use super::{activation_dtype, Plan, Step};
+use super::{activation_dtype, Plan, Route};
 use crate::amp::{cast_model, Policy};
 use crate::config::model::ResolvedLayer;
 use crate::config::{ModelConfig, OptLevel};
+use crate::nn::cuda::layer::Grad;
+use crate::nn::layers::batchnorm2d::cuda::BatchNormPlan;
+use crate::nn::layers::linear::cuda::LinearPlan;
+use crate::nn::layers::maxpool2d::cuda::MaxPoolPlan;
+use crate::nn::layers::DeviceOp;
 use crate::nn::Model;
 use crate::tensor::DType;
 
@@ -52,11 +57,11 @@ pub(crate) fn dropout_layers() -> Vec<ResolvedLayer> {
 }
 
 #[test]
-fn dropout_steps_know_their_node() {
+fn dropout_plans_keep_their_probability() {
     let model = Model::new(&dropout_layers(), 1).unwrap();
     let p = Plan::new(&model, 3).unwrap();
-    assert_eq!(p.layers[2].step, Step::Dropout { p: 0.5, node: 2 });
-    assert_eq!(p.layers[4].step, Step::Dropout { p: 0.25, node: 4 });
+    assert_eq!(p.layers[2].op, DeviceOp::Dropout(0.5));
+    assert_eq!(p.layers[4].op, DeviceOp::Dropout(0.25));
     // Its own output buffer, as any layer but flatten.
     assert_eq!((p.layers[2].src, p.layers[2].dst), (2, 3));
 }
@@ -72,9 +77,12 @@ fn mnist_plan_sizes_every_buffer() {
     let p = Plan::new(&model, 100).unwrap();
     assert_eq!(p.acts, [784, 12544, 12544, 12544, 3136, 6272, 6272, 6272, 1568, 10]);
     assert_eq!(p.grad, 12544);
-    // conv2: 100 images x (16*5*5) rows x (14*14) columns; conv1's dy: 100 x 16*28*28.
-    assert_eq!((p.col, p.dy_t), (100 * 400 * 196, 100 * 12544));
-    assert_eq!((p.weight, p.bias, p.channels, p.classes), (10 * 1568, 32, 32, 10));
+    // conv2's im2col: 100 images x (16*5*5) rows x (14*14) columns; conv1's
+    // dy: 100 x 16*28*28; then the rest of BatchNorm's eight f32 regions
+    // (32 channels at most: backward's sums 2c, SyncBatchNorm's 1 + 2c).
+    assert_eq!(p.scratch.f32, [100 * 400 * 196, 100 * 12544, 32, 32, 32, 32, 64, 65]);
+    assert!(p.scratch.f16.is_empty());
+    assert_eq!(p.classes, 10);
     let io: Vec<(usize, usize)> = p.layers.iter().map(|l| (l.src, l.dst)).collect();
     assert_eq!(io, [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5), (5, 6), (6, 7), (7, 8), (8, 8), (8, 9)]);
     assert_eq!(p.logits(), 9);
@@ -92,19 +100,22 @@ fn mnist_plan_sizes_every_buffer() {
         vec![8, 9],
     ];
     assert_eq!(params, want);
-    let Step::Conv { geom, weight: 4, bias: Some(5) } = p.layers[4].step else {
-        panic!("layer 4: {:?}", p.layers[4].step)
-    };
+    let DeviceOp::Conv2d(geom) = &p.layers[4].op else { panic!("layer 4: {:?}", p.layers[4].op) };
     assert_eq!((geom.n, geom.c, geom.h, geom.o, geom.k, geom.padding, geom.ho), (0, 16, 14, 32, 5, 2, 14));
-    assert_eq!(
-        p.layers[1].step,
-        Step::BatchNorm { channels: 16, hw: 784, weight: 2, bias: 3, sync: false, param_dtype: DType::F32 }
-    );
-    assert_eq!(p.layers[3].step, Step::MaxPool { shape: [16, 28, 28], kernel: 2, stride: 2 });
-    assert_eq!(
-        p.layers[9].step,
-        Step::Linear { in_features: 1568, out_features: 10, rows: 1, weight: 8, bias: Some(9) }
-    );
+    let bn = BatchNormPlan { channels: 16, hw: 784, sync: false, param_dtype: DType::F32 };
+    assert_eq!(p.layers[1].op, DeviceOp::BatchNorm2d(bn));
+    let pool = MaxPoolPlan { shape: [16, 28, 28], kernel: 2, stride: 2, out_numel: 16 * 14 * 14 };
+    assert_eq!(p.layers[3].op, DeviceOp::MaxPool2d(pool));
+    let fc = LinearPlan { in_features: 1568, out_features: 10, rows: 1 };
+    assert_eq!(p.layers[9].op, DeviceOp::Linear(fc));
+    // A chain: every dx is the first into its gradient, but conv1's (the input's).
+    let routes: Vec<Vec<Route>> = p.layers.iter().map(|l| l.routes.clone()).collect();
+    assert_eq!(routes[0], [Route::None]);
+    for (l, r) in p.layers.iter().zip(&routes).skip(1) {
+        let want = if l.needs.grad == Grad::Alias { Route::None } else { Route::Write };
+        assert_eq!(r, &[want], "{}", l.name);
+    }
+    assert!(!p.dx_scratch);
 }
 
 #[test]
@@ -113,13 +124,16 @@ fn odd_sizes_plan_with_a_truncating_pool() {
     cast_model(&mut model, &Policy::for_level(OptLevel::O3));
     let p = Plan::new(&model, 7).unwrap();
     assert_eq!(p.acts, [169, 507, 507, 507, 108, 5]);
-    assert_eq!((p.grad, p.col, p.dy_t), (507, 7 * 9 * 169, 7 * 507));
-    assert_eq!((p.weight, p.bias, p.channels, p.classes), (540, 5, 3, 5));
+    assert_eq!(p.grad, 507);
+    // O3: the conv's im2col and swapped dy in f16; BatchNorm's f32 regions for 3 channels.
+    assert_eq!(p.scratch.f16, [7 * 9 * 169, 7 * 507]);
+    assert_eq!(p.scratch.f32, [3, 3, 3, 3, 3, 3, 6, 7]);
+    assert_eq!(p.classes, 5);
     assert_eq!(
         (p.layers[4].src, p.layers[4].dst, p.layers[4].in_numel, p.layers[4].out_numel),
         (4, 4, 108, 108)
     );
-    assert!(matches!(p.layers[1].step, Step::BatchNorm { param_dtype: DType::F16, .. }));
+    assert!(matches!(p.layers[1].op, DeviceOp::BatchNorm2d(BatchNormPlan { param_dtype: DType::F16, .. })));
 }
 
 #[test]
@@ -182,7 +196,7 @@ fn check_storage(p: &Plan, o1: bool, what: &str) {
         let backward = v == 0
             || v == p.logits()
             || p.layers.iter().any(|l| {
-                let (x, y) = l.step.backward_reads(o1);
+                let (x, y) = (l.needs.reads_input, l.needs.reads_output);
                 (x && l.srcs.contains(&v)) || (y && l.dst == v)
             });
         backward || p.layers[node + 1..].iter().any(|l| l.srcs.contains(&v))
@@ -204,7 +218,13 @@ fn check_storage(p: &Plan, o1: bool, what: &str) {
         owner[b] = Some(l.dst);
     }
     for l in &p.layers {
-        let (x, y) = l.step.backward_reads(o1);
+        // O1's wrapper keeps its own f16 copy of a conv's or linear's input.
+        let fp16 = matches!(l.op, DeviceOp::Conv2d(_) | DeviceOp::Linear(_));
+        assert_eq!(l.o1, o1 && fp16, "{what}: {}", l.name);
+        if fp16 {
+            assert_eq!(l.needs.reads_input, !o1, "{what}: {}", l.name);
+        }
+        let (x, y) = (l.needs.reads_input, l.needs.reads_output);
         let kept = l.srcs.iter().filter(|_| x).chain(std::iter::once(&l.dst).filter(|_| y));
         for &v in kept.chain([&0, &p.logits()]) {
             assert_eq!(owner[p.storage[v]], Some(v), "{what}: value {v} overwritten before backward");
@@ -236,9 +256,59 @@ fn every_config_plans_its_activations_by_liveness() {
             let p = Plan::new(&model, 2).unwrap();
             let what = format!("{} {level}", path.display());
             check_storage(&p, level == OptLevel::O1, &what);
+            check_routes(&p, &what);
             // Fewer elements than a buffer per value wherever some value dies early.
             let (shared, one_each) = (p.buffers.iter().sum::<usize>(), p.acts.iter().sum::<usize>());
             assert!(shared < one_each, "{what}: {shared} vs {one_each}");
         }
     }
+}
+
+/// Backward's order gives each gradient its first dx by a write and every
+/// later one by an add, and only an added dx from a backward takes the
+/// dx scratch.
+fn check_routes(p: &Plan, what: &str) {
+    let mut seen = vec![false; p.acts.len()];
+    for l in p.layers.iter().rev() {
+        if l.needs.grad == Grad::Alias {
+            continue;
+        }
+        for (&s, &r) in l.srcs.iter().zip(&l.routes) {
+            let want = match (s, seen[s]) {
+                (0, _) => Route::None,
+                (_, true) => Route::Add,
+                (_, false) => Route::Write,
+            };
+            assert_eq!(r, want, "{what}: {} reading {s}", l.name);
+            seen[s] |= s > 0;
+        }
+    }
+    let added = p.layers.iter().any(|l| l.needs.grad == Grad::Backward && l.routes.contains(&Route::Add));
+    assert_eq!(p.dx_scratch, added, "{what}");
+}
+
+#[test]
+fn a_residual_adds_its_second_dx() {
+    let path = crate::testing::repo_root().join("configs/resnet20_fashion_o2.toml");
+    let layers = crate::config::model::resolve(&crate::config::load(&path, &[]).unwrap().model).unwrap();
+    let p = Plan::new(&Model::new(&layers, 1).unwrap(), 2).unwrap();
+    // A block's input is read by its first conv and by the add (or the
+    // shortcut); backward reaches the add first, so the conv's dx is added.
+    let adds = p.layers.iter().filter(|l| l.needs.grad == Grad::Backward && l.routes == [Route::Add]).count();
+    assert!(adds >= 9, "{adds} convs add their dx");
+    assert!(p.dx_scratch);
+}
+
+#[test]
+fn o1_wraps_conv_and_linear_with_its_f16_scratch_first() {
+    let mut model = Model::new(&mnist_layers(), 1).unwrap();
+    cast_model(&mut model, &Policy::for_level(OptLevel::O1));
+    let p = Plan::new(&model, 4).unwrap();
+    let conv2 = &p.layers[4];
+    assert!(conv2.o1 && !conv2.needs.reads_input);
+    // Weight, bias, their gradients, then one batch of output, dy and dx;
+    // then its own im2col and swapped dy, in f16.
+    let (w, b, x, y) = (32 * 16 * 25, 32, 4 * 16 * 14 * 14, 4 * 32 * 14 * 14);
+    assert_eq!(&conv2.needs.scratch.f16[..9], &[w, b, w, b, y, y, x, 4 * 400 * 196, 4 * 32 * 196]);
+    assert!(!p.layers[1].o1, "BatchNorm stays f32");
 }

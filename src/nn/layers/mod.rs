@@ -1,17 +1,19 @@
-//! Every layer type, one file each, holding everything about it: its config
-//! keys and defaults, shape inference and checks, its parameters and buffers
-//! under PyTorch's `state_dict()` suffixes with PyTorch's initialization,
-//! apex's precision class, its share of the memory estimate, and its CPU
-//! forward and backward. The [`registry!`] at the bottom turns the list of
-//! types into the enums the rest of the code matches on ([`LayerKind`],
-//! [`LayerSpec`], [`LayerSaved`]), with every dispatch written once here and
-//! no arm that a new type could fall into silently: a type that lacks any
-//! part of [`Layer`] does not compile.
+//! Every layer type, one folder each, holding everything about it. Its
+//! `mod.rs`: config keys and defaults, shape inference and checks, its
+//! parameters and buffers under PyTorch's `state_dict()` suffixes with
+//! PyTorch's initialization, apex's precision class, its share of the memory
+//! estimate, and its CPU forward and backward ([`Layer`]). Its `cuda.rs`:
+//! its device side ([`DeviceLayer`]: the plan, the state it keeps on the
+//! device, its forward and backward launches). The [`registry!`] at the
+//! bottom turns the list of types into the enums the rest of the code
+//! matches on ([`LayerKind`], [`LayerSpec`], [`LayerSaved`], [`DeviceOp`],
+//! [`DeviceNode`]), with every dispatch written once here and no arm that a
+//! new type could fall into silently: a type that lacks any part of
+//! [`Layer`] or [`DeviceLayer`] does not compile.
 //!
-//! Adding a layer: its file here implementing [`Layer`], its line in
-//! `registry!`, its device twin (`nn/cuda/plan.rs` and `nn/cuda/layers.rs`,
-//! the kernel in `kernels/`), and any new config key in `config/layers.rs`
-//! (docs/ARCHITECTURE.md, "Adding a layer", lists every place).
+//! Adding a layer: its folder here, its line in `registry!`, its kernel in
+//! `kernels/` with the launcher in `ops/`, and any new config key in
+//! `config/layers.rs` (docs/ARCHITECTURE.md, "Adding a layer", lists every place).
 
 pub mod adaptive_avgpool2d;
 pub mod add;
@@ -48,8 +50,11 @@ use std::fmt;
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
-use super::{Param, SyncGroup};
+use super::cuda::layer::{Backward, DeviceLayer, Elem, Forward, Needs, PlanArgs, StateArgs};
+use super::cuda::params::DevBuf;
+use super::{Node, Param, SyncGroup};
 use crate::config::layers::RawLayer;
+use crate::cuda::Gpu;
 use crate::error::{Error, Result};
 use crate::rng::NodeDraws;
 use crate::tensor::Tensor;
@@ -460,6 +465,89 @@ macro_rules! registry {
                     (kind, _) => Err(Error::internal(format!(
                         "{} backward was handed another node type's saved state", kind.type_name()
                     ))),
+                }
+            }
+        }
+
+        /// A node's device plan (`nn/layers/<type>/cuda.rs`), made on the host.
+        #[derive(Debug, Clone, PartialEq)]
+        pub enum DeviceOp {
+            $($Ty(<$module::$Ty as DeviceLayer>::Plan),)+
+            $($J(<$jmodule::$J as DeviceLayer>::Plan),)+
+        }
+
+        /// A node of the device model: its plan and the state it keeps on the device.
+        pub enum DeviceNode {
+            $($Ty(<$module::$Ty as DeviceLayer>::Plan, <$module::$Ty as DeviceLayer>::State),)+
+            $($J(<$jmodule::$J as DeviceLayer>::Plan, <$jmodule::$J as DeviceLayer>::State),)+
+        }
+
+        impl LayerKind {
+            /// The node's device plan and what it asks of the model's.
+            pub fn device_plan(&self, a: &PlanArgs<'_>) -> Result<(DeviceOp, Needs)> {
+                match self {
+                    $(LayerKind::$Ty(l) => l.plan(a).map(|(p, n)| (DeviceOp::$Ty(p), n)),)+
+                    $(LayerKind::$J(j) => j.plan(a).map(|(p, n)| (DeviceOp::$J(p), n)),)+
+                }
+            }
+        }
+
+        impl DeviceOp {
+            /// The node with its device state, allocated.
+            pub fn allocate(self, a: &StateArgs<'_>) -> Result<DeviceNode> {
+                match self {
+                    $(DeviceOp::$Ty(p) => {
+                        let s = <$module::$Ty as DeviceLayer>::state(&p, a)?;
+                        Ok(DeviceNode::$Ty(p, s))
+                    })+
+                    $(DeviceOp::$J(p) => {
+                        let s = <$jmodule::$J as DeviceLayer>::state(&p, a)?;
+                        Ok(DeviceNode::$J(p, s))
+                    })+
+                }
+            }
+        }
+
+        impl DeviceNode {
+            pub fn type_name(&self) -> &'static str {
+                match self {
+                    $(DeviceNode::$Ty(..) => <$module::$Ty as Layer>::TYPE,)+
+                    $(DeviceNode::$J(..) => <$jmodule::$J as Join>::TYPE,)+
+                }
+            }
+
+            pub fn forward<A: Elem>(&mut self, f: Forward<'_, A>) -> Result<()> {
+                match self {
+                    $(DeviceNode::$Ty(p, s) => <$module::$Ty as DeviceLayer>::forward(p, s, f),)+
+                    $(DeviceNode::$J(p, s) => <$jmodule::$J as DeviceLayer>::forward(p, s, f),)+
+                }
+            }
+
+            pub fn backward<A: Elem>(&self, b: Backward<'_, A>) -> Result<()> {
+                match self {
+                    $(DeviceNode::$Ty(p, s) => <$module::$Ty as DeviceLayer>::backward(p, s, b),)+
+                    $(DeviceNode::$J(p, s) => <$jmodule::$J as DeviceLayer>::backward(p, s, b),)+
+                }
+            }
+
+            pub fn upload(&mut self, gpu: &Gpu, node: &Node) -> Result<()> {
+                match self {
+                    $(DeviceNode::$Ty(_, s) => <$module::$Ty as DeviceLayer>::upload(s, gpu, node),)+
+                    $(DeviceNode::$J(_, s) => <$jmodule::$J as DeviceLayer>::upload(s, gpu, node),)+
+                }
+            }
+
+            pub fn download(&self, gpu: &Gpu, node: &mut Node) -> Result<()> {
+                match self {
+                    $(DeviceNode::$Ty(_, s) => <$module::$Ty as DeviceLayer>::download(s, gpu, node),)+
+                    $(DeviceNode::$J(_, s) => <$jmodule::$J as DeviceLayer>::download(s, gpu, node),)+
+                }
+            }
+
+            pub fn buffers_mut(&mut self) -> Vec<&mut DevBuf> {
+                match self {
+                    $(DeviceNode::$Ty(_, s) => <$module::$Ty as DeviceLayer>::buffers_mut(s),)+
+                    $(DeviceNode::$J(_, s) => <$jmodule::$J as DeviceLayer>::buffers_mut(s),)+
                 }
             }
         }

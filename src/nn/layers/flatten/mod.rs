@@ -2,6 +2,8 @@
 //!
 //! Gradients: dx `=` dy reshaped.
 
+pub mod cuda;
+
 use std::fmt;
 
 use serde::Serialize;

@@ -2,6 +2,8 @@
 //!
 //! Gradients: `weight.grad += conv(x, dy)`, `bias.grad += sum(dy)`, dx `=`.
 
+pub mod cuda;
+
 use std::fmt;
 
 use rand_chacha::ChaCha8Rng;

@@ -5,6 +5,8 @@
 //!
 //! Gradients: dx `=` dy / (H * W) everywhere in the plane.
 
+pub mod cuda;
+
 use std::fmt;
 
 use serde::Serialize;

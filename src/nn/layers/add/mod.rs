@@ -7,6 +7,8 @@
 //! Gradients: every operand's dx `=` dy (the identity); where a value has
 //! several readers, the model sums their gradients (`+=`).
 
+pub mod cuda;
+
 use std::fmt;
 
 use serde::Serialize;

@@ -2,6 +2,8 @@
 //!
 //! Gradients: dx `=` dy where the output is positive, else 0.
 
+pub mod cuda;
+
 use std::fmt;
 
 use serde::Serialize;

@@ -3,6 +3,8 @@
 //!
 //! Gradients: `weight.grad += sum(dy * xhat)`, `bias.grad += sum(dy)`, dx `=`.
 
+pub mod cuda;
+
 use std::fmt;
 
 use rand_chacha::ChaCha8Rng;

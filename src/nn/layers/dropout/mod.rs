@@ -12,6 +12,8 @@
 //!
 //! Gradients: dx `=` dy * mask / (1 - p).
 
+pub mod cuda;
+
 use std::fmt;
 
 use serde::Serialize;

@@ -2,6 +2,8 @@
 //!
 //! Gradients: dx `=` dy scattered to each window's maximum (first on ties).
 
+pub mod cuda;
+
 use std::fmt;
 
 use serde::Serialize;

@@ -4,6 +4,8 @@
 //! (f32) from the forward instead of x: the forward computes Φ(x) anyway,
 //! and the backward is then one multiply an element.
 
+pub mod cuda;
+
 use std::fmt;
 
 use serde::Serialize;

@@ -6,6 +6,8 @@
 //!
 //! Gradients: d qkv `=`; no parameters.
 
+pub mod cuda;
+
 use std::fmt;
 
 use serde::Serialize;

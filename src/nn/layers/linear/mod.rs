@@ -4,6 +4,8 @@
 //! Gradients: `weight.grad += dy^T x`, `bias.grad += sum(dy)`, dx `=`; in a
 //! backward that defers ([`Ctx::defer`]) the first two run later.
 
+pub mod cuda;
+
 use std::fmt;
 
 use rand_chacha::ChaCha8Rng;

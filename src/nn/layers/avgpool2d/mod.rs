@@ -4,6 +4,8 @@
 //!
 //! Gradients: dx `=` the sum of dy / kernel_size^2 over the windows holding it.
 
+pub mod cuda;
+
 use std::fmt;
 
 use serde::Serialize;

@@ -7,6 +7,8 @@
 //! Gradients: `weight.grad[id] += dy` for each looked-up id, in order (no
 //! dx: ids have no gradient).
 
+pub mod cuda;
+
 use std::fmt;
 
 use rand_chacha::ChaCha8Rng;

@@ -1,0 +1,220 @@
+//! One micro-batch on the device, as llm.c's step reads: the forward over
+//! the plan, the loss and its gradient, then the backward in reverse with
+//! each dx routed as the plan decided (written, or added to what another
+//! reader wrote), DDP hearing of each layer's ready gradients as soon as
+//! their kernels are launched. Launches only, on the compute stream: no
+//! host synchronization.
+
+use super::acts::{read_and_write, Acts};
+use super::layer::{internal, Backward, Elem, Forward, Grad, Params};
+use super::model::{view, view_mut, GpuModel, LocalHooks, TrainHooks};
+use super::plan::Route;
+use crate::error::{Error, Result};
+use crate::ops::add::cuda as addk;
+use crate::ops::cross_entropy::cuda::{self as xent, CrossEntropyTotals};
+use cudarc::driver::CudaView;
+
+impl GpuModel {
+    pub(super) fn train<A: Elem>(
+        &mut self,
+        x: &CudaView<'_, f32>,
+        labels: &CudaView<'_, u32>,
+        n: usize,
+        grad_scale: &CudaView<'_, f32>,
+        totals: &mut CrossEntropyTotals,
+        hooks: &mut dyn TrainHooks,
+    ) -> Result<()> {
+        self.load_input(x)?;
+        for i in 0..self.plan.layers.len() {
+            self.forward_node::<A>(i, n, true, hooks)?;
+        }
+        let (plan, gpu) = (&self.plan, &*self.gpu);
+        let rows = n * plan.positions;
+        let acts = Acts { bufs: &mut self.acts, storage: &plan.storage };
+        let logits = view::<A>(acts.get(plan.logits())?, rows * plan.classes)?;
+        let dlogits = &mut self.grads[grad_slot(plan, plan.logits())?];
+        let mut dlogits = view_mut::<A>(dlogits, rows * plan.classes)?;
+        xent::forward_backward(gpu, &logits, labels, [rows, plan.classes], grad_scale, &mut dlogits, totals)?;
+        for i in (0..self.plan.layers.len()).rev() {
+            let lp = &self.plan.layers[i];
+            match lp.needs.grad {
+                // dx is dy, in the same buffer.
+                Grad::Alias => {}
+                Grad::Identity => self.route_dy::<A>(i, n)?,
+                Grad::Backward if lp.runs_backward() => self.backward_node::<A>(i, n, hooks)?,
+                Grad::Backward => {}
+            }
+            let lp = &self.plan.layers[i];
+            if !lp.ready.is_empty() {
+                hooks.grads_ready(&mut self.params, &lp.ready)?;
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn eval<A: Elem>(
+        &mut self,
+        x: &CudaView<'_, f32>,
+        labels: &CudaView<'_, u32>,
+        n: usize,
+        totals: &mut CrossEntropyTotals,
+    ) -> Result<()> {
+        self.load_input(x)?;
+        for i in 0..self.plan.layers.len() {
+            self.forward_node::<A>(i, n, false, &mut LocalHooks)?;
+        }
+        let (plan, rows) = (&self.plan, n * self.plan.positions);
+        let acts = Acts { bufs: &mut self.acts, storage: &plan.storage };
+        let logits = view::<A>(acts.get(plan.logits())?, rows * plan.classes)?;
+        xent::forward(&self.gpu, &logits, labels, [rows, plan.classes], totals)
+    }
+
+    /// The model input: `x` converted to the activation dtype into buffer 0,
+    /// and as it is into the token ids a token embedding reads.
+    fn load_input(&mut self, x: &CudaView<'_, f32>) -> Result<()> {
+        let (gpu, len) = (&*self.gpu, x.len());
+        if self.plan.tokens {
+            let mut ids =
+                self.ids.try_slice_mut(0..len).ok_or_else(|| internal("more token ids than a batch"))?;
+            gpu.stream().memcpy_dtod(x, &mut ids).map_err(|e| Error::cuda("copying the token ids", e))?;
+        }
+        let mut acts = Acts { bufs: &mut self.acts, storage: &self.plan.storage };
+        match acts.get_mut(0)? {
+            super::params::DevBuf::F32(b) => gpu
+                .stream()
+                .memcpy_dtod(x, &mut b.slice_mut(0..len))
+                .map_err(|e| Error::cuda("copying the input batch", e)),
+            super::params::DevBuf::F16(b) => crate::cuda::cast::f32_to_f16(gpu, x, &mut b.slice_mut(0..len)),
+        }
+    }
+
+    /// Node `i`'s forward over `n` samples (nothing for an alias).
+    fn forward_node<A: Elem>(
+        &mut self,
+        i: usize,
+        n: usize,
+        train: bool,
+        hooks: &mut dyn TrainHooks,
+    ) -> Result<()> {
+        let GpuModel { params, draws, gpu, blas, plan, nodes, o1_inputs, acts, scratch, ids, .. } = self;
+        let lp = &plan.layers[i];
+        if lp.needs.grad == Grad::Alias {
+            return Ok(());
+        }
+        let mut acts = Acts { bufs: acts, storage: &plan.storage };
+        let (xs, y) = acts.reads_write(&lp.srcs, lp.dst)?;
+        let mut xs = xs.into_iter().map(|b| view::<A>(b, n * lp.in_numel));
+        let x = xs.next().ok_or_else(|| internal(format!("{} reads nothing", lp.name)))??;
+        let f = Forward {
+            gpu,
+            blas,
+            n,
+            train,
+            draws: draws.node(i),
+            params: Params::Model { all: params, ids: &lp.params },
+            x,
+            rest: xs.collect::<Result<_>>()?,
+            y: view_mut::<A>(y, n * lp.out_numel)?,
+            ws: scratch.all(),
+            ids: ids.as_view(),
+            hooks,
+        };
+        match &mut o1_inputs[i] {
+            Some(x16) => A::o1_forward(&mut nodes[i], x16, f),
+            None => nodes[i].forward(f),
+        }
+    }
+
+    /// Node `i`'s backward: its parameters' gradients, and its dx routed.
+    fn backward_node<A: Elem>(&mut self, i: usize, n: usize, hooks: &mut dyn TrainHooks) -> Result<()> {
+        let GpuModel {
+            params,
+            draws,
+            gpu,
+            blas,
+            plan,
+            nodes,
+            o1_inputs,
+            acts,
+            grads,
+            dx_scratch,
+            scratch,
+            ids,
+            ..
+        } = self;
+        let lp = &plan.layers[i];
+        let acts = Acts { bufs: acts, storage: &plan.storage };
+        let (in_len, out_len) = (n * lp.in_numel, n * lp.out_numel);
+        let read = |wanted: bool, value: usize, len: usize| -> Result<Option<CudaView<'_, A>>> {
+            wanted.then(|| acts.get(value).and_then(|b| view::<A>(b, len))).transpose()
+        };
+        let (x, y) =
+            (read(lp.needs.reads_input, lp.src, in_len)?, read(lp.needs.reads_output, lp.dst, out_len)?);
+        let dst = grad_slot(plan, lp.dst)?;
+        let route = lp.routes.first().copied().unwrap_or(Route::None);
+        let (dy, dx) = match route {
+            Route::None => (&grads[dst], None),
+            Route::Add => (&grads[dst], Some(&mut *dx_scratch)),
+            Route::Write => {
+                let (dy, dx) = read_and_write(grads, dst, grad_slot(plan, lp.src)?)
+                    .ok_or_else(|| internal(format!("{}: dy and dx in one gradient buffer", lp.name)))?;
+                (dy, Some(dx))
+            }
+        };
+        let b = Backward {
+            gpu,
+            blas,
+            n,
+            draws: draws.node(i),
+            params: Params::Model { all: params, ids: &lp.params },
+            x,
+            y,
+            dy: view::<A>(dy, out_len)?,
+            dx: dx.map(|d| view_mut::<A>(d, in_len)).transpose()?,
+            ws: scratch.all(),
+            ids: ids.as_view(),
+            hooks,
+        };
+        match &o1_inputs[i] {
+            Some(x16) => A::o1_backward(&nodes[i], x16, lp.in_numel, b)?,
+            None => nodes[i].backward(b)?,
+        }
+        if route == Route::Add {
+            let from = view::<A>(dx_scratch, in_len)?;
+            addk::accumulate(gpu, &mut view_mut::<A>(&mut grads[grad_slot(plan, lp.src)?], in_len)?, &from)?;
+        }
+        Ok(())
+    }
+
+    /// A join's dy into each input's gradient: copied into the first, added to a later one.
+    fn route_dy<A: Elem>(&mut self, i: usize, n: usize) -> Result<()> {
+        let (plan, gpu) = (&self.plan, &*self.gpu);
+        let lp = &plan.layers[i];
+        let len = n * lp.in_numel;
+        for (&s, &route) in lp.srcs.iter().zip(&lp.routes) {
+            if route == Route::None {
+                continue;
+            }
+            let (dy, dx) = read_and_write(&mut self.grads, grad_slot(plan, lp.dst)?, grad_slot(plan, s)?)
+                .ok_or_else(|| internal(format!("{}: dy and dx in one gradient buffer", lp.name)))?;
+            let (dy, mut dx) = (view::<A>(dy, len)?, view_mut::<A>(dx, len)?);
+            match route {
+                Route::Add => addk::accumulate(gpu, &mut dx, &dy)?,
+                _ => gpu
+                    .stream()
+                    .memcpy_dtod(&dy, &mut dx)
+                    .map_err(|e| Error::cuda(format!("{} backward", lp.name), e))?,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The gradient buffer of activation `value`.
+fn grad_slot(plan: &super::plan::Plan, value: usize) -> Result<usize> {
+    plan.grad_buffer
+        .get(value)
+        .copied()
+        .filter(|&s| s < plan.grad_buffers)
+        .ok_or_else(|| internal(format!("activation {value} has no gradient buffer")))
+}
