@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import tomllib
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -92,8 +93,8 @@ def run_args(config, sets, batch, steps, facts, out_dir):
     return args
 
 
-def profile_run(binary, lib, args, l2_bytes, work):
-    prof = Path(work) / f"profile-{os.getpid()}-{len(list(Path(work).iterdir()))}.jsonl"
+def profile_run(binary, lib, args, l2_bytes, work, name):
+    prof = Path(work) / f"profile-{name}.jsonl"
     env = dict(os.environ, CUEMU_PROFILE=str(prof), CUEMU_L2_BYTES=str(int(l2_bytes)),
                LD_LIBRARY_PATH=f"{lib}:{os.environ.get('LD_LIBRARY_PATH', '')}",
                # The counts do not depend on the checks: off, for speed.
@@ -147,13 +148,20 @@ def carry(lo, hi, b_lo, b_hi, batch):
     return out
 
 
-def step_at(binary, lib, config, sets, batch, target, facts, work):
-    l2 = L2_BYTES * batch / target
-    runs = []
-    for k in (STEPS, STEPS + 1):
-        out = Path(work) / f"run-b{batch}-k{k}"
-        runs.append(profile_run(binary, lib, run_args(config, sets, batch, k, facts, out), l2, work))
-    return one_step(*runs)
+def steps_at(binary, lib, config, sets, batches, target, facts, work):
+    """One step's records at each of `batches`. The runs (k and k + 1 steps
+    at each batch) are independent processes, so they run side by side,
+    one per core: their records do not depend on the order."""
+    jobs = []
+    for batch in batches:
+        l2 = L2_BYTES * batch / target
+        for k in (STEPS, STEPS + 1):
+            name = f"b{batch}-k{k}"
+            args = run_args(config, sets, batch, k, facts, Path(work) / f"run-{name}")
+            jobs.append((binary, lib, args, l2, work, name))
+    with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
+        runs = list(pool.map(lambda j: profile_run(*j), jobs))
+    return [one_step(runs[i], runs[i + 1]) for i in range(0, len(runs), 2)]
 
 
 def table(rows, totals, head):
@@ -203,11 +211,11 @@ def main():
         report(args, spec, kernels, recs, batch, b_lo, b_hi, tokens, check)
         return
     with tempfile.TemporaryDirectory() as work:
-        lo = step_at(binary, args.emu_lib, args.config, args.sets, b_lo, batch, facts, work)
-        hi = step_at(binary, args.emu_lib, args.config, args.sets, b_hi, batch, facts, work)
+        probes = [b_lo, b_hi] + ([args.verify] if args.verify else [])
+        lo, hi, *seen = steps_at(binary, args.emu_lib, args.config, args.sets, probes, batch, facts, work)
         recs = carry(lo, hi, b_lo, b_hi, batch)
         if args.verify:
-            seen = step_at(binary, args.emu_lib, args.config, args.sets, args.verify, batch, facts, work)
+            seen = seen[0]
             guess = carry(lo, hi, b_lo, b_hi, args.verify)
             check = verify(guess, seen, spec, kernels, args.verify)
     if args.records:
