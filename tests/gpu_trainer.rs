@@ -143,29 +143,42 @@ fn checkpoints_cross_between_the_gpu_and_the_cpu() {
     if !has_gpu("checkpoints_cross_between_the_gpu_and_the_cpu") {
         return;
     }
-    // A seed whose runs meet no max-pool tie (src/train/cuda/tests_cuda.rs
-    // says why that matters): ten steps on each device agree to 1e-5. Which
-    // seeds tie depends on the CPU's conv path: with conv2 as AVX-512
-    // Winograd F(4x4, 5x5), seeds 3, 10 and 39 part on ties (5.2e-5, 7.3e-4,
-    // 1.4e-4 after cuda then cpu) and 14 agrees to 1.7e-6; on a CPU without
-    // AVX-512, 14 parts (7.5e-4), as do 1 and 7, while 2, 4, 5 and 6 agree
-    // to 6.2e-7 or better (seed 2: 2.1e-7 and 1.8e-7).
-    let seed = ["run.seed=2"];
+    // The seed ConvNet with average pooling in place of max pooling: a
+    // max-pool window whose two largest inputs lie within rounding of each
+    // other takes its argmax from the last bit, which the two devices need
+    // not share, and the gradient then goes to another pixel.
     let dir = tempfile::tempdir().unwrap();
+    let seed_convnet = std::fs::read_to_string(repo_root().join("configs/mnist_o0.toml")).unwrap();
+    assert_eq!(seed_convnet.matches("type = \"maxpool2d\"").count(), 2, "the seed ConvNet's pools moved");
+    let avg = dir.path().join("mnist_avgpool.toml");
+    std::fs::write(&avg, seed_convnet.replace("type = \"maxpool2d\"", "type = \"avgpool2d\"")).unwrap();
+    let cfg = |out: &Path, device: &str| cfg_of(&avg, out, device, &[]);
+    let straight = |device: &str| weights(&dir.path().join(format!("{device}_straight/model.safetensors")));
+    for device in ["cuda", "cpu"] {
+        train::train(&cfg(&dir.path().join(format!("{device}_straight")), device)).unwrap();
+    }
+    // The devices round differently, and SGD with momentum on 50-image
+    // batches amplifies that: the straight runs part by 1.7e-3 to 7.2e-3
+    // after 20 steps (seeds 1, 2, 3, 42), a run crossing at step 10 by
+    // 9e-7 to 2.1e-4 from its first device's: a crossed run has only its
+    // last ten steps to part in. A resume that lost state (a step, the
+    // momentum, the data order, the schedule) starts those steps elsewhere.
+    let between_devices = max_rel_diff(&straight("cpu"), &straight("cuda"));
+    println!("the straight runs part by {between_devices:.3e}");
+    let bound = (between_devices / 4.0).clamp(1e-5, 1e-3);
     for (first, then) in [("cuda", "cpu"), ("cpu", "cuda")] {
-        let straight = dir.path().join(format!("{first}_straight"));
-        train::train(&cfg(&straight, first, &seed)).unwrap();
         let out = dir.path().join(format!("{first}_then_{then}"));
-        halted(&cfg(&out, first, &seed), 13);
-        let resumed = train::train(&cfg(&out, then, &seed)).unwrap();
+        halted(&cfg(&out, first), 13);
+        let resumed = train::train(&cfg(&out, then)).unwrap();
         assert_eq!(resumed.resumed_from.as_deref(), Some(out.join("ckpt/step_00000010").as_path()));
         assert_eq!(resumed.steps, 20);
-        let d = max_rel_diff(
-            &weights(&out.join("model.safetensors")),
-            &weights(&straight.join("model.safetensors")),
-        );
+        let d = max_rel_diff(&weights(&out.join("model.safetensors")), &straight(first));
         println!("{first} then {then}: max relative weight difference to the {first} run {d:.3e}");
-        assert!(d < 1e-5, "{first} then {then}: weights differ from the {first} run by {d:e} (relative)");
+        assert!(
+            d < bound,
+            "{first} then {then}: weights differ from the {first} run by {d:e} (relative), more than \
+             {bound:e}, a quarter of the straight runs' difference"
+        );
     }
 }
 

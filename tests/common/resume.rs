@@ -10,6 +10,12 @@ use std::path::Path;
 /// The seed ConvNet of configs/mnist_o0.toml (its optimizer and schedule) on
 /// synthetic digits: 8 steps per epoch, 20 steps, a checkpoint every 5.
 pub fn cfg(out: &Path, device: &str, extra: &[&str]) -> Config {
+    cfg_of(&repo_root().join("configs/mnist_o0.toml"), out, device, extra)
+}
+
+/// [`cfg`]'s run of the model of `config` (a file with the seed ConvNet's
+/// input shape and classes).
+pub fn cfg_of(config: &Path, out: &Path, device: &str, extra: &[&str]) -> Config {
     let sets = [
         "data.dataset=synthetic",
         "data.synthetic_train_size=400",
@@ -23,7 +29,7 @@ pub fn cfg(out: &Path, device: &str, extra: &[&str]) -> Config {
         "logging.tensorboard=false",
         "checkpoint.every_steps=5",
     ];
-    load("configs/mnist_o0.toml", &sets, device, out, extra)
+    load(config, &sets, device, out, extra)
 }
 
 /// configs/resnet20_catsdogs_o2.toml as configured (ResNet-20 under O2, its
@@ -45,17 +51,17 @@ pub fn catsdogs(out: &Path, device: &str, extra: &[&str]) -> Config {
         "logging.tensorboard=false",
         "checkpoint.every_steps=3",
     ];
-    load("configs/resnet20_catsdogs_o2.toml", &sets, device, out, extra)
+    load(&repo_root().join("configs/resnet20_catsdogs_o2.toml"), &sets, device, out, extra)
 }
 
 /// `config` (relative to the repository) with `sets`, the device, the
 /// output directory and then `extra` set over it.
-fn load(config: &str, sets: &[&str], device: &str, out: &Path, extra: &[&str]) -> Config {
+fn load(config: &Path, sets: &[&str], device: &str, out: &Path, extra: &[&str]) -> Config {
     let mut all: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
     all.push(format!("run.device={device}"));
     all.push(format!("run.out_dir={}", out.display()));
     all.extend(extra.iter().map(|s| s.to_string()));
-    config::load(&repo_root().join(config), &all).unwrap()
+    config::load(config, &all).unwrap()
 }
 
 pub fn read(p: &Path) -> Vec<u8> {
