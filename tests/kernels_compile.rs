@@ -29,7 +29,7 @@ fn the_embedded_table_lists_every_file_in_kernels() {
     let mut embedded: Vec<String> =
         kernels::SOURCES.iter().chain(kernels::HEADERS).map(|(n, _)| n.to_string()).collect();
     embedded.sort();
-    assert_eq!(on_disk, embedded, "src/cuda/kernels.rs must embed exactly the files in kernels/");
+    assert_eq!(on_disk, embedded, "build.rs must embed exactly the files in kernels/ (src/cuda/kernels.rs)");
     for (name, src) in kernels::SOURCES.iter().chain(kernels::HEADERS) {
         let disk = std::fs::read_to_string(dir.join(name)).unwrap();
         assert_eq!(&disk, src, "{name}");
