@@ -77,4 +77,11 @@ cargo test "${features[@]}" --test kernels_compile "$@"
 # the project with the emulator first on LD_LIBRARY_PATH, so the GPU tests run
 # on it (under CI=true a GPU test that finds no device fails instead of skipping).
 scripts/emulated-gpu.sh make -s -C tests/cuda_emu check
-scripts/emulated-gpu.sh cargo test "${features[@]}" --all-targets "$@"
+# cargo-nextest, where the machine has it, runs every binary's tests from one
+# queue (cargo test runs the binaries one after another, and while a binary's
+# last long test runs the other core idles); otherwise cargo test. Arguments go to either as a test filter.
+if cargo nextest --version >/dev/null 2>&1; then
+    scripts/emulated-gpu.sh cargo nextest run "${features[@]}" --all-targets "$@"
+else
+    scripts/emulated-gpu.sh cargo test "${features[@]}" --all-targets "$@"
+fi
