@@ -54,7 +54,7 @@ pub fn catsdogs(out: &Path, device: &str, extra: &[&str]) -> Config {
     load(&repo_root().join("configs/resnet20_catsdogs_o2.toml"), &sets, device, out, extra)
 }
 
-/// `config` (relative to the repository) with `sets`, the device, the
+/// The config file `config` with `sets`, the device, the
 /// output directory and then `extra` set over it.
 fn load(config: &Path, sets: &[&str], device: &str, out: &Path, extra: &[&str]) -> Config {
     let mut all: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
