@@ -21,8 +21,8 @@ use std::process::{Command, Output};
 
 const SEED_CONFIG: &str = "configs/mnist_o0.toml";
 
-/// The configs whose models the oracle checks: those of `configs/` with
-/// MNIST's input shape and classes (the digits torch_parity.py feeds them),
+/// The configs whose models the oracle checks: those of `configs/` and the
+/// layer folders' own ([`layer_configs`]) with MNIST's input shape and classes (the digits torch_parity.py feeds them),
 /// relative to the repository root, in file name order, one per distinct
 /// run of the oracle (torch_parity.py takes only the model, the seed and
 /// `grad_clip_norm` from a config, so mnist_o0..o3 are one run). Configs
@@ -30,13 +30,9 @@ const SEED_CONFIG: &str = "configs/mnist_o0.toml";
 /// both trainers the same unaugmented digits, which such a config's
 /// ddptrain run would crop and flip.
 fn mnist_configs() -> Vec<String> {
-    let dir = repo_root().join("configs");
-    let mut paths: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .expect("read configs/")
-        .map(|e| e.expect("list configs/").path())
-        .filter(|p| p.extension().is_some_and(|x| x == "toml"))
-        .collect();
-    paths.sort();
+    let root = repo_root();
+    let mut paths = tomls_in(&root.join("configs"));
+    paths.extend(layer_configs().iter().map(|c| root.join(c)));
     let mut seen = std::collections::HashSet::new();
     let configs: Vec<String> = paths
         .iter()
@@ -49,10 +45,39 @@ fn mnist_configs() -> Vec<String> {
                 && !cfg.data.augments()
                 && seen.insert(run)
         })
-        .map(|p| format!("configs/{}", p.file_name().expect("a file name").to_string_lossy()))
+        .map(|p| p.strip_prefix(&root).expect("a config in the checkout").to_string_lossy().into_owned())
         .collect();
     assert!(configs.iter().any(|c| c == SEED_CONFIG), "{SEED_CONFIG} is not among {configs:?}");
     configs
+}
+
+/// The `.toml` files of `dir`, sorted.
+fn tomls_in(dir: &Path) -> Vec<PathBuf> {
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("read {}: {e}", dir.display()))
+        .map(|e| e.expect("list a folder").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+        .collect();
+    paths.sort();
+    paths
+}
+
+/// The models layer folders hold for the oracle (`src/nn/layers/<type>/*.toml`,
+/// relative to the checkout): a layer's own model on the digits, trained
+/// against PyTorch on both devices.
+fn layer_configs() -> Vec<String> {
+    let root = repo_root();
+    let layers = root.join("src/nn/layers");
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&layers)
+        .expect("read src/nn/layers")
+        .map(|e| e.expect("list src/nn/layers").path())
+        .filter(|p| p.is_dir())
+        .collect();
+    dirs.sort();
+    dirs.iter()
+        .flat_map(|d| tomls_in(d))
+        .map(|p| p.strip_prefix(&root).expect("a config in the checkout").to_string_lossy().into_owned())
+        .collect()
 }
 
 /// The training-set indices ddptrain visits in its first epoch, as its
@@ -151,7 +176,8 @@ fn twenty_sgd_steps_on_the_gpu_match_pytorch() {
     if ddptrain::cuda::test_gpu(test).is_none() {
         return;
     }
-    matches_pytorch(test, &[SEED_CONFIG.to_owned()], "sgd", "cuda");
+    let configs: Vec<String> = std::iter::once(SEED_CONFIG.to_owned()).chain(layer_configs()).collect();
+    matches_pytorch(test, &configs, "sgd", "cuda");
 }
 
 /// The oracle is sharp enough to see a 1% learning-rate difference in one

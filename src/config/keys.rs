@@ -128,20 +128,29 @@ fn find<'a>(list: &[(&'a str, &'a str)], key: &str) -> Option<(&'a str, &'a str)
     list.iter().find(|(k, _)| *k == key).copied()
 }
 
-/// The meaning of `doc` (or, for a layer key, of `*.key`), marked as used.
+/// The meaning of `doc`: for a layer key `type.key`, the type's own
+/// ([`crate::nn::layers::Layer::DOCS`]), else `doc`'s or `*.key`'s here,
+/// marked as used.
 fn meaning<'a>(docs: &KeyDocs<'a>, doc: &str, used: &mut Vec<&'a str>) -> Result<&'a str> {
+    let own = doc.split_once('.').and_then(|(ty, key)| find(crate::nn::layers::LayerSpec::docs(ty), key));
     let any = doc.split_once('.').map(|(_, k)| format!("*.{k}"));
-    let hit = find(docs.meanings, doc).or_else(|| any.and_then(|k| find(docs.meanings, &k)));
-    let (k, m) = hit.ok_or_else(|| {
-        Error::internal(format!(
-            "config key `{doc}` has no meaning in src/config/key_docs.rs: add one, then regenerate \
-             the table with `{REGENERATE}`"
-        ))
-    })?;
+    let here = || find(docs.meanings, doc).or_else(|| any.and_then(|k| find(docs.meanings, &k)));
+    let m = match own {
+        Some((_, m)) => m,
+        None => {
+            let (k, m) = here().ok_or_else(|| {
+                Error::internal(format!(
+                    "config key `{doc}` has no meaning in src/config/key_docs.rs: add one, then regenerate \
+                     the table with `{REGENERATE}`"
+                ))
+            })?;
+            used.push(k);
+            m
+        }
+    };
     if m.contains('|') || m.contains('\n') {
-        return Err(Error::internal(format!("the meaning of `{k}` has a `|` or a line break")));
+        return Err(Error::internal(format!("the meaning of `{doc}` has a `|` or a line break")));
     }
-    used.push(k);
     Ok(m)
 }
 

@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::LazyLock;
 
-use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, Visitor};
+use serde::de::{self, DeserializeSeed, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::nn::layers::{LayerSpec, TYPES};
@@ -206,8 +206,31 @@ pub struct RawLayer {
     args: Option<toml::Table>,
     repeat: Option<usize>,
     first: Option<toml::Table>,
+    /// Keys no field above holds: a layer type's own, read by its
+    /// `Layer::config` with [`RawLayer::get`].
+    own: std::collections::BTreeMap<String, figment::value::Value>,
     /// Keys as written, in order, to check against the type afterwards.
     keys: Vec<String>,
+}
+
+impl RawLayer {
+    /// The layer type's own key `key` as a `T`; `None` when unset.
+    pub fn get<T: serde::de::DeserializeOwned, E: de::Error>(&self, key: &str) -> Result<Option<T>, E> {
+        let Some(v) = self.own.get(key) else { return Ok(None) };
+        T::deserialize(v).map(Some).map_err(|e| {
+            let msg = match &e.kind {
+                figment::error::Kind::InvalidType(actual, expected) => {
+                    format!(
+                        "expected {}, found {}",
+                        super::load::readable_type(expected),
+                        super::load::describe(actual)
+                    )
+                }
+                other => other.to_string(),
+            };
+            E::custom(format!("`{key}`: {msg}"))
+        })
+    }
 }
 
 fn set<'de, A: MapAccess<'de>, T: Deserialize<'de>>(
@@ -283,7 +306,10 @@ impl<'de> Visitor<'de> for LayerVisitor {
                 "repeat" => set(&mut map, &mut raw.repeat, "repeat")?,
                 "first" => set(&mut map, &mut raw.first, "first")?,
                 _ => {
-                    map.next_value::<IgnoredAny>()?;
+                    if raw.own.contains_key(&key) {
+                        return Err(de::Error::custom(format!("duplicate field `{key}`")));
+                    }
+                    raw.own.insert(key.clone(), map.next_value()?);
                 }
             }
             raw.keys.push(key);

@@ -412,7 +412,7 @@ fn convert_error(e: figment::Error, file: &str) -> Error {
 }
 
 /// figment's description of a value (`string "abc"`), a long string cut.
-fn describe(actual: &figment::error::Actual) -> String {
+pub(crate) fn describe(actual: &figment::error::Actual) -> String {
     match actual {
         figment::error::Actual::Str(v) => format!("string {:?}", cut(v, VALUE_CHARS)),
         other => cut(&other.to_string(), VALUE_CHARS),
@@ -420,7 +420,7 @@ fn describe(actual: &figment::error::Actual) -> String {
 }
 
 /// serde's Rust type names in words a config author knows.
-fn readable_type(expected: &str) -> String {
+pub(crate) fn readable_type(expected: &str) -> String {
     match expected {
         "u8" | "u16" | "u32" | "u64" | "usize" => format!("a non-negative integer ({expected})"),
         "i8" | "i16" | "i32" | "i64" | "isize" => format!("an integer ({expected})"),

@@ -11,39 +11,9 @@
 //! new type could fall into silently: a type that lacks any part of
 //! [`Layer`] or [`DeviceLayer`] does not compile.
 //!
-//! Adding a layer: its folder here, its line in `registry!`, its kernel in
-//! `kernels/` with the launcher in `ops/`, and any new config key in
-//! `config/layers.rs` (docs/ARCHITECTURE.md, "Adding a layer", lists every place).
-
-pub mod adaptive_avgpool2d;
-pub mod add;
-pub mod attention;
-pub mod avgpool2d;
-pub mod batchnorm2d;
-pub mod conv2d;
-pub mod dropout;
-pub mod embedding;
-pub mod flatten;
-pub mod gelu;
-pub mod layernorm;
-pub mod linear;
-pub mod maxpool2d;
-pub mod relu;
-
-pub use adaptive_avgpool2d::AdaptiveAvgPool2d;
-pub use add::Add;
-pub use attention::CausalSelfAttention;
-pub use avgpool2d::AvgPool2d;
-pub use batchnorm2d::BatchNorm2d;
-pub use conv2d::Conv2d;
-pub use dropout::Dropout;
-pub use embedding::Embedding;
-pub use flatten::Flatten;
-pub use gelu::Gelu;
-pub use layernorm::LayerNorm;
-pub use linear::Linear;
-pub use maxpool2d::MaxPool2d;
-pub use relu::Relu;
+//! Adding a layer: its folder here and its line in `registry!` (which
+//! declares the module), its kernel in `kernels/` (docs/ARCHITECTURE.md,
+//! "Adding a layer", lists every place).
 
 use std::fmt;
 
@@ -177,6 +147,10 @@ pub trait Layer: Clone + fmt::Debug + PartialEq + fmt::Display + Serialize {
     const TYPE: &'static str;
     /// The keys a table of this type accepts (unknown-key messages list them).
     const KEYS: &'static [&'static str];
+    /// The meanings of keys only this type takes, for `ddptrain keys`
+    /// (docs/CONFIG.md): `(key, meaning)`. Keys several types share have
+    /// theirs in `config/key_docs.rs`.
+    const DOCS: &'static [(&'static str, &'static str)] = &[];
 
     /// The config from the table's keys, with PyTorch's defaults.
     fn config<E: serde::de::Error>(raw: &RawLayer) -> Result<Self::Config, E>;
@@ -284,6 +258,9 @@ struct Table<'a, C: Serialize> {
 
 macro_rules! registry {
     (layers: [$($module:ident :: $Ty:ident),+ $(,)?], joins: [$($jmodule:ident :: $J:ident),+ $(,)?] $(,)?) => {
+        $(pub mod $module; pub use $module::$Ty;)+
+        $(pub mod $jmodule; pub use $jmodule::$J;)+
+
         /// A resolved node of any registered type: a layer, or a join of the graph.
         #[derive(Debug, Clone, PartialEq, Serialize)]
         #[serde(untagged)]
@@ -314,6 +291,14 @@ macro_rules! registry {
                     return Some(<$module::$Ty as Layer>::KEYS);
                 })+
                 None
+            }
+
+            /// The meanings layer type `ty` gives its own keys ([`Layer::DOCS`]).
+            pub fn docs(ty: &str) -> &'static [(&'static str, &'static str)] {
+                $(if ty == <$module::$Ty as Layer>::TYPE {
+                    return <$module::$Ty as Layer>::DOCS;
+                })+
+                &[]
             }
 
             /// The config of layer type `ty` from a table's keys; `None` for no layer type.
