@@ -57,3 +57,36 @@ pub fn check_len(op: &str, what: &str, len: usize, want: usize) -> Result<()> {
 pub fn as_i64(op: &str, len: usize) -> Result<i64> {
     i64::try_from(len).map_err(|_| Error::shape(format!("{op}: {len} elements is too many for one launch")))
 }
+
+/// `rows` rows of `c` values, normalized over `c`: the view of the kernels
+/// that reduce a row with one warp (LayerNorm's, RMSNorm's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rows {
+    pub rows: usize,
+    pub c: usize,
+}
+
+impl Rows {
+    /// Saturating: a view too large to index fails in [`Rows::args`].
+    pub fn numel(&self) -> usize {
+        self.rows.saturating_mul(self.c)
+    }
+
+    /// The chunks of `per` rows (the last one short) that a parameter
+    /// gradient's partial sums take.
+    pub fn chunks(&self, per: usize) -> usize {
+        self.rows.div_ceil(per.max(1))
+    }
+
+    /// `rows` and `c` as the kernels' `long long`, once their product is.
+    pub fn args(&self, op: &str) -> Result<(i64, i64)> {
+        if self.rows.checked_mul(self.c).is_none() {
+            return Err(Error::shape(format!(
+                "{op}: {} rows of {} is too many for one launch",
+                self.rows, self.c
+            )));
+        }
+        as_i64(op, self.numel())?;
+        Ok((as_i64(op, self.rows)?, as_i64(op, self.c)?))
+    }
+}

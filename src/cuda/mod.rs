@@ -20,7 +20,7 @@ pub(crate) mod testing;
 #[cfg(test)]
 mod tests_fault;
 
-pub use elem::{as_i64, check_len, DeviceFloat};
+pub use elem::{as_i64, check_len, DeviceFloat, Rows};
 pub use launch::Kernel;
 
 use crate::error::{Error, Result};

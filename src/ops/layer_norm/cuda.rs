@@ -5,6 +5,7 @@
 //! the saved mean/rstd are f32 (apex keeps LayerNorm in f32).
 
 use super::cpu;
+pub use crate::cuda::Rows;
 use crate::cuda::{as_i64, check_len, launch_1d, launch_rows, DeviceFloat, Gpu, KernelFn, TypedKernelFn};
 use crate::error::{Error, Result};
 use crate::typed_kernel;
@@ -16,32 +17,10 @@ static LAYER_NORM_BACKWARD_DX: TypedKernelFn = typed_kernel!(FILE, "layer_norm_b
 static LAYER_NORM_BACKWARD_PARTIALS: TypedKernelFn = typed_kernel!(FILE, "layer_norm_backward_partials");
 static LAYER_NORM_BACKWARD_ACCUMULATE: KernelFn = KernelFn::new(FILE, "layer_norm_backward_accumulate");
 
-/// `rows` rows of `c` values, normalized over `c`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Rows {
-    pub rows: usize,
-    pub c: usize,
-}
-
-impl Rows {
-    fn numel(&self) -> usize {
-        self.rows * self.c
-    }
-
-    fn chunks(&self) -> usize {
-        self.rows.div_ceil(cpu::ROWS)
-    }
-
-    fn args(&self, op: &str) -> Result<(i64, i64)> {
-        as_i64(op, self.numel())?;
-        Ok((as_i64(op, self.rows)?, as_i64(op, self.c)?))
-    }
-}
-
 /// The f32 scratch [`backward`] needs: the per-chunk partial sums of the
 /// weight and bias gradients.
 pub fn backward_workspace_len(shape: Rows) -> usize {
-    2 * shape.chunks() * shape.c
+    2 * shape.chunks(cpu::ROWS) * shape.c
 }
 
 /// The f32 parameters and their gradients; `bias` is `None` for `bias = False`.
@@ -144,7 +123,7 @@ pub fn backward<T: DeviceFloat>(
         // SAFETY: x, dy, dx are [rows, c], weight [c], mean/rstd [rows] (checked).
         unsafe { b.launch(launch_rows(shape.rows)) }.map_err(|e| Error::cuda(format!("{OP} (dx)"), e))?;
     }
-    let chunks = shape.chunks();
+    let chunks = shape.chunks(cpu::ROWS);
     let (mut pw, mut pb) = workspace.split_at_mut(chunks * shape.c);
     let (pwp, _pw) = pw.device_ptr_mut(stream);
     let (pbp, _pb) = pb.device_ptr_mut(stream);
