@@ -45,6 +45,7 @@ MODULES = {
     # Its masks are not PyTorch's (ddptrain draws them from its own Philox
     # counters): training comparisons need p = 0 (see dropout_masks).
     "dropout": nn.Dropout,
+    "rmsnorm": nn.RMSNorm,
 }
 # Nodes without a module (no parameters, no state_dict keys): they combine values.
 FUNCTIONS = {

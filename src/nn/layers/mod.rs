@@ -562,6 +562,7 @@ registry! {
         dropout::Dropout,
         embedding::Embedding,
         layernorm::LayerNorm,
+        rmsnorm::RmsNorm,
         gelu::Gelu,
         attention::CausalSelfAttention,
     ],
