@@ -70,13 +70,19 @@ void global_request(LaunchProf* p, int kind, const Rec* const* r, int nlanes) {
   p->wavefronts[kind] += lines;
   p->bytes[kind] += bytes;
   // The launch's footprint for the L2 model: loads read, stores write, an
-  // atomic does both (at the L2, where the hardware performs it). A run of
-  // requests over the same sectors (a loop over a row) adds them once.
+  // atomic does both (at the L2, where the hardware performs it). A sector
+  // the filter holds was added already.
+  constexpr uint64_t mask = LaunchProf::kFootprintFilter - 1;
   for (size_t i = 0; i < uniq; i++) {
-    if (kind != CUEMU_PROF_ST && (p->read_sectors.empty() || p->read_sectors.back() != v[i]))
-      p->read_sectors.push_back(v[i]);
-    if (kind != CUEMU_PROF_LD && (p->write_sectors.empty() || p->write_sectors.back() != v[i]))
-      p->write_sectors.push_back(v[i]);
+    const uint64_t s = v[i], tag = s + 1;
+    if (kind != CUEMU_PROF_ST && p->read_filter[s & mask] != tag) {
+      p->read_filter[s & mask] = tag;
+      p->read_sectors.push_back(s);
+    }
+    if (kind != CUEMU_PROF_LD && p->write_filter[s & mask] != tag) {
+      p->write_filter[s & mask] = tag;
+      p->write_sectors.push_back(s);
+    }
   }
 }
 

@@ -3,6 +3,8 @@
 #pragma once
 #include <stdint.h>
 
+#include <algorithm>
+#include <iterator>
 #include <vector>
 
 #include "cuemu/internal.h"
@@ -45,9 +47,13 @@ struct LaunchProf {
   std::vector<uint64_t> scratch;  // a request's sectors when a lane's access spans many
   uint64_t sh_wavefronts, sh_ideal;
   uint64_t warps, max_warp_requests;
-  // Every sector a request read or wrote (repeats included; the driver
-  // makes them unique once per launch).
+  // Every sector a request read or wrote (the driver makes them unique
+  // once per launch). A direct-mapped filter of recently added sectors
+  // (sector + 1; 0 is empty) keeps most repeats out: a kernel that reads
+  // each input many times (im2col) would otherwise list it as often.
   std::vector<uint64_t> read_sectors, write_sectors;
+  static constexpr size_t kFootprintFilter = 1u << 12;
+  uint64_t read_filter[kFootprintFilter], write_filter[kFootprintFilter];
   uint64_t arith[A_KINDS];
   // A divergent warp's matching (profile.cpp), kept between warps so that
   // matching allocates nothing once warmed up.
@@ -70,6 +76,8 @@ struct LaunchProf {
     blocks = nullptr;
     read_sectors.clear();
     write_sectors.clear();
+    std::fill(std::begin(read_filter), std::end(read_filter), 0);
+    std::fill(std::begin(write_filter), std::end(write_filter), 0);
   }
 };
 
