@@ -172,19 +172,19 @@ fn check(args: &CheckArgs) -> anyhow::Result<u8> {
     let policy = ddptrain::amp::Policy::resolve(&cfg.amp)?;
     let desc = config::describe::describe(&cfg.model.input_shape, &layers, &policy);
     if args.json {
-        println!("{}", serde_json::to_string(&desc)?);
+        ddptrain::outln!("{}", serde_json::to_string(&desc)?);
         return Ok(0);
     }
-    println!("# resolved config ({})\n{}", cfg.config_path.display(), cfg.to_toml_string());
-    println!("# model\n{}", config::model::summary(&layers));
-    println!("# state_dict at {}\n{}", policy.opt_level, desc.state_dict_table());
-    println!("{estimate}");
-    println!("config OK");
+    ddptrain::outln!("# resolved config ({})\n{}", cfg.config_path.display(), cfg.to_toml_string());
+    ddptrain::outln!("# model\n{}", config::model::summary(&layers));
+    ddptrain::outln!("# state_dict at {}\n{}", policy.opt_level, desc.state_dict_table());
+    ddptrain::outln!("{estimate}");
+    ddptrain::outln!("config OK");
     Ok(0)
 }
 
 fn keys() -> anyhow::Result<u8> {
-    print!("{}", config::keys::markdown()?);
+    ddptrain::metrics::console::out_raw(&config::keys::markdown()?);
     Ok(0)
 }
 
@@ -202,7 +202,7 @@ fn eval(args: &EvalArgs) -> anyhow::Result<u8> {
     let (step, epoch) = match &source {
         EvalSource::Checkpoint(state) => {
             if state.opt_level != level {
-                eprintln!(
+                ddptrain::errln!(
                     "note: evaluating at {level} (amp.opt_level); the checkpoint was trained at {}",
                     state.opt_level
                 );
@@ -228,7 +228,7 @@ fn eval(args: &EvalArgs) -> anyhow::Result<u8> {
         if let (Some(r), serde_json::Value::Object(sc)) = (rec.as_object_mut(), scores) {
             r.extend(sc);
         }
-        println!("{rec}");
+        ddptrain::outln!("{rec}");
         return Ok(0);
     }
     let what = match (step, epoch) {
@@ -238,16 +238,19 @@ fn eval(args: &EvalArgs) -> anyhow::Result<u8> {
         _ => format!("model file {}", args.checkpoint.display()),
     };
     if text {
-        println!(
+        ddptrain::outln!(
             "{what} at {level}: val loss {:.4} (perplexity {:.2}) over {} tokens",
             ev.loss,
             ev.loss.exp(),
             ev.total
         );
     } else {
-        println!(
+        ddptrain::outln!(
             "{what} at {level}: test accuracy {:.4} ({}/{}), test loss {:.4}",
-            ev.accuracy, ev.correct, ev.total, ev.loss
+            ev.accuracy,
+            ev.correct,
+            ev.total,
+            ev.loss
         );
     }
     Ok(0)
@@ -270,9 +273,9 @@ fn sample(args: &SampleArgs) -> anyhow::Result<u8> {
         let mut rng = ddptrain::rng::stream(args.seed, ddptrain::rng::Purpose::Generate, i as u64);
         let ids = generate::generate(&lm.model, lm.block_size, &prompt, s, &mut rng)?;
         if i > 0 {
-            println!("---------------");
+            ddptrain::outln!("---------------");
         }
-        println!("{}{}", args.prompt, lm.vocab.decode(&ids));
+        ddptrain::outln!("{}{}", args.prompt, lm.vocab.decode(&ids));
     }
     Ok(0)
 }
@@ -297,7 +300,7 @@ fn run_train(args: &TrainArgs) -> anyhow::Result<u8> {
     let summary = train::train_with(&cfg, &opts)?;
     if let Some(sig) = summary.interrupted {
         // Before any gate: an interrupted run is not judged, it is resumed.
-        println!(
+        ddptrain::outln!(
             "interrupted by {} after step {}: checkpoint written, resume with checkpoint.resume = \"auto\"; exit code {}",
             sig.name(),
             summary.steps,
@@ -306,11 +309,11 @@ fn run_train(args: &TrainArgs) -> anyhow::Result<u8> {
         return Ok(sig.exit_code());
     }
     if let Some(why) = &summary.trace_divergence {
-        println!("FAIL {why}");
+        ddptrain::outln!("FAIL {why}");
         return Ok(EXIT_EXPECT);
     }
     if let Some(path) = &args.check_trace {
-        println!("PASS trace {}: all {} steps match", path.display(), summary.steps);
+        ddptrain::outln!("PASS trace {}: all {} steps match", path.display(), summary.steps);
     }
     // A language model's figures: validation loss and perplexity, tokens/s.
     let (score, rate) = match summary.tokens_per_s {
@@ -329,7 +332,7 @@ fn run_train(args: &TrainArgs) -> anyhow::Result<u8> {
             format!("{:.0} images/s", summary.images_per_s),
         ),
     };
-    println!(
+    ddptrain::outln!(
         "done: {} steps, {} epochs, final loss {:.4}, {score}, {rate}, {:.1}s; wrote {}",
         summary.steps,
         summary.epochs,
@@ -339,7 +342,7 @@ fn run_train(args: &TrainArgs) -> anyhow::Result<u8> {
     );
     let verdicts = train::expect::check(&cfg.expect, &summary);
     for v in &verdicts {
-        println!("{} {}", if v.passed { "PASS" } else { "FAIL" }, v.line);
+        ddptrain::outln!("{} {}", if v.passed { "PASS" } else { "FAIL" }, v.line);
     }
     Ok(if verdicts.iter().any(|v| !v.passed) { EXIT_EXPECT } else { 0 })
 }
@@ -362,7 +365,7 @@ fn main() -> ExitCode {
             // Library errors carry their cause in their own text; `{err:#}` would repeat it.
             // A runaway value (a 10 MB string, a pasted file) that reached a
             // message unshortened must not come back whole.
-            eprintln!("error: {}", ddptrain::error::cut_message(&err.to_string(), 1000, 200));
+            ddptrain::errln!("error: {}", ddptrain::error::cut_message(&err.to_string(), 1000, 200));
             ExitCode::from(exit_code_for(&err))
         }
     }

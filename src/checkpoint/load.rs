@@ -245,12 +245,15 @@ impl Checkpointer {
             match attempt {
                 Ok(done) => {
                     if !refused.is_empty() {
-                        eprintln!("warning: resuming from the previous good checkpoint {}", dir.display());
+                        crate::errln!(
+                            "warning: resuming from the previous good checkpoint {}",
+                            dir.display()
+                        );
                     }
                     return Ok(Some(done));
                 }
                 Err(e) => {
-                    eprintln!("warning: checkpoint.resume = \"auto\": cannot resume from it: {e}");
+                    crate::errln!("warning: checkpoint.resume = \"auto\": cannot resume from it: {e}");
                     refused.push(e.to_string());
                 }
             }
@@ -371,7 +374,7 @@ impl Checkpointer {
         drop(params);
         let legacy = grads.check(&optim_path, c.state.pending_grads)?;
         if legacy && self.shape.rank == 0 {
-            eprintln!(
+            crate::errln!(
                 "warning: the checkpoint holds rank 0's pending accumulated gradients only (an older \
                  build wrote it); every rank resumes with them, so the step they complete is not exactly \
                  the uninterrupted one"
@@ -420,7 +423,7 @@ impl Checkpointer {
         if let Some(mine) = c.state.rank_losses.get(self.shape.rank) {
             (p.step_loss, p.window_loss) = (mine.step_loss, mine.window_loss);
         }
-        eprintln!(
+        crate::errln!(
             "resuming from {} (step {}, epoch {}, batch {} of the epoch)",
             c.dir.display(),
             p.step,

@@ -98,7 +98,7 @@ const MEANINGS: &[(&str, &str)] = &[
     ("checkpoint.resume", "Resume from `ckpt/latest` when present, start over, or resume from this checkpoint."),
     // [logging]
     ("logging.every_steps", "Log a training line and a metrics record every this many optimizer steps."),
-    ("logging.progress", "A progress bar: when stderr is a terminal, always, or never."),
+    ("logging.progress", "The progress bar, drawn on stderr where it is a terminal: `auto` and `always` show it there, `never` hides it; the log lines go to stdout and `train.log` either way."),
     ("logging.tensorboard", "Write TensorBoard events to `out_dir/tb/`."),
     // [expect]
     ("expect.min_test_accuracy", "Gate: the final test accuracy, a fraction in [0, 1]; a miss exits 3."),

@@ -21,7 +21,7 @@ impl JunkLog {
 
     /// Reporting on stderr as warnings, each line after `who: `.
     pub(super) fn stderr(who: String) -> Self {
-        Self::new(Box::new(move |line| eprintln!("warning: {who}: {line}")))
+        Self::new(Box::new(move |line| crate::errln!("warning: {who}: {line}")))
     }
 
     /// One stranger turned away, `what` saying who and why.

@@ -127,7 +127,7 @@ fn stop_all(ranks: &mut [Rank], sig: i32, grace: Duration, caught: Option<&Atomi
     let until = Instant::now() + grace;
     loop {
         if let Some(again) = caught.map(|c| c.swap(0, Ordering::SeqCst)).filter(|&s| s != 0) {
-            eprintln!("launch: got signal {again} again; forwarding it to the ranks");
+            crate::errln!("launch: got signal {again} again; forwarding it to the ranks");
             forward(ranks, again as i32);
         }
         for r in ranks.iter_mut().filter(|r| r.status.is_none()) {
@@ -141,7 +141,7 @@ fn stop_all(ranks: &mut [Rank], sig: i32, grace: Duration, caught: Option<&Atomi
         std::thread::sleep(Duration::from_millis(20));
     }
     for r in ranks.iter_mut().filter(|r| r.status.is_none()) {
-        eprintln!(
+        crate::errln!(
             "launch: rank {} did not stop within {:.1}s of signal {sig}; killing it",
             r.global,
             grace.as_secs_f64()
@@ -166,9 +166,10 @@ fn stopped_code(ranks: &[Rank]) -> Option<u8> {
     }
     for r in ranks.iter().filter(|r| code(r) != Some(first)) {
         let how = r.status.as_ref().map_or_else(|| "no status".to_string(), describe);
-        eprintln!(
+        crate::errln!(
             "launch: rank {} ended with {how}, rank {} with exit code {first}",
-            r.global, ranks[0].global
+            r.global,
+            ranks[0].global
         );
     }
     None
@@ -246,7 +247,7 @@ pub fn run(a: &LaunchArgs) -> Result<u8> {
                     return Err(Error::io(format!("cannot start rank {global} ({})", exe.display()), e));
                 }
             };
-            eprintln!("launch: started rank {global} (local rank {local}, pid {})", child.id());
+            crate::errln!("launch: started rank {global} (local rank {local}, pid {})", child.id());
             if let Some(o) = child.stdout.take() {
                 pumps.push(pump(o, global, false));
             }
@@ -259,7 +260,7 @@ pub fn run(a: &LaunchArgs) -> Result<u8> {
         let failed = loop {
             let sig = caught.swap(0, Ordering::SeqCst);
             if sig != 0 {
-                eprintln!("launch: got signal {sig}; forwarding it to the ranks");
+                crate::errln!("launch: got signal {sig}; forwarding it to the ranks");
                 stop_all(&mut ranks, sig as i32, grace, Some(&caught));
                 pumps.into_iter().for_each(|p| drop(p.join()));
                 return Ok(stopped_code(&ranks).unwrap_or_else(|| 128u8.saturating_add(sig as u8)));
@@ -279,7 +280,7 @@ pub fn run(a: &LaunchArgs) -> Result<u8> {
             if let (None, Some((rank, s))) = (failed, stopped) {
                 // Signalled without launch: the ranks agreed on a step and
                 // checkpointed it; they are not restarted.
-                eprintln!(
+                crate::errln!(
                     "launch: rank {rank} stopped after a signal ({}); waiting for the others",
                     describe(&s)
                 );
@@ -296,14 +297,14 @@ pub fn run(a: &LaunchArgs) -> Result<u8> {
             pumps.into_iter().for_each(|p| drop(p.join()));
             return Ok(0);
         };
-        eprintln!(
+        crate::errln!(
             "launch: rank {rank} (pid {pid}) failed with {}; stopping the other ranks",
             describe(&status)
         );
         stop_all(&mut ranks, libc::SIGTERM, grace, None);
         pumps.into_iter().for_each(|p| drop(p.join()));
         if attempt < a.max_restarts {
-            eprintln!(
+            crate::errln!(
                 "launch: restarting all {} local ranks (restart {} of {})",
                 a.nproc_per_node,
                 attempt + 1,
@@ -313,7 +314,7 @@ pub fn run(a: &LaunchArgs) -> Result<u8> {
         }
         let tried =
             if a.max_restarts > 0 { format!(" after {} restarts", a.max_restarts) } else { String::new() };
-        eprintln!("error: launch: rank {rank} failed with {}{tried}", describe(&status));
+        crate::errln!("error: launch: rank {rank} failed with {}{tried}", describe(&status));
         return Ok(1);
     }
     Ok(1)

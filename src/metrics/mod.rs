@@ -3,6 +3,7 @@
 //! indicatif bar on a terminal, plain lines otherwise); TensorBoard event files
 //! mirror the metrics records when enabled.
 
+pub mod console;
 pub mod tensorboard;
 
 use crate::error::{Error, Result};
@@ -74,34 +75,49 @@ pub enum ProgressMode {
     Never,
 }
 
-/// Log lines go through the bar when there is one, so they don't tear it.
+/// The run's lines: on stdout, wherever it goes, and appended to the run's
+/// `train.log`; a bar drawn on a terminal (stderr) below them, with the
+/// lines printed around it so they do not tear it.
 pub struct Progress {
     bar: Option<ProgressBar>,
+    log: Option<std::sync::Mutex<BufWriter<File>>>,
     silent: bool,
 }
 
 impl Progress {
-    pub fn new(mode: ProgressMode, total_steps: u64) -> Self {
+    /// `log`: the file the lines are appended to (`<out_dir>/train.log`).
+    pub fn new(mode: ProgressMode, total_steps: u64, log: Option<&Path>) -> Result<Self> {
         let show = match mode {
             ProgressMode::Always => true,
             ProgressMode::Never => false,
             ProgressMode::Auto => std::io::stderr().is_terminal(),
         };
+        // indicatif draws to stderr only when it is a terminal.
         let bar = show.then(|| {
             let bar = ProgressBar::new(total_steps);
-            if let Ok(style) =
-                ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} steps {msg}")
-            {
+            let template = "{elapsed_precise} [{bar:30}] {pos}/{len} steps, {per_sec}, eta {eta} {msg}";
+            if let Ok(style) = ProgressStyle::with_template(template) {
                 bar.set_style(style.progress_chars("=> "));
             }
             bar
         });
-        Progress { bar, silent: false }
+        let log = match log {
+            Some(path) => {
+                let f = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)
+                    .map_err(|e| Error::io(format!("cannot open {}", path.display()), e))?;
+                Some(std::sync::Mutex::new(BufWriter::new(f)))
+            }
+            None => None,
+        };
+        Ok(Progress { bar, log, silent: false })
     }
 
     /// Prints nothing (ranks other than 0: one rank reports for the job).
     pub fn silent() -> Self {
-        Progress { bar: None, silent: true }
+        Progress { bar: None, log: None, silent: true }
     }
 
     pub fn set_step(&self, step: u64, msg: &str) {
@@ -111,13 +127,18 @@ impl Progress {
         }
     }
 
+    /// `line` on stdout and in `train.log`. A line the log cannot take is
+    /// not worth stopping the run for: the metrics and checkpoints are.
     pub fn println(&self, line: &str) {
         if self.silent {
             return;
         }
         match &self.bar {
-            Some(bar) => bar.println(line),
-            None => println!("{line}"),
+            Some(bar) => bar.suspend(|| console::out(line)),
+            None => console::out(line),
+        }
+        if let Some(Ok(mut log)) = self.log.as_ref().map(|l| l.lock()) {
+            let _ = writeln!(log, "{line}").and_then(|()| log.flush());
         }
     }
 

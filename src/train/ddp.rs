@@ -274,7 +274,7 @@ impl Ddp {
     /// the ranks' lines.
     pub fn report_replica_state(&self, state: &[StateEntry], loss_scale: f32, overflow_steps: u64) {
         if self.world_size() > 1 {
-            eprintln!(
+            crate::errln!(
                 "rank {}: final state sha256 {} | loss scale {loss_scale} | overflow steps {overflow_steps}",
                 self.rank(),
                 state_digest(state)

@@ -101,7 +101,7 @@ fn select_device(cfg: &Config) -> Result<crate::cuda::select::Device> {
     };
     let (device, warning) = crate::cuda::select::select_device(name, local_rank)?;
     if let Some(w) = warning {
-        eprintln!("{w}");
+        crate::errln!("{w}");
     }
     Ok(device)
 }

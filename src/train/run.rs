@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 use crate::metrics::{self, MetricsWriter, Progress, ProgressMode};
 use crate::rng::MicroBatch;
 use serde_json::json;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 /// A run set up on its device: what [`run`] needs besides the engine.
@@ -48,7 +48,7 @@ pub(crate) fn run(cfg: &Config, opts: &RunOptions, setup: Setup, engine: &mut dy
     } else {
         MetricsWriter::disabled()
     };
-    let progress = progress_for(cfg, primary, total_steps);
+    let progress = progress_for(cfg, primary, total_steps, &out_dir)?;
     progress.println(&header_line(
         cfg,
         num_params,
@@ -60,7 +60,7 @@ pub(crate) fn run(cfg: &Config, opts: &RunOptions, setup: Setup, engine: &mut dy
     // Like apex, every rank reports the skips it decided on.
     let report = |skip: Option<Skip>| match skip {
         Some(s) if primary => progress.println(&s.message()),
-        Some(s) => eprintln!("{}", s.message()),
+        Some(s) => crate::errln!("{}", s.message()),
         None => {}
     };
 
@@ -183,12 +183,10 @@ pub(crate) fn run(cfg: &Config, opts: &RunOptions, setup: Setup, engine: &mut dy
                 }
                 metrics_out.write(&rec)?;
                 progress.set_step(step, &format!("loss {loss:.4}"));
-                if progress_is_plain(cfg) || step.is_multiple_of(log_every * 10) || step == total_steps {
-                    progress.println(&format!(
-                        "step {step:>6}/{total_steps} | epoch {} | loss {loss:.4} | lr {lr:.5} | {rate:.0} {unit}",
-                        c.epoch
-                    ));
-                }
+                progress.println(&format!(
+                    "step {step:>6}/{total_steps} | epoch {} | loss {loss:.4} | lr {lr:.5} | {rate:.0} {unit}",
+                    c.epoch
+                ));
                 (c.window_loss, c.window_n, c.window_images, c.window_time_s) = (0.0, 0, 0, 0.0);
             }
             if trace_divergence.is_some() {
@@ -399,7 +397,7 @@ fn already_complete(
     let resumed_from = ckpt.resumed_from().map(PathBuf::from);
     let text = Text::of(cfg);
     if ddp.is_primary() {
-        eprintln!(
+        crate::errln!(
             "ddptrain: {} is complete ({} of {} steps, checkpoint {}); nothing to train (set checkpoint.resume = \"never\" to train it again)",
             cfg.run.name,
             p.step,
@@ -441,10 +439,11 @@ fn already_complete(
     Ok(summary)
 }
 
-/// The progress bar on rank 0 (as `logging.progress` says), silent elsewhere.
-fn progress_for(cfg: &Config, primary: bool, total_steps: u64) -> Progress {
+/// The run's lines on rank 0, appended to `out_dir/train.log` too, with a
+/// bar as `logging.progress` says; silent elsewhere.
+fn progress_for(cfg: &Config, primary: bool, total_steps: u64, out_dir: &Path) -> Result<Progress> {
     if !primary {
-        return Progress::silent();
+        return Ok(Progress::silent());
     }
     Progress::new(
         match cfg.logging.progress {
@@ -453,6 +452,7 @@ fn progress_for(cfg: &Config, primary: bool, total_steps: u64) -> Progress {
             config::ProgressSetting::Never => ProgressMode::Never,
         },
         total_steps,
+        Some(&out_dir.join("train.log")),
     )
 }
 
@@ -469,13 +469,4 @@ fn header_line(
         "ddptrain: {} | {num_params} params | {train_len} train / {test_len} test samples | world size {world} x batch {} | {total_steps} steps ({steps_per_epoch} per epoch) | device {device} | opt_level {}",
         cfg.run.name, cfg.data.batch_size, cfg.amp.opt_level
     )
-}
-
-/// Without a bar every log line is printed; with one, every tenth (the bar shows the rest).
-fn progress_is_plain(cfg: &Config) -> bool {
-    match cfg.logging.progress {
-        config::ProgressSetting::Never => true,
-        config::ProgressSetting::Always => false,
-        config::ProgressSetting::Auto => !std::io::IsTerminal::is_terminal(&std::io::stderr()),
-    }
 }

@@ -240,10 +240,11 @@ impl Shared {
     /// Aborts the communicator, says why, and ends the process.
     fn fail(&self, why: &str) -> ! {
         self.aborted.store(true, Ordering::SeqCst);
-        eprintln!(
+        crate::errln!(
             "error: NCCL watchdog, rank {} of {}: {why}; aborting the NCCL communicator and exiting, as \
              PyTorch's NCCL watchdog does",
-            self.rank, self.world
+            self.rank,
+            self.world
         );
         // SAFETY: the communicator is live; the owner does not abort it after us.
         unsafe {
