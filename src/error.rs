@@ -5,6 +5,12 @@ use std::path::PathBuf;
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// The process's exit codes (README, "What a run writes, and how it ends"):
+/// any other failure, a config error, a gate that failed.
+pub const EXIT_FAILURE: u8 = 1;
+pub const EXIT_CONFIG: u8 = 2;
+pub const EXIT_EXPECT: u8 = 3;
+
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A config value is missing, mistyped or impossible. `file` is the config

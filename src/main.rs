@@ -5,6 +5,7 @@
 //! fine and the same command succeeds once that run ends).
 
 use clap::{Args, Parser, Subcommand};
+use ddptrain::error::{EXIT_CONFIG, EXIT_EXPECT, EXIT_FAILURE};
 use ddptrain::{config, train, Error};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -148,10 +149,6 @@ enum Command {
     #[command(hide = true)]
     DistSelftest(ddptrain::dist::selftest::SelftestArgs),
 }
-
-const EXIT_FAILURE: u8 = 1;
-const EXIT_CONFIG: u8 = 2;
-const EXIT_EXPECT: u8 = 3;
 
 fn exit_code_for(err: &anyhow::Error) -> u8 {
     match err.downcast_ref::<Error>() {

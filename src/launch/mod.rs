@@ -303,6 +303,16 @@ pub fn run(a: &LaunchArgs) -> Result<u8> {
         );
         stop_all(&mut ranks, libc::SIGTERM, grace, None);
         pumps.into_iter().for_each(|p| drop(p.join()));
+        // The rank's own code goes back to the caller, as a single process
+        // would have exited; a config error (2) or a failed gate (3) would
+        // fail the same way again (a restart retrains, or resumes the
+        // finished run and judges it again), so it is not restarted.
+        let code = status.code().and_then(|c| u8::try_from(c).ok()).filter(|&c| c != 0);
+        if let Some(c @ (crate::error::EXIT_CONFIG | crate::error::EXIT_EXPECT)) = code {
+            let what = if c == crate::error::EXIT_CONFIG { "a config error" } else { "a failed gate" };
+            crate::errln!("error: launch: rank {rank} failed with exit code {c} ({what}); not restarted");
+            return Ok(c);
+        }
         if attempt < a.max_restarts {
             crate::errln!(
                 "launch: restarting all {} local ranks (restart {} of {})",
@@ -315,7 +325,7 @@ pub fn run(a: &LaunchArgs) -> Result<u8> {
         let tried =
             if a.max_restarts > 0 { format!(" after {} restarts", a.max_restarts) } else { String::new() };
         crate::errln!("error: launch: rank {rank} failed with {}{tried}", describe(&status));
-        return Ok(1);
+        return Ok(code.unwrap_or(1));
     }
     Ok(1)
 }
