@@ -295,22 +295,25 @@ fn run_train(args: &TrainArgs) -> anyhow::Result<u8> {
         ddptrain::ops::conv2d::set_winograd(false);
     }
     let summary = train::train_with(&cfg, &opts)?;
+    let report = |line: String| closing_line(&summary, &line, false);
     if let Some(sig) = summary.interrupted {
         // Before any gate: an interrupted run is not judged, it is resumed.
-        ddptrain::outln!(
+        // Every rank says where it stopped (they agree on the step).
+        let report = |line: String| closing_line(&summary, &line, true);
+        report(format!(
             "interrupted by {} after step {}: checkpoint written, resume with checkpoint.resume = \"auto\"; exit code {}",
             sig.name(),
             summary.steps,
             sig.exit_code()
-        );
+        ));
         return Ok(sig.exit_code());
     }
     if let Some(why) = &summary.trace_divergence {
-        ddptrain::outln!("FAIL {why}");
+        report(format!("FAIL {why}"));
         return Ok(EXIT_EXPECT);
     }
     if let Some(path) = &args.check_trace {
-        ddptrain::outln!("PASS trace {}: all {} steps match", path.display(), summary.steps);
+        report(format!("PASS trace {}: all {} steps match", path.display(), summary.steps));
     }
     // A language model's figures: validation loss and perplexity, tokens/s.
     let (score, rate) = match summary.tokens_per_s {
@@ -329,19 +332,31 @@ fn run_train(args: &TrainArgs) -> anyhow::Result<u8> {
             format!("{:.0} images/s", summary.images_per_s),
         ),
     };
-    ddptrain::outln!(
+    report(format!(
         "done: {} steps, {} epochs, final loss {:.4}, {score}, {rate}, {:.1}s; wrote {}",
         summary.steps,
         summary.epochs,
         summary.final_loss,
         summary.wall_s,
         cfg.run.out_dir.display()
-    );
+    ));
     let verdicts = train::expect::check(&cfg.expect, &summary);
     for v in &verdicts {
-        ddptrain::outln!("{} {}", if v.passed { "PASS" } else { "FAIL" }, v.line);
+        report(format!("{} {}", if v.passed { "PASS" } else { "FAIL" }, v.line));
     }
     Ok(if verdicts.iter().any(|v| !v.passed) { EXIT_EXPECT } else { 0 })
+}
+
+/// A closing line of the run: on stdout on rank 0 (one rank reports for
+/// the job, as it writes the job's files) or on `every_rank`, and appended
+/// to the run's `train.log` ([`train::Summary::log`]).
+fn closing_line(summary: &train::Summary, line: &str, every_rank: bool) {
+    if summary.rank == 0 || every_rank {
+        ddptrain::outln!("{line}");
+    }
+    if let Some(log) = &summary.log {
+        ddptrain::metrics::append_log(log, line);
+    }
 }
 
 fn main() -> ExitCode {

@@ -371,3 +371,28 @@ fn o2_sync_batchnorm_on_two_ranks_matches_one_rank() {
     let tol = 8.0 * 2f32.powi(-11) * moved;
     assert!(dw < tol, "{dw:e} > {tol:e} (weights moved {moved:e})");
 }
+
+/// One rank reports the job: `done:` and the gates' verdicts come from rank
+/// 0 alone (every rank printed them, each naming the out_dir only rank 0
+/// wrote), and they close rank 0's `train.log`.
+#[test]
+fn only_rank_zero_reports_the_finished_job() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = common::write(
+        dir.path(),
+        "cfg.toml",
+        &format!("{NO_BN_MODEL}{COMMON}[expect]\nmax_final_loss = 100.0\n"),
+    );
+    let out = dir.path().join("out");
+    let t =
+        run_env(dir.path(), &config, 2, &[&format!("run.out_dir={}", out.display())], ("DDPTRAIN_NONE", ""));
+    assert_eq!(t.matches("[rank 0] done: 6 steps").count(), 1, "{t}");
+    assert_eq!(t.matches("[rank 0] PASS expect.max_final_loss").count(), 1, "{t}");
+    assert!(!t.contains("[rank 1] done:") && !t.contains("[rank 1] PASS"), "{t}");
+    let log = std::fs::read_to_string(out.join("train.log")).unwrap();
+    let tail: Vec<&str> = log.lines().rev().take(2).collect();
+    assert!(
+        tail[1].starts_with("done: 6 steps") && tail[0].starts_with("PASS expect.max_final_loss"),
+        "{log}"
+    );
+}

@@ -75,6 +75,14 @@ pub enum ProgressMode {
     Never,
 }
 
+/// `line` appended to the log at `path`; a line the log cannot take is lost,
+/// not worth failing a finished run for.
+pub fn append_log(path: &Path, line: &str) {
+    if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
+        let _ = writeln!(f, "{line}");
+    }
+}
+
 /// The run's lines: on stdout, wherever it goes, and appended to the run's
 /// `train.log`; a bar drawn on a terminal (stderr) below them, with the
 /// lines printed around it so they do not tear it.

@@ -81,6 +81,14 @@ pub struct Summary {
     /// the last epoch's, if one ended.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub interrupted: Option<stop::StopSignal>,
+    /// This process's rank: rank 0 reports the run (`done:`, the gates'
+    /// verdicts) for the job, as it writes its files.
+    #[serde(skip)]
+    pub rank: usize,
+    /// The `train.log` the closing lines go to: rank 0's, when this process
+    /// trained (a finished run run again writes nothing).
+    #[serde(skip)]
+    pub log: Option<PathBuf>,
 }
 
 /// Everything loaded and checked before anything is written to `out_dir`.

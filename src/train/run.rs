@@ -270,6 +270,8 @@ pub(crate) fn run(cfg: &Config, opts: &RunOptions, setup: Setup, engine: &mut dy
         }
     }
     let summary = Summary {
+        rank: ddp.rank(),
+        log: primary.then(|| out_dir.join("train.log")),
         name: cfg.run.name.clone(),
         final_loss: c.final_loss,
         test_accuracy: c.last_eval.filter(|_| text.is_none()).map(|e| e.accuracy),
@@ -407,6 +409,8 @@ fn already_complete(
     }
     let scaler = engine.scaler()?;
     let summary = Summary {
+        rank: ddp.rank(),
+        log: None,
         name: cfg.run.name.clone(),
         final_loss: p.final_loss,
         test_accuracy: p.last_eval.filter(|_| text.is_none()).map(|e| e.accuracy),
