@@ -78,9 +78,13 @@ pub enum ProgressMode {
 /// `line` appended to the log at `path`; a line the log cannot take is lost,
 /// not worth failing a finished run for.
 pub fn append_log(path: &Path, line: &str) {
-    if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
-        let _ = writeln!(f, "{line}");
+    if let Ok(mut f) = open_log(path) {
+        let _ = f.write_all(format!("{line}\n").as_bytes());
     }
+}
+
+fn open_log(path: &Path) -> std::io::Result<File> {
+    std::fs::OpenOptions::new().create(true).append(true).open(path)
 }
 
 /// The run's lines: on stdout, wherever it goes, and appended to the run's
@@ -88,7 +92,7 @@ pub fn append_log(path: &Path, line: &str) {
 /// lines printed around it so they do not tear it.
 pub struct Progress {
     bar: Option<ProgressBar>,
-    log: Option<std::sync::Mutex<BufWriter<File>>>,
+    log: Option<std::sync::Mutex<File>>,
     silent: bool,
 }
 
@@ -111,12 +115,9 @@ impl Progress {
         });
         let log = match log {
             Some(path) => {
-                let f = std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(path)
-                    .map_err(|e| Error::io(format!("cannot open {}", path.display()), e))?;
-                Some(std::sync::Mutex::new(BufWriter::new(f)))
+                let f =
+                    open_log(path).map_err(|e| Error::io(format!("cannot open {}", path.display()), e))?;
+                Some(std::sync::Mutex::new(f))
             }
             None => None,
         };
@@ -146,7 +147,7 @@ impl Progress {
             None => console::out(line),
         }
         if let Some(Ok(mut log)) = self.log.as_ref().map(|l| l.lock()) {
-            let _ = writeln!(log, "{line}").and_then(|()| log.flush());
+            let _ = log.write_all(format!("{line}\n").as_bytes());
         }
     }
 

@@ -7,7 +7,7 @@
 use super::{cpu, RmsNorm};
 use crate::cuda::{as_i64, cast, check_len, Rows, launch_1d, launch_rows, DeviceFloat, Gpu, KernelFn, TypedKernelFn};
 use crate::error::{Error, Result};
-use crate::nn::cuda::layer::{f32_param, Backward, DeviceLayer, Elem, Forward, Needs, PlanArgs, Scratch, StateArgs};
+use crate::nn::cuda::layer::{f32_param, weight_and_bias, Backward, DeviceLayer, Elem, Forward, Needs, PlanArgs, Scratch, StateArgs};
 use crate::nn::cuda::model::alloc;
 use crate::tensor::DType;
 use crate::typed_kernel;
@@ -154,11 +154,8 @@ pub struct RmsState {
     rstd: CudaSlice<f32>,
 }
 
-impl RmsState {
-    fn rows(&self, rows: usize) -> Result<CudaView<'_, f32>> {
-        let e = || crate::nn::cuda::layer::internal("rmsnorm statistics for a larger batch");
-        self.rstd.try_slice(0..rows).ok_or_else(e)
-    }
+fn too_small() -> crate::error::Error {
+    crate::nn::cuda::layer::internal("rmsnorm statistics for a larger batch")
 }
 
 impl DeviceLayer for RmsNorm {
@@ -188,8 +185,7 @@ impl DeviceLayer for RmsNorm {
         let shape = p.shape(n);
         let [mut w32] = ws.take::<f32, 1>([p.c])?;
         let w = p.weight.map(|dt| f32_param(gpu, &params, &mut w32, 0, dt)).transpose()?;
-        let e = || crate::nn::cuda::layer::internal("rmsnorm statistics for a larger batch");
-        let mut rstd = s.rstd.try_slice_mut(0..shape.rows).ok_or_else(e)?;
+        let mut rstd = s.rstd.try_slice_mut(0..shape.rows).ok_or_else(too_small)?;
         forward(gpu, shape, &x, w.as_ref(), p.eps, &mut y, &mut rstd)
     }
 
@@ -198,7 +194,7 @@ impl DeviceLayer for RmsNorm {
         let shape = p.shape(n);
         let x = crate::nn::cuda::layer::read(x, "input")?;
         let [mut w32, mut dw32, mut sums] = ws.take::<f32, 3>([p.c, p.c, backward_workspace_len(shape)])?;
-        let rstd = s.rows(shape.rows)?;
+        let rstd = s.rstd.try_slice(0..shape.rows).ok_or_else(too_small)?;
         let Some(dt) = p.weight else {
             let saved = Saved { x, rstd, weight: None };
             return backward(gpu, shape, &saved, &dy, dx.as_mut(), None);
@@ -206,7 +202,7 @@ impl DeviceLayer for RmsNorm {
         match dt {
             DType::F32 => params.with_params::<f32, f32, ()>(&[0], &[0], |w, g| {
                 let saved = Saved { x, rstd, weight: Some(w[0].slice(0..p.c)) };
-                let [dw] = g else { return Err(crate::nn::cuda::layer::internal("rmsnorm: one weight gradient")) };
+                let (dw, _) = weight_and_bias(g)?;
                 backward(gpu, shape, &saved, &dy, dx.as_mut(), Some((dw, &mut sums)))
             }),
             // An f16 .grad (O2): accumulated in f32, rounded once.
@@ -214,7 +210,7 @@ impl DeviceLayer for RmsNorm {
                 cast::f16_to_f32(gpu, &params.value::<f16>(0)?, &mut w32)?;
                 let saved = Saved { x, rstd, weight: Some(w32.as_view()) };
                 params.with_grads::<f16, ()>(&[0], |g| {
-                    let [dw] = g else { return Err(crate::nn::cuda::layer::internal("rmsnorm: one weight gradient")) };
+                    let (dw, _) = weight_and_bias(g)?;
                     cast::f16_to_f32(gpu, &*dw, &mut dw32)?;
                     backward(gpu, shape, &saved, &dy, dx.as_mut(), Some((&mut dw32, &mut sums)))?;
                     cast::f32_to_f16(gpu, &dw32, dw)
