@@ -11,6 +11,14 @@
 // subset in order, then a fixed warp-shuffle tree; no atomics, so the same
 // input gives the same bits on every run.
 //
+// BatchNorm + ReLU fused (the device plan's batchnorm2d+relu group,
+// src/nn/cuda/fused/bn_relu.rs): the forwards' `_relu` twins apply
+// relu.cu's forward to each output as they store it, so the pair's bits are
+// those of the two layers run one by one, with one pass over the
+// activations fewer. Backward keeps relu.cu's own pass: its masked gradient
+// is what both backward kernels read, and the per-channel reduction, the
+// slowest of them, would otherwise load a third tensor.
+//
 // Elementwise formulas use explicit round-to-nearest intrinsics (__fmul_rn,
 // __fadd_rn, ...) where the CPU twin rounds op by op: NVRTC contracts a*b+c
 // into an FMA otherwise, and the twin's results would differ in the last bit.
@@ -62,6 +70,16 @@ __device__ __forceinline__ float running_update(float r, float batch, float mome
 __device__ __forceinline__ float2 affine(float mean, float invstd, float w, float b) {
   const float scale = __fmul_rn(w, invstd);
   return make_float2(scale, __fsub_rn(b, __fmul_rn(mean, scale)));
+}
+
+
+// The value stored for output v: v rounded to T, then (RELU) relu.cu's
+// forward on it, which zeroes only a value < 0.
+template <typename T, bool RELU>
+__device__ __forceinline__ T bn_out(float v) {
+  const T t = ddp::from_f32<T>(v);
+  if (RELU && ddp::to_f32(t) < 0.f) return ddp::from_f32<T>(0.f);
+  return t;
 }
 
 }  // namespace
@@ -165,25 +183,31 @@ extern "C" __global__ void bn_sync_stats(const float* totals, long long c, float
 // y = (x - mean) * invstd * weight + bias, folded into one multiply-add per
 // element (cpu::normalize_affine). Used with the batch statistics in training
 // (local or synced).
-template <typename T>
-__device__ void bn_forward_apply_impl(const T* x, const float* mean, const float* invstd, const float* weight,
+template <typename T, bool RELU>
+__device__ void bn_forward_apply_tmpl(const T* x, const float* mean, const float* invstd, const float* weight,
                                       const float* bias, long long n, long long c, long long hw, T* y) {
   BN_FOR_EACH_PLANE(plane, ch, n, c) {
     const float2 ab = affine(mean[ch], invstd[ch], weight[ch], bias[ch]);
     const T* xp = x + plane * hw;
     T* yp = y + plane * hw;
-    BN_FOR_EACH_POS(j, hw) { yp[j] = ddp::from_f32<T>(__fadd_rn(__fmul_rn(ddp::to_f32(xp[j]), ab.x), ab.y)); }
+    BN_FOR_EACH_POS(j, hw) { yp[j] = bn_out<T, RELU>(__fadd_rn(__fmul_rn(ddp::to_f32(xp[j]), ab.x), ab.y)); }
   }
 }
-DDP_INSTANTIATE(bn_forward_apply,
-                (const T* x, const float* mean, const float* invstd, const float* weight, const float* bias,
-                 long long n, long long c, long long hw, T* y),
-                (x, mean, invstd, weight, bias, n, c, hw, y))
+#define BN_FORWARD_APPLY_PARAMS                                                                       \
+  (const T* x, const float* mean, const float* invstd, const float* weight, const float* bias, long long n, \
+   long long c, long long hw, T* y)
+#define BN_FORWARD_APPLY_ARGS (x, mean, invstd, weight, bias, n, c, hw, y)
+template <typename T>
+__device__ void bn_forward_apply_impl BN_FORWARD_APPLY_PARAMS { bn_forward_apply_tmpl<T, false> BN_FORWARD_APPLY_ARGS; }
+template <typename T>
+__device__ void bn_forward_apply_relu_impl BN_FORWARD_APPLY_PARAMS { bn_forward_apply_tmpl<T, true> BN_FORWARD_APPLY_ARGS; }
+DDP_INSTANTIATE(bn_forward_apply, BN_FORWARD_APPLY_PARAMS, BN_FORWARD_APPLY_ARGS)
+DDP_INSTANTIATE(bn_forward_apply_relu, BN_FORWARD_APPLY_PARAMS, BN_FORWARD_APPLY_ARGS)
 
 // Evaluation: normalizes with the running statistics, invstd in f32 as
 // cpu::invstd_from_var.
-template <typename T>
-__device__ void bn_forward_eval_impl(const T* x, const float* weight, const float* bias,
+template <typename T, bool RELU>
+__device__ void bn_forward_eval_tmpl(const T* x, const float* weight, const float* bias,
                                      const float* running_mean, const float* running_var, float eps,
                                      long long n, long long c, long long hw, T* y) {
   BN_FOR_EACH_PLANE(plane, ch, n, c) {
@@ -191,13 +215,19 @@ __device__ void bn_forward_eval_impl(const T* x, const float* weight, const floa
     const float2 ab = affine(running_mean[ch], istd, weight[ch], bias[ch]);
     const T* xp = x + plane * hw;
     T* yp = y + plane * hw;
-    BN_FOR_EACH_POS(j, hw) { yp[j] = ddp::from_f32<T>(__fadd_rn(__fmul_rn(ddp::to_f32(xp[j]), ab.x), ab.y)); }
+    BN_FOR_EACH_POS(j, hw) { yp[j] = bn_out<T, RELU>(__fadd_rn(__fmul_rn(ddp::to_f32(xp[j]), ab.x), ab.y)); }
   }
 }
-DDP_INSTANTIATE(bn_forward_eval,
-                (const T* x, const float* weight, const float* bias, const float* running_mean,
-                 const float* running_var, float eps, long long n, long long c, long long hw, T* y),
-                (x, weight, bias, running_mean, running_var, eps, n, c, hw, y))
+#define BN_FORWARD_EVAL_PARAMS                                                                           \
+  (const T* x, const float* weight, const float* bias, const float* running_mean, const float* running_var, \
+   float eps, long long n, long long c, long long hw, T* y)
+#define BN_FORWARD_EVAL_ARGS (x, weight, bias, running_mean, running_var, eps, n, c, hw, y)
+template <typename T>
+__device__ void bn_forward_eval_impl BN_FORWARD_EVAL_PARAMS { bn_forward_eval_tmpl<T, false> BN_FORWARD_EVAL_ARGS; }
+template <typename T>
+__device__ void bn_forward_eval_relu_impl BN_FORWARD_EVAL_PARAMS { bn_forward_eval_tmpl<T, true> BN_FORWARD_EVAL_ARGS; }
+DDP_INSTANTIATE(bn_forward_eval, BN_FORWARD_EVAL_PARAMS, BN_FORWARD_EVAL_ARGS)
+DDP_INSTANTIATE(bn_forward_eval_relu, BN_FORWARD_EVAL_PARAMS, BN_FORWARD_EVAL_ARGS)
 
 // Backward, step 1 (one block per channel): sums = [sum dy[c], sum dy*xhat[c]]
 // of this batch, which SyncBatchNorm all-reduces before step 2; the same

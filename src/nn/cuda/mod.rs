@@ -3,6 +3,7 @@
 //! before the first step, and every op a launch of its `ops/<family>/cuda.rs`.
 
 mod acts;
+pub mod fused;
 pub mod layer;
 pub mod model;
 mod o1;

@@ -107,6 +107,16 @@ pub(crate) fn alloc<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroB
     gpu.stream().alloc_zeros(n.max(1)).map_err(|e| Error::cuda(format!("allocating {n} device values"), e))
 }
 
+fn mismatch() -> Error {
+    Error::internal("the host model does not match its device copy's layers")
+}
+
+/// The host node a device node's state comes from: its own, or a fused
+/// group's head's.
+fn host_node<'m>(host: &'m Model, lp: &super::plan::LayerPlan) -> Result<&'m crate::nn::Node> {
+    host.layers.get(lp.nodes.start).ok_or_else(mismatch)
+}
+
 impl GpuModel {
     /// Device copy of `host` (already cast by amp, so each param's dtype and
     /// `host.precision` say the opt level). Every buffer for batches of up
@@ -131,7 +141,8 @@ impl GpuModel {
             .collect::<Result<_>>()?;
         let dx_scratch = DevBuf::zeros(g, act, if plan.dx_scratch { plan.grad * max_batch } else { 1 })?;
         let (mut nodes, mut o1_inputs) = (Vec::with_capacity(plan.layers.len()), Vec::new());
-        for (lp, node) in plan.layers.iter().zip(&host.layers) {
+        for lp in &plan.layers {
+            let node = host_node(host, lp)?;
             let a =
                 StateArgs { gpu: g, node, max_batch, act, in_numel: lp.in_numel, out_numel: lp.out_numel };
             nodes.push(lp.op.clone().allocate(&a)?);
@@ -174,8 +185,8 @@ impl GpuModel {
     pub fn upload(&mut self, host: &Model) -> Result<()> {
         self.check_layers(host)?;
         self.params.upload(&self.gpu, host)?;
-        for (node, layer) in self.nodes.iter_mut().zip(&host.layers) {
-            node.upload(&self.gpu, layer)?;
+        for (node, lp) in self.nodes.iter_mut().zip(&self.plan.layers) {
+            node.upload(&self.gpu, host_node(host, lp)?)?;
         }
         Ok(())
     }
@@ -184,19 +195,32 @@ impl GpuModel {
     pub fn download(&self, host: &mut Model) -> Result<()> {
         self.check_layers(host)?;
         self.params.download(&self.gpu, host)?;
-        for (node, layer) in self.nodes.iter().zip(&mut host.layers) {
+        for (node, lp) in self.nodes.iter().zip(&self.plan.layers) {
+            let layer = host.layers.get_mut(lp.nodes.start).ok_or_else(mismatch)?;
             node.download(&self.gpu, layer)?;
         }
         Ok(())
     }
 
+    /// The host model has the nodes the plan was made for: each device
+    /// node's type is its members' types (a fused group's joined by `+`).
     fn check_layers(&self, host: &Model) -> Result<()> {
-        let same = host.layers.len() == self.nodes.len()
-            && host.layers.iter().zip(&self.nodes).all(|(l, d)| l.kind.type_name() == d.type_name());
+        let covered = self.plan.layers.last().map_or(0, |l| l.nodes.end);
+        let same = host.layers.len() == covered
+            && self.plan.layers.iter().zip(&self.nodes).all(|(lp, d)| {
+                let types: Vec<&str> = host
+                    .layers
+                    .get(lp.nodes.clone())
+                    .unwrap_or(&[])
+                    .iter()
+                    .map(|l| l.kind.type_name())
+                    .collect();
+                types.join("+") == d.type_name()
+            });
         if same {
             Ok(())
         } else {
-            Err(Error::internal("the host model does not match its device copy's layers"))
+            Err(mismatch())
         }
     }
 

@@ -1,6 +1,6 @@
 //! What the device model allocates, worked out on the host from the layers
 //! and their resolved shapes: each node's device plan and needs (its
-//! type's `cuda.rs`), activation buffers shared by values whose lives do
+//! type's `cuda.rs`), runs of nodes fused into one (`fused/`), activation buffers shared by values whose lives do
 //! not overlap (Flatten's output is its input), gradient buffers reused the
 //! same way, each dx's route into its input's gradient (written, or added
 //! to what another reader wrote), and the workspace as the largest scratch
@@ -49,6 +49,8 @@ pub struct LayerPlan {
     /// they are ready after its backward, a tied one after its owner's,
     /// which backward reaches later.
     pub ready: Vec<usize>,
+    /// The host nodes it runs: one, or a fused group's members (`fused/`).
+    pub nodes: std::ops::Range<usize>,
 }
 
 impl LayerPlan {
@@ -113,7 +115,7 @@ impl Plan {
         let numel = |s: &[usize]| s.iter().product::<usize>();
         let mut plan = Plan {
             max_batch,
-            layers: Vec::with_capacity(model.layers.len()),
+            layers: Vec::new(),
             acts: vec![numel(&model.resolved[0].in_shape)],
             grad: 0,
             storage: Vec::new(),
@@ -129,6 +131,7 @@ impl Plan {
         let o1 = model.precision.patch_conv_linear;
         let mut next_param = 0;
         let mut index_of: Vec<Vec<usize>> = Vec::with_capacity(model.layers.len());
+        let mut layers = Vec::with_capacity(model.layers.len());
         // The activation buffer of each value (0 the input, i + 1 node i's output).
         let mut buffer_of = vec![0usize];
         for (node, (layer, r)) in model.layers.iter().zip(&model.resolved).enumerate() {
@@ -186,15 +189,13 @@ impl Plan {
             if wrapped.is_some() {
                 needs = super::o1::needs(needs, &a, params.len())?;
             }
-            plan.scratch.fit(&needs.scratch);
-            plan.tokens |= needs.tokens;
             let dst = if needs.grad == Grad::Alias {
                 src
             } else {
                 plan.acts.push(out_numel);
                 plan.acts.len() - 1
             };
-            plan.layers.push(LayerPlan {
+            layers.push(LayerPlan {
                 name: r.name.clone(),
                 op,
                 needs,
@@ -207,8 +208,15 @@ impl Plan {
                 out_numel,
                 params,
                 ready,
+                nodes: node..node + 1,
             });
             buffer_of.push(dst);
+        }
+        plan.layers = super::fused::fuse(model, layers, plan.acts.len(), max_batch)?;
+        plan.drop_unused_values();
+        for lp in &plan.layers {
+            plan.scratch.fit(&lp.needs.scratch);
+            plan.tokens |= lp.needs.tokens;
         }
         plan.grad = plan.acts.iter().copied().max().unwrap_or(0);
         let out = &model.resolved[model.resolved.len() - 1].out_shape;
@@ -218,6 +226,34 @@ impl Plan {
         plan.assign_routes();
         plan.assign_storage();
         Ok(plan)
+    }
+
+    /// Renumbers the values, leaving out those no node reads or writes (a
+    /// fused group's inner ones), so every value left has a buffer.
+    fn drop_unused_values(&mut self) {
+        let mut used = vec![false; self.acts.len()];
+        used[0] = true;
+        for lp in &self.layers {
+            for &v in lp.srcs.iter().chain([&lp.dst]) {
+                used[v] = true;
+            }
+        }
+        let mut index = vec![usize::MAX; self.acts.len()];
+        let mut acts = Vec::with_capacity(self.acts.len());
+        for (v, &u) in used.iter().enumerate() {
+            if u {
+                index[v] = acts.len();
+                acts.push(self.acts[v]);
+            }
+        }
+        self.acts = acts;
+        for lp in &mut self.layers {
+            lp.src = index[lp.src];
+            lp.dst = index[lp.dst];
+            for s in &mut lp.srcs {
+                *s = index[*s];
+            }
+        }
     }
 
     /// [`LayerPlan::routes`]: walks backward's order; the first dx into a

@@ -4,6 +4,7 @@ use super::{activation_dtype, Plan, Route};
 use crate::amp::{cast_model, Policy};
 use crate::config::model::ResolvedLayer;
 use crate::config::{ModelConfig, OptLevel};
+use crate::nn::cuda::fused::bn_relu::BnReluPlan;
 use crate::nn::cuda::layer::Grad;
 use crate::nn::layers::batchnorm2d::cuda::BatchNormPlan;
 use crate::nn::layers::linear::cuda::LinearPlan;
@@ -13,7 +14,7 @@ use crate::nn::Model;
 use crate::tensor::DType;
 
 /// The layers of a `[model]` table written in TOML, resolved as a config's are.
-fn resolved(model: &str) -> Vec<ResolvedLayer> {
+pub(crate) fn resolved(model: &str) -> Vec<ResolvedLayer> {
     let model: ModelConfig = toml::from_str(model).unwrap();
     crate::config::model::resolve(&model).unwrap()
 }
@@ -71,10 +72,15 @@ pub(crate) fn mnist_layers() -> Vec<ResolvedLayer> {
     crate::config::model::resolve(&crate::config::load(&path, &[]).unwrap().model).unwrap()
 }
 
+/// The plan with the fusion pass off: one node per layer.
+fn unfused_plan(model: &Model, max_batch: usize) -> Plan {
+    crate::nn::cuda::fused::unfused(|| Plan::new(model, max_batch)).unwrap()
+}
+
 #[test]
 fn mnist_plan_sizes_every_buffer() {
     let model = Model::new(&mnist_layers(), 1).unwrap();
-    let p = Plan::new(&model, 100).unwrap();
+    let p = unfused_plan(&model, 100);
     assert_eq!(p.acts, [784, 12544, 12544, 12544, 3136, 6272, 6272, 6272, 1568, 10]);
     assert_eq!(p.grad, 12544);
     // conv2's im2col: 100 images x (16*5*5) rows x (14*14) columns; conv1's
@@ -122,7 +128,7 @@ fn mnist_plan_sizes_every_buffer() {
 fn odd_sizes_plan_with_a_truncating_pool() {
     let mut model = Model::new(&tiny_layers(), 1).unwrap();
     cast_model(&mut model, &Policy::for_level(OptLevel::O3));
-    let p = Plan::new(&model, 7).unwrap();
+    let p = unfused_plan(&model, 7);
     assert_eq!(p.acts, [169, 507, 507, 507, 108, 5]);
     assert_eq!(p.grad, 507);
     // O3: the conv's im2col and swapped dy in f16; BatchNorm's f32 regions for 3 channels.
@@ -235,12 +241,68 @@ fn check_storage(p: &Plan, o1: bool, what: &str) {
 #[test]
 fn mnist_activations_share_buffers_by_liveness() {
     let model = Model::new(&mnist_layers(), 1).unwrap();
-    let p = Plan::new(&model, 100).unwrap();
+    let p = unfused_plan(&model, 100);
     // BatchNorm's outputs die at the ReLU that reads them (it keeps its
     // own output for backward); the pools' outputs take their buffers.
     assert_eq!(p.storage, [0, 1, 2, 3, 2, 4, 5, 6, 5, 7]);
     assert_eq!(p.buffers, [784, 12544, 12544, 12544, 6272, 6272, 6272, 10]);
     check_storage(&p, false, "mnist");
+}
+
+#[test]
+fn mnist_plan_fuses_each_batchnorm_and_its_relu() {
+    let model = Model::new(&mnist_layers(), 1).unwrap();
+    let p = Plan::new(&model, 100).unwrap();
+    let names: Vec<&str> = p.layers.iter().map(|l| l.name.as_str()).collect();
+    assert_eq!(
+        names,
+        ["layer1.0", "layer1.1+layer1.2", "layer1.3", "layer2.0", "layer2.1+layer2.2", "layer2.3", "2", "fc"]
+    );
+    let nodes: Vec<_> = p.layers.iter().map(|l| l.nodes.clone()).collect();
+    assert_eq!(nodes, [0..1, 1..3, 3..4, 4..5, 5..7, 7..8, 8..9, 9..10]);
+    let bn = BatchNormPlan { channels: 16, hw: 784, sync: false, param_dtype: DType::F32 };
+    assert_eq!(p.layers[1].op, DeviceOp::BnRelu(BnReluPlan { bn, numel: 12544 }));
+    // BatchNorm's input for its statistics, the group's output for ReLU's mask.
+    assert!(p.layers[1].needs.reads_input && p.layers[1].needs.reads_output);
+    assert_eq!(p.layers[1].params, [2, 3]);
+    // BatchNorm's outputs are gone: no buffer, no gradient.
+    assert_eq!(p.acts, [784, 12544, 12544, 3136, 6272, 6272, 1568, 10]);
+    let io: Vec<(usize, usize)> = p.layers.iter().map(|l| (l.src, l.dst)).collect();
+    assert_eq!(io, [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5), (5, 6), (6, 6), (6, 7)]);
+    // Every value left is read by some backward: one buffer each.
+    assert_eq!(p.buffers, p.acts);
+    check_storage(&p, false, "mnist fused");
+    check_routes(&p, "mnist fused");
+    let unfused = unfused_plan(&model, 100);
+    let total = |p: &Plan| p.buffers.iter().sum::<usize>();
+    assert!(total(&p) < total(&unfused), "{} vs {}", total(&p), total(&unfused));
+    // ReLU's dx (a batch of the group's output) first, then BatchNorm's
+    // regions: one more small region than the layers one by one take.
+    assert_eq!(p.scratch.f32, [100 * 400 * 196, 100 * 12544, 32, 32, 32, 32, 32, 64, 65]);
+    assert_eq!(unfused.scratch.f32, [100 * 400 * 196, 100 * 12544, 32, 32, 32, 32, 64, 65]);
+}
+
+/// A BatchNorm whose output something else reads too, or a ReLU that reads
+/// another value, stays alone.
+#[test]
+fn a_batchnorm_whose_output_has_another_reader_is_not_fused() {
+    let layers = resolved(
+        r#"
+        input_shape = [2, 4, 4]
+        layers = [
+          { type = "batchnorm2d", name = "bn" },
+          { type = "residual", layers = [{ type = "relu", name = "relu" }] },
+          { type = "relu", name = "after" },
+          { type = "flatten" },
+          { type = "linear", out_features = 3 },
+        ]
+        "#,
+    );
+    let model = Model::new(&layers, 1).unwrap();
+    let p = Plan::new(&model, 2).unwrap();
+    assert!(p.layers.iter().all(|l| !matches!(l.op, DeviceOp::BnRelu(_))), "{:?}", p.layers);
+    assert_eq!(p.layers.len(), model.layers.len());
+    check_storage(&p, false, "residual");
 }
 
 #[test]
@@ -253,13 +315,16 @@ fn every_config_plans_its_activations_by_liveness() {
         for level in [OptLevel::O0, OptLevel::O1, OptLevel::O2] {
             let mut model = Model::new(&layers, 1).unwrap();
             cast_model(&mut model, &Policy::for_level(level));
-            let p = Plan::new(&model, 2).unwrap();
             let what = format!("{} {level}", path.display());
-            check_storage(&p, level == OptLevel::O1, &what);
-            check_routes(&p, &what);
-            // Fewer elements than a buffer per value wherever some value dies early.
-            let (shared, one_each) = (p.buffers.iter().sum::<usize>(), p.acts.iter().sum::<usize>());
-            assert!(shared < one_each, "{what}: {shared} vs {one_each}");
+            for (p, fused) in [(Plan::new(&model, 2).unwrap(), true), (unfused_plan(&model, 2), false)] {
+                let what = format!("{what}{}", if fused { "" } else { " unfused" });
+                check_storage(&p, level == OptLevel::O1, &what);
+                check_routes(&p, &what);
+                // Fewer elements than a buffer per value wherever some value
+                // dies early (BatchNorm's outputs, unless fused away).
+                let (shared, one_each) = (p.buffers.iter().sum::<usize>(), p.acts.iter().sum::<usize>());
+                assert!(shared < one_each || (fused && shared == one_each), "{what}: {shared} vs {one_each}");
+            }
         }
     }
 }
@@ -303,7 +368,7 @@ fn a_residual_adds_its_second_dx() {
 fn o1_wraps_conv_and_linear_with_its_f16_scratch_first() {
     let mut model = Model::new(&mnist_layers(), 1).unwrap();
     cast_model(&mut model, &Policy::for_level(OptLevel::O1));
-    let p = Plan::new(&model, 4).unwrap();
+    let p = unfused_plan(&model, 4);
     let conv2 = &p.layers[4];
     assert!(conv2.o1 && !conv2.needs.reads_input);
     // Weight, bias, their gradients, then one batch of output, dy and dx;

@@ -20,6 +20,7 @@ use std::fmt;
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
+use super::cuda::fused::{BnRelu, Fusion, Run};
 use super::cuda::layer::{Backward, DeviceLayer, Elem, Forward, Needs, PlanArgs, StateArgs};
 use super::cuda::params::DevBuf;
 use super::{Node, Param, SyncGroup};
@@ -257,7 +258,11 @@ struct Table<'a, C: Serialize> {
 }
 
 macro_rules! registry {
-    (layers: [$($module:ident :: $Ty:ident),+ $(,)?], joins: [$($jmodule:ident :: $J:ident),+ $(,)?] $(,)?) => {
+    (
+        layers: [$($module:ident :: $Ty:ident),+ $(,)?],
+        joins: [$($jmodule:ident :: $J:ident),+ $(,)?],
+        fused: [$($F:ident),+ $(,)?] $(,)?
+    ) => {
         $(pub mod $module; pub use $module::$Ty;)+
         $(pub mod $jmodule; pub use $jmodule::$J;)+
 
@@ -459,12 +464,27 @@ macro_rules! registry {
         pub enum DeviceOp {
             $($Ty(<$module::$Ty as DeviceLayer>::Plan),)+
             $($J(<$jmodule::$J as DeviceLayer>::Plan),)+
+            $($F(<$F as DeviceLayer>::Plan),)+
         }
 
         /// A node of the device model: its plan and the state it keeps on the device.
         pub enum DeviceNode {
             $($Ty(<$module::$Ty as DeviceLayer>::Plan, <$module::$Ty as DeviceLayer>::State),)+
             $($J(<$jmodule::$J as DeviceLayer>::Plan, <$jmodule::$J as DeviceLayer>::State),)+
+            $($F(<$F as DeviceLayer>::Plan, <$F as DeviceLayer>::State),)+
+        }
+
+        /// The first fused group (`nn/cuda/fused/`) whose rule takes the run
+        /// at its head: its plan, its needs and how many nodes it spans.
+        pub fn fuse_at(run: &Run<'_>) -> Result<Option<(DeviceOp, Needs, usize)>> {
+            $(if let Some((g, len)) = <$F as Fusion>::matches(run) {
+                let name = run.name(len);
+                if let Some(a) = run.args(len, &name) {
+                    let (p, needs) = g.plan(&a)?;
+                    return Ok(Some((DeviceOp::$F(p), needs, len)));
+                }
+            })+
+            Ok(None)
         }
 
         impl LayerKind {
@@ -489,6 +509,10 @@ macro_rules! registry {
                         let s = <$jmodule::$J as DeviceLayer>::state(&p, a)?;
                         Ok(DeviceNode::$J(p, s))
                     })+
+                    $(DeviceOp::$F(p) => {
+                        let s = <$F as DeviceLayer>::state(&p, a)?;
+                        Ok(DeviceNode::$F(p, s))
+                    })+
                 }
             }
         }
@@ -498,6 +522,7 @@ macro_rules! registry {
                 match self {
                     $(DeviceNode::$Ty(..) => <$module::$Ty as Layer>::TYPE,)+
                     $(DeviceNode::$J(..) => <$jmodule::$J as Join>::TYPE,)+
+                    $(DeviceNode::$F(..) => <$F as Fusion>::TYPE,)+
                 }
             }
 
@@ -505,6 +530,7 @@ macro_rules! registry {
                 match self {
                     $(DeviceNode::$Ty(p, s) => <$module::$Ty as DeviceLayer>::forward(p, s, f),)+
                     $(DeviceNode::$J(p, s) => <$jmodule::$J as DeviceLayer>::forward(p, s, f),)+
+                    $(DeviceNode::$F(p, s) => <$F as DeviceLayer>::forward(p, s, f),)+
                 }
             }
 
@@ -512,6 +538,7 @@ macro_rules! registry {
                 match self {
                     $(DeviceNode::$Ty(p, s) => <$module::$Ty as DeviceLayer>::backward(p, s, b),)+
                     $(DeviceNode::$J(p, s) => <$jmodule::$J as DeviceLayer>::backward(p, s, b),)+
+                    $(DeviceNode::$F(p, s) => <$F as DeviceLayer>::backward(p, s, b),)+
                 }
             }
 
@@ -519,6 +546,7 @@ macro_rules! registry {
                 match self {
                     $(DeviceNode::$Ty(_, s) => <$module::$Ty as DeviceLayer>::upload(s, gpu, node),)+
                     $(DeviceNode::$J(_, s) => <$jmodule::$J as DeviceLayer>::upload(s, gpu, node),)+
+                    $(DeviceNode::$F(_, s) => <$F as DeviceLayer>::upload(s, gpu, node),)+
                 }
             }
 
@@ -526,6 +554,7 @@ macro_rules! registry {
                 match self {
                     $(DeviceNode::$Ty(_, s) => <$module::$Ty as DeviceLayer>::download(s, gpu, node),)+
                     $(DeviceNode::$J(_, s) => <$jmodule::$J as DeviceLayer>::download(s, gpu, node),)+
+                    $(DeviceNode::$F(_, s) => <$F as DeviceLayer>::download(s, gpu, node),)+
                 }
             }
 
@@ -533,6 +562,7 @@ macro_rules! registry {
                 match self {
                     $(DeviceNode::$Ty(_, s) => <$module::$Ty as DeviceLayer>::buffers_mut(s),)+
                     $(DeviceNode::$J(_, s) => <$jmodule::$J as DeviceLayer>::buffers_mut(s),)+
+                    $(DeviceNode::$F(_, s) => <$F as DeviceLayer>::buffers_mut(s),)+
                 }
             }
         }
@@ -567,6 +597,7 @@ registry! {
         attention::CausalSelfAttention,
     ],
     joins: [add::Add],
+    fused: [BnRelu],
 }
 
 impl LayerKind {

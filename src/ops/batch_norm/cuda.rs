@@ -9,6 +9,10 @@
 //! floats -> [`sync_stats`] -> [`forward_apply`]; backward: [`backward_reduce`]
 //! -> all-reduce the `2c` sums -> [`backward_dx`] with the global count.
 //!
+//! A ReLU fused behind BatchNorm ([`Epilogue::Relu`], the device plan's
+//! `batchnorm2d+relu` group) is applied as the forward stores each output,
+//! with the bits of the two layers one by one.
+//!
 //! The per-channel f32 buffers go in the structs the CPU twins take, named
 //! as PyTorch names them ([`BnParams`], [`RunningStats`], [`BnHyper`],
 //! [`SavedStats`], [`BnGrads`]), so none is passed by position.
@@ -24,10 +28,31 @@ const FILE: &str = "batch_norm.cu";
 static BN_BACKWARD_DX: TypedKernelFn = typed_kernel!(FILE, "bn_backward_dx");
 static BN_BACKWARD_REDUCE: TypedKernelFn = typed_kernel!(FILE, "bn_backward_reduce");
 static BN_FORWARD_APPLY: TypedKernelFn = typed_kernel!(FILE, "bn_forward_apply");
+static BN_FORWARD_APPLY_RELU: TypedKernelFn = typed_kernel!(FILE, "bn_forward_apply_relu");
 static BN_FORWARD_EVAL: TypedKernelFn = typed_kernel!(FILE, "bn_forward_eval");
+static BN_FORWARD_EVAL_RELU: TypedKernelFn = typed_kernel!(FILE, "bn_forward_eval_relu");
 static BN_FORWARD_STATS: TypedKernelFn = typed_kernel!(FILE, "bn_forward_stats");
 static BN_LOCAL_SUMS: TypedKernelFn = typed_kernel!(FILE, "bn_local_sums");
 static BN_SYNC_STATS: KernelFn = KernelFn::new(FILE, "bn_sync_stats");
+
+/// What the forward applies to each output as it stores it (cuBLASLt's
+/// word for the same thing on a GEMM).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Epilogue {
+    /// The normalized value itself.
+    Default,
+    /// ReLU (`kernels/relu.cu`'s forward) on it.
+    Relu,
+}
+
+impl Epilogue {
+    fn pick<'k>(self, plain: &'k TypedKernelFn, relu: &'k TypedKernelFn) -> &'k TypedKernelFn {
+        match self {
+            Epilogue::Default => plain,
+            Epilogue::Relu => relu,
+        }
+    }
+}
 
 /// Threads of the per-channel reduction blocks (a multiple of 32; the
 /// reduction order, hence the bits, depends on it).
@@ -118,6 +143,7 @@ pub fn forward_train<T: DeviceFloat>(
     hyper: BnHyper,
     y: &mut CudaViewMut<'_, T>,
     saved: SavedStats<&mut CudaViewMut<'_, f32>>,
+    epilogue: Epilogue,
 ) -> Result<()> {
     const OP: &str = "batch_norm forward_train";
     let (BnParams { weight, bias }, BnHyper { momentum, eps }) = (params, hyper);
@@ -146,11 +172,11 @@ pub fn forward_train<T: DeviceFloat>(
     b.arg(&mut *mean).arg(&mut *invstd).arg(running_mean).arg(running_var);
     launch(OP, &mut b, d.per_channel())?;
     let saved = SavedStats { mean: &mean.as_view(), invstd: &invstd.as_view() };
-    forward_apply(gpu, x, shape, saved, params, y)
+    forward_apply(gpu, x, shape, saved, params, y, epilogue)
 }
 
 /// `y = (x - mean) * invstd * weight + bias` with given per-channel
-/// statistics (the batch's, local or synced).
+/// statistics (the batch's, local or synced), then the `epilogue`.
 pub fn forward_apply<T: DeviceFloat>(
     gpu: &Gpu,
     x: &CudaView<'_, T>,
@@ -158,6 +184,7 @@ pub fn forward_apply<T: DeviceFloat>(
     saved: SavedStats<&CudaView<'_, f32>>,
     params: BnParams<&CudaView<'_, f32>>,
     y: &mut CudaViewMut<'_, T>,
+    epilogue: Epilogue,
 ) -> Result<()> {
     const OP: &str = "batch_norm forward_apply";
     let (SavedStats { mean, invstd }, BnParams { weight, bias }) = (saved, params);
@@ -173,13 +200,14 @@ pub fn forward_apply<T: DeviceFloat>(
         return Ok(());
     }
     let (n, c, hw) = d.args(OP)?;
-    let f = gpu.kernel(T::pick(&BN_FORWARD_APPLY))?;
+    let f = gpu.kernel(T::pick(epilogue.pick(&BN_FORWARD_APPLY, &BN_FORWARD_APPLY_RELU)))?;
     let mut b = f.launch_on(gpu.stream());
     b.arg(x).arg(mean).arg(invstd).arg(weight).arg(bias).arg(&n).arg(&c).arg(&hw).arg(y);
     launch(OP, &mut b, d.planes())
 }
 
-/// Evaluation forward with the running statistics.
+/// Evaluation forward with the running statistics, then the `epilogue`.
+#[allow(clippy::too_many_arguments)]
 pub fn forward_eval<T: DeviceFloat>(
     gpu: &Gpu,
     x: &CudaView<'_, T>,
@@ -188,6 +216,7 @@ pub fn forward_eval<T: DeviceFloat>(
     running: RunningStats<&CudaView<'_, f32>>,
     eps: f32,
     y: &mut CudaViewMut<'_, T>,
+    epilogue: Epilogue,
 ) -> Result<()> {
     const OP: &str = "batch_norm forward_eval";
     let (BnParams { weight, bias }, RunningStats { running_mean, running_var }) = (params, running);
@@ -207,7 +236,7 @@ pub fn forward_eval<T: DeviceFloat>(
         return Ok(());
     }
     let (n, c, hw) = d.args(OP)?;
-    let f = gpu.kernel(T::pick(&BN_FORWARD_EVAL))?;
+    let f = gpu.kernel(T::pick(epilogue.pick(&BN_FORWARD_EVAL, &BN_FORWARD_EVAL_RELU)))?;
     let mut b = f.launch_on(gpu.stream());
     b.arg(x).arg(weight).arg(bias).arg(running_mean).arg(running_var).arg(&eps);
     b.arg(&n).arg(&c).arg(&hw).arg(y);

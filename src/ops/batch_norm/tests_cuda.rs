@@ -76,6 +76,7 @@ fn forward_train_case<T: DeviceFloat>(test: &str) {
             BnHyper::default(),
             &mut dy.as_view_mut(),
             SavedStats { mean: &mut mean.as_view_mut(), invstd: &mut invstd.as_view_mut() },
+            Epilogue::Default,
         )
         .unwrap();
         let ctx = format!("{test} {shape:?}");
@@ -104,6 +105,7 @@ fn forward_train_case<T: DeviceFloat>(test: &str) {
             RunningStats { running_mean: &rmv, running_var: &rvv },
             1e-5,
             &mut out.as_view_mut(),
+            Epilogue::Default,
         )
         .unwrap();
         assert_close(&format!("{ctx} eval y"), &download(&gpu, &out), &ye.to_f32_vec(), tol::<T>());
@@ -171,6 +173,89 @@ fn backward_matches_cpu_f16() {
 }
 
 /// What sync.rs all-reduces for one rank's batch: [count, sum[c], sumsq[c]].
+/// The bits of a downloaded buffer (f16 values widen exactly).
+fn bits(gpu: &Gpu, b: &CudaSlice<impl DeviceFloat>) -> Vec<u32> {
+    download(gpu, b).iter().map(|v| v.to_bits()).collect()
+}
+
+/// The ReLU epilogue against BatchNorm's plain kernels followed by
+/// relu.cu's, bit for bit, in the training and the evaluation forward.
+fn relu_epilogue_case<T: DeviceFloat>(test: &str) {
+    use crate::ops::relu::cuda as relu;
+    let Some(gpu) = crate::cuda::test_gpu(test) else { return };
+    for (k, shape) in SHAPES.iter().enumerate() {
+        let (c, numel) = (shape[1], shape.iter().product::<usize>());
+        let ctx = format!("{test} {shape:?}");
+        let x = input::<T>(shape, 30 + k as u64);
+        let xd = upload::<T>(&gpu, &x.to_f32_vec());
+        let (w, b) = (upload::<f32>(&gpu, &param(c, 5, 1.0)), upload::<f32>(&gpu, &param(c, 6, 0.0)));
+        let train = |epilogue: Epilogue| {
+            let (mut rm, mut rv) =
+                (upload::<f32>(&gpu, &param(c, 7, 0.0)), upload::<f32>(&gpu, &param(c, 8, 1.0)));
+            let (mut mean, mut invstd) = (poisoned::<f32>(&gpu, c), poisoned::<f32>(&gpu, c));
+            let mut y = poisoned::<T>(&gpu, numel);
+            forward_train(
+                &gpu,
+                &xd.as_view(),
+                shape,
+                BnParams { weight: &w.as_view(), bias: &b.as_view() },
+                RunningStats { running_mean: &mut rm.as_view_mut(), running_var: &mut rv.as_view_mut() },
+                BnHyper::default(),
+                &mut y.as_view_mut(),
+                SavedStats { mean: &mut mean.as_view_mut(), invstd: &mut invstd.as_view_mut() },
+                epilogue,
+            )
+            .unwrap();
+            (y, mean, invstd, rm, rv)
+        };
+        let (plain, mean, invstd, rm, rv) = train(Epilogue::Default);
+        let mut want = poisoned::<T>(&gpu, numel);
+        relu::forward(&gpu, &plain, &mut want).unwrap();
+        let (fused, fmean, finvstd, frm, frv) = train(Epilogue::Relu);
+        assert_eq!(bits(&gpu, &fused), bits(&gpu, &want), "{ctx}: training forward");
+        let zeros = download(&gpu, &fused).iter().filter(|&&v| v == 0.0).count();
+        assert!(zeros > 0 && zeros < numel, "{ctx}: ReLU zeroed {zeros} of {numel}");
+        for (what, a, e) in [
+            ("mean", &fmean, &mean),
+            ("invstd", &finvstd, &invstd),
+            ("running_mean", &frm, &rm),
+            ("running_var", &frv, &rv),
+        ] {
+            assert_eq!(bits(&gpu, a), bits(&gpu, e), "{ctx}: {what}");
+        }
+
+        let eval = |epilogue: Epilogue| {
+            let mut y = poisoned::<T>(&gpu, numel);
+            let (rmv, rvv) = (rm.as_view(), rv.as_view());
+            forward_eval(
+                &gpu,
+                &xd.as_view(),
+                shape,
+                BnParams { weight: &w.as_view(), bias: &b.as_view() },
+                RunningStats { running_mean: &rmv, running_var: &rvv },
+                1e-5,
+                &mut y.as_view_mut(),
+                epilogue,
+            )
+            .unwrap();
+            y
+        };
+        let mut want_eval = poisoned::<T>(&gpu, numel);
+        relu::forward(&gpu, &eval(Epilogue::Default), &mut want_eval).unwrap();
+        assert_eq!(bits(&gpu, &eval(Epilogue::Relu)), bits(&gpu, &want_eval), "{ctx}: eval forward");
+    }
+}
+
+#[test]
+fn relu_epilogue_is_batch_norm_then_relu_bit_for_bit_f32() {
+    relu_epilogue_case::<f32>("relu_epilogue_is_batch_norm_then_relu_bit_for_bit_f32");
+}
+
+#[test]
+fn relu_epilogue_is_batch_norm_then_relu_bit_for_bit_f16() {
+    relu_epilogue_case::<half::f16>("relu_epilogue_is_batch_norm_then_relu_bit_for_bit_f16");
+}
+
 fn cpu_local_buf(x: &Tensor) -> Vec<f32> {
     let [n, c, h, w] = *x.shape() else { unreachable!() };
     let s = cpu::local_sums(&x.to_f32_vec(), n, c, h * w);
@@ -233,7 +318,8 @@ fn sync_case<T: DeviceFloat>(test: &str) {
     let (mv, iv) = (mean.as_view(), invstd.as_view());
     let params = BnParams { weight: &wd.as_view(), bias: &bd.as_view() };
     let saved_d = SavedStats { mean: &mv, invstd: &iv };
-    forward_apply(&gpu, &xd0.as_view(), &s0, saved_d, params, &mut y.as_view_mut()).unwrap();
+    forward_apply(&gpu, &xd0.as_view(), &s0, saved_d, params, &mut y.as_view_mut(), Epilogue::Default)
+        .unwrap();
     let y0 = y0.to_dtype(dtype::<T>()).to_f32_vec();
     assert_close(&format!("{ctx} y rank 0"), &download(&gpu, &y), &y0, tol::<T>());
 
@@ -334,6 +420,7 @@ fn bad_shapes_and_lengths_are_refused_before_launch() {
             BnHyper::default(),
             &mut y.as_view_mut(),
             SavedStats { mean: &mut m.as_view_mut(), invstd: &mut i.as_view_mut() },
+            Epilogue::Default,
         )
         .unwrap_err()
         .to_string()

@@ -15,7 +15,7 @@ use crate::nn::cuda::model::{alloc, view, view_mut};
 use crate::nn::cuda::params::DevBuf;
 use crate::nn::layers::BufferValue;
 use crate::nn::Node;
-use crate::ops::batch_norm::cuda as bnk;
+use crate::ops::batch_norm::cuda::{self as bnk, Epilogue};
 use crate::ops::batch_norm::{BnGrads, BnHyper, BnParams, RunningStats, SavedStats};
 use crate::tensor::{DType, Tensor};
 use cudarc::driver::{CudaSlice, CudaViewMut};
@@ -138,53 +138,7 @@ impl DeviceLayer for BatchNorm2d {
     }
 
     fn forward<A: Elem>(p: &BatchNormPlan, bn: &mut BnState, f: Forward<'_, A>) -> Result<()> {
-        let Forward { gpu, n, train, params, x, mut y, mut ws, hooks, .. } = f;
-        let (c, dt, shape) = (p.channels, p.param_dtype, [n, p.channels, p.hw, 1]);
-        let [mut w32, mut b32, mut rm32, mut rv32, _, _, _, mut totals] = ws.take::<f32, 8>(p.scratch())?;
-        let half = dt == DType::F16;
-        if half {
-            bn.cast_running(gpu, [&mut rm32, &mut rv32], true)?;
-        }
-        let w = f32_param(gpu, &params, &mut w32, 0, dt)?;
-        let b = f32_param(gpu, &params, &mut b32, 1, dt)?;
-        let bnp = BnParams { weight: &w, bias: &b };
-        if !train {
-            let (rm, rv) = match dt {
-                DType::F16 => (rm32.as_view(), rv32.as_view()),
-                DType::F32 => (view::<f32>(&bn.running_mean, c)?, view::<f32>(&bn.running_var, c)?),
-            };
-            let running = RunningStats { running_mean: &rm, running_var: &rv };
-            return bnk::forward_eval(gpu, &x, &shape, bnp, running, bn.eps, &mut y);
-        }
-        {
-            let BnState { running_mean: drm, running_var: drv, mean, invstd, eps, momentum, .. } = &mut *bn;
-            let (mut rm, mut rv) = if half {
-                (rm32.slice_mut(..), rv32.slice_mut(..))
-            } else {
-                (view_mut::<f32>(drm, c)?, view_mut::<f32>(drv, c)?)
-            };
-            let too_small = || internal("BatchNorm statistics of fewer channels");
-            let mut mean = mean.try_slice_mut(0..c).ok_or_else(too_small)?;
-            let mut invstd = invstd.try_slice_mut(0..c).ok_or_else(too_small)?;
-            let running = RunningStats { running_mean: &mut rm, running_var: &mut rv };
-            let hyper = BnHyper { momentum: *momentum, eps: *eps };
-            if p.sync {
-                bnk::local_sums(gpu, &x, &shape, &mut totals)?;
-                hooks.all_reduce_sum(&mut totals, "SyncBatchNorm forward")?;
-                let saved = SavedStats { mean: &mut mean, invstd: &mut invstd };
-                bnk::sync_stats(gpu, &totals.as_view(), c, hyper, saved, running)?;
-                let saved = SavedStats { mean: &mean.as_view(), invstd: &invstd.as_view() };
-                bnk::forward_apply(gpu, &x, &shape, saved, bnp, &mut y)?;
-            } else {
-                let saved = SavedStats { mean: &mut mean, invstd: &mut invstd };
-                bnk::forward_train(gpu, &x, &shape, bnp, running, hyper, &mut y, saved)?;
-            }
-        }
-        if half {
-            bn.cast_running(gpu, [&mut rm32, &mut rv32], false)?;
-        }
-        bn.num_batches_tracked += 1;
-        Ok(())
+        forward_with(p, bn, f, Epilogue::Default)
     }
 
     /// In its two launches, so that SyncBatchNorm can all-reduce the
@@ -264,4 +218,61 @@ impl DeviceLayer for BatchNorm2d {
     fn buffers_mut(s: &mut BnState) -> Vec<&mut DevBuf> {
         vec![&mut s.running_mean, &mut s.running_var]
     }
+}
+
+/// The forward, with `epilogue` applied to each output (ReLU for the
+/// `batchnorm2d+relu` group, `nn/cuda/fused/bn_relu.rs`).
+pub(crate) fn forward_with<A: Elem>(
+    p: &BatchNormPlan,
+    bn: &mut BnState,
+    f: Forward<'_, A>,
+    epilogue: Epilogue,
+) -> Result<()> {
+    let Forward { gpu, n, train, params, x, mut y, mut ws, hooks, .. } = f;
+    let (c, dt, shape) = (p.channels, p.param_dtype, [n, p.channels, p.hw, 1]);
+    let [mut w32, mut b32, mut rm32, mut rv32, _, _, _, mut totals] = ws.take::<f32, 8>(p.scratch())?;
+    let half = dt == DType::F16;
+    if half {
+        bn.cast_running(gpu, [&mut rm32, &mut rv32], true)?;
+    }
+    let w = f32_param(gpu, &params, &mut w32, 0, dt)?;
+    let b = f32_param(gpu, &params, &mut b32, 1, dt)?;
+    let bnp = BnParams { weight: &w, bias: &b };
+    if !train {
+        let (rm, rv) = match dt {
+            DType::F16 => (rm32.as_view(), rv32.as_view()),
+            DType::F32 => (view::<f32>(&bn.running_mean, c)?, view::<f32>(&bn.running_var, c)?),
+        };
+        let running = RunningStats { running_mean: &rm, running_var: &rv };
+        return bnk::forward_eval(gpu, &x, &shape, bnp, running, bn.eps, &mut y, epilogue);
+    }
+    {
+        let BnState { running_mean: drm, running_var: drv, mean, invstd, eps, momentum, .. } = &mut *bn;
+        let (mut rm, mut rv) = if half {
+            (rm32.slice_mut(..), rv32.slice_mut(..))
+        } else {
+            (view_mut::<f32>(drm, c)?, view_mut::<f32>(drv, c)?)
+        };
+        let too_small = || internal("BatchNorm statistics of fewer channels");
+        let mut mean = mean.try_slice_mut(0..c).ok_or_else(too_small)?;
+        let mut invstd = invstd.try_slice_mut(0..c).ok_or_else(too_small)?;
+        let running = RunningStats { running_mean: &mut rm, running_var: &mut rv };
+        let hyper = BnHyper { momentum: *momentum, eps: *eps };
+        if p.sync {
+            bnk::local_sums(gpu, &x, &shape, &mut totals)?;
+            hooks.all_reduce_sum(&mut totals, "SyncBatchNorm forward")?;
+            let saved = SavedStats { mean: &mut mean, invstd: &mut invstd };
+            bnk::sync_stats(gpu, &totals.as_view(), c, hyper, saved, running)?;
+            let saved = SavedStats { mean: &mean.as_view(), invstd: &invstd.as_view() };
+            bnk::forward_apply(gpu, &x, &shape, saved, bnp, &mut y, epilogue)?;
+        } else {
+            let saved = SavedStats { mean: &mut mean, invstd: &mut invstd };
+            bnk::forward_train(gpu, &x, &shape, bnp, running, hyper, &mut y, saved, epilogue)?;
+        }
+    }
+    if half {
+        bn.cast_running(gpu, [&mut rm32, &mut rv32], false)?;
+    }
+    bn.num_batches_tracked += 1;
+    Ok(())
 }
