@@ -11,11 +11,11 @@
 // subset in order, then a fixed warp-shuffle tree; no atomics, so the same
 // input gives the same bits on every run.
 //
-// BatchNorm + ReLU fused (the device plan's batchnorm2d+relu group,
-// src/nn/cuda/fused/bn_relu.rs): the forwards' `_relu` twins apply
-// relu.cu's forward to each output as they store it, so the pair's bits are
-// those of the two layers run one by one, with one pass over the
-// activations fewer. Backward keeps relu.cu's own pass: its masked gradient
+// BatchNorm + ReLU and BatchNorm + add + ReLU fused (the device plan's
+// groups, src/nn/cuda/fused/): the forwards' `_relu` and `_add_relu` twins
+// apply relu.cu's forward (after add.cu's sum with the residual) to each
+// output as they store it, so the bits are those of the layers run one by
+// one, with a pass over the activations fewer per layer fused. Backward keeps relu.cu's own pass: its masked gradient
 // is what both backward kernels read, and the per-channel reduction, the
 // slowest of them, would otherwise load a third tensor.
 //
@@ -73,12 +73,16 @@ __device__ __forceinline__ float2 affine(float mean, float invstd, float w, floa
 }
 
 
-// The value stored for output v: v rounded to T, then (RELU) relu.cu's
-// forward on it, which zeroes only a value < 0.
-template <typename T, bool RELU>
-__device__ __forceinline__ T bn_out(float v) {
-  const T t = ddp::from_f32<T>(v);
-  if (RELU && ddp::to_f32(t) < 0.f) return ddp::from_f32<T>(0.f);
+// What the forwards store for output v at i (the epilogue, see the
+// launchers' Epilogue): v rounded to T (BN_PLAIN); then relu.cu's forward on
+// it, which zeroes only a value < 0 (BN_RELU); or add.cu's sum with r[i],
+// rounded, then that ReLU (BN_ADD_RELU: a residual block's end).
+enum { BN_PLAIN, BN_RELU, BN_ADD_RELU };
+template <typename T, int EPI>
+__device__ __forceinline__ T bn_store(float v, const T* r, long long i) {
+  T t = ddp::from_f32<T>(v);
+  if (EPI == BN_ADD_RELU) t = ddp::from_f32<T>(ddp::to_f32(t) + ddp::to_f32(r[i]));
+  if (EPI != BN_PLAIN && ddp::to_f32(t) < 0.f) return ddp::from_f32<T>(0.f);
   return t;
 }
 
@@ -183,51 +187,82 @@ extern "C" __global__ void bn_sync_stats(const float* totals, long long c, float
 // y = (x - mean) * invstd * weight + bias, folded into one multiply-add per
 // element (cpu::normalize_affine). Used with the batch statistics in training
 // (local or synced).
-template <typename T, bool RELU>
+template <typename T, int EPI>
 __device__ void bn_forward_apply_tmpl(const T* x, const float* mean, const float* invstd, const float* weight,
-                                      const float* bias, long long n, long long c, long long hw, T* y) {
+                                      const float* bias, long long n, long long c, long long hw, const T* r,
+                                      T* y) {
   BN_FOR_EACH_PLANE(plane, ch, n, c) {
     const float2 ab = affine(mean[ch], invstd[ch], weight[ch], bias[ch]);
     const T* xp = x + plane * hw;
     T* yp = y + plane * hw;
-    BN_FOR_EACH_POS(j, hw) { yp[j] = bn_out<T, RELU>(__fadd_rn(__fmul_rn(ddp::to_f32(xp[j]), ab.x), ab.y)); }
+    BN_FOR_EACH_POS(j, hw) {
+      yp[j] = bn_store<T, EPI>(__fadd_rn(__fmul_rn(ddp::to_f32(xp[j]), ab.x), ab.y), r, plane * hw + j);
+    }
   }
 }
 #define BN_FORWARD_APPLY_PARAMS                                                                       \
   (const T* x, const float* mean, const float* invstd, const float* weight, const float* bias, long long n, \
    long long c, long long hw, T* y)
-#define BN_FORWARD_APPLY_ARGS (x, mean, invstd, weight, bias, n, c, hw, y)
+#define BN_FORWARD_APPLY_ADD_PARAMS                                                                   \
+  (const T* x, const float* mean, const float* invstd, const float* weight, const float* bias, long long n, \
+   long long c, long long hw, const T* r, T* y)
 template <typename T>
-__device__ void bn_forward_apply_impl BN_FORWARD_APPLY_PARAMS { bn_forward_apply_tmpl<T, false> BN_FORWARD_APPLY_ARGS; }
+__device__ void bn_forward_apply_impl BN_FORWARD_APPLY_PARAMS {
+  bn_forward_apply_tmpl<T, BN_PLAIN>(x, mean, invstd, weight, bias, n, c, hw, y, y);
+}
 template <typename T>
-__device__ void bn_forward_apply_relu_impl BN_FORWARD_APPLY_PARAMS { bn_forward_apply_tmpl<T, true> BN_FORWARD_APPLY_ARGS; }
-DDP_INSTANTIATE(bn_forward_apply, BN_FORWARD_APPLY_PARAMS, BN_FORWARD_APPLY_ARGS)
-DDP_INSTANTIATE(bn_forward_apply_relu, BN_FORWARD_APPLY_PARAMS, BN_FORWARD_APPLY_ARGS)
+__device__ void bn_forward_apply_relu_impl BN_FORWARD_APPLY_PARAMS {
+  bn_forward_apply_tmpl<T, BN_RELU>(x, mean, invstd, weight, bias, n, c, hw, y, y);
+}
+template <typename T>
+__device__ void bn_forward_apply_add_relu_impl BN_FORWARD_APPLY_ADD_PARAMS {
+  bn_forward_apply_tmpl<T, BN_ADD_RELU>(x, mean, invstd, weight, bias, n, c, hw, r, y);
+}
+DDP_INSTANTIATE(bn_forward_apply, BN_FORWARD_APPLY_PARAMS, (x, mean, invstd, weight, bias, n, c, hw, y))
+DDP_INSTANTIATE(bn_forward_apply_relu, BN_FORWARD_APPLY_PARAMS, (x, mean, invstd, weight, bias, n, c, hw, y))
+DDP_INSTANTIATE(bn_forward_apply_add_relu, BN_FORWARD_APPLY_ADD_PARAMS,
+                (x, mean, invstd, weight, bias, n, c, hw, r, y))
 
 // Evaluation: normalizes with the running statistics, invstd in f32 as
 // cpu::invstd_from_var.
-template <typename T, bool RELU>
+template <typename T, int EPI>
 __device__ void bn_forward_eval_tmpl(const T* x, const float* weight, const float* bias,
                                      const float* running_mean, const float* running_var, float eps,
-                                     long long n, long long c, long long hw, T* y) {
+                                     long long n, long long c, long long hw, const T* r, T* y) {
   BN_FOR_EACH_PLANE(plane, ch, n, c) {
     const float istd = __fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(running_var[ch], eps)));
     const float2 ab = affine(running_mean[ch], istd, weight[ch], bias[ch]);
     const T* xp = x + plane * hw;
     T* yp = y + plane * hw;
-    BN_FOR_EACH_POS(j, hw) { yp[j] = bn_out<T, RELU>(__fadd_rn(__fmul_rn(ddp::to_f32(xp[j]), ab.x), ab.y)); }
+    BN_FOR_EACH_POS(j, hw) {
+      yp[j] = bn_store<T, EPI>(__fadd_rn(__fmul_rn(ddp::to_f32(xp[j]), ab.x), ab.y), r, plane * hw + j);
+    }
   }
 }
 #define BN_FORWARD_EVAL_PARAMS                                                                           \
   (const T* x, const float* weight, const float* bias, const float* running_mean, const float* running_var, \
    float eps, long long n, long long c, long long hw, T* y)
-#define BN_FORWARD_EVAL_ARGS (x, weight, bias, running_mean, running_var, eps, n, c, hw, y)
+#define BN_FORWARD_EVAL_ADD_PARAMS                                                                       \
+  (const T* x, const float* weight, const float* bias, const float* running_mean, const float* running_var, \
+   float eps, long long n, long long c, long long hw, const T* r, T* y)
 template <typename T>
-__device__ void bn_forward_eval_impl BN_FORWARD_EVAL_PARAMS { bn_forward_eval_tmpl<T, false> BN_FORWARD_EVAL_ARGS; }
+__device__ void bn_forward_eval_impl BN_FORWARD_EVAL_PARAMS {
+  bn_forward_eval_tmpl<T, BN_PLAIN>(x, weight, bias, running_mean, running_var, eps, n, c, hw, y, y);
+}
 template <typename T>
-__device__ void bn_forward_eval_relu_impl BN_FORWARD_EVAL_PARAMS { bn_forward_eval_tmpl<T, true> BN_FORWARD_EVAL_ARGS; }
-DDP_INSTANTIATE(bn_forward_eval, BN_FORWARD_EVAL_PARAMS, BN_FORWARD_EVAL_ARGS)
-DDP_INSTANTIATE(bn_forward_eval_relu, BN_FORWARD_EVAL_PARAMS, BN_FORWARD_EVAL_ARGS)
+__device__ void bn_forward_eval_relu_impl BN_FORWARD_EVAL_PARAMS {
+  bn_forward_eval_tmpl<T, BN_RELU>(x, weight, bias, running_mean, running_var, eps, n, c, hw, y, y);
+}
+template <typename T>
+__device__ void bn_forward_eval_add_relu_impl BN_FORWARD_EVAL_ADD_PARAMS {
+  bn_forward_eval_tmpl<T, BN_ADD_RELU>(x, weight, bias, running_mean, running_var, eps, n, c, hw, r, y);
+}
+DDP_INSTANTIATE(bn_forward_eval, BN_FORWARD_EVAL_PARAMS,
+                (x, weight, bias, running_mean, running_var, eps, n, c, hw, y))
+DDP_INSTANTIATE(bn_forward_eval_relu, BN_FORWARD_EVAL_PARAMS,
+                (x, weight, bias, running_mean, running_var, eps, n, c, hw, y))
+DDP_INSTANTIATE(bn_forward_eval_add_relu, BN_FORWARD_EVAL_ADD_PARAMS,
+                (x, weight, bias, running_mean, running_var, eps, n, c, hw, r, y))
 
 // Backward, step 1 (one block per channel): sums = [sum dy[c], sum dy*xhat[c]]
 // of this batch, which SyncBatchNorm all-reduces before step 2; the same

@@ -158,14 +158,17 @@ fn checkpoints_cross_between_the_gpu_and_the_cpu() {
         train::train(&cfg(&dir.path().join(format!("{device}_straight")), device)).unwrap();
     }
     // The devices round differently, and SGD with momentum on 50-image
-    // batches amplifies that: the straight runs part by 1.7e-3 to 7.2e-3
-    // after 20 steps (seeds 1, 2, 3, 42), a run crossing at step 10 by
-    // 9e-7 to 2.1e-4 from its first device's: a crossed run has only its
-    // last ten steps to part in. A resume that lost state (a step, the
-    // momentum, the data order, the schedule) starts those steps elsewhere.
+    // batches may amplify that: the straight runs have parted by 1.7e-3 to
+    // 7.2e-3 after 20 steps (seeds 1, 2, 3, 42), a run crossing at step 10
+    // by 9e-7 to 2.1e-4 from its first device's (a crossed run has only its
+    // last ten steps to part in); on another machine (its OpenBLAS under the
+    // emulated cuBLAS) the straight runs parted by 1.6e-5 and the crossed
+    // one by as much, the rounding noise of the last steps. A resume that
+    // lost state (a step, the momentum, the data order, the schedule)
+    // starts those steps elsewhere, far above that noise.
     let between_devices = max_rel_diff(&straight("cpu"), &straight("cuda"));
     println!("the straight runs part by {between_devices:.3e}");
-    let bound = (between_devices / 4.0).clamp(1e-5, 1e-3);
+    let bound = (between_devices / 4.0).clamp(1e-4, 1e-3);
     for (first, then) in [("cuda", "cpu"), ("cpu", "cuda")] {
         let out = dir.path().join(format!("{first}_then_{then}"));
         halted(&cfg(&out, first), 13);
@@ -177,7 +180,7 @@ fn checkpoints_cross_between_the_gpu_and_the_cpu() {
         assert!(
             d < bound,
             "{first} then {then}: weights differ from the {first} run by {d:e} (relative), more than \
-             {bound:e}, a quarter of the straight runs' difference"
+             {bound:e}, a quarter of the straight runs' difference (at least 1e-4)"
         );
     }
 }

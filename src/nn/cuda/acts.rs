@@ -66,3 +66,22 @@ pub(super) fn read_and_write(
         Some((&lo[read], &mut hi[0]))
     }
 }
+
+/// `bufs[read]` and, writable, `bufs[w]` for each `w` of `writes`, in
+/// order: `None` when two of them are one buffer or one is out of range.
+pub(super) fn read_and_writes<'g>(
+    bufs: &'g mut [DevBuf],
+    read: usize,
+    writes: &[usize],
+) -> Option<(&'g DevBuf, Vec<&'g mut DevBuf>)> {
+    let mut r = None;
+    let mut w: Vec<Option<&'g mut DevBuf>> = writes.iter().map(|_| None).collect();
+    for (j, b) in bufs.iter_mut().enumerate() {
+        if j == read {
+            r = Some(&*b);
+        } else if let Some(k) = writes.iter().position(|&s| s == j) {
+            w[k] = Some(b);
+        }
+    }
+    Some((r?, w.into_iter().collect::<Option<Vec<_>>>()?))
+}

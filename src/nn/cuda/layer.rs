@@ -350,9 +350,22 @@ pub struct Backward<'a, A: Elem> {
     pub dy: CudaView<'a, A>,
     /// Where dx is written, when an input needs it.
     pub dx: Option<CudaViewMut<'a, A>>,
+    /// The gradients of a fused group's other inputs (the residual add's
+    /// second operand), in `srcs` order after the first; empty for a layer.
+    pub rest: Vec<RestDx<'a, A>>,
     pub ws: Workspace<'a>,
     pub ids: CudaView<'a, f32>,
     pub hooks: &'a mut dyn TrainHooks,
+}
+
+/// How the dx of a fused group's later input reaches its gradient.
+pub enum RestDx<'a, A> {
+    /// No gradient (the model input's).
+    None,
+    /// The first dx into it: written (`=`).
+    Write(CudaViewMut<'a, A>),
+    /// Another reader's dx is there: added (`+=`).
+    Add(CudaViewMut<'a, A>),
 }
 
 /// What a backward reads (`Backward::x`, `y`, `dx`), or an error naming it

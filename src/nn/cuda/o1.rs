@@ -122,6 +122,7 @@ pub fn backward(
         y: None,
         dy: dy16.as_view(),
         dx: dx.is_some().then(|| dx16.slice_mut(..)),
+        rest: Vec::new(),
         ws,
         ids,
         hooks,

@@ -5,8 +5,8 @@
 //! their kernels are launched. Launches only, on the compute stream: no
 //! host synchronization.
 
-use super::acts::{read_and_write, Acts};
-use super::layer::{internal, Backward, Elem, Forward, Grad, Params};
+use super::acts::{read_and_write, read_and_writes, Acts};
+use super::layer::{internal, Backward, Elem, Forward, Grad, Params, RestDx};
 use super::model::{view, view_mut, GpuModel, LocalHooks, TrainHooks};
 use super::plan::Route;
 use crate::error::{Error, Result};
@@ -152,15 +152,34 @@ impl GpuModel {
             (read(lp.needs.reads_input, lp.src, in_len)?, read(lp.needs.reads_output, lp.dst, out_len)?);
         let dst = grad_slot(plan, lp.dst)?;
         let route = lp.routes.first().copied().unwrap_or(Route::None);
-        let (dy, dx) = match route {
-            Route::None => (&grads[dst], None),
-            Route::Add => (&grads[dst], Some(&mut *dx_scratch)),
-            Route::Write => {
-                let (dy, dx) = read_and_write(grads, dst, grad_slot(plan, lp.src)?)
-                    .ok_or_else(|| internal(format!("{}: dy and dx in one gradient buffer", lp.name)))?;
-                (dy, Some(dx))
-            }
+        // The gradients written here: dx's when it is the first into its
+        // value's, and each later input's (a fused group's) that has one.
+        let later: Vec<(Route, usize)> = lp
+            .srcs
+            .iter()
+            .skip(1)
+            .zip(lp.routes.iter().skip(1))
+            .filter(|(_, &r)| r != Route::None)
+            .map(|(&s, &r)| Ok((r, grad_slot(plan, s)?)))
+            .collect::<Result<_>>()?;
+        let first = (route == Route::Write).then(|| grad_slot(plan, lp.src)).transpose()?;
+        let slots: Vec<usize> = first.iter().copied().chain(later.iter().map(|&(_, s)| s)).collect();
+        let (dy, mut writes) = read_and_writes(grads, dst, &slots)
+            .ok_or_else(|| internal(format!("{}: dy and a dx in one gradient buffer", lp.name)))?;
+        let rest = writes.split_off(first.iter().count());
+        let dx = match route {
+            Route::None => None,
+            Route::Add => Some(&mut *dx_scratch),
+            Route::Write => writes.pop(),
         };
+        let rest = later
+            .iter()
+            .zip(rest)
+            .map(|(&(r, _), g)| {
+                let g = view_mut::<A>(g, in_len)?;
+                Ok(if r == Route::Add { RestDx::Add(g) } else { RestDx::Write(g) })
+            })
+            .collect::<Result<Vec<_>>>()?;
         let b = Backward {
             gpu,
             blas,
@@ -171,6 +190,7 @@ impl GpuModel {
             y,
             dy: view::<A>(dy, out_len)?,
             dx: dx.map(|d| view_mut::<A>(d, in_len)).transpose()?,
+            rest,
             ws: scratch.all(),
             ids: ids.as_view(),
             hooks,

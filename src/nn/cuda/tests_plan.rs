@@ -362,6 +362,12 @@ fn a_residual_adds_its_second_dx() {
     let adds = p.layers.iter().filter(|l| l.needs.grad == Grad::Backward && l.routes == [Route::Add]).count();
     assert!(adds >= 9, "{adds} convs add their dx");
     assert!(p.dx_scratch);
+    // Each block's first BatchNorm + ReLU and the stem's; each block's end,
+    // headed by the shortcut's BatchNorm where there is one (it runs last).
+    let count = |f: fn(&DeviceOp) -> bool| p.layers.iter().filter(|l| f(&l.op)).count();
+    assert_eq!(count(|op| matches!(op, DeviceOp::BnRelu(_))), 10);
+    assert_eq!(count(|op| matches!(op, DeviceOp::BnAddRelu(_))), 9);
+    assert_eq!(count(|op| matches!(op, DeviceOp::Add(_) | DeviceOp::Relu(_))), 0);
 }
 
 #[test]

@@ -20,7 +20,7 @@ use std::fmt;
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
-use super::cuda::fused::{BnRelu, Fusion, Run};
+use super::cuda::fused::{BnAddRelu, BnRelu, Fusion, Run};
 use super::cuda::layer::{Backward, DeviceLayer, Elem, Forward, Needs, PlanArgs, StateArgs};
 use super::cuda::params::DevBuf;
 use super::{Node, Param, SyncGroup};
@@ -597,7 +597,7 @@ registry! {
         attention::CausalSelfAttention,
     ],
     joins: [add::Add],
-    fused: [BnRelu],
+    fused: [BnAddRelu, BnRelu],
 }
 
 impl LayerKind {

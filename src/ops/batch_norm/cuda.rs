@@ -29,27 +29,40 @@ static BN_BACKWARD_DX: TypedKernelFn = typed_kernel!(FILE, "bn_backward_dx");
 static BN_BACKWARD_REDUCE: TypedKernelFn = typed_kernel!(FILE, "bn_backward_reduce");
 static BN_FORWARD_APPLY: TypedKernelFn = typed_kernel!(FILE, "bn_forward_apply");
 static BN_FORWARD_APPLY_RELU: TypedKernelFn = typed_kernel!(FILE, "bn_forward_apply_relu");
+static BN_FORWARD_APPLY_ADD_RELU: TypedKernelFn = typed_kernel!(FILE, "bn_forward_apply_add_relu");
 static BN_FORWARD_EVAL: TypedKernelFn = typed_kernel!(FILE, "bn_forward_eval");
 static BN_FORWARD_EVAL_RELU: TypedKernelFn = typed_kernel!(FILE, "bn_forward_eval_relu");
+static BN_FORWARD_EVAL_ADD_RELU: TypedKernelFn = typed_kernel!(FILE, "bn_forward_eval_add_relu");
 static BN_FORWARD_STATS: TypedKernelFn = typed_kernel!(FILE, "bn_forward_stats");
 static BN_LOCAL_SUMS: TypedKernelFn = typed_kernel!(FILE, "bn_local_sums");
 static BN_SYNC_STATS: KernelFn = KernelFn::new(FILE, "bn_sync_stats");
 
 /// What the forward applies to each output as it stores it (cuBLASLt's
 /// word for the same thing on a GEMM).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Epilogue {
+#[derive(Clone, Copy)]
+pub enum Epilogue<'a, 'b, T> {
     /// The normalized value itself.
     Default,
     /// ReLU (`kernels/relu.cu`'s forward) on it.
     Relu,
+    /// The residual added (`kernels/add.cu`'s sum), then ReLU: a residual
+    /// block's end.
+    AddRelu(&'a CudaView<'b, T>),
 }
 
-impl Epilogue {
-    fn pick<'k>(self, plain: &'k TypedKernelFn, relu: &'k TypedKernelFn) -> &'k TypedKernelFn {
+impl<T> Epilogue<'_, '_, T> {
+    fn pick<'k>(&self, [plain, relu, add_relu]: [&'k TypedKernelFn; 3]) -> &'k TypedKernelFn {
         match self {
             Epilogue::Default => plain,
             Epilogue::Relu => relu,
+            Epilogue::AddRelu(_) => add_relu,
+        }
+    }
+
+    fn check(&self, op: &str, numel: usize) -> Result<()> {
+        match self {
+            Epilogue::AddRelu(r) => check_len(op, "residual", r.len(), numel),
+            _ => Ok(()),
         }
     }
 }
@@ -143,7 +156,7 @@ pub fn forward_train<T: DeviceFloat>(
     hyper: BnHyper,
     y: &mut CudaViewMut<'_, T>,
     saved: SavedStats<&mut CudaViewMut<'_, f32>>,
-    epilogue: Epilogue,
+    epilogue: Epilogue<'_, '_, T>,
 ) -> Result<()> {
     const OP: &str = "batch_norm forward_train";
     let (BnParams { weight, bias }, BnHyper { momentum, eps }) = (params, hyper);
@@ -152,6 +165,7 @@ pub fn forward_train<T: DeviceFloat>(
     d.check_training(OP, shape)?;
     check_len(OP, "x", x.len(), d.numel())?;
     check_len(OP, "y", y.len(), d.numel())?;
+    epilogue.check(OP, d.numel())?;
     for (what, len) in [("running_mean", running_mean.len()), ("running_var", running_var.len())] {
         check_len(OP, what, len, d.c)?;
     }
@@ -184,13 +198,14 @@ pub fn forward_apply<T: DeviceFloat>(
     saved: SavedStats<&CudaView<'_, f32>>,
     params: BnParams<&CudaView<'_, f32>>,
     y: &mut CudaViewMut<'_, T>,
-    epilogue: Epilogue,
+    epilogue: Epilogue<'_, '_, T>,
 ) -> Result<()> {
     const OP: &str = "batch_norm forward_apply";
     let (SavedStats { mean, invstd }, BnParams { weight, bias }) = (saved, params);
     let d = Nchw::new(OP, shape)?;
     check_len(OP, "x", x.len(), d.numel())?;
     check_len(OP, "y", y.len(), d.numel())?;
+    epilogue.check(OP, d.numel())?;
     for (what, len) in
         [("mean", mean.len()), ("invstd", invstd.len()), ("weight", weight.len()), ("bias", bias.len())]
     {
@@ -200,9 +215,14 @@ pub fn forward_apply<T: DeviceFloat>(
         return Ok(());
     }
     let (n, c, hw) = d.args(OP)?;
-    let f = gpu.kernel(T::pick(epilogue.pick(&BN_FORWARD_APPLY, &BN_FORWARD_APPLY_RELU)))?;
+    let kernels = [&BN_FORWARD_APPLY, &BN_FORWARD_APPLY_RELU, &BN_FORWARD_APPLY_ADD_RELU];
+    let f = gpu.kernel(T::pick(epilogue.pick(kernels)))?;
     let mut b = f.launch_on(gpu.stream());
-    b.arg(x).arg(mean).arg(invstd).arg(weight).arg(bias).arg(&n).arg(&c).arg(&hw).arg(y);
+    b.arg(x).arg(mean).arg(invstd).arg(weight).arg(bias).arg(&n).arg(&c).arg(&hw);
+    if let Epilogue::AddRelu(r) = epilogue {
+        b.arg(r);
+    }
+    b.arg(y);
     launch(OP, &mut b, d.planes())
 }
 
@@ -216,13 +236,14 @@ pub fn forward_eval<T: DeviceFloat>(
     running: RunningStats<&CudaView<'_, f32>>,
     eps: f32,
     y: &mut CudaViewMut<'_, T>,
-    epilogue: Epilogue,
+    epilogue: Epilogue<'_, '_, T>,
 ) -> Result<()> {
     const OP: &str = "batch_norm forward_eval";
     let (BnParams { weight, bias }, RunningStats { running_mean, running_var }) = (params, running);
     let d = Nchw::new(OP, shape)?;
     check_len(OP, "x", x.len(), d.numel())?;
     check_len(OP, "y", y.len(), d.numel())?;
+    epilogue.check(OP, d.numel())?;
     let params = [
         ("weight", weight.len()),
         ("bias", bias.len()),
@@ -236,10 +257,15 @@ pub fn forward_eval<T: DeviceFloat>(
         return Ok(());
     }
     let (n, c, hw) = d.args(OP)?;
-    let f = gpu.kernel(T::pick(epilogue.pick(&BN_FORWARD_EVAL, &BN_FORWARD_EVAL_RELU)))?;
+    let kernels = [&BN_FORWARD_EVAL, &BN_FORWARD_EVAL_RELU, &BN_FORWARD_EVAL_ADD_RELU];
+    let f = gpu.kernel(T::pick(epilogue.pick(kernels)))?;
     let mut b = f.launch_on(gpu.stream());
     b.arg(x).arg(weight).arg(bias).arg(running_mean).arg(running_var).arg(&eps);
-    b.arg(&n).arg(&c).arg(&hw).arg(y);
+    b.arg(&n).arg(&c).arg(&hw);
+    if let Epilogue::AddRelu(r) = epilogue {
+        b.arg(r);
+    }
+    b.arg(y);
     launch(OP, &mut b, d.planes())
 }
 

@@ -178,10 +178,11 @@ fn bits(gpu: &Gpu, b: &CudaSlice<impl DeviceFloat>) -> Vec<u32> {
     download(gpu, b).iter().map(|v| v.to_bits()).collect()
 }
 
-/// The ReLU epilogue against BatchNorm's plain kernels followed by
-/// relu.cu's, bit for bit, in the training and the evaluation forward.
+/// The ReLU and add + ReLU epilogues against BatchNorm's plain kernels
+/// followed by add.cu's and relu.cu's, bit for bit, in the training and the
+/// evaluation forward.
 fn relu_epilogue_case<T: DeviceFloat>(test: &str) {
-    use crate::ops::relu::cuda as relu;
+    use crate::ops::{add::cuda as add, relu::cuda as relu};
     let Some(gpu) = crate::cuda::test_gpu(test) else { return };
     for (k, shape) in SHAPES.iter().enumerate() {
         let (c, numel) = (shape[1], shape.iter().product::<usize>());
@@ -189,7 +190,7 @@ fn relu_epilogue_case<T: DeviceFloat>(test: &str) {
         let x = input::<T>(shape, 30 + k as u64);
         let xd = upload::<T>(&gpu, &x.to_f32_vec());
         let (w, b) = (upload::<f32>(&gpu, &param(c, 5, 1.0)), upload::<f32>(&gpu, &param(c, 6, 0.0)));
-        let train = |epilogue: Epilogue| {
+        let train = |epilogue: Epilogue<'_, '_, T>| {
             let (mut rm, mut rv) =
                 (upload::<f32>(&gpu, &param(c, 7, 0.0)), upload::<f32>(&gpu, &param(c, 8, 1.0)));
             let (mut mean, mut invstd) = (poisoned::<f32>(&gpu, c), poisoned::<f32>(&gpu, c));
@@ -224,7 +225,7 @@ fn relu_epilogue_case<T: DeviceFloat>(test: &str) {
             assert_eq!(bits(&gpu, a), bits(&gpu, e), "{ctx}: {what}");
         }
 
-        let eval = |epilogue: Epilogue| {
+        let eval = |epilogue: Epilogue<'_, '_, T>| {
             let mut y = poisoned::<T>(&gpu, numel);
             let (rmv, rvv) = (rm.as_view(), rv.as_view());
             forward_eval(
@@ -243,17 +244,49 @@ fn relu_epilogue_case<T: DeviceFloat>(test: &str) {
         let mut want_eval = poisoned::<T>(&gpu, numel);
         relu::forward(&gpu, &eval(Epilogue::Default), &mut want_eval).unwrap();
         assert_eq!(bits(&gpu, &eval(Epilogue::Relu)), bits(&gpu, &want_eval), "{ctx}: eval forward");
+
+        // A residual of the same scale: the sum's sign varies.
+        let r = upload::<T>(
+            &gpu,
+            &input::<T>(shape, 50 + k as u64).to_f32_vec().iter().map(|v| 2.5 - v).collect::<Vec<_>>(),
+        );
+        let then_add_relu = |y: &CudaSlice<T>| {
+            let (mut sum, mut out) = (poisoned::<T>(&gpu, numel), poisoned::<T>(&gpu, numel));
+            add::forward(&gpu, y, &r, &mut sum).unwrap();
+            relu::forward(&gpu, &sum, &mut out).unwrap();
+            bits(&gpu, &out)
+        };
+        let rv = r.as_view();
+        let (fused, ..) = train(Epilogue::AddRelu(&rv));
+        assert_eq!(bits(&gpu, &fused), then_add_relu(&plain), "{ctx}: training forward, add + ReLU");
+        let zeros = download(&gpu, &fused).iter().filter(|&&v| v == 0.0).count();
+        assert!(zeros > 0 && zeros < numel, "{ctx}: add + ReLU zeroed {zeros} of {numel}");
+        let want = then_add_relu(&eval(Epilogue::Default));
+        assert_eq!(bits(&gpu, &eval(Epilogue::AddRelu(&rv))), want, "{ctx}: eval forward, add + ReLU");
+        let short = r.slice(..numel - 1);
+        let e = forward_apply(
+            &gpu,
+            &xd.as_view(),
+            shape,
+            SavedStats { mean: &mean.as_view(), invstd: &invstd.as_view() },
+            BnParams { weight: &w.as_view(), bias: &b.as_view() },
+            &mut poisoned::<T>(&gpu, numel).as_view_mut(),
+            Epilogue::AddRelu(&short),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains(&format!("residual holds {} elements, expected {numel}", numel - 1)), "{e}");
     }
 }
 
 #[test]
-fn relu_epilogue_is_batch_norm_then_relu_bit_for_bit_f32() {
-    relu_epilogue_case::<f32>("relu_epilogue_is_batch_norm_then_relu_bit_for_bit_f32");
+fn epilogues_are_batch_norm_then_add_and_relu_bit_for_bit_f32() {
+    relu_epilogue_case::<f32>("epilogues_are_batch_norm_then_add_and_relu_bit_for_bit_f32");
 }
 
 #[test]
-fn relu_epilogue_is_batch_norm_then_relu_bit_for_bit_f16() {
-    relu_epilogue_case::<half::f16>("relu_epilogue_is_batch_norm_then_relu_bit_for_bit_f16");
+fn epilogues_are_batch_norm_then_add_and_relu_bit_for_bit_f16() {
+    relu_epilogue_case::<half::f16>("epilogues_are_batch_norm_then_add_and_relu_bit_for_bit_f16");
 }
 
 fn cpu_local_buf(x: &Tensor) -> Vec<f32> {

@@ -9,18 +9,27 @@
 //! bits are those of the two layers run one by one.
 
 use super::{Fusion, Run};
-use crate::cuda::Gpu;
 use crate::error::Result;
-use crate::nn::cuda::layer::{
-    read, Backward, DeviceLayer, Elem, Forward, Needs, PlanArgs, Scratch, StateArgs,
-};
-use crate::nn::cuda::params::DevBuf;
+use crate::nn::cuda::layer::{read, Backward, DeviceLayer, Elem, Forward, Needs, PlanArgs, Scratch};
 use crate::nn::layers::batchnorm2d::cuda::{forward_with, BatchNormPlan, BnState};
 use crate::nn::layers::{BatchNorm2d, LayerKind};
-use crate::nn::Node;
 use crate::ops::batch_norm::cuda::Epilogue;
 use crate::ops::relu::cuda as relu;
 use crate::tensor::DType;
+
+/// BatchNorm's `needs` with a first scratch region of the activations'
+/// dtype before its own: one batch of the group's output, for ReLU's dx.
+pub(super) fn scratch_first(needs: Needs, a: &PlanArgs<'_>) -> Needs {
+    let mut scratch = Scratch::default();
+    scratch.push(a.compute, a.max_batch.saturating_mul(a.out_numel()));
+    for &len in &needs.scratch.f32 {
+        scratch.push(DType::F32, len);
+    }
+    for &len in &needs.scratch.f16 {
+        scratch.push(DType::F16, len);
+    }
+    needs.scratch(scratch)
+}
 
 /// The group's BatchNorm2d (ReLU has no settings).
 pub struct BnRelu(BatchNorm2d);
@@ -44,27 +53,7 @@ pub struct BnReluPlan {
 }
 
 impl DeviceLayer for BnRelu {
-    type Plan = BnReluPlan;
-    type State = BnState;
-
-    /// BatchNorm's, after a first region of the activations' dtype for
-    /// ReLU's dx; backward also reads the group's output (ReLU's mask).
-    fn plan(&self, a: &PlanArgs<'_>) -> Result<(BnReluPlan, Needs)> {
-        let (bn, needs) = self.0.plan(a)?;
-        let mut scratch = Scratch::default();
-        scratch.push(a.compute, a.max_batch.saturating_mul(a.out_numel()));
-        for &len in &needs.scratch.f32 {
-            scratch.push(DType::F32, len);
-        }
-        for &len in &needs.scratch.f16 {
-            scratch.push(DType::F16, len);
-        }
-        Ok((BnReluPlan { bn, numel: a.out_numel() }, needs.reads_output().scratch(scratch)))
-    }
-
-    fn state(p: &BnReluPlan, a: &StateArgs<'_>) -> Result<BnState> {
-        BatchNorm2d::state(&p.bn, a)
-    }
+    head_batchnorm!();
 
     fn forward<A: Elem>(p: &BnReluPlan, s: &mut BnState, mut f: Forward<'_, A>) -> Result<()> {
         f.ws.take::<A, 1>([0])?;
@@ -72,23 +61,11 @@ impl DeviceLayer for BnRelu {
     }
 
     fn backward<A: Elem>(p: &BnReluPlan, s: &BnState, b: Backward<'_, A>) -> Result<()> {
-        let Backward { gpu, blas, n, draws, params, x, y, dy, dx, mut ws, ids, hooks } = b;
+        let Backward { gpu, blas, n, draws, params, x, y, dy, dx, rest, mut ws, ids, hooks } = b;
         let [mut g] = ws.take::<A, 1>([n.saturating_mul(p.numel)])?;
         relu::backward(gpu, &read(y, "output")?, &dy, &mut g)?;
         let dy = g.as_view();
-        let b = Backward { gpu, blas, n, draws, params, x, y: None, dy, dx, ws, ids, hooks };
+        let b = Backward { gpu, blas, n, draws, params, x, y: None, dy, dx, rest, ws, ids, hooks };
         BatchNorm2d::backward(&p.bn, s, b)
-    }
-
-    fn upload(s: &mut BnState, gpu: &Gpu, node: &Node) -> Result<()> {
-        BatchNorm2d::upload(s, gpu, node)
-    }
-
-    fn download(s: &BnState, gpu: &Gpu, node: &mut Node) -> Result<()> {
-        BatchNorm2d::download(s, gpu, node)
-    }
-
-    fn buffers_mut(s: &mut BnState) -> Vec<&mut DevBuf> {
-        BatchNorm2d::buffers_mut(s)
     }
 }

@@ -10,8 +10,47 @@
 //! member alone. Its device state is its head's (the only member with state
 //! so far), uploaded from and downloaded into the head's host node.
 
+/// The [`DeviceLayer`] items of a group headed by a BatchNorm2d (the
+/// tuple struct of that layer) and ending in ReLU: its plan is BatchNorm's
+/// after a first scratch region for ReLU's dx, reading the group's output
+/// (ReLU's mask); its state is BatchNorm's, allocated, uploaded,
+/// downloaded and broadcast as that layer's.
+macro_rules! head_batchnorm {
+    () => {
+        type Plan = crate::nn::cuda::fused::bn_relu::BnReluPlan;
+        type State = BnState;
+
+        fn plan(&self, a: &PlanArgs<'_>) -> Result<(Self::Plan, Needs)> {
+            let (bn, needs) = self.0.plan(a)?;
+            let needs = crate::nn::cuda::fused::bn_relu::scratch_first(needs, a);
+            Ok((
+                crate::nn::cuda::fused::bn_relu::BnReluPlan { bn, numel: a.out_numel() },
+                needs.reads_output(),
+            ))
+        }
+
+        fn state(p: &Self::Plan, a: &crate::nn::cuda::layer::StateArgs<'_>) -> Result<BnState> {
+            BatchNorm2d::state(&p.bn, a)
+        }
+
+        fn upload(s: &mut BnState, gpu: &crate::cuda::Gpu, node: &crate::nn::Node) -> Result<()> {
+            BatchNorm2d::upload(s, gpu, node)
+        }
+
+        fn download(s: &BnState, gpu: &crate::cuda::Gpu, node: &mut crate::nn::Node) -> Result<()> {
+            BatchNorm2d::download(s, gpu, node)
+        }
+
+        fn buffers_mut(s: &mut BnState) -> Vec<&mut crate::nn::cuda::params::DevBuf> {
+            BatchNorm2d::buffers_mut(s)
+        }
+    };
+}
+
+pub mod bn_add_relu;
 pub mod bn_relu;
 
+pub use bn_add_relu::BnAddRelu;
 pub use bn_relu::BnRelu;
 
 use super::layer::{DeviceLayer, PlanArgs};
@@ -50,6 +89,12 @@ impl<'a> Run<'a> {
     pub fn feeds_only_next(&self, k: usize) -> bool {
         let (Some(a), Some(b)) = (self.layers.get(k), self.layers.get(k + 1)) else { return false };
         a.dst != a.src && b.src == a.dst && self.readers.get(a.dst) == Some(&1)
+    }
+
+    /// Whether node `k`'s output is read by node `k + 1` alone, as any of its inputs.
+    pub fn read_only_by_next(&self, k: usize) -> bool {
+        let (Some(a), Some(b)) = (self.layers.get(k), self.layers.get(k + 1)) else { return false };
+        a.dst != a.src && b.srcs.contains(&a.dst) && self.readers.get(a.dst) == Some(&1)
     }
 
     /// The members' names joined by `+`.

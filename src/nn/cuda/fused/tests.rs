@@ -10,6 +10,7 @@ use crate::config::model::ResolvedLayer;
 use crate::config::OptLevel;
 use crate::cuda::Gpu;
 use crate::nn::cuda::plan::tests_plan::resolved;
+use crate::nn::cuda::plan::Route;
 use crate::nn::cuda::{GpuModel, LocalHooks};
 use crate::nn::layers::DeviceOp;
 use crate::nn::Model;
@@ -18,7 +19,10 @@ use crate::ops::testing::rand_vec_f32;
 use std::sync::Arc;
 
 /// conv, BatchNorm + ReLU, dropout (whose masks come from its own node's
-/// draws, past the group), a second BatchNorm + ReLU, the classifier.
+/// draws, past the group) into `h`; a block whose end (BatchNorm + add +
+/// ReLU) adds `h`, inside a residual that adds `h` again, so the group's dx
+/// for `h` is added to the outer add's; a second BatchNorm + ReLU, the
+/// classifier.
 fn layers() -> Vec<ResolvedLayer> {
     resolved(
         r#"
@@ -28,6 +32,15 @@ fn layers() -> Vec<ResolvedLayer> {
           { type = "batchnorm2d" },
           { type = "relu" },
           { type = "dropout", p = 0.25 },
+          { type = "residual", layers = [
+            { type = "residual", layers = [
+              { type = "conv2d", out_channels = 4, kernel_size = 3, padding = 1 },
+              { type = "batchnorm2d" },
+            ] },
+            { type = "relu" },
+            { type = "conv2d", out_channels = 4, kernel_size = 3, padding = 1 },
+          ] },
+          { type = "relu" },
           { type = "conv2d", out_channels = 3, kernel_size = 3 },
           { type = "batchnorm2d" },
           { type = "relu" },
@@ -54,8 +67,14 @@ fn bits(v: &[f32]) -> Vec<u32> {
 fn run(gpu: &Arc<Gpu>, host: &Model, fuse: bool) -> Seen {
     let make = || GpuModel::new(gpu.clone(), host, 9, 64, 256, false).unwrap();
     let mut dev = if fuse { make() } else { unfused(make) };
-    let fused = dev.plan().layers.iter().filter(|l| matches!(l.op, DeviceOp::BnRelu(_))).count();
-    assert_eq!(fused, if fuse { 2 } else { 0 }, "fused groups");
+    let count = |f: fn(&DeviceOp) -> bool| dev.plan().layers.iter().filter(|l| f(&l.op)).count();
+    let pairs = count(|op| matches!(op, DeviceOp::BnRelu(_)));
+    let ends = count(|op| matches!(op, DeviceOp::BnAddRelu(_)));
+    assert_eq!((pairs, ends), if fuse { (2, 1) } else { (0, 0) }, "fused groups");
+    if fuse {
+        let end = dev.plan().layers.iter().find(|l| matches!(l.op, DeviceOp::BnAddRelu(_))).unwrap();
+        assert_eq!(end.routes, [Route::Write, Route::Add], "{}", end.name);
+    }
     let per: usize = host.resolved[0].in_shape.iter().product();
     let s = gpu.stream();
     let mut seen = Seen { logits: Vec::new(), losses: Vec::new(), state: Vec::new() };
@@ -105,8 +124,8 @@ fn run(gpu: &Arc<Gpu>, host: &Model, fuse: bool) -> Seen {
 }
 
 #[test]
-fn batchnorm_relu_is_its_two_layers_bit_for_bit_at_every_opt_level() {
-    let Some(gpu) = crate::cuda::test_gpu("batchnorm_relu_is_its_two_layers_bit_for_bit_at_every_opt_level")
+fn fused_groups_are_their_layers_bit_for_bit_at_every_opt_level() {
+    let Some(gpu) = crate::cuda::test_gpu("fused_groups_are_their_layers_bit_for_bit_at_every_opt_level")
     else {
         return;
     };

@@ -220,13 +220,13 @@ impl DeviceLayer for BatchNorm2d {
     }
 }
 
-/// The forward, with `epilogue` applied to each output (ReLU for the
-/// `batchnorm2d+relu` group, `nn/cuda/fused/bn_relu.rs`).
+/// The forward, with `epilogue` applied to each output (the fused groups
+/// of `nn/cuda/fused/`).
 pub(crate) fn forward_with<A: Elem>(
     p: &BatchNormPlan,
     bn: &mut BnState,
     f: Forward<'_, A>,
-    epilogue: Epilogue,
+    epilogue: Epilogue<'_, '_, A>,
 ) -> Result<()> {
     let Forward { gpu, n, train, params, x, mut y, mut ws, hooks, .. } = f;
     let (c, dt, shape) = (p.channels, p.param_dtype, [n, p.channels, p.hw, 1]);
