@@ -348,10 +348,17 @@ impl<'b> Graph<'b> {
             } else {
                 format!("the blocks defined are {}", defined.join(", "))
             };
+            // PyTorch's class name (`ReLU`, `BatchNorm2d`, `AdaptiveAvgPool2d`)
+            // for its layer type, which is lower case.
+            let bare = |s: &str| s.replace('_', "").to_lowercase();
+            let meant = crate::nn::layers::TYPES.iter().find(|t| bare(t) == bare(block));
+            let hint = meant
+                .map(|t| format!(" (did you mean `{t}`? layer types are lower case)"))
+                .unwrap_or_default();
             return Err(err(
                 format!("{key}.type"),
                 format!(
-                    "{:?} is neither a layer type nor a block under [model.blocks]; {have}",
+                    "{:?} is neither a layer type nor a block under [model.blocks]{hint}; {have}",
                     crate::error::cut(block, crate::error::VALUE_CHARS)
                 ),
             ));

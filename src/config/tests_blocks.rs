@@ -189,6 +189,19 @@ fn block_definitions_are_checked() {
         "{msg}"
     );
 
+    // PyTorch's class names point at the layer type.
+    for (class, ty) in
+        [("ReLU", "relu"), ("BatchNorm2d", "batchnorm2d"), ("AdaptiveAvgPool2d", "adaptive_avgpool2d")]
+    {
+        let (key, msg) = err_of(&with_blocks(UNIT, &format!(r#"{{ type = "{class}" }}"#)));
+        assert_eq!(key, "model.layers[0].type");
+        let hint =
+            format!("nor a block under [model.blocks] (did you mean `{ty}`? layer types are lower case); ");
+        assert!(msg.contains(&hint), "{msg}");
+    }
+    let (_, msg) = err_of(&with_blocks(UNIT, r#"{ type = "Unti", args = { width = 1 } }"#));
+    assert!(!msg.contains("did you mean"), "{msg}");
+
     let bad = UNIT.replace("\"$width\", kernel_size = 3", "\"$widht\", kernel_size = 3");
     let (key, msg) = err_of(&with_blocks(&bad, r#"{ type = "Unit", args = { width = 1 } }"#));
     assert_eq!(key, "model.blocks.Unit.layers[0].layers[0].out_channels");

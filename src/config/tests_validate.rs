@@ -73,6 +73,12 @@ const CASES: &[(&[&str], &str, &str)] = &[
     (&["parallel.gradient_predivide_factor=0"], "parallel.gradient_predivide_factor", "positive"),
     (&["checkpoint.keep_last=0"], "checkpoint.keep_last", "at least 1"),
     (&["checkpoint.resume=\"\""], "checkpoint.resume", "checkpoint directory"),
+    (
+        &["checkpoint.resume=ato"],
+        "checkpoint.resume",
+        "\"ato\" is neither \"auto\", \"never\" nor a checkpoint directory (did you mean \"auto\"?)",
+    ),
+    (&["checkpoint.resume=nevr"], "checkpoint.resume", "(did you mean \"never\"?)"),
     (&["logging.every_steps=0"], "logging.every_steps", "at least 1"),
     (&["expect.min_test_accuracy=97"], "expect.min_test_accuracy", "fraction in [0, 1]"),
     (&["expect.max_final_loss=0"], "expect.max_final_loss", "positive"),

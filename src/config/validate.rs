@@ -466,8 +466,26 @@ impl Config {
         if self.checkpoint.keep_last == 0 {
             return Err(bad("checkpoint.keep_last", "must be at least 1"));
         }
-        if matches!(&self.checkpoint.resume, Resume::Path(p) if p.as_os_str().is_empty()) {
-            return Err(bad("checkpoint.resume", "must be \"auto\", \"never\" or a checkpoint directory"));
+        if let Resume::Path(p) = &self.checkpoint.resume {
+            if p.as_os_str().is_empty() {
+                return Err(bad(
+                    "checkpoint.resume",
+                    "must be \"auto\", \"never\" or a checkpoint directory",
+                ));
+            }
+            // A misspelt keyword names no checkpoint: say which it was meant to be.
+            let word = p.to_str().filter(|w| !w.contains(['/', '.']) && !p.exists());
+            if let Some(meant) =
+                word.and_then(|w| ["auto", "never"].into_iter().find(|k| super::load::similar(w, k)))
+            {
+                return Err(bad(
+                    "checkpoint.resume",
+                    format!(
+                        "{:?} is neither \"auto\", \"never\" nor a checkpoint directory (did you mean \"{meant}\"?)",
+                        crate::error::cut(&p.to_string_lossy(), crate::error::VALUE_CHARS)
+                    ),
+                ));
+            }
         }
         if self.logging.every_steps == 0 {
             return Err(bad("logging.every_steps", "must be at least 1"));
