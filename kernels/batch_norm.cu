@@ -15,9 +15,10 @@
 // groups, src/nn/cuda/fused/): the forwards' `_relu` and `_add_relu` twins
 // apply relu.cu's forward (after add.cu's sum with the residual) to each
 // output as they store it, so the bits are those of the layers run one by
-// one, with a pass over the activations fewer per layer fused. Backward keeps relu.cu's own pass: its masked gradient
-// is what both backward kernels read, and the per-channel reduction, the
-// slowest of them, would otherwise load a third tensor.
+// one, with a pass over the activations fewer per layer fused. Backward
+// keeps relu.cu's own pass: its masked gradient is what both backward
+// kernels read, and the per-channel reduction, the slowest of them, would
+// otherwise load a third tensor.
 //
 // Elementwise formulas use explicit round-to-nearest intrinsics (__fmul_rn,
 // __fadd_rn, ...) where the CPU twin rounds op by op: NVRTC contracts a*b+c
@@ -200,27 +201,34 @@ __device__ void bn_forward_apply_tmpl(const T* x, const float* mean, const float
     }
   }
 }
-#define BN_FORWARD_APPLY_PARAMS                                                                       \
-  (const T* x, const float* mean, const float* invstd, const float* weight, const float* bias, long long n, \
-   long long c, long long hw, T* y)
-#define BN_FORWARD_APPLY_ADD_PARAMS                                                                   \
-  (const T* x, const float* mean, const float* invstd, const float* weight, const float* bias, long long n, \
-   long long c, long long hw, const T* r, T* y)
 template <typename T>
-__device__ void bn_forward_apply_impl BN_FORWARD_APPLY_PARAMS {
+__device__ void bn_forward_apply_impl(const T* x, const float* mean, const float* invstd, const float* weight,
+                                      const float* bias, long long n, long long c, long long hw, T* y) {
   bn_forward_apply_tmpl<T, BN_PLAIN>(x, mean, invstd, weight, bias, n, c, hw, y, y);
 }
 template <typename T>
-__device__ void bn_forward_apply_relu_impl BN_FORWARD_APPLY_PARAMS {
+__device__ void bn_forward_apply_relu_impl(const T* x, const float* mean, const float* invstd,
+                                           const float* weight, const float* bias, long long n, long long c,
+                                           long long hw, T* y) {
   bn_forward_apply_tmpl<T, BN_RELU>(x, mean, invstd, weight, bias, n, c, hw, y, y);
 }
 template <typename T>
-__device__ void bn_forward_apply_add_relu_impl BN_FORWARD_APPLY_ADD_PARAMS {
+__device__ void bn_forward_apply_add_relu_impl(const T* x, const float* mean, const float* invstd,
+                                               const float* weight, const float* bias, long long n, long long c,
+                                               long long hw, const T* r, T* y) {
   bn_forward_apply_tmpl<T, BN_ADD_RELU>(x, mean, invstd, weight, bias, n, c, hw, r, y);
 }
-DDP_INSTANTIATE(bn_forward_apply, BN_FORWARD_APPLY_PARAMS, (x, mean, invstd, weight, bias, n, c, hw, y))
-DDP_INSTANTIATE(bn_forward_apply_relu, BN_FORWARD_APPLY_PARAMS, (x, mean, invstd, weight, bias, n, c, hw, y))
-DDP_INSTANTIATE(bn_forward_apply_add_relu, BN_FORWARD_APPLY_ADD_PARAMS,
+DDP_INSTANTIATE(bn_forward_apply,
+                (const T* x, const float* mean, const float* invstd, const float* weight, const float* bias,
+                 long long n, long long c, long long hw, T* y),
+                (x, mean, invstd, weight, bias, n, c, hw, y))
+DDP_INSTANTIATE(bn_forward_apply_relu,
+                (const T* x, const float* mean, const float* invstd, const float* weight, const float* bias,
+                 long long n, long long c, long long hw, T* y),
+                (x, mean, invstd, weight, bias, n, c, hw, y))
+DDP_INSTANTIATE(bn_forward_apply_add_relu,
+                (const T* x, const float* mean, const float* invstd, const float* weight, const float* bias,
+                 long long n, long long c, long long hw, const T* r, T* y),
                 (x, mean, invstd, weight, bias, n, c, hw, r, y))
 
 // Evaluation: normalizes with the running statistics, invstd in f32 as
@@ -239,29 +247,35 @@ __device__ void bn_forward_eval_tmpl(const T* x, const float* weight, const floa
     }
   }
 }
-#define BN_FORWARD_EVAL_PARAMS                                                                           \
-  (const T* x, const float* weight, const float* bias, const float* running_mean, const float* running_var, \
-   float eps, long long n, long long c, long long hw, T* y)
-#define BN_FORWARD_EVAL_ADD_PARAMS                                                                       \
-  (const T* x, const float* weight, const float* bias, const float* running_mean, const float* running_var, \
-   float eps, long long n, long long c, long long hw, const T* r, T* y)
 template <typename T>
-__device__ void bn_forward_eval_impl BN_FORWARD_EVAL_PARAMS {
+__device__ void bn_forward_eval_impl(const T* x, const float* weight, const float* bias,
+                                     const float* running_mean, const float* running_var, float eps,
+                                     long long n, long long c, long long hw, T* y) {
   bn_forward_eval_tmpl<T, BN_PLAIN>(x, weight, bias, running_mean, running_var, eps, n, c, hw, y, y);
 }
 template <typename T>
-__device__ void bn_forward_eval_relu_impl BN_FORWARD_EVAL_PARAMS {
+__device__ void bn_forward_eval_relu_impl(const T* x, const float* weight, const float* bias,
+                                          const float* running_mean, const float* running_var, float eps,
+                                          long long n, long long c, long long hw, T* y) {
   bn_forward_eval_tmpl<T, BN_RELU>(x, weight, bias, running_mean, running_var, eps, n, c, hw, y, y);
 }
 template <typename T>
-__device__ void bn_forward_eval_add_relu_impl BN_FORWARD_EVAL_ADD_PARAMS {
+__device__ void bn_forward_eval_add_relu_impl(const T* x, const float* weight, const float* bias,
+                                              const float* running_mean, const float* running_var, float eps,
+                                              long long n, long long c, long long hw, const T* r, T* y) {
   bn_forward_eval_tmpl<T, BN_ADD_RELU>(x, weight, bias, running_mean, running_var, eps, n, c, hw, r, y);
 }
-DDP_INSTANTIATE(bn_forward_eval, BN_FORWARD_EVAL_PARAMS,
+DDP_INSTANTIATE(bn_forward_eval,
+                (const T* x, const float* weight, const float* bias, const float* running_mean,
+                 const float* running_var, float eps, long long n, long long c, long long hw, T* y),
                 (x, weight, bias, running_mean, running_var, eps, n, c, hw, y))
-DDP_INSTANTIATE(bn_forward_eval_relu, BN_FORWARD_EVAL_PARAMS,
+DDP_INSTANTIATE(bn_forward_eval_relu,
+                (const T* x, const float* weight, const float* bias, const float* running_mean,
+                 const float* running_var, float eps, long long n, long long c, long long hw, T* y),
                 (x, weight, bias, running_mean, running_var, eps, n, c, hw, y))
-DDP_INSTANTIATE(bn_forward_eval_add_relu, BN_FORWARD_EVAL_ADD_PARAMS,
+DDP_INSTANTIATE(bn_forward_eval_add_relu,
+                (const T* x, const float* weight, const float* bias, const float* running_mean,
+                 const float* running_var, float eps, long long n, long long c, long long hw, const T* r, T* y),
                 (x, weight, bias, running_mean, running_var, eps, n, c, hw, r, y))
 
 // Backward, step 1 (one block per channel): sums = [sum dy[c], sum dy*xhat[c]]
