@@ -48,25 +48,6 @@ impl Acts<'_> {
     }
 }
 
-/// `bufs[read]` and, writable, `bufs[write]`: `None` when they are one
-/// buffer or either is out of range.
-pub(super) fn read_and_write(
-    bufs: &mut [DevBuf],
-    read: usize,
-    write: usize,
-) -> Option<(&DevBuf, &mut DevBuf)> {
-    if read == write || read.max(write) >= bufs.len() {
-        return None;
-    }
-    if write < read {
-        let (lo, hi) = bufs.split_at_mut(read);
-        Some((&hi[0], &mut lo[write]))
-    } else {
-        let (lo, hi) = bufs.split_at_mut(write);
-        Some((&lo[read], &mut hi[0]))
-    }
-}
-
 /// `bufs[read]` and, writable, `bufs[w]` for each `w` of `writes`, in
 /// order: `None` when two of them are one buffer or one is out of range.
 pub(super) fn read_and_writes<'g>(

@@ -5,7 +5,7 @@
 //! their kernels are launched. Launches only, on the compute stream: no
 //! host synchronization.
 
-use super::acts::{read_and_write, read_and_writes, Acts};
+use super::acts::{read_and_writes, Acts};
 use super::layer::{internal, Backward, Elem, Forward, Grad, Params, RestDx};
 use super::model::{view, view_mut, GpuModel, LocalHooks, TrainHooks};
 use super::plan::Route;
@@ -215,7 +215,8 @@ impl GpuModel {
             if route == Route::None {
                 continue;
             }
-            let (dy, dx) = read_and_write(&mut self.grads, grad_slot(plan, lp.dst)?, grad_slot(plan, s)?)
+            let (dy, dx) = read_and_writes(&mut self.grads, grad_slot(plan, lp.dst)?, &[grad_slot(plan, s)?])
+                .and_then(|(dy, mut w)| Some((dy, w.pop()?)))
                 .ok_or_else(|| internal(format!("{}: dy and dx in one gradient buffer", lp.name)))?;
             let (dy, mut dx) = (view::<A>(dy, len)?, view_mut::<A>(dx, len)?);
             match route {

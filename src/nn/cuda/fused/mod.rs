@@ -87,8 +87,8 @@ impl<'a> Run<'a> {
 
     /// Whether node `k`'s output is read by node `k + 1` alone, as its first input.
     pub fn feeds_only_next(&self, k: usize) -> bool {
-        let (Some(a), Some(b)) = (self.layers.get(k), self.layers.get(k + 1)) else { return false };
-        a.dst != a.src && b.src == a.dst && self.readers.get(a.dst) == Some(&1)
+        self.read_only_by_next(k)
+            && self.layers.get(k + 1).map(|b| b.src) == self.layers.get(k).map(|a| a.dst)
     }
 
     /// Whether node `k`'s output is read by node `k + 1` alone, as any of its inputs.
