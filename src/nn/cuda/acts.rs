@@ -13,56 +13,52 @@ pub(super) struct Acts<'a> {
 }
 
 impl Acts<'_> {
-    fn buffer_of(&self, value: usize) -> Result<usize> {
-        self.storage
-            .get(value)
-            .copied()
-            .filter(|&b| b < self.bufs.len())
-            .ok_or_else(|| internal(format!("activation {value} has no buffer")))
-    }
-
     /// The buffer holding `value`.
-    pub fn get(&self, value: usize) -> Result<&DevBuf> {
-        let b = self.buffer_of(value)?;
-        Ok(&self.bufs[b])
+    pub fn get(&self, value: usize) -> &DevBuf {
+        &self.bufs[self.storage[value]]
     }
 
-    pub fn get_mut(&mut self, value: usize) -> Result<&mut DevBuf> {
-        let b = self.buffer_of(value)?;
-        Ok(&mut self.bufs[b])
+    pub fn get_mut(&mut self, value: usize) -> &mut DevBuf {
+        &mut self.bufs[self.storage[value]]
     }
 
-    /// The buffers of `reads` and, writable, of `write`, which must be
-    /// another buffer than each of theirs.
+    /// The buffers of `reads` and, writable, of `write`.
     pub fn reads_write(&mut self, reads: &[usize], write: usize) -> Result<(Vec<&DevBuf>, &mut DevBuf)> {
-        let w = self.buffer_of(write)?;
-        let rs = reads.iter().map(|&v| self.buffer_of(v)).collect::<Result<Vec<usize>>>()?;
-        if rs.contains(&w) {
-            return Err(internal(format!("activations {reads:?} and {write} share buffer {w}")));
-        }
-        let (lo, rest) = self.bufs.split_at_mut(w);
-        let (out, hi) = rest.split_at_mut(1);
-        let (lo, hi): (&[DevBuf], &[DevBuf]) = (lo, hi);
-        let ins = rs.iter().map(|&r| if r < w { &lo[r] } else { &hi[r - w - 1] }).collect();
-        Ok((ins, &mut out[0]))
+        let rs: Vec<usize> = reads.iter().map(|&v| self.storage[v]).collect();
+        let (ins, mut out) = reads_and_writes(self.bufs, &rs, &[self.storage[write]])?;
+        Ok((ins, out.remove(0)))
     }
 }
 
-/// `bufs[read]` and, writable, `bufs[w]` for each `w` of `writes`, in
-/// order: `None` when two of them are one buffer or one is out of range.
-pub(super) fn read_and_writes<'g>(
+/// `bufs[r]` for each `r` of `reads` and, writable, `bufs[w]` for each `w`
+/// of `writes`, in order. The plan gives a layer's outputs (or dx) other
+/// buffers than its inputs (or dy); one shared is the device-plan error
+/// this returns.
+pub(super) fn reads_and_writes<'g>(
     bufs: &'g mut [DevBuf],
-    read: usize,
+    reads: &[usize],
     writes: &[usize],
-) -> Option<(&'g DevBuf, Vec<&'g mut DevBuf>)> {
-    let mut r = None;
+) -> Result<(Vec<&'g DevBuf>, Vec<&'g mut DevBuf>)> {
+    let mut r: Vec<Option<&'g DevBuf>> = vec![None; reads.len()];
     let mut w: Vec<Option<&'g mut DevBuf>> = writes.iter().map(|_| None).collect();
     for (j, b) in bufs.iter_mut().enumerate() {
-        if j == read {
-            r = Some(&*b);
-        } else if let Some(k) = writes.iter().position(|&s| s == j) {
-            w[k] = Some(b);
+        let read = reads.contains(&j);
+        match writes.iter().position(|&s| s == j) {
+            Some(k) if !read && !writes[k + 1..].contains(&j) => w[k] = Some(b),
+            Some(_) => break,
+            None if read => {
+                let b = &*b;
+                for (slot, _) in r.iter_mut().zip(reads).filter(|(_, &v)| v == j) {
+                    *slot = Some(b);
+                }
+            }
+            None => {}
         }
     }
-    Some((r?, w.into_iter().collect::<Option<Vec<_>>>()?))
+    match (r.into_iter().collect::<Option<Vec<_>>>(), w.into_iter().collect::<Option<Vec<_>>>()) {
+        (Some(r), Some(w)) => Ok((r, w)),
+        _ => {
+            Err(internal(format!("buffers {reads:?} read and {writes:?} written: one is shared or missing")))
+        }
+    }
 }

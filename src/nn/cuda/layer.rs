@@ -9,52 +9,43 @@
 //! gradient that another reader has already written (a residual's input)
 //! through a scratch buffer and an add.
 
-use super::params::{DevElem, DeviceParams};
+pub use super::params::Grads;
+use super::params::{wrong_dtype, DevElem, DeviceParams};
 use super::workspace::Workspace;
 use super::TrainHooks;
 use crate::cuda::blas::{Blas, BlasElem};
 use crate::cuda::Gpu;
 use crate::error::{Error, Result};
-use crate::nn::layers::DeviceNode;
 use crate::nn::{Model, Node};
 use crate::rng::NodeDraws;
 use crate::tensor::DType;
-use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
+use cudarc::driver::{CudaView, CudaViewMut};
 use half::f16;
 
 /// An activation element type: f32 or f16.
 pub trait Elem: DevElem + BlasElem + super::workspace::Region {
-    /// apex O1's wrapper (`o1.rs`) over a node on activations of this
-    /// type: f32 only, as O1 patches f32 models.
-    fn o1_forward(node: &mut DeviceNode, x16: &mut CudaSlice<f16>, f: Forward<'_, Self>) -> Result<()>;
-    fn o1_backward(
-        node: &DeviceNode,
-        x16: &CudaSlice<f16>,
-        in_numel: usize,
-        b: Backward<'_, Self>,
-    ) -> Result<()>;
+    /// `x` as f16 (apex O1's wrapper, `o1.rs`, runs conv and linear in f16;
+    /// a copy for f16).
+    fn cast_to_f16(gpu: &Gpu, x: &CudaView<'_, Self>, y: &mut CudaViewMut<'_, f16>) -> Result<()>;
+    /// f16 `x` as `Self`.
+    fn cast_from_f16(gpu: &Gpu, x: &CudaView<'_, f16>, y: &mut CudaViewMut<'_, Self>) -> Result<()>;
 }
 
 impl Elem for f32 {
-    fn o1_forward(node: &mut DeviceNode, x16: &mut CudaSlice<f16>, f: Forward<'_, f32>) -> Result<()> {
-        super::o1::forward(node, x16, f)
+    fn cast_to_f16(gpu: &Gpu, x: &CudaView<'_, f32>, y: &mut CudaViewMut<'_, f16>) -> Result<()> {
+        crate::cuda::cast::f32_to_f16(gpu, x, y)
     }
-    fn o1_backward(
-        node: &DeviceNode,
-        x16: &CudaSlice<f16>,
-        in_numel: usize,
-        b: Backward<'_, f32>,
-    ) -> Result<()> {
-        super::o1::backward(node, x16, in_numel, b)
+    fn cast_from_f16(gpu: &Gpu, x: &CudaView<'_, f16>, y: &mut CudaViewMut<'_, f32>) -> Result<()> {
+        crate::cuda::cast::f16_to_f32(gpu, x, y)
     }
 }
 
 impl Elem for f16 {
-    fn o1_forward(node: &mut DeviceNode, _: &mut CudaSlice<f16>, _: Forward<'_, f16>) -> Result<()> {
-        Err(internal(format!("{} wrapped by O1 on f16 activations", node.type_name())))
+    fn cast_to_f16(gpu: &Gpu, x: &CudaView<'_, f16>, y: &mut CudaViewMut<'_, f16>) -> Result<()> {
+        gpu.stream().memcpy_dtod(x, y).map_err(|e| Error::cuda("copying f16 values", e))
     }
-    fn o1_backward(node: &DeviceNode, _: &CudaSlice<f16>, _: usize, _: Backward<'_, f16>) -> Result<()> {
-        Err(internal(format!("{} wrapped by O1 on f16 activations", node.type_name())))
+    fn cast_from_f16(gpu: &Gpu, x: &CudaView<'_, f16>, y: &mut CudaViewMut<'_, f16>) -> Result<()> {
+        Self::cast_to_f16(gpu, x, y)
     }
 }
 
@@ -87,8 +78,8 @@ impl PlanArgs<'_> {
     }
 
     /// The host node this plan is for.
-    pub fn host(&self) -> Result<&Node> {
-        self.model.layers.get(self.node).ok_or_else(|| internal(format!("no node {}", self.node)))
+    pub fn host(&self) -> &Node {
+        &self.model.layers[self.node]
     }
 
     /// The dtype of the node's parameter `i` (a tied one's owner's).
@@ -226,18 +217,18 @@ pub enum Params<'a> {
     /// The model's parameters, at the layer's registration indices (a tied
     /// weight's is its owner's).
     Model { all: &'a mut DeviceParams, ids: &'a [usize] },
-    /// O1's f16 copies of an f32 layer's parameters, and f16 gradients that
-    /// the wrapper adds into the f32 `.grad` afterwards.
-    Half { values: Vec<CudaView<'a, f16>>, grads: Vec<CudaViewMut<'a, f16>> },
+    /// O1's f16 copies of an f32 layer's parameters (the backward casts the
+    /// weight alone), and f16 gradients that the wrapper adds into the f32
+    /// `.grad` afterwards.
+    Half { values: Vec<CudaView<'a, f16>>, dw: CudaViewMut<'a, f16>, db: Option<CudaViewMut<'a, f16>> },
 }
 
 impl Params<'_> {
-    /// How many parameters the layer has (a bias or none).
+    /// How many parameters the layer has: a weight, and a bias or none.
     pub fn len(&self) -> usize {
         match self {
             Params::Model { ids, .. } => ids.len(),
-            // The backward casts only the weight, but has the bias's gradient.
-            Params::Half { values, grads } => values.len().max(grads.len()),
+            Params::Half { db, .. } => 1 + usize::from(db.is_some()),
         }
     }
 
@@ -248,73 +239,55 @@ impl Params<'_> {
     /// Parameter `i`'s value.
     pub fn value<T: DevElem>(&self, i: usize) -> Result<CudaView<'_, T>> {
         match self {
-            Params::Model { all, ids } => all.value::<T>(id(ids, i)?),
-            Params::Half { values, .. } => half_value(values, i),
+            Params::Model { all, ids } => all.value::<T>(ids[i]),
+            Params::Half { values, .. } => Ok(as_elem::<T>(&values[i])?.slice(..)),
         }
     }
 
-    /// Runs `f` with the values of parameters `values` and the writable
-    /// `.grad`s of `grads` (layer indices).
-    pub fn with_params<T: DevElem, G: DevElem, R>(
+    /// Runs `f` with the weight's value and the writable `.grad`s of the
+    /// weight and the bias.
+    pub fn with_weight_and_grads<T: DevElem, G: DevElem, R>(
         &mut self,
-        values: &[usize],
-        grads: &[usize],
-        f: impl FnOnce(&[CudaView<'_, T>], &mut [CudaViewMut<'_, G>]) -> Result<R>,
+        f: impl FnOnce(&CudaView<'_, T>, Grads<'_, '_, G>) -> Result<R>,
     ) -> Result<R> {
         match self {
-            Params::Model { all, ids } => {
-                let (v, g) = (ids_of(ids, values)?, ids_of(ids, grads)?);
-                all.with_params(&v, &g, f)
-            }
-            Params::Half { values: have, grads: gs } => {
-                let vs = values.iter().map(|&i| half_value(have, i)).collect::<Result<Vec<_>>>()?;
-                f(&vs, half_grads(gs, grads)?)
+            Params::Model { all, ids } => all.with_value_and_grads(ids[0], weight_bias(ids), f),
+            Params::Half { values, dw, db } => {
+                let w = as_elem::<T>(&values[0])?;
+                f(w, half_grads(dw, db)?)
             }
         }
     }
 
-    /// Runs `f` with the writable `.grad`s of `grads` (layer indices).
-    pub fn with_grads<G: DevElem, R>(
-        &mut self,
-        grads: &[usize],
-        f: impl FnOnce(&mut [CudaViewMut<'_, G>]) -> Result<R>,
-    ) -> Result<R> {
+    /// Runs `f` with the writable `.grad`s of the weight and the bias.
+    pub fn with_grads<G: DevElem, R>(&mut self, f: impl FnOnce(Grads<'_, '_, G>) -> Result<R>) -> Result<R> {
         match self {
-            Params::Model { all, ids } => all.with_grads(&ids_of(ids, grads)?, f),
-            Params::Half { grads: gs, .. } => f(half_grads(gs, grads)?),
+            Params::Model { all, ids } => all.with_grads(weight_bias(ids), f),
+            Params::Half { dw, db, .. } => f(half_grads(dw, db)?),
         }
     }
 }
 
-fn id(ids: &[usize], i: usize) -> Result<usize> {
-    ids.get(i)
-        .copied()
-        .ok_or_else(|| internal(format!("a layer of {} parameters asked for its parameter {i}", ids.len())))
+/// The registration indices of a layer's weight and bias.
+fn weight_bias(ids: &[usize]) -> (usize, Option<usize>) {
+    (ids[0], ids.get(1).copied())
 }
 
-fn ids_of(ids: &[usize], local: &[usize]) -> Result<Vec<usize>> {
-    local.iter().map(|&i| id(ids, i)).collect()
+/// An O1 f16 copy as a view of `T` (f16 only).
+fn as_elem<'v, 'a, T: DevElem>(v: &'v CudaView<'a, f16>) -> Result<&'v CudaView<'a, T>> {
+    T::from_f16(v).ok_or_else(|| wrong_dtype::<T>("an O1 parameter copy", DType::F16))
 }
 
-/// O1's f16 copy of parameter `i`, as `T` (f16 only).
-fn half_value<'v, T: DevElem>(values: &'v [CudaView<'_, f16>], i: usize) -> Result<CudaView<'v, T>> {
-    T::from_f16(values)
-        .and_then(|v| v.get(i))
-        .and_then(|v| v.try_slice(..))
-        .ok_or_else(|| internal(format!("O1 parameter {i} as {:?}", T::DTYPE)))
-}
-
-/// O1's f16 gradients of `want` (always the first ones, in order: the
-/// weight, then the bias).
-fn half_grads<'v, 'a, G: DevElem>(
-    gs: &'v mut [CudaViewMut<'a, f16>],
-    want: &[usize],
-) -> Result<&'v mut [CudaViewMut<'a, G>]> {
-    let n = want.len();
-    if n > gs.len() || want.iter().enumerate().any(|(k, &i)| k != i) {
-        return Err(internal(format!("O1 gradients {want:?} of a layer of {}", gs.len())));
-    }
-    G::from_f16_mut(&mut gs[..n]).ok_or_else(|| internal(format!("O1 gradients as {:?}", G::DTYPE)))
+fn half_grads<'s, 'v, G: DevElem>(
+    dw: &'s mut CudaViewMut<'v, f16>,
+    db: &'s mut Option<CudaViewMut<'v, f16>>,
+) -> Result<Grads<'s, 'v, G>> {
+    let dw = G::from_f16_mut(dw).ok_or_else(|| wrong_dtype::<G>("an O1 gradient", DType::F16))?;
+    let db = match db {
+        Some(db) => Some(G::from_f16_mut(db).ok_or_else(|| wrong_dtype::<G>("an O1 gradient", DType::F16))?),
+        None => None,
+    };
+    Ok((dw, db))
 }
 
 /// A layer's forward over a batch of `n` samples.
@@ -368,27 +341,20 @@ pub enum RestDx<'a, A> {
     Add(CudaViewMut<'a, A>),
 }
 
+/// The first `K` of a join's other inputs (`Forward::rest`: the add's
+/// second operand on), and any after them.
+pub fn others<V, const K: usize>(mut rest: Vec<V>) -> Result<([V; K], Vec<V>)> {
+    let more = rest.split_off(K.min(rest.len()));
+    let n = rest.len();
+    <[V; K]>::try_from(rest)
+        .map(|first| (first, more))
+        .map_err(|_| internal(format!("a join given {} inputs reads at least {}", n + 1, K + 1)))
+}
+
 /// What a backward reads (`Backward::x`, `y`, `dx`), or an error naming it
 /// when its [`Needs`] did not ask for it.
 pub fn read<V>(v: Option<V>, what: &str) -> Result<V> {
     v.ok_or_else(|| internal(format!("a backward used its {what} without planning for it")))
-}
-
-/// The layer indices of a weight and, when `len` is 2, its bias.
-pub fn own(len: usize) -> &'static [usize] {
-    &[0, 1][..len.min(2)]
-}
-
-/// `(dw, db)` out of the one or two gradients `with_params` hands over.
-#[allow(clippy::type_complexity)]
-pub fn weight_and_bias<'s, 'v, G>(
-    gs: &'s mut [CudaViewMut<'v, G>],
-) -> Result<(&'s mut CudaViewMut<'v, G>, Option<&'s mut CudaViewMut<'v, G>>)> {
-    match gs {
-        [w] => Ok((w, None)),
-        [w, b] => Ok((w, Some(b))),
-        _ => Err(internal(format!("{} gradients for a weight and a bias", gs.len()))),
-    }
 }
 
 /// A normalization's parameter `i` as the f32 view its launchers take: the

@@ -85,19 +85,15 @@ pub struct GpuModel {
     pub(super) ids: CudaSlice<f32>,
 }
 
-/// The first `len` values of an activation or state buffer, as `T`.
+/// The first `len` values of an activation or state buffer, as `T`. Every
+/// buffer is allocated before step 1 for the largest batch, which
+/// `check_batch` holds each step to, so `len` fits.
 pub(crate) fn view<T: DevElem>(b: &DevBuf, len: usize) -> Result<CudaView<'_, T>> {
-    let (have, dt) = (b.len(), b.dtype());
-    T::of(b).and_then(|s| s.try_slice(0..len)).ok_or_else(|| {
-        super::layer::internal(format!("{len} {:?} values asked of a {dt:?} buffer of {have}", T::DTYPE))
-    })
+    Ok(b.typed::<T>("a device buffer")?.slice(0..len))
 }
 
 pub(crate) fn view_mut<T: DevElem>(b: &mut DevBuf, len: usize) -> Result<CudaViewMut<'_, T>> {
-    let (have, dt) = (b.len(), b.dtype());
-    T::of_mut(b).and_then(|s| s.try_slice_mut(0..len)).ok_or_else(|| {
-        super::layer::internal(format!("{len} {:?} values asked of a {dt:?} buffer of {have}", T::DTYPE))
-    })
+    Ok(b.typed_mut::<T>("a device buffer")?.slice_mut(0..len))
 }
 
 pub(crate) fn alloc<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
@@ -285,12 +281,8 @@ impl GpuModel {
                 self.plan.max_batch
             )));
         }
-        let logits = self.plan.storage.get(self.plan.logits()).and_then(|&b| self.acts.get(b));
-        logits.ok_or_else(|| Error::internal("device model: the logits have no buffer"))?.read_f32(
-            &self.gpu,
-            0,
-            n * self.plan.positions * self.plan.classes,
-        )
+        let logits = &self.acts[self.plan.storage[self.plan.logits()]];
+        logits.read_f32(&self.gpu, 0, n * self.plan.positions * self.plan.classes)
     }
 }
 

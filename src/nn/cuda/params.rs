@@ -15,6 +15,7 @@
 //! `VOTE_LEN` more elements after its gradients: the ranks' stop vote,
 //! all-reduced with them (src/train/stop.rs).
 
+use super::layer::internal;
 use crate::cuda::{DeviceFloat, Gpu};
 use crate::dist::reducer::{assign_buckets, BucketLayout};
 use crate::error::{Error, Result};
@@ -59,6 +60,17 @@ impl DevBuf {
         self.len() == 0
     }
 
+    /// The buffer as `T`.
+    pub fn typed<T: DevElem>(&self, what: &str) -> Result<&CudaSlice<T>> {
+        let have = self.dtype();
+        T::of(self).ok_or_else(|| wrong_dtype::<T>(what, have))
+    }
+
+    pub fn typed_mut<T: DevElem>(&mut self, what: &str) -> Result<&mut CudaSlice<T>> {
+        let have = self.dtype();
+        T::of_mut(self).ok_or_else(|| wrong_dtype::<T>(what, have))
+    }
+
     pub fn zero(&mut self, gpu: &Gpu) -> Result<()> {
         let s = gpu.stream();
         match self {
@@ -94,6 +106,15 @@ impl DevBuf {
     }
 }
 
+/// A buffer of `have` values read as `T`: the one fact about a device
+/// buffer its type does not carry (a [`DevBuf`] is either dtype).
+pub fn wrong_dtype<T: DevElem>(what: &str, have: DType) -> Error {
+    internal(format!("{what} is {have:?} on the device, not {:?}", T::DTYPE))
+}
+
+/// A weight's gradient and its bias's, as a backward adds into them.
+pub type Grads<'s, 'v, G> = (&'s mut CudaViewMut<'v, G>, Option<&'s mut CudaViewMut<'v, G>>);
+
 /// The element types a [`DevBuf`] holds, for code generic over them.
 pub trait DevElem: DeviceFloat + cudarc::driver::DeviceRepr {
     const DTYPE: DType;
@@ -101,8 +122,8 @@ pub trait DevElem: DeviceFloat + cudarc::driver::DeviceRepr {
     fn of_mut(buf: &mut DevBuf) -> Option<&mut CudaSlice<Self>>;
     /// f16 views as views of `Self`: themselves for f16, none for f32 (O1's
     /// f16 copies handed to code generic over the element type).
-    fn from_f16<'v, 'a>(v: &'v [CudaView<'a, f16>]) -> Option<&'v [CudaView<'a, Self>]>;
-    fn from_f16_mut<'v, 'a>(v: &'v mut [CudaViewMut<'a, f16>]) -> Option<&'v mut [CudaViewMut<'a, Self>]>;
+    fn from_f16<'v, 'a>(v: &'v CudaView<'a, f16>) -> Option<&'v CudaView<'a, Self>>;
+    fn from_f16_mut<'v, 'a>(v: &'v mut CudaViewMut<'a, f16>) -> Option<&'v mut CudaViewMut<'a, Self>>;
 }
 
 impl DevElem for f32 {
@@ -119,10 +140,10 @@ impl DevElem for f32 {
             DevBuf::F16(_) => None,
         }
     }
-    fn from_f16<'v, 'a>(_: &'v [CudaView<'a, f16>]) -> Option<&'v [CudaView<'a, f32>]> {
+    fn from_f16<'v, 'a>(_: &'v CudaView<'a, f16>) -> Option<&'v CudaView<'a, f32>> {
         None
     }
-    fn from_f16_mut<'v, 'a>(_: &'v mut [CudaViewMut<'a, f16>]) -> Option<&'v mut [CudaViewMut<'a, f32>]> {
+    fn from_f16_mut<'v, 'a>(_: &'v mut CudaViewMut<'a, f16>) -> Option<&'v mut CudaViewMut<'a, f32>> {
         None
     }
 }
@@ -141,10 +162,10 @@ impl DevElem for f16 {
             DevBuf::F32(_) => None,
         }
     }
-    fn from_f16<'v, 'a>(v: &'v [CudaView<'a, f16>]) -> Option<&'v [CudaView<'a, f16>]> {
+    fn from_f16<'v, 'a>(v: &'v CudaView<'a, f16>) -> Option<&'v CudaView<'a, f16>> {
         Some(v)
     }
-    fn from_f16_mut<'v, 'a>(v: &'v mut [CudaViewMut<'a, f16>]) -> Option<&'v mut [CudaViewMut<'a, f16>]> {
+    fn from_f16_mut<'v, 'a>(v: &'v mut CudaViewMut<'a, f16>) -> Option<&'v mut CudaViewMut<'a, f16>> {
         Some(v)
     }
 }
@@ -188,10 +209,6 @@ pub struct DeviceParams {
     pub buckets: Vec<GradBucket>,
 }
 
-fn internal(msg: String) -> Error {
-    Error::internal(msg)
-}
-
 impl DeviceParams {
     /// Buffers for `host`'s parameters in their current dtypes (after the amp
     /// cast), with buckets capped as DDP's (`first_bucket_bytes` for each
@@ -201,23 +218,11 @@ impl DeviceParams {
         let params = host.params();
         let spec: Vec<(usize, DType)> = params.iter().map(|p| (p.value.numel(), p.value.dtype())).collect();
         let layouts = assign_buckets(&spec, first_bucket_bytes, bucket_cap_bytes);
-        let mut slots: Vec<ParamSlot> = params
-            .iter()
-            .map(|p| ParamSlot {
-                name: p.name.clone(),
-                shape: p.value.shape().to_vec(),
-                numel: p.value.numel(),
-                dtype: p.value.dtype(),
-                group: usize::MAX,
-                offset: 0,
-                bucket: usize::MAX,
-                bucket_offset: 0,
-            })
-            .collect();
         // Groups in the order their dtype's first bucket appears; each group's
         // layout is its buckets' parameters, bucket after bucket.
         let mut groups: Vec<(DType, Vec<usize>, usize)> = Vec::new();
         let mut bucket_meta = Vec::with_capacity(layouts.len());
+        let mut placed: Vec<(usize, ParamSlot)> = Vec::with_capacity(params.len());
         for (b, layout) in layouts.iter().enumerate() {
             let g = match groups.iter().position(|(d, _, _)| *d == layout.dtype) {
                 Some(g) => g,
@@ -230,17 +235,27 @@ impl DeviceParams {
             let group_offset = *numel;
             let mut boff = 0;
             for &i in &layout.params {
-                let s = &mut slots[i];
-                (s.group, s.offset, s.bucket, s.bucket_offset) = (g, *numel, b, boff);
+                let p = &params[i].value;
+                let slot = ParamSlot {
+                    name: params[i].name.clone(),
+                    shape: p.shape().to_vec(),
+                    numel: p.numel(),
+                    dtype: p.dtype(),
+                    group: g,
+                    offset: *numel,
+                    bucket: b,
+                    bucket_offset: boff,
+                };
+                (*numel, boff) = (*numel + slot.numel, boff + slot.numel);
                 members.push(i);
-                *numel += s.numel;
-                boff += s.numel;
+                placed.push((i, slot));
             }
             bucket_meta.push((g, group_offset));
         }
-        if let Some(s) = slots.iter().find(|s| s.group == usize::MAX) {
-            return Err(internal(format!("parameter {} is in no bucket", s.name)));
-        }
+        // In registration order; `upload` below holds them to the model's
+        // parameters one by one, so none is missing or placed twice.
+        placed.sort_by_key(|&(i, _)| i);
+        let slots = placed.into_iter().map(|(_, s)| s).collect();
         let groups = groups
             .into_iter()
             .map(|(dtype, params, numel)| {
@@ -266,25 +281,14 @@ impl DeviceParams {
 
     fn check_host(&self, host: &Model) -> Result<()> {
         let params = host.params();
-        if params.len() != self.slots.len() {
+        let of_host = params.iter().map(|p| (p.name.as_str(), p.value.shape(), p.value.dtype()));
+        let of_device = self.slots.iter().map(|s| (s.name.as_str(), s.shape.as_slice(), s.dtype));
+        if !of_host.clone().eq(of_device.clone()) {
             return Err(internal(format!(
-                "the model has {} parameters, the device copy {}",
-                params.len(),
-                self.slots.len()
+                "the model's parameters {:?} are not its device copy's {:?}",
+                of_host.collect::<Vec<_>>(),
+                of_device.collect::<Vec<_>>()
             )));
-        }
-        for (p, s) in params.iter().zip(&self.slots) {
-            if p.name != s.name || p.value.shape() != s.shape.as_slice() || p.value.dtype() != s.dtype {
-                return Err(internal(format!(
-                    "parameter {} {:?} {:?} does not match the device copy {} {:?} {:?}",
-                    p.name,
-                    p.value.shape(),
-                    p.value.dtype(),
-                    s.name,
-                    s.shape,
-                    s.dtype
-                )));
-            }
         }
         Ok(())
     }
@@ -340,101 +344,72 @@ impl DeviceParams {
         self.buckets.iter_mut().try_for_each(|b| b.grads.zero(gpu))
     }
 
-    /// Parameter `i`'s value.
+    /// Parameter `i`'s value (`i` a registration index of the plan's).
     pub fn value<T: DevElem>(&self, i: usize) -> Result<CudaView<'_, T>> {
-        let s = self.slot(i)?;
-        let buf = T::of(&self.groups[s.group].values).ok_or_else(|| dtype_error::<T>(s))?;
-        Ok(buf.slice(s.offset..s.offset + s.numel))
+        let s = &self.slots[i];
+        Ok(self.groups[s.group].values.typed::<T>(&s.name)?.slice(s.offset..s.offset + s.numel))
     }
 
-    /// Runs `f` with the values of parameters `values` and the writable
-    /// `.grad`s of `grads` (at most two: a layer's weight and bias), in the
-    /// order asked. Values and gradients live apart, so both can be borrowed.
-    pub fn with_params<T: DevElem, G: DevElem, R>(
+    /// Runs `f` with the value of parameter `v` and the writable `.grad`s of
+    /// a layer's weight `w` and bias `b`. Values and gradients live apart,
+    /// so both can be borrowed.
+    pub fn with_value_and_grads<T: DevElem, G: DevElem, R>(
         &mut self,
-        values: &[usize],
-        grads: &[usize],
-        f: impl FnOnce(&[CudaView<'_, T>], &mut [CudaViewMut<'_, G>]) -> Result<R>,
+        v: usize,
+        (w, b): (usize, Option<usize>),
+        f: impl FnOnce(&CudaView<'_, T>, Grads<'_, '_, G>) -> Result<R>,
     ) -> Result<R> {
         let DeviceParams { slots, groups, buckets } = self;
-        let mut vs = Vec::with_capacity(values.len());
-        for &i in values {
-            let s = slots.get(i).ok_or_else(|| internal(format!("no parameter {i}")))?;
-            let buf = T::of(&groups[s.group].values).ok_or_else(|| dtype_error::<T>(s))?;
-            vs.push(buf.slice(s.offset..s.offset + s.numel));
-        }
-        with_grads::<G, R>(slots, buckets, grads, |gs| f(&vs, gs))
+        let s = &slots[v];
+        let value = groups[s.group].values.typed::<T>(&s.name)?.slice(s.offset..s.offset + s.numel);
+        with_grads::<G, R>(slots, buckets, (w, b), |g| f(&value, g))
     }
 
-    /// Runs `f` with the writable `.grad`s of `ids` (at most two).
+    /// Runs `f` with the writable `.grad`s of a layer's weight `w` and bias `b`.
     pub fn with_grads<G: DevElem, R>(
         &mut self,
-        ids: &[usize],
-        f: impl FnOnce(&mut [CudaViewMut<'_, G>]) -> Result<R>,
+        wb: (usize, Option<usize>),
+        f: impl FnOnce(Grads<'_, '_, G>) -> Result<R>,
     ) -> Result<R> {
-        with_grads::<G, R>(&self.slots, &mut self.buckets, ids, f)
-    }
-
-    fn slot(&self, i: usize) -> Result<&ParamSlot> {
-        self.slots.get(i).ok_or_else(|| internal(format!("no parameter {i}")))
+        with_grads::<G, R>(&self.slots, &mut self.buckets, wb, f)
     }
 }
 
-fn dtype_error<T: DevElem>(s: &ParamSlot) -> Error {
-    internal(format!("parameter {} is {:?} on the device, not {:?}", s.name, s.dtype, T::DTYPE))
+fn grad_view<'b, G: DevElem>(b: &'b mut GradBucket, s: &ParamSlot) -> Result<CudaViewMut<'b, G>> {
+    Ok(b.grads.typed_mut::<G>(&s.name)?.slice_mut(s.bucket_offset..s.bucket_offset + s.numel))
 }
 
-fn grad_buf<'b, G: DevElem>(b: &'b mut GradBucket, s: &ParamSlot) -> Result<&'b mut CudaSlice<G>> {
-    G::of_mut(&mut b.grads).ok_or_else(|| dtype_error::<G>(s))
-}
-
-/// `f` over disjoint mutable views of one or two parameters' gradients. Two
-/// in one bucket are cut from one view of the range they span.
+/// `f` over disjoint mutable views of a weight's gradient and its bias's.
+/// Two in one bucket are cut from one view of the range they span.
 fn with_grads<G: DevElem, R>(
     slots: &[ParamSlot],
     buckets: &mut [GradBucket],
-    ids: &[usize],
-    f: impl FnOnce(&mut [CudaViewMut<'_, G>]) -> Result<R>,
+    (w, b): (usize, Option<usize>),
+    f: impl FnOnce(Grads<'_, '_, G>) -> Result<R>,
 ) -> Result<R> {
-    let slot = |i: usize| -> Result<&ParamSlot> {
-        let s = slots.get(i).ok_or_else(|| internal(format!("no parameter {i}")))?;
-        if s.dtype != G::DTYPE {
-            return Err(dtype_error::<G>(s));
-        }
-        Ok(s)
-    };
-    match *ids {
-        [] => f(&mut []),
-        [i] => {
-            let s = slot(i)?;
-            let buf = grad_buf(&mut buckets[s.bucket], s)?;
-            f(&mut [buf.slice_mut(s.bucket_offset..s.bucket_offset + s.numel)])
-        }
-        [i, j] if i == j => Err(internal(format!("gradient of {} asked for twice", slot(i)?.name))),
-        [i, j] => {
-            let (si, sj) = (slot(i)?, slot(j)?);
-            if si.bucket != sj.bucket {
-                let (lo, hi) = buckets.split_at_mut(si.bucket.max(sj.bucket));
-                let (bi, bj) = if si.bucket < sj.bucket {
-                    (&mut lo[si.bucket], &mut hi[0])
-                } else {
-                    (&mut hi[0], &mut lo[sj.bucket])
-                };
-                let gi = grad_buf(bi, si)?.slice_mut(si.bucket_offset..si.bucket_offset + si.numel);
-                let gj = grad_buf(bj, sj)?.slice_mut(sj.bucket_offset..sj.bucket_offset + sj.numel);
-                return f(&mut [gi, gj]);
-            }
-            let (first, second) = if si.bucket_offset < sj.bucket_offset { (si, sj) } else { (sj, si) };
-            let buf = grad_buf(&mut buckets[si.bucket], si)?;
-            let mut span = buf.slice_mut(first.bucket_offset..second.bucket_offset + second.numel);
-            let (mut a, b) = span.split_at_mut(second.bucket_offset - first.bucket_offset);
-            let a = a.slice_mut(0..first.numel);
-            if std::ptr::eq(first, si) {
-                f(&mut [a, b])
-            } else {
-                f(&mut [b, a])
-            }
-        }
-        _ => Err(internal(format!("{} gradients asked for at once (at most two)", ids.len()))),
+    let sw = &slots[w];
+    let Some(b) = b else { return f((&mut grad_view(&mut buckets[sw.bucket], sw)?, None)) };
+    let sb = &slots[b];
+    if sw.bucket != sb.bucket {
+        let (lo, hi) = buckets.split_at_mut(sw.bucket.max(sb.bucket));
+        let (bw, bb) = if sw.bucket < sb.bucket {
+            (&mut lo[sw.bucket], &mut hi[0])
+        } else {
+            (&mut hi[0], &mut lo[sb.bucket])
+        };
+        return f((&mut grad_view(bw, sw)?, Some(&mut grad_view(bb, sb)?)));
+    }
+    let (first, second) = if sw.bucket_offset < sb.bucket_offset { (sw, sb) } else { (sb, sw) };
+    if first.bucket_offset + first.numel > second.bucket_offset {
+        return Err(internal(format!("the gradients of {} and {} overlap", sw.name, sb.name)));
+    }
+    let buf = buckets[sw.bucket].grads.typed_mut::<G>(&sw.name)?;
+    let mut span = buf.slice_mut(first.bucket_offset..second.bucket_offset + second.numel);
+    let (mut a, mut rest) = span.split_at_mut(second.bucket_offset - first.bucket_offset);
+    let mut a = a.slice_mut(0..first.numel);
+    if std::ptr::eq(first, sw) {
+        f((&mut a, Some(&mut rest)))
+    } else {
+        f((&mut rest, Some(&mut a)))
     }
 }

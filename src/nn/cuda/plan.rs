@@ -136,16 +136,10 @@ impl Plan {
         let mut buffer_of = vec![0usize];
         for (node, (layer, r)) in model.layers.iter().zip(&model.resolved).enumerate() {
             let (in_numel, out_numel) = (numel(&r.in_shape), numel(&r.out_shape));
-            let srcs = r
-                .inputs
-                .iter()
-                .map(|&v| {
-                    buffer_of.get(v).copied().ok_or_else(|| {
-                        internal(format!("layer {} reads value {v}, which is not made before it", r.name))
-                    })
-                })
-                .collect::<Result<Vec<usize>>>()?;
-            let src = *srcs.first().ok_or_else(|| internal(format!("layer {} reads nothing", r.name)))?;
+            // resolve reads only values made before, at least one, and
+            // Model::new ties a weight only to an earlier node's parameter.
+            let srcs: Vec<usize> = r.inputs.iter().map(|&v| buffer_of[v]).collect();
+            let src = srcs[0];
             for &s in &srcs {
                 if in_numel != plan.acts[s] {
                     return Err(internal(format!(
@@ -158,15 +152,7 @@ impl Plan {
             let (mut params, mut ready) = (Vec::new(), Vec::new());
             for k in 0..layer.weights.params.len() {
                 match layer.tie.as_ref().filter(|t| t.slot == k) {
-                    Some(t) => params.push(
-                        index_of
-                            .get(t.node)
-                            .and_then(|ps: &Vec<usize>| ps.get(t.param))
-                            .copied()
-                            .ok_or_else(|| {
-                                internal(format!("layer {} is tied to no earlier parameter", r.name))
-                            })?,
-                    ),
+                    Some(t) => params.push(index_of[t.node][t.param]),
                     None => {
                         params.push(next_param);
                         ready.push(next_param);

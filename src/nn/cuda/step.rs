@@ -5,8 +5,8 @@
 //! their kernels are launched. Launches only, on the compute stream: no
 //! host synchronization.
 
-use super::acts::{read_and_writes, Acts};
-use super::layer::{internal, Backward, Elem, Forward, Grad, Params, RestDx};
+use super::acts::{reads_and_writes, Acts};
+use super::layer::{Backward, Elem, Forward, Grad, Params, RestDx};
 use super::model::{view, view_mut, GpuModel, LocalHooks, TrainHooks};
 use super::plan::Route;
 use crate::error::{Error, Result};
@@ -31,8 +31,8 @@ impl GpuModel {
         let (plan, gpu) = (&self.plan, &*self.gpu);
         let rows = n * plan.positions;
         let acts = Acts { bufs: &mut self.acts, storage: &plan.storage };
-        let logits = view::<A>(acts.get(plan.logits())?, rows * plan.classes)?;
-        let dlogits = &mut self.grads[grad_slot(plan, plan.logits())?];
+        let logits = view::<A>(acts.get(plan.logits()), rows * plan.classes)?;
+        let dlogits = &mut self.grads[grad_slot(plan, plan.logits())];
         let mut dlogits = view_mut::<A>(dlogits, rows * plan.classes)?;
         xent::forward_backward(gpu, &logits, labels, [rows, plan.classes], grad_scale, &mut dlogits, totals)?;
         for i in (0..self.plan.layers.len()).rev() {
@@ -65,7 +65,7 @@ impl GpuModel {
         }
         let (plan, rows) = (&self.plan, n * self.plan.positions);
         let acts = Acts { bufs: &mut self.acts, storage: &plan.storage };
-        let logits = view::<A>(acts.get(plan.logits())?, rows * plan.classes)?;
+        let logits = view::<A>(acts.get(plan.logits()), rows * plan.classes)?;
         xent::forward(&self.gpu, &logits, labels, [rows, plan.classes], totals)
     }
 
@@ -74,12 +74,12 @@ impl GpuModel {
     fn load_input(&mut self, x: &CudaView<'_, f32>) -> Result<()> {
         let (gpu, len) = (&*self.gpu, x.len());
         if self.plan.tokens {
-            let mut ids =
-                self.ids.try_slice_mut(0..len).ok_or_else(|| internal("more token ids than a batch"))?;
+            // Sized for the largest batch, which check_batch holds `x` to.
+            let mut ids = self.ids.slice_mut(0..len);
             gpu.stream().memcpy_dtod(x, &mut ids).map_err(|e| Error::cuda("copying the token ids", e))?;
         }
         let mut acts = Acts { bufs: &mut self.acts, storage: &self.plan.storage };
-        match acts.get_mut(0)? {
+        match acts.get_mut(0) {
             super::params::DevBuf::F32(b) => gpu
                 .stream()
                 .memcpy_dtod(x, &mut b.slice_mut(0..len))
@@ -103,8 +103,9 @@ impl GpuModel {
         }
         let mut acts = Acts { bufs: acts, storage: &plan.storage };
         let (xs, y) = acts.reads_write(&lp.srcs, lp.dst)?;
-        let mut xs = xs.into_iter().map(|b| view::<A>(b, n * lp.in_numel));
-        let x = xs.next().ok_or_else(|| internal(format!("{} reads nothing", lp.name)))??;
+        let mut xs = xs.into_iter().map(|b| view::<A>(b, n * lp.in_numel)).collect::<Result<Vec<_>>>()?;
+        // The plan's srcs start with src: every layer reads a value.
+        let rest = xs.split_off(1);
         let f = Forward {
             gpu,
             blas,
@@ -112,15 +113,15 @@ impl GpuModel {
             train,
             draws: draws.node(lp.nodes.start),
             params: Params::Model { all: params, ids: &lp.params },
-            x,
-            rest: xs.collect::<Result<_>>()?,
+            x: xs.remove(0),
+            rest,
             y: view_mut::<A>(y, n * lp.out_numel)?,
             ws: scratch.all(),
             ids: ids.as_view(),
             hooks,
         };
         match &mut o1_inputs[i] {
-            Some(x16) => A::o1_forward(&mut nodes[i], x16, f),
+            Some(x16) => super::o1::forward(&mut nodes[i], x16, f),
             None => nodes[i].forward(f),
         }
     }
@@ -146,11 +147,11 @@ impl GpuModel {
         let acts = Acts { bufs: acts, storage: &plan.storage };
         let (in_len, out_len) = (n * lp.in_numel, n * lp.out_numel);
         let read = |wanted: bool, value: usize, len: usize| -> Result<Option<CudaView<'_, A>>> {
-            wanted.then(|| acts.get(value).and_then(|b| view::<A>(b, len))).transpose()
+            wanted.then(|| view::<A>(acts.get(value), len)).transpose()
         };
         let (x, y) =
             (read(lp.needs.reads_input, lp.src, in_len)?, read(lp.needs.reads_output, lp.dst, out_len)?);
-        let dst = grad_slot(plan, lp.dst)?;
+        let dst = grad_slot(plan, lp.dst);
         let route = lp.routes.first().copied().unwrap_or(Route::None);
         // The gradients written here: dx's when it is the first into its
         // value's, and each later input's (a fused group's) that has one.
@@ -160,12 +161,11 @@ impl GpuModel {
             .skip(1)
             .zip(lp.routes.iter().skip(1))
             .filter(|(_, &r)| r != Route::None)
-            .map(|(&s, &r)| Ok((r, grad_slot(plan, s)?)))
-            .collect::<Result<_>>()?;
-        let first = (route == Route::Write).then(|| grad_slot(plan, lp.src)).transpose()?;
+            .map(|(&s, &r)| (r, grad_slot(plan, s)))
+            .collect();
+        let first = (route == Route::Write).then(|| grad_slot(plan, lp.src));
         let slots: Vec<usize> = first.iter().copied().chain(later.iter().map(|&(_, s)| s)).collect();
-        let (dy, mut writes) = read_and_writes(grads, dst, &slots)
-            .ok_or_else(|| internal(format!("{}: dy and a dx in one gradient buffer", lp.name)))?;
+        let (dy, mut writes) = reads_and_writes(grads, &[dst], &slots)?;
         let rest = writes.split_off(first.iter().count());
         let dx = match route {
             Route::None => None,
@@ -188,7 +188,7 @@ impl GpuModel {
             params: Params::Model { all: params, ids: &lp.params },
             x,
             y,
-            dy: view::<A>(dy, out_len)?,
+            dy: view::<A>(dy[0], out_len)?,
             dx: dx.map(|d| view_mut::<A>(d, in_len)).transpose()?,
             rest,
             ws: scratch.all(),
@@ -196,12 +196,12 @@ impl GpuModel {
             hooks,
         };
         match &o1_inputs[i] {
-            Some(x16) => A::o1_backward(&nodes[i], x16, lp.in_numel, b)?,
+            Some(x16) => super::o1::backward(&nodes[i], x16, lp.in_numel, b)?,
             None => nodes[i].backward(b)?,
         }
         if route == Route::Add {
             let from = view::<A>(dx_scratch, in_len)?;
-            addk::accumulate(gpu, &mut view_mut::<A>(&mut grads[grad_slot(plan, lp.src)?], in_len)?, &from)?;
+            addk::accumulate(gpu, &mut view_mut::<A>(&mut grads[grad_slot(plan, lp.src)], in_len)?, &from)?;
         }
         Ok(())
     }
@@ -215,10 +215,9 @@ impl GpuModel {
             if route == Route::None {
                 continue;
             }
-            let (dy, dx) = read_and_writes(&mut self.grads, grad_slot(plan, lp.dst)?, &[grad_slot(plan, s)?])
-                .and_then(|(dy, mut w)| Some((dy, w.pop()?)))
-                .ok_or_else(|| internal(format!("{}: dy and dx in one gradient buffer", lp.name)))?;
-            let (dy, mut dx) = (view::<A>(dy, len)?, view_mut::<A>(dx, len)?);
+            let (dy, mut dx) =
+                reads_and_writes(&mut self.grads, &[grad_slot(plan, lp.dst)], &[grad_slot(plan, s)])?;
+            let (dy, mut dx) = (view::<A>(dy[0], len)?, view_mut::<A>(&mut *dx[0], len)?);
             match route {
                 Route::Add => addk::accumulate(gpu, &mut dx, &dy)?,
                 _ => gpu
@@ -231,11 +230,8 @@ impl GpuModel {
     }
 }
 
-/// The gradient buffer of activation `value`.
-fn grad_slot(plan: &super::plan::Plan, value: usize) -> Result<usize> {
-    plan.grad_buffer
-        .get(value)
-        .copied()
-        .filter(|&s| s < plan.grad_buffers)
-        .ok_or_else(|| internal(format!("activation {value} has no gradient buffer")))
+/// The gradient buffer of activation `value` (the input's is `usize::MAX`:
+/// never computed, and refused by `reads_and_writes`).
+fn grad_slot(plan: &super::plan::Plan, value: usize) -> usize {
+    plan.grad_buffer[value]
 }

@@ -471,3 +471,27 @@ fn a_model_with_tied_weights_trains_like_the_cpu_model_at_every_opt_level() {
         accumulate_then_eval(&gpu, &layers, level, (64, 256));
     }
 }
+
+/// A normalization reading the model input: its backward has no dx to
+/// write (the input has no gradient), only its parameters' gradients.
+#[test]
+fn a_normalization_on_the_input_learns_without_a_dx() {
+    let Some(gpu) = crate::cuda::test_gpu("a_normalization_on_the_input_learns_without_a_dx") else {
+        return;
+    };
+    for (shape, norm) in [
+        ("[4, 6]", r#"{ type = "layernorm" }"#),
+        ("[4, 6]", r#"{ type = "rmsnorm" }"#),
+        ("[2, 3, 3]", r#"{ type = "batchnorm2d" }"#),
+    ] {
+        let layers = crate::nn::cuda::plan::tests_plan::resolved(&format!(
+            r#"
+            input_shape = {shape}
+            layers = [{norm}, {{ type = "flatten" }}, {{ type = "linear", out_features = 3 }}]
+            "#
+        ));
+        for level in LEVELS {
+            accumulate_then_eval(&gpu, &layers, level, (64, 256));
+        }
+    }
+}

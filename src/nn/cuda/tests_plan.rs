@@ -67,6 +67,11 @@ fn dropout_plans_keep_their_probability() {
     assert_eq!((p.layers[2].src, p.layers[2].dst), (2, 3));
 }
 
+/// The plan of the MNIST ConvNet's first BatchNorm2d (16 channels of 28x28).
+fn mnist_bn1() -> BatchNormPlan {
+    BatchNormPlan { channels: 16, hw: 784, sync: false, param_dtype: DType::F32, eps: 1e-5, momentum: 0.1 }
+}
+
 pub(crate) fn mnist_layers() -> Vec<ResolvedLayer> {
     let path = crate::testing::repo_root().join("configs/mnist_o0.toml");
     crate::config::model::resolve(&crate::config::load(&path, &[]).unwrap().model).unwrap()
@@ -108,7 +113,7 @@ fn mnist_plan_sizes_every_buffer() {
     assert_eq!(params, want);
     let DeviceOp::Conv2d(geom) = &p.layers[4].op else { panic!("layer 4: {:?}", p.layers[4].op) };
     assert_eq!((geom.n, geom.c, geom.h, geom.o, geom.k, geom.padding, geom.ho), (0, 16, 14, 32, 5, 2, 14));
-    let bn = BatchNormPlan { channels: 16, hw: 784, sync: false, param_dtype: DType::F32 };
+    let bn = mnist_bn1();
     assert_eq!(p.layers[1].op, DeviceOp::BatchNorm2d(bn));
     let pool = MaxPoolPlan { shape: [16, 28, 28], kernel: 2, stride: 2, out_numel: 16 * 14 * 14 };
     assert_eq!(p.layers[3].op, DeviceOp::MaxPool2d(pool));
@@ -260,7 +265,7 @@ fn mnist_plan_fuses_each_batchnorm_and_its_relu() {
     );
     let nodes: Vec<_> = p.layers.iter().map(|l| l.nodes.clone()).collect();
     assert_eq!(nodes, [0..1, 1..3, 3..4, 4..5, 5..7, 7..8, 8..9, 9..10]);
-    let bn = BatchNormPlan { channels: 16, hw: 784, sync: false, param_dtype: DType::F32 };
+    let bn = mnist_bn1();
     assert_eq!(p.layers[1].op, DeviceOp::BnRelu(BnReluPlan { bn, numel: 12544 }));
     // BatchNorm's input for its statistics, the group's output for ReLU's mask.
     assert!(p.layers[1].needs.reads_input && p.layers[1].needs.reads_output);

@@ -8,7 +8,7 @@
 
 use super::layer::{internal, Scratch};
 use crate::cuda::Gpu;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use cudarc::driver::{CudaSlice, CudaViewMut};
 use half::f16;
 
@@ -70,21 +70,19 @@ impl<'a> Workspace<'a> {
         lens: [Option<usize>; K],
     ) -> Result<[CudaViewMut<'a, T>; K]> {
         let regions = std::mem::take(T::regions(self));
-        let have = regions.len();
-        let Some((head, tail)) = regions.split_at_mut_checked(K) else {
-            return Err(internal(format!("{K} scratch regions asked of a workspace with {have} left")));
+        let sizes: Vec<usize> = regions.iter().map(|r| r.len()).collect();
+        // The plan sized each region for every layer that takes it.
+        let fits = |(head, _): &(&mut [CudaSlice<T>; K], &mut [CudaSlice<T>])| {
+            head.iter().zip(lens).all(|(r, len)| len.is_none_or(|len| len <= r.len()))
+        };
+        let Some((head, tail)) = regions.split_first_chunk_mut::<K>().filter(fits) else {
+            return Err(internal(format!("scratch regions {lens:?} asked of a workspace of {sizes:?}")));
         };
         *T::regions(self) = tail;
-        let views = head
-            .iter_mut()
-            .zip(lens)
-            .map(|(r, len)| {
-                let size = r.len();
-                let len = len.unwrap_or(size);
-                r.try_slice_mut(0..len)
-                    .ok_or_else(|| internal(format!("{len} scratch values asked of a region of {size}")))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        views.try_into().map_err(|_| Error::internal("scratch regions miscounted"))
+        let mut lens = lens.into_iter();
+        Ok(head.each_mut().map(|r| {
+            let len = lens.next().flatten().unwrap_or(r.len());
+            r.slice_mut(0..len)
+        }))
     }
 }

@@ -79,7 +79,8 @@ pub fn forward<T: DeviceFloat>(
     unsafe { b.launch(launch_rows(shape.rows)) }.map_err(|e| Error::cuda(OP, e))
 }
 
-/// `dx` (`=`) and `grads.weight`/`grads.bias` (`+=`) from `dy`, using
+/// `dx` (`=`, where asked: not for the model input) and
+/// `grads.weight`/`grads.bias` (`+=`) from `dy`, using
 /// `workspace` ([`backward_workspace_len`] f32s) for the partial sums.
 #[allow(clippy::too_many_arguments)]
 pub fn backward<T: DeviceFloat>(
@@ -89,14 +90,17 @@ pub fn backward<T: DeviceFloat>(
     weight: &CudaView<'_, f32>,
     saved: SavedStats<&CudaView<'_, f32>>,
     dy: &CudaView<'_, T>,
-    dx: &mut CudaViewMut<'_, T>,
+    dx: Option<&mut CudaViewMut<'_, T>>,
     grads: Affine<&mut CudaViewMut<'_, f32>>,
     workspace: &mut CudaViewMut<'_, f32>,
 ) -> Result<()> {
     const OP: &str = "layer_norm backward";
     let (rows, c) = shape.args(OP)?;
-    for (what, len) in [("x", x.len()), ("dy", dy.len()), ("dx", dx.len())] {
+    for (what, len) in [("x", x.len()), ("dy", dy.len())] {
         check_len(OP, what, len, shape.numel())?;
+    }
+    if let Some(dx) = &dx {
+        check_len(OP, "dx", dx.len(), shape.numel())?;
     }
     check_len(OP, "weight", weight.len(), shape.c)?;
     check_len(OP, "weight.grad", grads.weight.len(), shape.c)?;
@@ -115,7 +119,7 @@ pub fn backward<T: DeviceFloat>(
     let (mp, _m) = saved.mean.device_ptr(stream);
     let (rp, _r) = saved.rstd.device_ptr(stream);
     let (gp, _g) = dy.device_ptr(stream);
-    {
+    if let Some(dx) = dx {
         let (dxp, _dx) = dx.device_ptr_mut(stream);
         let f = gpu.kernel(T::pick(&LAYER_NORM_BACKWARD_DX))?;
         let mut b = f.launch_on(stream);

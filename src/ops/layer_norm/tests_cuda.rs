@@ -76,7 +76,7 @@ fn check<T: DeviceFloat>(gpu: &Gpu, shape: Rows, bias: bool, seed: u64) {
         &wd.as_view(),
         saved,
         &dyv,
-        &mut dxd.as_view_mut(),
+        Some(&mut dxd.as_view_mut()),
         grads,
         &mut ws.as_view_mut(),
     )
@@ -150,7 +150,7 @@ fn layer_norm_refuses_wrong_buffers() {
         &w.as_view(),
         saved,
         &dyv,
-        &mut y.as_view_mut(),
+        Some(&mut y.as_view_mut()),
         grads,
         &mut ws.as_view_mut(),
     )

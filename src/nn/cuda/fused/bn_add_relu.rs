@@ -10,7 +10,7 @@
 
 use super::{Fusion, Run};
 use crate::error::Result;
-use crate::nn::cuda::layer::{internal, read, Backward, DeviceLayer, Elem, Forward, Needs, PlanArgs, RestDx};
+use crate::nn::cuda::layer::{others, read, Backward, DeviceLayer, Elem, Forward, Needs, PlanArgs, RestDx};
 use crate::nn::layers::batchnorm2d::cuda::{forward_with, BnState};
 use crate::nn::layers::{BatchNorm2d, LayerKind};
 use crate::ops::add::cuda as addk;
@@ -47,9 +47,8 @@ impl DeviceLayer for BnAddRelu {
 
     fn forward<A: Elem>(p: &BnReluPlan, s: &mut BnState, mut f: Forward<'_, A>) -> Result<()> {
         f.ws.take::<A, 1>([0])?;
-        let rest = std::mem::take(&mut f.rest);
-        let [r] = rest.as_slice() else { return Err(internal("a residual block's end reads two values")) };
-        forward_with(&p.bn, s, f, Epilogue::AddRelu(r))
+        let ([r], _) = others::<_, 1>(std::mem::take(&mut f.rest))?;
+        forward_with(&p.bn, s, f, Epilogue::AddRelu(&r))
     }
 
     fn backward<A: Elem>(p: &BnReluPlan, s: &BnState, b: Backward<'_, A>) -> Result<()> {

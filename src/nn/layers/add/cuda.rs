@@ -4,7 +4,7 @@
 use super::Add;
 use crate::error::Result;
 use crate::nn::cuda::layer::{
-    internal, Backward, DeviceLayer, Elem, Forward, Grad, Needs, PlanArgs, StateArgs,
+    others, Backward, DeviceLayer, Elem, Forward, Grad, Needs, PlanArgs, StateArgs,
 };
 use crate::nn::layers::Join;
 use crate::ops::add::cuda as addk;
@@ -28,11 +28,9 @@ impl DeviceLayer for Add {
     /// dtype, as the CPU's chain of adds rounds it.
     fn forward<A: Elem>(_: &(), _: &mut (), f: Forward<'_, A>) -> Result<()> {
         let Forward { gpu, x, rest, mut y, .. } = f;
-        let Some((x1, more)) = rest.split_first() else {
-            return Err(internal("an add given one input"));
-        };
-        addk::forward(gpu, &x, x1, &mut y)?;
-        for c in more {
+        let ([x1], more) = others::<_, 1>(rest)?;
+        addk::forward(gpu, &x, &x1, &mut y)?;
+        for c in &more {
             addk::accumulate(gpu, &mut y, c)?;
         }
         Ok(())

@@ -5,19 +5,18 @@
 //! gradients back once, as `forward_widened` / `backward_widened` do on the
 //! CPU. Backward: `+=` into dW and db, `=` into dx.
 
-use super::{parts, BatchNorm2d};
+use super::{parts, running_stats, BatchNorm2d};
 use crate::cuda::{cast, Gpu};
 use crate::error::Result;
 use crate::nn::cuda::layer::{
-    f32_param, internal, read, Backward, DeviceLayer, Elem, Forward, Needs, PlanArgs, Scratch, StateArgs,
+    f32_param, internal, read, Backward, Grads, DeviceLayer, Elem, Forward, Needs, PlanArgs, Scratch, StateArgs,
 };
 use crate::nn::cuda::model::{alloc, view, view_mut};
 use crate::nn::cuda::params::DevBuf;
-use crate::nn::layers::BufferValue;
 use crate::nn::Node;
 use crate::ops::batch_norm::cuda::{self as bnk, Epilogue};
 use crate::ops::batch_norm::{BnGrads, BnHyper, BnParams, RunningStats, SavedStats};
-use crate::tensor::{DType, Tensor};
+use crate::tensor::DType;
 use cudarc::driver::{CudaSlice, CudaViewMut};
 use half::f16;
 
@@ -30,6 +29,8 @@ pub struct BatchNormPlan {
     pub sync: bool,
     /// That of weight, bias and the running statistics (f16 under O3).
     pub param_dtype: DType,
+    pub eps: f32,
+    pub momentum: f32,
 }
 
 impl BatchNormPlan {
@@ -51,34 +52,10 @@ pub struct BnState {
     mean: CudaSlice<f32>,
     invstd: CudaSlice<f32>,
     num_batches_tracked: i64,
-    eps: f32,
-    momentum: f32,
     channels: usize,
 }
 
-fn batchnorm(node: &Node) -> Result<&BatchNorm2d> {
-    match &node.kind {
-        crate::nn::layers::LayerKind::BatchNorm2d(bn) => Ok(bn),
-        other => Err(internal(format!("{} holds no BatchNorm statistics", other.type_name()))),
-    }
-}
-
 impl BnState {
-    fn check(&self, running: [&Tensor; 2]) -> Result<()> {
-        for t in running {
-            if t.dtype() != self.running_mean.dtype() || t.numel() != self.channels {
-                return Err(internal(format!(
-                    "BatchNorm running statistics {:?} {:?} do not match the device's {} {:?}",
-                    t.shape(),
-                    t.dtype(),
-                    self.channels,
-                    self.running_mean.dtype()
-                )));
-            }
-        }
-        Ok(())
-    }
-
     /// f16 running statistics (O3) cast up into the scratch (`up`) or the
     /// scratch rounded back into them (once per step, as on the CPU).
     fn cast_running(&mut self, gpu: &Gpu, s: [&mut CudaViewMut<'_, f32>; 2], up: bool) -> Result<()> {
@@ -101,7 +78,7 @@ impl DeviceLayer for BatchNorm2d {
 
     fn plan(&self, a: &PlanArgs<'_>) -> Result<(BatchNormPlan, Needs)> {
         let [c, h, w] = a.chw()?;
-        let host = a.host()?;
+        let host = a.host();
         let wt = &host.weights;
         let dt = a.param_dtype(0)?;
         let same = [
@@ -112,7 +89,14 @@ impl DeviceLayer for BatchNorm2d {
         if same.iter().any(|&d| d != dt) || a.model.param_value(a.node, 0)?.numel() != c {
             return Err(a.bad(format!("needs parameters and running statistics of {c} values of one dtype")));
         }
-        let p = BatchNormPlan { channels: c, hw: h * w, sync: host.sync.is_some(), param_dtype: dt };
+        let p = BatchNormPlan {
+            channels: c,
+            hw: h * w,
+            sync: host.sync.is_some(),
+            param_dtype: dt,
+            eps: self.eps,
+            momentum: self.momentum,
+        };
         let mut s = Scratch::default();
         for len in p.scratch() {
             s.push(DType::F32, len);
@@ -121,7 +105,6 @@ impl DeviceLayer for BatchNorm2d {
     }
 
     fn state(p: &BatchNormPlan, a: &StateArgs<'_>) -> Result<BnState> {
-        let bn = batchnorm(a.node)?;
         let (c, dt) = (p.channels, p.param_dtype);
         let mut s = BnState {
             running_mean: DevBuf::zeros(a.gpu, dt, c)?,
@@ -129,8 +112,6 @@ impl DeviceLayer for BatchNorm2d {
             mean: alloc(a.gpu, c)?,
             invstd: alloc(a.gpu, c)?,
             num_batches_tracked: 0,
-            eps: bn.eps,
-            momentum: bn.momentum,
             channels: c,
         };
         Self::upload(&mut s, a.gpu, a.node)?;
@@ -149,13 +130,11 @@ impl DeviceLayer for BatchNorm2d {
         let x = read(x, "input")?;
         let (c, dt, shape) = (p.channels, p.param_dtype, [n, p.channels, p.hw, 1]);
         let [mut w32, _, _, _, mut dw32, mut db32, mut sums, _] = ws.take::<f32, 8>(p.scratch())?;
-        let too_small = || internal("BatchNorm statistics of fewer channels");
-        let mean = bn.mean.try_slice(0..c).ok_or_else(too_small)?;
-        let invstd = bn.invstd.try_slice(0..c).ok_or_else(too_small)?;
+        let (mean, invstd) = (bn.mean.slice(0..c), bn.invstd.slice(0..c));
         let saved = SavedStats { mean: &mean, invstd: &invstd };
         match dt {
-            DType::F32 => params.with_grads::<f32, ()>(&[0, 1], |g| {
-                let [dw, db] = g else { return Err(internal("BatchNorm gradients")) };
+            DType::F32 => params.with_grads::<f32, ()>(|g| {
+                let (dw, db) = affine(g)?;
                 bnk::backward_reduce(
                     gpu,
                     &x,
@@ -167,8 +146,8 @@ impl DeviceLayer for BatchNorm2d {
                 )
             })?,
             // f16 .grad (O3): accumulated in f32, rounded once.
-            DType::F16 => params.with_grads::<f16, ()>(&[0, 1], |g| {
-                let [dw, db] = g else { return Err(internal("BatchNorm gradients")) };
+            DType::F16 => params.with_grads::<f16, ()>(|g| {
+                let (dw, db) = affine(g)?;
                 cast::f16_to_f32(gpu, &*dw, &mut dw32)?;
                 cast::f16_to_f32(gpu, &*db, &mut db32)?;
                 let grads = BnGrads { dweight: &mut dw32, dbias: &mut db32 };
@@ -189,24 +168,18 @@ impl DeviceLayer for BatchNorm2d {
         bnk::backward_dx(gpu, &x, &dy, &shape, saved, &w, reduced, &mut dx)
     }
 
+    /// The host's shapes and dtypes are the plan's: `GpuModel` checks the
+    /// parameters, whose shape and dtype the running statistics share.
     fn upload(s: &mut BnState, gpu: &Gpu, node: &Node) -> Result<()> {
-        let bn = batchnorm(node)?;
-        let w = &node.weights;
-        let (rm, rv) = (w.tensor(0, "batchnorm2d")?, w.tensor(1, "batchnorm2d")?);
-        s.check([rm, rv])?;
+        let (rm, rv, count) = running_stats(&node.weights)?;
         s.running_mean.write_f32(gpu, 0, &rm.to_f32_vec())?;
         s.running_var.write_f32(gpu, 0, &rv.to_f32_vec())?;
-        let count = match w.buffers.get(2).map(|b| &b.value) {
-            Some(BufferValue::Count(c)) => *c,
-            _ => return Err(internal("BatchNorm without num_batches_tracked")),
-        };
-        (s.num_batches_tracked, s.eps, s.momentum) = (count, bn.eps, bn.momentum);
+        s.num_batches_tracked = count;
         Ok(())
     }
 
     fn download(s: &BnState, gpu: &Gpu, node: &mut Node) -> Result<()> {
         let p = parts(&mut node.weights)?;
-        s.check([&*p.running_mean, &*p.running_var])?;
         p.running_mean.copy_from_f32(&s.running_mean.read_f32(gpu, 0, s.channels)?)?;
         p.running_var.copy_from_f32(&s.running_var.read_f32(gpu, 0, s.channels)?)?;
         *p.num_batches_tracked = s.num_batches_tracked;
@@ -244,20 +217,18 @@ pub(crate) fn forward_with<A: Elem>(
             DType::F32 => (view::<f32>(&bn.running_mean, c)?, view::<f32>(&bn.running_var, c)?),
         };
         let running = RunningStats { running_mean: &rm, running_var: &rv };
-        return bnk::forward_eval(gpu, &x, &shape, bnp, running, bn.eps, &mut y, epilogue);
+        return bnk::forward_eval(gpu, &x, &shape, bnp, running, p.eps, &mut y, epilogue);
     }
     {
-        let BnState { running_mean: drm, running_var: drv, mean, invstd, eps, momentum, .. } = &mut *bn;
+        let BnState { running_mean: drm, running_var: drv, mean, invstd, .. } = &mut *bn;
         let (mut rm, mut rv) = if half {
             (rm32.slice_mut(..), rv32.slice_mut(..))
         } else {
             (view_mut::<f32>(drm, c)?, view_mut::<f32>(drv, c)?)
         };
-        let too_small = || internal("BatchNorm statistics of fewer channels");
-        let mut mean = mean.try_slice_mut(0..c).ok_or_else(too_small)?;
-        let mut invstd = invstd.try_slice_mut(0..c).ok_or_else(too_small)?;
+        let (mut mean, mut invstd) = (mean.slice_mut(0..c), invstd.slice_mut(0..c));
         let running = RunningStats { running_mean: &mut rm, running_var: &mut rv };
-        let hyper = BnHyper { momentum: *momentum, eps: *eps };
+        let hyper = BnHyper { momentum: p.momentum, eps: p.eps };
         if p.sync {
             bnk::local_sums(gpu, &x, &shape, &mut totals)?;
             hooks.all_reduce_sum(&mut totals, "SyncBatchNorm forward")?;
@@ -275,4 +246,12 @@ pub(crate) fn forward_with<A: Elem>(
     }
     bn.num_batches_tracked += 1;
     Ok(())
+}
+
+/// BatchNorm's weight and bias gradients (it always has both).
+fn affine<'s, 'v, G>(g: Grads<'s, 'v, G>) -> Result<(&'s mut CudaViewMut<'v, G>, &'s mut CudaViewMut<'v, G>)> {
+    match g {
+        (dw, Some(db)) => Ok((dw, db)),
+        (_, None) => Err(internal("a BatchNorm2d without a bias")),
+    }
 }

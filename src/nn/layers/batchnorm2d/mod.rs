@@ -56,13 +56,13 @@ pub struct Parts<'a> {
     pub num_batches_tracked: &'a mut i64,
 }
 
+fn not_batchnorm() -> Error {
+    Error::internal("a BatchNorm2d's weights are not weight, bias, running_mean, running_var, num_batches_tracked")
+}
+
 /// The parts of `w`, which must hold what [`BatchNorm2d::init`] made.
 pub fn parts(w: &mut Weights) -> Result<Parts<'_>> {
-    let bad = || {
-        Error::internal(
-            "a BatchNorm2d's weights are not weight, bias, running_mean, running_var, num_batches_tracked",
-        )
-    };
+    let bad = not_batchnorm;
     let [weight, bias] = w.params.as_mut_slice() else { return Err(bad()) };
     let [rm, rv, nbt] = w.buffers.as_mut_slice() else { return Err(bad()) };
     match (&mut rm.value, &mut rv.value, &mut nbt.value) {
@@ -72,6 +72,17 @@ pub fn parts(w: &mut Weights) -> Result<Parts<'_>> {
             BufferValue::Count(num_batches_tracked),
         ) => Ok(Parts { weight, bias, running_mean, running_var, num_batches_tracked }),
         _ => Err(bad()),
+    }
+}
+
+/// running_mean, running_var and num_batches_tracked of `w`, read only.
+pub fn running_stats(w: &Weights) -> Result<(&Tensor, &Tensor, i64)> {
+    match w.buffers.as_slice() {
+        [rm, rv, nbt] => match (&rm.value, &rv.value, &nbt.value) {
+            (BufferValue::Tensor(rm), BufferValue::Tensor(rv), BufferValue::Count(n)) => Ok((rm, rv, *n)),
+            _ => Err(not_batchnorm()),
+        },
+        _ => Err(not_batchnorm()),
     }
 }
 

@@ -5,7 +5,7 @@
 use super::Conv2d;
 use crate::error::Result;
 use crate::nn::cuda::layer::{
-    own, read, weight_and_bias, Backward, DeviceLayer, Elem, Forward, Needs, PlanArgs, Scratch, StateArgs,
+    read, Backward, DeviceLayer, Elem, Forward, Needs, PlanArgs, Scratch, StateArgs,
 };
 use crate::ops::conv2d::cpu::ConvGeom;
 use crate::ops::conv2d::cuda as convk;
@@ -48,10 +48,8 @@ impl DeviceLayer for Conv2d {
         let x = read(x, "input")?;
         let g = ConvGeom { n, ..*geom };
         let [mut col, mut dy_t] = ws.whole::<A, 2>()?;
-        let grads = own(params.len());
-        params.with_params::<A, A, ()>(&[0], grads, |w, gs| {
-            let (dw, db) = weight_and_bias(gs)?;
-            convk::backward(gpu, blas, &g, &x, &w[0], &dy, &mut col, &mut dy_t, dw, db, dx.as_mut())
+        params.with_weight_and_grads::<A, A, ()>(|w, (dw, db)| {
+            convk::backward(gpu, blas, &g, &x, w, &dy, &mut col, &mut dy_t, dw, db, dx.as_mut())
         })
     }
 }

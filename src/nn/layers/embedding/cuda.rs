@@ -4,7 +4,7 @@
 
 use super::Embedding;
 use crate::error::Result;
-use crate::nn::cuda::layer::{internal, Backward, DeviceLayer, Elem, Forward, Needs, PlanArgs, StateArgs};
+use crate::nn::cuda::layer::{Backward, DeviceLayer, Elem, Forward, Needs, PlanArgs, StateArgs};
 use crate::ops::embedding::cuda::{self as embk, Lookup, Table};
 use cudarc::driver::CudaView;
 
@@ -25,9 +25,9 @@ fn lookup<'a, 'b>(p: &EmbeddingPlan, ids: &'a CudaView<'b, f32>, n: usize) -> Lo
     }
 }
 
-fn batch_ids<'b>(ids: &CudaView<'b, f32>, p: &EmbeddingPlan, n: usize) -> Result<CudaView<'b, f32>> {
-    let want = if p.positions { 0 } else { n * p.rows };
-    ids.try_slice(0..want).ok_or_else(|| internal(format!("{want} token ids asked of {}", ids.len())))
+/// The batch's token ids: the model's id buffer holds the largest batch's.
+fn batch_ids<'b>(ids: &CudaView<'b, f32>, p: &EmbeddingPlan, n: usize) -> CudaView<'b, f32> {
+    ids.slice(0..if p.positions { 0 } else { n * p.rows })
 }
 
 impl DeviceLayer for Embedding {
@@ -51,13 +51,13 @@ impl DeviceLayer for Embedding {
     fn forward<A: Elem>(p: &EmbeddingPlan, _: &mut (), f: Forward<'_, A>) -> Result<()> {
         let Forward { gpu, n, params, mut y, ids, .. } = f;
         let w = params.value::<A>(0)?;
-        let ids = batch_ids(&ids, p, n)?;
+        let ids = batch_ids(&ids, p, n);
         embk::forward(gpu, lookup(p, &ids, n), &w, p.table, &mut y)
     }
 
     fn backward<A: Elem>(p: &EmbeddingPlan, _: &(), b: Backward<'_, A>) -> Result<()> {
         let Backward { gpu, n, mut params, dy, ids, .. } = b;
-        let ids = batch_ids(&ids, p, n)?;
-        params.with_grads::<A, ()>(&[0], |g| embk::backward(gpu, lookup(p, &ids, n), &dy, p.table, &mut g[0]))
+        let ids = batch_ids(&ids, p, n);
+        params.with_grads::<A, ()>(|(dw, _)| embk::backward(gpu, lookup(p, &ids, n), &dy, p.table, dw))
     }
 }

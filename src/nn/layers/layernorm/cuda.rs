@@ -8,7 +8,7 @@ use super::LayerNorm;
 use crate::cuda::cast;
 use crate::error::Result;
 use crate::nn::cuda::layer::{
-    f32_param, own, read, weight_and_bias, Backward, DeviceLayer, Elem, Forward, Needs, PlanArgs, Scratch,
+    f32_param, read, Backward, DeviceLayer, Elem, Forward, Needs, PlanArgs, Scratch,
     StateArgs,
 };
 use crate::nn::cuda::model::alloc;
@@ -71,43 +71,35 @@ impl DeviceLayer for LayerNorm {
         let w = f32_param(gpu, &params, &mut w32, 0, p.param_dtype)?;
         let b =
             (params.len() > 1).then(|| f32_param(gpu, &params, &mut b32, 1, p.param_dtype)).transpose()?;
-        let too_small = || crate::nn::cuda::layer::internal("layer norm statistics for a larger batch");
-        let saved = SavedStats {
-            mean: &mut s.mean.try_slice_mut(0..shape.rows).ok_or_else(too_small)?,
-            rstd: &mut s.rstd.try_slice_mut(0..shape.rows).ok_or_else(too_small)?,
-        };
+        // The statistics are allocated for the largest batch.
+        let saved = SavedStats { mean: &mut s.mean.slice_mut(0..shape.rows), rstd: &mut s.rstd.slice_mut(0..shape.rows) };
         lnk::forward(gpu, &x, shape, Affine { weight: &w, bias: b.as_ref() }, p.eps, &mut y, saved)
     }
 
     fn backward<A: Elem>(p: &LayerNormPlan, s: &LnState, b: Backward<'_, A>) -> Result<()> {
         let Backward { gpu, n, mut params, x, dy, dx, mut ws, .. } = b;
-        let (x, mut dx) = (read(x, "input")?, read(dx, "dx")?);
+        let (x, mut dx) = (read(x, "input")?, dx);
         let (shape, c) = (p.shape(n), p.c);
-        let too_small = || crate::nn::cuda::layer::internal("layer norm statistics for a larger batch");
-        let mean = s.mean.try_slice(0..shape.rows).ok_or_else(too_small)?;
-        let rstd = s.rstd.try_slice(0..shape.rows).ok_or_else(too_small)?;
+        let (mean, rstd) = (s.mean.slice(0..shape.rows), s.rstd.slice(0..shape.rows));
         let saved = SavedStats { mean: &mean, rstd: &rstd };
         let [mut w32, _b32, mut dw32, mut db32, mut sums] =
             ws.take::<f32, 5>([c, c, c, c, lnk::backward_workspace_len(shape)])?;
-        let ids = own(params.len());
         match p.param_dtype {
-            DType::F32 => params.with_params::<f32, f32, ()>(&[0], ids, |w, g| {
-                let (dw, db) = weight_and_bias(g)?;
+            DType::F32 => params.with_weight_and_grads::<f32, f32, ()>(|w, (dw, db)| {
                 let grads = Affine { weight: dw, bias: db };
-                lnk::backward(gpu, &x, shape, &w[0], saved, &dy, &mut dx, grads, &mut sums)
+                lnk::backward(gpu, &x, shape, w, saved, &dy, dx.as_mut(), grads, &mut sums)
             }),
             // f16 .grad (O2): accumulated in f32, rounded once.
             DType::F16 => {
                 cast::f16_to_f32(gpu, &params.value::<f16>(0)?, &mut w32)?;
                 let w = w32.as_view();
-                params.with_grads::<f16, ()>(ids, |g| {
-                    let (dw, db) = weight_and_bias(g)?;
+                params.with_grads::<f16, ()>(|(dw, db)| {
                     cast::f16_to_f32(gpu, &*dw, &mut dw32)?;
                     if let Some(db) = &db {
                         cast::f16_to_f32(gpu, &**db, &mut db32)?;
                     }
                     let grads = Affine { weight: &mut dw32, bias: db.is_some().then_some(&mut db32) };
-                    lnk::backward(gpu, &x, shape, &w, saved, &dy, &mut dx, grads, &mut sums)?;
+                    lnk::backward(gpu, &x, shape, &w, saved, &dy, dx.as_mut(), grads, &mut sums)?;
                     cast::f32_to_f16(gpu, &dw32, dw)?;
                     match db {
                         Some(db) => cast::f32_to_f16(gpu, &db32, db),

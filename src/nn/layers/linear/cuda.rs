@@ -4,7 +4,7 @@
 use super::Linear;
 use crate::error::Result;
 use crate::nn::cuda::layer::{
-    own, read, weight_and_bias, Backward, DeviceLayer, Elem, Forward, Needs, PlanArgs, StateArgs,
+    read, Backward, DeviceLayer, Elem, Forward, Needs, PlanArgs, StateArgs,
 };
 use crate::ops::linear::cuda as lin;
 
@@ -44,11 +44,9 @@ impl DeviceLayer for Linear {
     fn backward<A: Elem>(p: &LinearPlan, _: &(), b: Backward<'_, A>) -> Result<()> {
         let Backward { gpu, blas, n, mut params, x, dy, mut dx, .. } = b;
         let x = read(x, "input")?;
-        let grads = own(params.len());
-        params.with_params::<A, A, ()>(&[0], grads, |w, gs| {
-            let (dw, db) = weight_and_bias(gs)?;
+        params.with_weight_and_grads::<A, A, ()>(|w, (dw, db)| {
             let (rows, i, o) = (n * p.rows, p.in_features, p.out_features);
-            lin::backward(gpu, blas, rows, i, o, &x, &w[0], &dy, dw, db, dx.as_mut())
+            lin::backward(gpu, blas, rows, i, o, &x, w, &dy, dw, db, dx.as_mut())
         })
     }
 }

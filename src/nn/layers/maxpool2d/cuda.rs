@@ -3,8 +3,7 @@
 //! backward scatters dy to. `=` into dx.
 
 use super::MaxPool2d;
-use crate::error::{Error, Result};
-use crate::nn::cuda::layer::internal;
+use crate::error::Result;
 use crate::nn::cuda::layer::{read, Backward, DeviceLayer, Elem, Forward, Needs, PlanArgs, StateArgs};
 use crate::nn::cuda::model::alloc;
 use crate::ops::max_pool2d::cuda as pool;
@@ -41,18 +40,15 @@ impl DeviceLayer for MaxPool2d {
     fn forward<A: Elem>(p: &MaxPoolPlan, indices: &mut CudaSlice<u32>, f: Forward<'_, A>) -> Result<()> {
         let Forward { gpu, n, x, mut y, .. } = f;
         let [c, h, w] = p.shape;
-        let mut indices = indices.try_slice_mut(0..n * p.out_numel).ok_or_else(|| too_small(n))?;
+        // Allocated for the largest batch.
+        let mut indices = indices.slice_mut(0..n * p.out_numel);
         pool::forward(gpu, &x, [n, c, h, w], p.kernel, p.stride, &mut y, &mut indices).map(|_| ())
     }
 
     fn backward<A: Elem>(p: &MaxPoolPlan, indices: &CudaSlice<u32>, b: Backward<'_, A>) -> Result<()> {
         let Backward { gpu, n, dy, dx, .. } = b;
         let [c, h, w] = p.shape;
-        let indices = indices.try_slice(0..n * p.out_numel).ok_or_else(|| too_small(n))?;
+        let indices = indices.slice(0..n * p.out_numel);
         pool::backward(gpu, &dy, &indices, [n, c, h, w], p.kernel, p.stride, &mut read(dx, "dx")?)
     }
-}
-
-fn too_small(n: usize) -> Error {
-    internal(format!("max_pool2d's indices hold less than a batch of {n}"))
 }

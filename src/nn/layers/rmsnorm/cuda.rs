@@ -7,7 +7,7 @@
 use super::{cpu, RmsNorm};
 use crate::cuda::{as_i64, cast, check_len, Rows, launch_1d, launch_rows, DeviceFloat, Gpu, KernelFn, TypedKernelFn};
 use crate::error::{Error, Result};
-use crate::nn::cuda::layer::{f32_param, weight_and_bias, Backward, DeviceLayer, Elem, Forward, Needs, PlanArgs, Scratch, StateArgs};
+use crate::nn::cuda::layer::{f32_param, Backward, DeviceLayer, Elem, Forward, Needs, PlanArgs, Scratch, StateArgs};
 use crate::nn::cuda::model::alloc;
 use crate::tensor::DType;
 use crate::typed_kernel;
@@ -73,8 +73,9 @@ pub struct Saved<'v, T> {
     pub weight: Option<CudaView<'v, f32>>,
 }
 
-/// `dx` (`=`, where asked) and `dw` (`+=`, with a weight, using `workspace`
-/// of [`backward_workspace_len`] f32s) from `dy`.
+/// `dx` (`=`, where asked) and `dw` (`+=`, where given: the weight's, using
+/// `workspace` of [`backward_workspace_len`] f32s) from `dy`. dx reads the
+/// weight (none is elementwise_affine = False); dw does not.
 pub fn backward<T: DeviceFloat>(
     gpu: &Gpu,
     shape: Rows,
@@ -90,9 +91,6 @@ pub fn backward<T: DeviceFloat>(
     check_len(OP, "rstd", saved.rstd.len(), shape.rows)?;
     if let Some(w) = &saved.weight {
         check_len(OP, "weight", w.len(), shape.c)?;
-    }
-    if dw.is_some() != saved.weight.is_some() {
-        return Err(Error::internal(format!("{OP}: a weight gradient needs the weight, and only it")));
     }
     if shape.numel() == 0 {
         return Ok(());
@@ -154,9 +152,6 @@ pub struct RmsState {
     rstd: CudaSlice<f32>,
 }
 
-fn too_small() -> crate::error::Error {
-    crate::nn::cuda::layer::internal("rmsnorm statistics for a larger batch")
-}
 
 impl DeviceLayer for RmsNorm {
     type Plan = RmsNormPlan;
@@ -185,7 +180,8 @@ impl DeviceLayer for RmsNorm {
         let shape = p.shape(n);
         let [mut w32] = ws.take::<f32, 1>([p.c])?;
         let w = p.weight.map(|dt| f32_param(gpu, &params, &mut w32, 0, dt)).transpose()?;
-        let mut rstd = s.rstd.try_slice_mut(0..shape.rows).ok_or_else(too_small)?;
+        // Allocated for the largest batch.
+        let mut rstd = s.rstd.slice_mut(0..shape.rows);
         forward(gpu, shape, &x, w.as_ref(), p.eps, &mut y, &mut rstd)
     }
 
@@ -194,23 +190,21 @@ impl DeviceLayer for RmsNorm {
         let shape = p.shape(n);
         let x = crate::nn::cuda::layer::read(x, "input")?;
         let [mut w32, mut dw32, mut sums] = ws.take::<f32, 3>([p.c, p.c, backward_workspace_len(shape)])?;
-        let rstd = s.rstd.try_slice(0..shape.rows).ok_or_else(too_small)?;
+        let rstd = s.rstd.slice(0..shape.rows);
         let Some(dt) = p.weight else {
             let saved = Saved { x, rstd, weight: None };
             return backward(gpu, shape, &saved, &dy, dx.as_mut(), None);
         };
         match dt {
-            DType::F32 => params.with_params::<f32, f32, ()>(&[0], &[0], |w, g| {
-                let saved = Saved { x, rstd, weight: Some(w[0].slice(0..p.c)) };
-                let (dw, _) = weight_and_bias(g)?;
+            DType::F32 => params.with_weight_and_grads::<f32, f32, ()>(|w, (dw, _)| {
+                let saved = Saved { x, rstd, weight: Some(w.slice(0..p.c)) };
                 backward(gpu, shape, &saved, &dy, dx.as_mut(), Some((dw, &mut sums)))
             }),
             // An f16 .grad (O2): accumulated in f32, rounded once.
             DType::F16 => {
                 cast::f16_to_f32(gpu, &params.value::<f16>(0)?, &mut w32)?;
                 let saved = Saved { x, rstd, weight: Some(w32.as_view()) };
-                params.with_grads::<f16, ()>(&[0], |g| {
-                    let (dw, _) = weight_and_bias(g)?;
+                params.with_grads::<f16, ()>(|(dw, _)| {
                     cast::f16_to_f32(gpu, &*dw, &mut dw32)?;
                     backward(gpu, shape, &saved, &dy, dx.as_mut(), Some((&mut dw32, &mut sums)))?;
                     cast::f32_to_f16(gpu, &dw32, dw)
