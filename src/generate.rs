@@ -9,7 +9,7 @@
 //! positions read, so the logits at position `len - 1` are those of the
 //! context alone.
 
-use crate::config::{self, DatasetKind, CONFIG_FILE};
+use crate::config::{self, DatasetKind};
 use crate::data::text::{Vocab, VOCAB_FILE};
 use crate::error::{Error, Result};
 use crate::nn::Model;
@@ -45,32 +45,14 @@ pub struct LanguageModel {
     pub vocab_path: PathBuf,
 }
 
-/// `name` in the folder of `path` (the folder itself when `path` is one) or
-/// in the two above it: a checkpoint's own copy (`out_dir/ckpt/step_N/`)
-/// first, then `out_dir/ckpt/`, then the run's `out_dir`.
-pub fn beside(path: &Path, name: &str) -> Option<PathBuf> {
-    let start = if path.is_dir() { Some(path) } else { path.parent() };
-    start?.ancestors().take(3).map(|d| d.join(name)).find(|p| p.is_file())
-}
-
-/// Opens what a text run left: a checkpoint directory, a run's `ckpt`
-/// folder (its `latest`), a run's `out_dir` (its final `model.safetensors`),
-/// or a model file; the run's config (`config`, or the `config.toml` the run
+/// Opens what a text run left (as [`crate::checkpoint::locate_weights`]
+/// finds it in a checkpoint directory, a `ckpt` folder, a run's out_dir or
+/// a model file); the run's config (`config`, or the `config.toml` the run
 /// wrote beside its weights) with `sets` applied; and its `vocab.json`.
 pub fn open(checkpoint: &Path, config: Option<&Path>, sets: &[String]) -> Result<LanguageModel> {
     let ckpt_err = |msg: String| Error::Checkpoint { path: checkpoint.to_path_buf(), msg };
-    if !checkpoint.exists() {
-        return Err(ckpt_err("no such checkpoint directory, run directory or model file".into()));
-    }
-    let config = match config {
-        Some(p) => p.to_path_buf(),
-        None => beside(checkpoint, CONFIG_FILE).ok_or_else(|| {
-            ckpt_err(format!(
-                "no {CONFIG_FILE} in it or in the two folders above (a run writes one into its out_dir and \
-                 every checkpoint): pass the run's config with --config"
-            ))
-        })?,
-    };
+    let weights = crate::checkpoint::locate_weights(checkpoint)?;
+    let config = crate::checkpoint::config_for(&weights, config)?;
     let cfg = config::load(&config, sets)?;
     if cfg.data.dataset != DatasetKind::Text {
         let kind = serde_json::to_value(cfg.data.dataset).ok().and_then(|v| v.as_str().map(str::to_owned));
@@ -87,19 +69,8 @@ pub fn open(checkpoint: &Path, config: Option<&Path>, sets: &[String]) -> Result
     let layers = cfg.resolve_model()?;
     let mut model = Model::new(&layers, cfg.run.seed)?;
     let policy = crate::amp::Policy::resolve(&cfg.amp)?;
-    // A run's out_dir holds its final weights beside the ckpt folder.
-    let final_weights = checkpoint.join("model.safetensors");
-    let weights = if checkpoint.is_dir()
-        && !checkpoint.join("state.json").exists()
-        && !checkpoint.join("latest").exists()
-        && final_weights.is_file()
-    {
-        final_weights
-    } else {
-        checkpoint.to_path_buf()
-    };
     crate::checkpoint::load_eval_weights(&weights, &mut model, &policy)?;
-    let vocab_path = beside(checkpoint, VOCAB_FILE).ok_or_else(|| {
+    let vocab_path = crate::checkpoint::beside(&weights, VOCAB_FILE).ok_or_else(|| {
         ckpt_err(format!("no {VOCAB_FILE} in it or in the two folders above: it is not from a text run"))
     })?;
     let vocab = Vocab::read(&vocab_path)?;

@@ -53,10 +53,14 @@ struct TrainArgs {
 
 #[derive(Args, Clone)]
 struct EvalArgs {
-    #[command(flatten)]
-    config: ConfigArgs,
-    /// A checkpoint directory (`.../ckpt/step_XXXXXXXX`, `.../ckpt/latest` or `.../ckpt`),
-    /// or a model file (a run's `model.safetensors`).
+    /// The run's config (default: the config.toml the run wrote beside its weights).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Override a config value, as for training (for example amp.opt_level).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    sets: Vec<String>,
+    /// A checkpoint directory (`.../ckpt/step_XXXXXXXX`, `.../ckpt/latest`), a run's `ckpt`
+    /// folder or out_dir (its latest checkpoint, else its model.safetensors), or a model file.
     #[arg(long, required = true, value_name = "PATH")]
     checkpoint: PathBuf,
     /// Print the result as one JSON object (exact values) instead of a line of text.
@@ -66,8 +70,8 @@ struct EvalArgs {
 
 #[derive(Args, Clone)]
 struct SampleArgs {
-    /// A text run's checkpoint directory, its `ckpt` folder (the latest), its out_dir (the
-    /// final model.safetensors) or a model file.
+    /// A text run's checkpoint directory, its `ckpt` folder or out_dir (its latest
+    /// checkpoint, else its model.safetensors), or a model file.
     #[arg(long, required = true, value_name = "PATH")]
     checkpoint: PathBuf,
     /// The run's config (default: the config.toml the run wrote beside its weights).
@@ -190,11 +194,12 @@ fn keys() -> anyhow::Result<u8> {
 /// as apex's `amp.initialize` would, so an O2 checkpoint scores as the run's
 /// own evaluation of it did.
 fn eval(args: &EvalArgs) -> anyhow::Result<u8> {
-    use ddptrain::checkpoint::EvalSource;
-    let cfg = load(&args.config)?;
+    use ddptrain::checkpoint::{config_for, load_eval_weights, locate_weights, EvalSource};
+    let weights = locate_weights(&args.checkpoint)?;
+    let cfg = config::load(&config_for(&weights, args.config.as_deref())?, &args.sets)?;
     let policy = ddptrain::amp::Policy::resolve(&cfg.amp)?;
     let train::Prepared { mut model, test_ds, .. } = train::prepare(&cfg)?;
-    let source = ddptrain::checkpoint::load_eval_weights(&args.checkpoint, &mut model, &policy)?;
+    let source = load_eval_weights(&weights, &mut model, &policy)?;
     let level = cfg.amp.opt_level.to_string();
     let (step, epoch) = match &source {
         EvalSource::Checkpoint(state) => {
@@ -214,7 +219,7 @@ fn eval(args: &EvalArgs) -> anyhow::Result<u8> {
     let text = cfg.data.dataset == config::DatasetKind::Text;
     if args.json {
         let kind = if step.is_some() { "checkpoint" } else { "model file" };
-        let mut rec = serde_json::json!({"checkpoint": args.checkpoint, "kind": kind, "step": step,
+        let mut rec = serde_json::json!({"checkpoint": weights, "kind": kind, "step": step,
             "epoch": epoch, "opt_level": level});
         let scores = if text {
             serde_json::json!({"val_loss": ev.loss, "perplexity": ev.loss.exp(), "tokens": ev.total})
@@ -230,9 +235,9 @@ fn eval(args: &EvalArgs) -> anyhow::Result<u8> {
     }
     let what = match (step, epoch) {
         (Some(step), Some(epoch)) => {
-            format!("checkpoint {} (step {step}, epoch {epoch})", args.checkpoint.display())
+            format!("checkpoint {} (step {step}, epoch {epoch})", weights.display())
         }
-        _ => format!("model file {}", args.checkpoint.display()),
+        _ => format!("model file {}", weights.display()),
     };
     if text {
         ddptrain::outln!(

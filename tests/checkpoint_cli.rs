@@ -176,7 +176,8 @@ fn eval_scores_a_checkpoint_like_the_run_did() {
     let (code, t) = run_args(&a, dir.path());
     assert_eq!(code, Some(1), "{t}");
     assert!(
-        t.contains("nope") && t.contains("no such checkpoint directory or model file (.safetensors)"),
+        t.contains("nope")
+            && t.contains("no such checkpoint directory, run directory or model file (.safetensors)"),
         "{t}"
     );
 
@@ -195,6 +196,55 @@ fn eval_scores_a_checkpoint_like_the_run_did() {
     assert_eq!(code, Some(0), "{t}");
     let want = format!("model file {} at O0: {acc}", out.join("model.safetensors").display());
     assert!(t.contains(&want) && t.contains(&loss), "{t}\n{s}");
+}
+
+/// `eval --checkpoint` takes what `sample` takes (a run's out_dir, its
+/// `ckpt` folder, a checkpoint, a model file) and reads the config the run
+/// saved beside it when no `--config` is given.
+#[test]
+fn eval_finds_the_weights_and_the_config_a_run_left() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    assert_eq!(run_args(&ckpt_args(&out, &[]), dir.path()).0, Some(0));
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    let acc = format!("test accuracy {:.4}", s["test_accuracy"].as_f64().unwrap());
+    let eval = |path: &Path| {
+        run_args(&["eval".into(), "--checkpoint".into(), path.display().to_string()], dir.path())
+    };
+    // The out_dir and its ckpt folder: the latest checkpoint, at the run's own opt level.
+    for path in [out.clone(), out.join("ckpt")] {
+        let (code, t) = eval(&path);
+        assert_eq!(code, Some(0), "{t}");
+        assert!(t.contains("ckpt/latest (step 6, epoch 2) at O0") && t.contains(&acc), "{path:?}: {t}\n{s}");
+    }
+    // An out_dir without checkpoints: its final model file.
+    let bare = dir.path().join("bare");
+    std::fs::create_dir(&bare).unwrap();
+    for f in ["model.safetensors", "config.toml"] {
+        std::fs::copy(out.join(f), bare.join(f)).unwrap();
+    }
+    let (code, t) = eval(&bare);
+    assert_eq!(code, Some(0), "{t}");
+    assert!(
+        t.contains(&format!("model file {} at O0: {acc}", bare.join("model.safetensors").display())),
+        "{t}"
+    );
+    // --set still applies to the saved config.
+    let a =
+        ["eval", "--checkpoint", &out.display().to_string(), "--set", "amp.opt_level=O2"].map(String::from);
+    let (code, t) = run_args(&a, dir.path());
+    assert_eq!(code, Some(0), "{t}");
+    assert!(t.contains("at O2: test accuracy"), "{t}");
+    // A model file with no config beside it: the message says to pass one.
+    std::fs::remove_file(bare.join("config.toml")).unwrap();
+    let (code, t) = eval(&bare.join("model.safetensors"));
+    assert_eq!(code, Some(1), "{t}");
+    assert!(t.contains("no config.toml in it or in the two folders above") && t.contains("--config"), "{t}");
+    // A folder with none of a run's files names what it looked for.
+    let (code, t) = eval(dir.path());
+    assert_eq!(code, Some(1), "{t}");
+    assert!(t.contains("holds no checkpoint (state.json), no ckpt/latest and no model.safetensors"), "{t}");
 }
 
 /// `ddptrain launch` of two local ranks running `a`.

@@ -17,6 +17,7 @@
 
 mod io;
 mod load;
+mod locate;
 mod lock;
 mod pending;
 mod save;
@@ -25,11 +26,13 @@ mod state;
 #[cfg(test)]
 mod tests_share;
 
+pub(crate) use io::ckpt_err;
 pub use io::{entries_to_bytes, load_safetensors, save_safetensors, write_atomic};
 pub use load::{
     load_eval_weights, load_for_eval, parse_checkpoint, read_checkpoint, read_raw, EvalSource,
     LoadedCheckpoint, RawCheckpoint,
 };
+pub use locate::{beside, config_for, locate_weights};
 pub use lock::{read_holder, LockHolder, RunLock, LOCK_FILE};
 pub use save::{open_metrics, Checkpointer, RankStates, RunShape};
 pub use share::{decode_message, encode_message, ResumeMessage};
