@@ -22,6 +22,8 @@ out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
 ours() {
+  # Each round trains afresh: a run into the last round's out_dir is refused.
+  rm -rf "$out/o0"
   RAYON_NUM_THREADS=$THREADS "$BIN" --config configs/mnist_o0.toml \
     --set data.dataset=synthetic --set data.synthetic_train_size=$((STEPS * BATCH)) \
     --set data.synthetic_test_size=$BATCH --set data.batch_size=$BATCH \

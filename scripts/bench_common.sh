@@ -67,6 +67,9 @@ ddptrain_ips() {
   if [ -n "$threads" ]; then env=(RAYON_NUM_THREADS="$threads"); fi
   local warmup=${DDPTRAIN_WARMUP:-0}
   if [ "$warmup" -gt 0 ]; then args+=(--set logging.every_steps=1); fi
+  # Each round trains afresh: a run into the last round's out_dir is refused,
+  # and an older BASE_BIN does not know run.overwrite.
+  rm -rf "$dir"
   if [ "$world" = 1 ]; then
     env "${env[@]}" "$BIN" "${args[@]}" >/dev/null
   else

@@ -81,11 +81,12 @@ def resolved_config(binary, config, sets):
 def recipe_command(binary, config, sets, init, out, extra=()):
     """ddptrain on `config`'s own recipe (with `sets` and `extra`) from the
     weights at `init`, writing to `out`, quiet, with one checkpoint: the
-    final model (a long run would otherwise write one per epoch)."""
+    final model (a long run would otherwise write one per epoch). A kept
+    `--out` of an earlier recipe run is trained over: its files go first."""
     run = [
         f"model.init_from={init}", f"run.out_dir={out}", 'logging.progress="never"', "logging.tensorboard=false",
         "checkpoint.every_steps=0", "checkpoint.every_epochs=0", "checkpoint.keep_last=1",
-        'checkpoint.resume="never"',
+        'checkpoint.resume="never"', "run.overwrite=true",
     ]
     return [binary, "--config", config] + [x for s in [*sets, *run, *extra] for x in ("--set", s)]
 

@@ -58,6 +58,12 @@ pub enum Error {
     #[error("run.out_dir {} is in use by another ddptrain run ({holder}); wait for it to end, or set run.out_dir to another directory", dir.display())]
     OutDirInUse { dir: PathBuf, holder: String },
 
+    /// `run.out_dir` cannot take this run as it is: it is a file, or it holds
+    /// the files of a run this one would not continue (`checkpoint::claim`).
+    /// `msg` says what is there and the choices; nothing was written.
+    #[error("run.out_dir {} {msg}", dir.display())]
+    OutDir { dir: PathBuf, msg: String },
+
     /// A broken invariant inside ddptrain (a bug, not something a user did).
     #[error("internal error: {0}")]
     Internal(String),

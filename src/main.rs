@@ -1,8 +1,9 @@
 //! The binary's edge: parse arguments, load the config, run, map errors to exit
-//! codes (2: config or usage error, nothing written; 3: an `[expect]` gate missed;
+//! codes (2: config or usage error, or an out_dir with another run's files
+//! in it; nothing written; 3: an `[expect]` gate missed;
 //! 130 / 143: stopped by SIGINT / SIGTERM after a checkpoint (src/train/stop.rs);
-//! 1: anything else, including an out_dir another run holds: its config is
-//! fine and the same command succeeds once that run ends).
+//! 1: anything else, including an out_dir another run is using: its config
+//! is fine and the same command succeeds once that run ends).
 
 use clap::{Args, Parser, Subcommand};
 use ddptrain::error::{EXIT_CONFIG, EXIT_EXPECT, EXIT_FAILURE};
@@ -156,7 +157,9 @@ enum Command {
 
 fn exit_code_for(err: &anyhow::Error) -> u8 {
     match err.downcast_ref::<Error>() {
-        Some(Error::Config { .. } | Error::Unsupported(_) | Error::Usage(_)) => EXIT_CONFIG,
+        Some(Error::Config { .. } | Error::Unsupported(_) | Error::Usage(_) | Error::OutDir { .. }) => {
+            EXIT_CONFIG
+        }
         _ => EXIT_FAILURE,
     }
 }

@@ -96,14 +96,18 @@ fn incompatible_checkpoints_are_refused_naming_what_differs() {
     assert_eq!(code, Some(1), "{t}");
     assert!(t.contains("the opt level differs: the checkpoint was trained at O2, this run is O0"), "{t}");
 
-    // With "auto" and nothing usable left, the run stops rather than silently starting over.
+    // With "auto" and nothing usable left, the run stops rather than silently
+    // starting over: the out_dir holds a run this one does not continue.
     let (code, t) = run_args(&ckpt_args(&out, &["optimizer.lr=0.1"]), dir.path());
-    assert_eq!(code, Some(1), "{t}");
+    assert_eq!(code, Some(2), "{t}");
     assert!(
-        t.contains("no usable checkpoint to resume from") && t.contains("checkpoint.resume = \"never\""),
+        t.contains("This run would not continue it: none of its checkpoints can be resumed")
+            && t.contains("set run.overwrite = true"),
         "{t}"
     );
     let (code, t) = run_args(&ckpt_args(&out, &["optimizer.lr=0.1", "checkpoint.resume=never"]), dir.path());
+    assert_eq!(code, Some(2), "\"never\" does not train over it either: {t}");
+    let (code, t) = run_args(&ckpt_args(&out, &["optimizer.lr=0.1", "run.overwrite=true"]), dir.path());
     assert_eq!(code, Some(0), "{t}");
 }
 

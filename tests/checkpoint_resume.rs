@@ -8,6 +8,7 @@
 //! of configs/resnet20_catsdogs_o2.toml).
 
 mod common;
+use common::names_in;
 use common::resume::{self, assert_same_run, final_state, halted, metrics, read};
 use ddptrain::config::Config;
 use ddptrain::train;
@@ -96,12 +97,7 @@ fn keep_last_prunes_old_checkpoints_and_latest_is_a_symlink() {
         s.checkpoints.iter().map(|p| p.file_name().unwrap().to_string_lossy().into()).collect();
     // The summary lists the checkpoints that are still there, not the pruned ones.
     assert_eq!(names, ["step_00000015", "step_00000020"]);
-    let mut left: Vec<String> = std::fs::read_dir(a.join("ckpt"))
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    left.sort();
-    assert_eq!(left, ["latest", "step_00000015", "step_00000020"]);
+    assert_eq!(names_in(&a.join("ckpt")), ["latest", "step_00000015", "step_00000020"]);
     assert_eq!(std::fs::read_link(a.join("ckpt/latest")).unwrap(), Path::new("step_00000020"));
     let ckpt_records = metrics(&a).iter().filter(|v| v["kind"] == "checkpoint").count();
     assert_eq!(ckpt_records, 4);

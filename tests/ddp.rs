@@ -52,6 +52,15 @@ every_steps = 3
 tensorboard = false
 "#;
 
+/// Each run's own out_dir, by its world, batch and extra settings: a run
+/// into another's is refused.
+fn out_dir(dir: &Path, world: usize, batch: usize, extra: &[&str]) -> std::path::PathBuf {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::hash::DefaultHasher::new();
+    extra.hash(&mut h);
+    dir.join(format!("out_w{world}_b{batch}_{:016x}", h.finish()))
+}
+
 /// Trains `config` on `world` processes (through `ddptrain launch` when > 1)
 /// with per-rank `batch`, returning the final weights rank 0 wrote.
 fn run(
@@ -61,7 +70,7 @@ fn run(
     batch: usize,
     extra: &[&str],
 ) -> Vec<ddptrain::nn::StateEntry> {
-    let out = dir.join(format!("out_w{world}_b{batch}"));
+    let out = out_dir(dir, world, batch, extra);
     let mut args: Vec<String> = Vec::new();
     if world > 1 {
         args.extend(
@@ -156,7 +165,7 @@ fn batchnorm_buffers_follow_rank_zero_and_evaluation_counts_every_sample_once() 
     let seed = std::fs::read_to_string(repo_root().join("configs/mnist_o0.toml")).unwrap();
     let model = &seed[seed.find("[model]").unwrap()..seed.find("[data]").unwrap()];
     let cfg = write(dir.path(), "bn.toml", &format!("{model}\n{COMMON}"));
-    let out = dir.path().join("out_w2_b60");
+    let out = out_dir(dir.path(), 2, 60, &[]);
     run(dir.path(), &cfg, 2, 60, &[]);
     let lines = std::fs::read_to_string(out.join("metrics.jsonl")).unwrap();
     let eval: serde_json::Value = lines
@@ -200,8 +209,9 @@ fn o2_config(dir: &Path, batchnorm: bool) -> std::path::PathBuf {
     write(dir, "o2.toml", &format!("{model}\n{COMMON}\n[amp]\nopt_level = \"O2\"\n"))
 }
 
-fn summary(dir: &Path, world: usize, batch: usize) -> serde_json::Value {
-    let p = dir.join(format!("out_w{world}_b{batch}/summary.json"));
+/// The summary of [`run`]'s run with these arguments.
+fn summary(dir: &Path, world: usize, batch: usize, extra: &[&str]) -> serde_json::Value {
+    let p = out_dir(dir, world, batch, extra).join("summary.json");
     serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
 }
 
@@ -214,14 +224,14 @@ fn o2_two_and_three_ranks_reducing_in_f16_or_fp32_match_one_rank() {
     let init =
         ddptrain::nn::Model::new(&c.resolve_model().unwrap(), c.run.seed).unwrap().state_dict().unwrap();
     let one = run(dir.path(), &cfg, 1, 120, &steps);
-    let s1 = summary(dir.path(), 1, 120);
+    let s1 = summary(dir.path(), 1, 120, &steps);
     // How far training moved the weights: the scale f16 rounding errors are relative to.
     let moved = max_abs_diff(&init, &one);
     let d = |world: usize, extra: &[&str]| {
         let all: Vec<&str> = steps.iter().chain(extra).copied().collect();
         let batch = 120 / world;
         let other = run(dir.path(), &cfg, world, batch, &all);
-        let s = summary(dir.path(), world, batch);
+        let s = summary(dir.path(), world, batch, &all);
         assert_eq!(
             (&s["overflow_steps"], &s["loss_scale"]),
             (&s1["overflow_steps"], &s1["loss_scale"]),
@@ -312,11 +322,11 @@ fn an_overflow_on_one_rank_skips_the_same_step_on_every_rank() {
     assert_eq!((s["overflow_steps"].as_u64(), s["loss_scale"].as_f64()), (Some(1), Some(32768.0)), "{s}");
     // The hook names a rank: here no rank is 1, and a single process injects at 0:2.
     // (Two steps: this chaotic run overflows by itself at step 3.)
-    let one = dir.path().join("one");
-    let sets = [&format!("run.out_dir={}", one.display()) as &str, "train.max_steps=2"];
-    let t = run_env(dir.path(), &cfg, 1, &sets, ("DDPTRAIN_INJECT_GRAD_INF", "1:2"));
+    let one = |r: usize| format!("run.out_dir={}", dir.path().join(format!("one_inject_{r}")).display());
+    let (one1, one0) = (one(1), one(0));
+    let t = run_env(dir.path(), &cfg, 1, &[&one1, "train.max_steps=2"], ("DDPTRAIN_INJECT_GRAD_INF", "1:2"));
     assert!(!t.contains("gradient overflow"), "{t}");
-    let t = run_env(dir.path(), &cfg, 1, &sets, ("DDPTRAIN_INJECT_GRAD_INF", "0:2"));
+    let t = run_env(dir.path(), &cfg, 1, &[&one0, "train.max_steps=2"], ("DDPTRAIN_INJECT_GRAD_INF", "0:2"));
     let skips: Vec<&str> = t.lines().filter(|l| l.contains("gradient overflow")).collect();
     assert!(skips.len() == 1 && skips[0].starts_with("step 2: gradient overflow"), "{t}");
 }
@@ -344,15 +354,13 @@ fn o2_sync_batchnorm_on_two_ranks_matches_one_rank() {
     let c = ddptrain::config::load(&cfg, &[]).unwrap();
     let init =
         ddptrain::nn::Model::new(&c.resolve_model().unwrap(), c.run.seed).unwrap().state_dict().unwrap();
-    let one = run(dir.path(), &cfg, 1, 120, &["train.max_steps=3"]);
-    let two = run(
-        dir.path(),
-        &cfg,
-        2,
-        60,
-        &["train.max_steps=3", "parallel.sync_batchnorm=true", "parallel.gradient_predivide_factor=2"],
+    let (one_sets, two_sets) = (
+        ["train.max_steps=3"],
+        ["train.max_steps=3", "parallel.sync_batchnorm=true", "parallel.gradient_predivide_factor=2"],
     );
-    let (s1, s2) = (summary(dir.path(), 1, 120), summary(dir.path(), 2, 60));
+    let one = run(dir.path(), &cfg, 1, 120, &one_sets);
+    let two = run(dir.path(), &cfg, 2, 60, &two_sets);
+    let (s1, s2) = (summary(dir.path(), 1, 120, &one_sets), summary(dir.path(), 2, 60, &two_sets));
     assert_eq!(
         (&s1["overflow_steps"], &s1["loss_scale"]),
         (&s2["overflow_steps"], &s2["loss_scale"]),

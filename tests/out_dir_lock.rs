@@ -86,10 +86,19 @@ fn a_killed_run_leaves_no_lock_behind() {
     let out = dir.path().join("out");
     let mut first = spawn_slow(&out, dir.path(), 1500);
     wait_for_hold(&mut first, &out);
+    // Killed after its first checkpoint, so the next run continues it (a
+    // killed run with none is another run's files, refused: out_dir_reuse.rs).
+    let t0 = Instant::now();
+    while !out.join("ckpt/latest").exists() {
+        assert!(first.try_wait().unwrap().is_none(), "the first run ended before its first checkpoint");
+        assert!(t0.elapsed() < Duration::from_secs(120), "no first checkpoint");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     // SIGKILL: no destructor runs; the kernel drops the flock with the process.
     first.kill().unwrap();
     first.wait().unwrap();
     assert!(out.join(LOCK_FILE).exists(), "the lock file stays; only the hold goes");
     let (code, t) = run_args(&ckpt_args(&out, &[]), dir.path());
     assert_eq!(code, Some(0), "{t}");
+    assert!(t.contains("resuming from"), "{t}");
 }

@@ -261,14 +261,12 @@ impl Checkpointer {
         if refused.is_empty() {
             return Ok(None);
         }
-        Err(ckpt_err(
-            &self.root,
-            format!(
-                "no usable checkpoint to resume from ({}); set checkpoint.resume = \"never\" to start over \
-                 (its checkpoints then replace these) or use another run.out_dir",
-                refused.join("; ")
-            ),
-        ))
+        // Nothing here this run continues: the out_dir holds another run.
+        let why = match refused.len() {
+            1 => refused.swap_remove(0),
+            n => format!("{} (and the {} older ones: see the warnings above)", refused.swap_remove(0), n - 1),
+        };
+        Err(self.unresumable(why))
     }
 
     /// `latest`'s target, then the older checkpoints, newest first.

@@ -76,11 +76,7 @@ impl RunLock {
             .map_err(|e| io_err("cannot open the run lock", e))?;
         match file.try_lock() {
             Ok(()) => {}
-            Err(TryLockError::WouldBlock) => {
-                let holder = read_holder(&path)
-                    .map_or_else(|| "its PID and host are not recorded yet".to_string(), |h| h.to_string());
-                return Err(Error::OutDirInUse { dir: out_dir.to_path_buf(), holder });
-            }
+            Err(TryLockError::WouldBlock) => return Err(in_use(out_dir, &path)),
             Err(TryLockError::Error(e)) => return Err(io_err("cannot lock", e)),
         }
         let record = serde_json::to_string(&LockHolder::current())
@@ -96,6 +92,27 @@ impl RunLock {
     pub fn path(&self) -> &Path {
         &self.path
     }
+
+    /// Refuses with [`Error::OutDirInUse`] when another run holds `out_dir`,
+    /// without taking the lock or writing anything: a run about to be refused
+    /// for what the directory holds says first that a run is still writing it.
+    pub fn probe(out_dir: &Path) -> Result<()> {
+        let path = out_dir.join(LOCK_FILE);
+        // flock needs no write access; a lock file that cannot be opened is no holder.
+        let Ok(file) = File::open(&path) else { return Ok(()) };
+        match file.try_lock() {
+            Err(TryLockError::WouldBlock) => Err(in_use(out_dir, &path)),
+            // Dropping the file releases the probe's own hold.
+            Ok(()) | Err(TryLockError::Error(_)) => Ok(()),
+        }
+    }
+}
+
+/// The refusal of a run into `out_dir`, whose lock file `path` another run holds.
+fn in_use(out_dir: &Path, path: &Path) -> Error {
+    let holder = read_holder(path)
+        .map_or_else(|| "its PID and host are not recorded yet".to_string(), |h| h.to_string());
+    Error::OutDirInUse { dir: out_dir.to_path_buf(), holder }
 }
 
 /// The holder a lock file records. The holder writes it just after locking,
@@ -147,6 +164,27 @@ mod tests {
         drop(first);
         let again = RunLock::acquire(&out).unwrap();
         drop(again);
+    }
+
+    #[test]
+    fn a_probe_refuses_a_held_out_dir_and_writes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        RunLock::probe(&dir.path().join("missing")).unwrap();
+        assert!(!dir.path().join("missing").exists(), "a probe creates nothing");
+        let held = RunLock::acquire(dir.path()).unwrap();
+        let before = std::fs::read(held.path()).unwrap();
+        let err = RunLock::probe(dir.path()).unwrap_err();
+        assert!(matches!(&err, Error::OutDirInUse { .. }), "{err:?}");
+        assert!(err.to_string().contains(&LockHolder::current().to_string()), "{err}");
+        drop(held);
+        RunLock::probe(dir.path()).unwrap();
+        assert_eq!(
+            std::fs::read(dir.path().join(LOCK_FILE)).unwrap(),
+            before,
+            "the record is left as it was"
+        );
+        // The probe's own hold ended with it.
+        drop(RunLock::acquire(dir.path()).unwrap());
     }
 
     #[test]

@@ -15,6 +15,7 @@
 //! SHA-256 of the other two files, so a truncated or corrupted checkpoint is
 //! detected on load.
 
+mod claim;
 mod io;
 mod load;
 mod locate;

@@ -49,6 +49,10 @@ pub struct Checkpointer {
     pub(super) every_epochs: u64,
     pub(super) keep_last: usize,
     pub(super) resume: Resume,
+    /// `run.out_dir`, `run.name` and `run.overwrite`: what `claim.rs` needs.
+    pub(super) out_dir: PathBuf,
+    pub(super) run_name: String,
+    pub(super) overwrite: bool,
     pub(super) root: PathBuf,
     pub(super) shape: RunShape,
     pub(super) fingerprint: String,
@@ -60,9 +64,10 @@ pub struct Checkpointer {
     pub(super) resumed_from: Option<PathBuf>,
     save_pause: Option<Duration>,
     halt_after: Option<u64>,
-    /// Rank 0's hold on `run.out_dir`: kept here because the checkpointer
-    /// lives exactly as long as the run that writes into that directory.
-    lock: Option<super::RunLock>,
+    /// Rank 0's hold on `run.out_dir` ([`Checkpointer::claim`]): kept here
+    /// because the checkpointer lives exactly as long as the run that writes
+    /// into that directory.
+    pub(super) lock: Option<super::RunLock>,
     /// Files every checkpoint carries besides the weights (a text run's
     /// `vocab.json`), as (name, contents), with `digested` set for those
     /// state.json records (see [`Checkpointer::with_file`]).
@@ -82,12 +87,14 @@ pub struct ExtraFile {
 }
 
 /// The settings a resumed run must share with the checkpoint: the config less
-/// what cannot change the numbers (where checkpoints go and when, the gates,
-/// where the data lives, how far the loader reads ahead), and less what
-/// `Config::fingerprint` already leaves out.
+/// what cannot change the numbers (where checkpoints go and when, whether an
+/// older run's files were removed first, the gates, where the data lives, how
+/// far the loader reads ahead), and less what `Config::fingerprint` already
+/// leaves out.
 pub(super) fn resume_identity(cfg: &Config) -> (String, serde_json::Value) {
     let mut c = cfg.clone();
     c.checkpoint = Default::default();
+    c.run.overwrite = false;
     c.expect = Default::default();
     c.data.path = PathBuf::new();
     c.data.prefetch = 0;
@@ -97,9 +104,10 @@ pub(super) fn resume_identity(cfg: &Config) -> (String, serde_json::Value) {
         for k in ["logging", "checkpoint", "expect"] {
             root.remove(k);
         }
-        for (section, keys) in
-            [("run", &["name", "out_dir", "device"][..]), ("parallel", &["master_addr", "master_port"][..])]
-        {
+        for (section, keys) in [
+            ("run", &["name", "out_dir", "device", "overwrite"][..]),
+            ("parallel", &["master_addr", "master_port"][..]),
+        ] {
             if let Some(s) = root.get_mut(section).and_then(|s| s.as_object_mut()) {
                 keys.iter().for_each(|k| drop(s.remove(*k)));
             }
@@ -135,7 +143,16 @@ impl Checkpointer {
             every_steps: cfg.checkpoint.every_steps,
             every_epochs: cfg.checkpoint.every_epochs,
             keep_last: cfg.checkpoint.keep_last.max(1),
-            resume: cfg.checkpoint.resume.clone(),
+            // run.overwrite wins over "auto", as Hugging Face's
+            // overwrite_output_dir does: the run starts from step 0. Every
+            // rank decides this alike, so they skip the resume together.
+            resume: match &cfg.checkpoint.resume {
+                Resume::Auto if cfg.run.overwrite => Resume::Never,
+                r => r.clone(),
+            },
+            out_dir: cfg.run.out_dir.clone(),
+            run_name: cfg.run.name.clone(),
+            overwrite: cfg.run.overwrite,
             root: cfg.run.out_dir.join("ckpt"),
             shape,
             fingerprint,
@@ -162,11 +179,6 @@ impl Checkpointer {
     /// The files [`Checkpointer::with_file`] added.
     pub fn extra_files(&self) -> &[ExtraFile] {
         &self.extra_files
-    }
-
-    /// Keeps `lock` (see [`super::RunLock`]) until this checkpointer, and so the run, ends.
-    pub fn hold_lock(&mut self, lock: super::RunLock) {
-        self.lock = Some(lock);
     }
 
     /// Test hooks: sleep `save_pause` between writing the model file and the

@@ -28,11 +28,15 @@ pub enum ResumeMessage {
     Resume(RawCheckpoint),
     /// Rank 0 could not resume; the reason.
     Failed(String),
+    /// Rank 0 refused the run for what its out_dir is or holds
+    /// ([`Error::OutDir`]): every rank fails with the same error.
+    Refused { dir: PathBuf, msg: String },
 }
 
 const FRESH: u8 = 0;
 const RESUME: u8 = 1;
 const FAILED: u8 = 2;
+const REFUSED: u8 = 3;
 
 fn field(out: &mut Vec<u8>, bytes: &[u8]) {
     out.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
@@ -53,6 +57,11 @@ pub fn encode_message(m: &ResumeMessage) -> Vec<u8> {
         }
         ResumeMessage::Failed(msg) => {
             out.push(FAILED);
+            field(&mut out, msg.as_bytes());
+        }
+        ResumeMessage::Refused { dir, msg } => {
+            out.push(REFUSED);
+            field(&mut out, dir.to_string_lossy().as_bytes());
             field(&mut out, msg.as_bytes());
         }
     }
@@ -84,6 +93,10 @@ pub fn decode_message(bytes: &[u8]) -> std::result::Result<ResumeMessage, String
             ResumeMessage::Resume(RawCheckpoint { dir: PathBuf::from(dir), state_json, model, optim })
         }
         FAILED => ResumeMessage::Failed(text(take("reason")?, "rank 0's reason")?),
+        REFUSED => {
+            let dir = PathBuf::from(text(take("directory")?, "the out_dir")?);
+            ResumeMessage::Refused { dir, msg: text(take("reason")?, "rank 0's reason")? }
+        }
         t => return Err(format!("the resume message from rank 0 has an unknown tag {t}")),
     };
     if !rest.is_empty() {
@@ -143,6 +156,44 @@ fn agree(comm: &dyn Communicator, ok: bool) -> Result<()> {
     )))
 }
 
+/// What rank 0 tells the others when it cannot go on with `e`.
+fn failure(e: &Error) -> ResumeMessage {
+    match e {
+        Error::OutDir { dir, msg } => ResumeMessage::Refused { dir: dir.clone(), msg: msg.clone() },
+        other => ResumeMessage::Failed(other.to_string()),
+    }
+}
+
+/// A rank's own error for rank 0's failure `m` at `what` (a refusal is rank
+/// 0's own error, so every rank exits with the same code).
+fn failed_too(ckpt: &Checkpointer, rank: usize, what: &str, m: ResumeMessage) -> Error {
+    match m {
+        ResumeMessage::Refused { dir, msg } => Error::OutDir { dir, msg },
+        ResumeMessage::Failed(why) => Error::Checkpoint {
+            path: ckpt.root.clone(),
+            msg: format!("rank 0 cannot {what}, so rank {rank} cannot either: {why}"),
+        },
+        other => Error::internal(format!("rank {rank} got {other:?} from rank 0 where it {what}s")),
+    }
+}
+
+/// [`Checkpointer::claim`] with several ranks: rank 0 claims the out_dir
+/// (only it writes there) and sends its verdict, so no rank trains on alone
+/// and none waits for a rank 0 that has left.
+pub(super) fn claim_distributed(ckpt: &mut Checkpointer, comm: &dyn Communicator) -> Result<()> {
+    let rank = comm.rank();
+    if rank == 0 {
+        let claimed = ckpt.claim_local();
+        let message = claimed.as_ref().map_or_else(failure, |()| ResumeMessage::Fresh);
+        broadcast_message(comm, Some(&message))?;
+        return claimed;
+    }
+    match broadcast_message(comm, None)? {
+        ResumeMessage::Fresh => Ok(()),
+        m => Err(failed_too(ckpt, rank, "claim run.out_dir", m)),
+    }
+}
+
 /// [`Checkpointer::resume`] with several ranks.
 pub(super) fn resume_distributed(
     ckpt: &mut Checkpointer,
@@ -157,8 +208,8 @@ pub(super) fn resume_distributed(
             Ok(None) => (Ok(None), ResumeMessage::Fresh),
             Ok(Some((p, raw))) => (Ok(Some(p)), ResumeMessage::Resume(raw)),
             Err(e) => {
-                let why = e.to_string();
-                (Err(e), ResumeMessage::Failed(why))
+                let message = failure(&e);
+                (Err(e), message)
             }
         };
         broadcast_message(comm, Some(&message))?;
@@ -169,10 +220,9 @@ pub(super) fn resume_distributed(
     }
     match broadcast_message(comm, None)? {
         ResumeMessage::Fresh => Ok(None),
-        ResumeMessage::Failed(why) => Err(Error::Checkpoint {
-            path: ckpt.root.clone(),
-            msg: format!("rank 0 cannot resume, so rank {rank} cannot either: {why}"),
-        }),
+        m @ (ResumeMessage::Failed(_) | ResumeMessage::Refused { .. }) => {
+            Err(failed_too(ckpt, rank, "resume", m))
+        }
         ResumeMessage::Resume(raw) => {
             let restored = parse_checkpoint(&raw).and_then(|c| ckpt.apply(c, model, opt, amp));
             agree(comm, restored.is_ok())?;

@@ -175,7 +175,8 @@ fn resume_messages_round_trip_and_malformed_ones_are_refused() {
         model: vec![1, 2, 3, 4, 5],
         optim: vec![],
     };
-    for m in [ResumeMessage::Fresh, ResumeMessage::Failed("no".into()), ResumeMessage::Resume(raw)] {
+    let refused = ResumeMessage::Refused { dir: "runs/x".into(), msg: "holds another run's files".into() };
+    for m in [ResumeMessage::Fresh, ResumeMessage::Failed("no".into()), refused, ResumeMessage::Resume(raw)] {
         assert_eq!(decode_message(&encode_message(&m)).unwrap(), m);
     }
     let mut bytes = encode_message(&ResumeMessage::Failed("why".into()));
@@ -200,12 +201,13 @@ fn pair() -> Vec<TcpCommunicator> {
     vec![h0.join().unwrap().unwrap(), h1.join().unwrap().unwrap()]
 }
 
-/// Both ranks resume at once, rank 0 from `out0`, rank 1 from `out1`.
-fn resume_pair(
+/// Both ranks do `f` at once, rank 0 with `out0`, rank 1 with `out1`.
+fn on_pair<T: Send>(
     out0: &Path,
     out1: &Path,
     extra: &[&str],
-) -> Vec<(Run, crate::error::Result<Option<TrainProgress>>)> {
+    f: impl Fn(&mut Run, &dyn Communicator) -> T + Sync,
+) -> Vec<(Run, T)> {
     let comms = pair();
     std::thread::scope(|s| {
         let hs: Vec<_> = comms
@@ -213,15 +215,25 @@ fn resume_pair(
             .enumerate()
             .map(|(rank, comm)| {
                 let out = if rank == 0 { out0 } else { out1 };
+                let f = &f;
                 s.spawn(move || {
                     let mut r = run(out, rank, extra);
-                    let got = r.ckpt.resume(&mut r.model, &mut r.opt, &mut r.amp, comm as &dyn Communicator);
+                    let got = f(&mut r, comm as &dyn Communicator);
                     (r, got)
                 })
             })
             .collect();
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     })
+}
+
+/// Both ranks resume at once, rank 0 from `out0`, rank 1 from `out1`.
+fn resume_pair(
+    out0: &Path,
+    out1: &Path,
+    extra: &[&str],
+) -> Vec<(Run, crate::error::Result<Option<TrainProgress>>)> {
+    on_pair(out0, out1, extra, |r, comm| r.ckpt.resume(&mut r.model, &mut r.opt, &mut r.amp, comm))
 }
 
 #[test]
@@ -331,4 +343,33 @@ fn every_rank_restores_its_own_pending_gradients_and_mismatched_sets_are_refused
     assert!(e.contains("`rank1.fc.bias.grad` has 3 values, its parameter 10"), "{e}");
     let e = refusal(&|c| c.optim.retain(|e| !e.name.ends_with(".grad") || e.name.starts_with("rank1.")));
     assert!(e.contains("the pending gradients are incomplete: rank 0 has 0 of 10"), "{e}");
+}
+
+/// Both ranks claim at once, rank 0 `out0`, rank 1 `out1`.
+fn claim_pair(out0: &Path, out1: &Path, extra: &[&str]) -> Vec<(Run, crate::error::Result<()>)> {
+    on_pair(out0, out1, extra, |r, comm| r.ckpt.claim(comm))
+}
+
+#[test]
+fn rank_0s_refusal_of_its_out_dir_is_every_ranks_and_a_claim_locks_on_rank_0_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    std::fs::create_dir_all(&a).unwrap();
+    std::fs::write(a.join("summary.json"), "{\"steps\": 6}").unwrap();
+    let t = std::time::Instant::now();
+    let ranks = claim_pair(&a, &b, &["checkpoint.resume=never"]);
+    let errs: Vec<&crate::Error> = ranks.iter().map(|(_, e)| e.as_ref().unwrap_err()).collect();
+    assert!(errs.iter().all(|e| matches!(e, crate::Error::OutDir { .. })), "{errs:?}");
+    assert_eq!(errs[0].to_string(), errs[1].to_string(), "rank 1 fails with rank 0's own error");
+    assert!(
+        errs[0].to_string().contains("holds another run's files: a finished run (6 steps)"),
+        "{}",
+        errs[0]
+    );
+    assert!(t.elapsed() < Duration::from_secs(10), "no rank waits for a timeout");
+    assert!(!a.join(LOCK_FILE).exists() && !b.exists(), "a refusal writes nothing");
+
+    let ranks = claim_pair(&b, &dir.path().join("c"), &[]);
+    assert!(ranks.iter().all(|(_, r)| r.is_ok()));
+    assert!(b.join(LOCK_FILE).is_file() && !dir.path().join("c").exists(), "rank 0 alone locks");
 }

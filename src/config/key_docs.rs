@@ -16,6 +16,7 @@ const MEANINGS: &[(&str, &str)] = &[
     ("run.seed", "Seeds every random stream (init, sampler, augmentation, dropout)."),
     ("run.device", "Where to train: a GPU when one is visible (`\"auto\"`), the CPU, or CUDA (an error without a GPU)."),
     ("run.out_dir", "Where the run writes its metrics, summary, model and checkpoints."),
+    ("run.overwrite", "Remove the previous run's files from `out_dir` first (its checkpoints and TensorBoard events too) and train from step 0, even where `checkpoint.resume = \"auto\"` would continue it; unset, a run into another run's out_dir is refused."),
     ("run.max_memory_gb", "Refuse the run when its memory estimate per process is above this many GiB (unset: the machine's memory and the GPU's)."),
     // [model]
     ("model.input_shape", "Per-sample input shape: `[C, H, W]` for images, `[block_size]` for text."),

@@ -64,6 +64,11 @@ pub struct RunConfig {
     pub device: Device,
     /// Defaults to `runs/<name>`.
     pub out_dir: PathBuf,
+    /// Remove the previous run's files from `out_dir` first and train from
+    /// step 0 (Hugging Face's `overwrite_output_dir`); without it a run into
+    /// an out_dir holding a run it would not continue is refused.
+    #[serde(default)]
+    pub overwrite: bool,
     /// Refuse the run when its memory estimate (per process, on the host and
     /// on the GPU) is above this many GiB; without it, the machine's total
     /// memory (and the GPU's) is the limit.

@@ -79,6 +79,12 @@ const CASES: &[(&[&str], &str, &str)] = &[
         "\"ato\" is neither \"auto\", \"never\" nor a checkpoint directory (did you mean \"auto\"?)",
     ),
     (&["checkpoint.resume=nevr"], "checkpoint.resume", "(did you mean \"never\"?)"),
+    (
+        &["run.overwrite=true", "run.out_dir=runs/x", "checkpoint.resume=runs/x/ckpt/latest"],
+        "run.overwrite",
+        "is true, which removes run.out_dir's checkpoints first, and checkpoint.resume names one of them \
+         (runs/x/ckpt/latest): leave out one of the two",
+    ),
     (&["logging.every_steps=0"], "logging.every_steps", "at least 1"),
     (&["expect.min_test_accuracy=97"], "expect.min_test_accuracy", "fraction in [0, 1]"),
     (&["expect.max_final_loss=0"], "expect.max_final_loss", "positive"),
@@ -137,6 +143,7 @@ fn valid_overrides_pass_validation() {
         &["checkpoint.resume=never", "checkpoint.every_steps=100", "checkpoint.keep_last=1"],
         &["expect.min_test_accuracy=0.5", "expect.max_final_loss=0.3", "logging.progress=never"],
         &["data.dataset=synthetic", "data.drop_last=true", "data.prefetch=0"],
+        &["run.overwrite=true", "run.out_dir=runs/x", "checkpoint.resume=runs/y/ckpt/latest"],
     ];
     for set in ok {
         if let Err(e) = load_text(MINIMAL, set, &[]).0 {

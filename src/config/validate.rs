@@ -39,6 +39,20 @@ impl Config {
         if r.out_dir.as_os_str().is_empty() {
             return Err(bad("run.out_dir", "must not be empty"));
         }
+        if let (true, Resume::Path(p)) = (r.overwrite, &self.checkpoint.resume) {
+            // Lexically here; the claim on the out_dir checks again with symlinks resolved.
+            let abs = |p: &std::path::Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+            if abs(p).starts_with(abs(&r.out_dir)) {
+                return Err(bad(
+                    "run.overwrite",
+                    format!(
+                        "is true, which removes run.out_dir's checkpoints first, and checkpoint.resume names one \
+                         of them ({}): leave out one of the two",
+                        cut(&p.to_string_lossy(), VALUE_CHARS)
+                    ),
+                ));
+            }
+        }
         self.check_model()?;
         self.check_data()?;
         self.check_optimizer()?;

@@ -313,11 +313,11 @@ pub(crate) fn start(cfg: &Config, opts: &RunOptions) -> Result<Started> {
     // apex's amp.initialize: cast the model, set up masters and the loss scaler.
     let policy = amp::Policy::resolve(&cfg.amp)?;
     let mut amp = amp::Amp::new(policy, amp::LossScaler::from_config(&cfg.amp)?, &mut model);
-    // One run per out_dir: rank 0 locks it after every config check (a config
-    // error writes nothing) and before the resume reads or anything writes.
-    if ddp.is_primary() {
-        ckpt.hold_lock(crate::checkpoint::RunLock::acquire(&cfg.run.out_dir)?);
-    }
+    // One run per out_dir: rank 0 claims it after every config check (a config
+    // error writes nothing) and before the resume reads or anything writes:
+    // it locks it, and refuses another run's files there unless the resume
+    // continues them or run.overwrite removes them first.
+    ckpt.claim(ddp.communicator())?;
     // After the cast, so the checkpoint's masters replace the ones the cast made.
     let resumed = ckpt.resume(&mut model, &mut optimizer, &mut amp, ddp.communicator())?;
     Ok(Started { model, train_ds, test_ds, ddp, plan, optimizer, ckpt, amp, resumed })

@@ -400,7 +400,7 @@ fn already_complete(
     let text = Text::of(cfg);
     if ddp.is_primary() {
         crate::errln!(
-            "ddptrain: {} is complete ({} of {} steps, checkpoint {}); nothing to train (set checkpoint.resume = \"never\" to train it again)",
+            "ddptrain: {} is complete ({} of {} steps, checkpoint {}); nothing to train (set run.overwrite = true to train it again from step 0, or train into another run.out_dir)",
             cfg.run.name,
             p.step,
             p.step,
