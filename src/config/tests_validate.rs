@@ -9,8 +9,8 @@ const CASES: &[(&[&str], &str, &str)] = &[
     (&["data.batch_size=0"], "data.batch_size", "at least 1"),
     (&["data.eval_batch_size=0"], "data.eval_batch_size", "at least 1"),
     (&["data.num_classes=1"], "data.num_classes", "at least 2"),
-    (&["data.mean=[0.5, 0.5]"], "data.mean", "has 2 value(s) but the input has 1 channel(s)"),
-    (&["data.std=[0.2, 0.2, 0.2]"], "data.std", "has 3 value(s) but the input has 1 channel(s)"),
+    (&["data.mean=[0.5, 0.5]"], "data.mean", "has 2 values but the input has 1 channel(s)"),
+    (&["data.std=[0.2, 0.2, 0.2]"], "data.std", "has 3 values but the input has 1 channel(s)"),
     (&["data.std=[0.0]"], "data.std", "must be positive"),
     (&["data.std=[-1.0]"], "data.std", "must be positive"),
     (&["data.dataset=synthetic", "data.synthetic_train_size=0"], "data.synthetic_train_size", "at least 1"),
@@ -163,6 +163,26 @@ fn validate_on_a_config_built_in_code_names_the_path() {
     c.data.batch_size = 0;
     let (file, key, _) = config_err(c.validate().map(|_| c.clone()));
     assert_eq!((file.as_str(), key.as_str()), ("somewhere/x.toml", "data.batch_size"));
+}
+
+/// A one-value mean and std are every channel's (torchvision's Normalize
+/// broadcasts them): synthetic data's MNIST statistics on a 3-channel model.
+#[test]
+fn one_mean_and_std_serve_every_channel() {
+    let sets = [
+        "data.dataset=synthetic",
+        "model.input_shape=[3, 4, 4]",
+        "model.layers=[{type=\"flatten\"}, {type=\"linear\", out_features=10}]",
+    ];
+    let d = load_text(MINIMAL, &sets, &[]).0.unwrap().data;
+    assert_eq!((&d.mean, &d.std), (&vec![0.1307], &vec![0.3081]));
+    let n = crate::data::Normalize::broadcast(&d.mean, &d.std, 3);
+    assert_eq!((n.mean, n.std), (vec![0.1307; 3], vec![0.3081; 3]));
+    // Two of three channels is neither.
+    let (_, key, msg) =
+        config_err(load_text(MINIMAL, &[&sets[..], &["data.mean=[0.5, 0.5]"]].concat(), &[]).0);
+    assert_eq!(key, "data.mean", "{msg}");
+    assert!(msg.contains("has 2 values but the input has 3 channel(s) (model.input_shape[0]); give one per channel, or one for all"), "{msg}");
 }
 
 #[test]

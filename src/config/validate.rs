@@ -214,11 +214,12 @@ impl Config {
         }
         let channels = self.model.input_shape[0];
         for (key, v) in [("data.mean", &d.mean), ("data.std", &d.std)] {
-            if v.len() != channels {
+            // One value is every channel's, as torchvision's Normalize broadcasts it.
+            if v.len() != channels && v.len() != 1 {
                 return Err(bad(
                     key,
                     format!(
-                        "has {} value(s) but the input has {channels} channel(s) (model.input_shape[0]); give one per channel",
+                        "has {} values but the input has {channels} channel(s) (model.input_shape[0]); give one per channel, or one for all",
                         v.len()
                     ),
                 ));

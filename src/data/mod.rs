@@ -128,6 +128,14 @@ impl Normalize {
         Normalize { mean: vec![0.1307], std: vec![0.3081] }
     }
 
+    /// `data.mean` and `data.std` for images of `channels` channels: a
+    /// single value is every channel's (torchvision's `Normalize` broadcasts
+    /// a one-element mean and std).
+    pub fn broadcast(mean: &[f32], std: &[f32], channels: usize) -> Self {
+        let widen = |v: &[f32]| if v.len() == 1 { vec![v[0]; channels] } else { v.to_vec() };
+        Normalize { mean: widen(mean), std: widen(std) }
+    }
+
     /// `pixel / 255` only.
     pub fn identity(channels: usize) -> Self {
         Normalize { mean: vec![0.0; channels], std: vec![1.0; channels] }

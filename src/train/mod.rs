@@ -181,7 +181,7 @@ pub fn load_datasets(cfg: &Config) -> Result<(Arc<Dataset>, Arc<Dataset>)> {
     let [c, h, w] = cfg.model.input_shape[..] else {
         return Err(Error::internal("validation let through an image input_shape that is not [C, H, W]"));
     };
-    let norm = Normalize { mean: d.mean.clone(), std: d.std.clone() };
+    let norm = Normalize::broadcast(&d.mean, &d.std, c);
     let load = |split: Split| -> Result<Dataset> {
         use config::DatasetKind as K;
         match d.dataset {
@@ -241,7 +241,8 @@ pub fn augmentation(cfg: &Config) -> Option<Arc<data::Augment>> {
     if !d.augments() {
         return None;
     }
-    let norm = Normalize { mean: d.mean.clone(), std: d.std.clone() };
+    let channels = cfg.model.input_shape.first().copied().unwrap_or(1);
+    let norm = Normalize::broadcast(&d.mean, &d.std, channels);
     Some(Arc::new(data::Augment {
         seed: cfg.run.seed,
         crop: d.random_crop.map(|c| data::Crop::new(c.size, c.padding, c.fill, &norm)),
