@@ -163,3 +163,28 @@ fn resumed_mid_run_is_bitwise(device: &str) {
     assert_eq!(metrics(&a), metrics(&b));
     assert!(read(&b.join("vocab.json")) == read(&a.join("vocab.json")));
 }
+
+/// A vocabulary larger than the model's logits is refused in the config's
+/// words (`data.vocab = "chars"`), naming the key to change.
+#[test]
+fn a_vocabulary_the_model_cannot_predict_is_refused_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let line = "It is the duty of the president to report on the state of the union.\n";
+    let data = write(dir.path(), "input.txt", &line.repeat(20));
+    let cfg = write(dir.path(), "gpt.toml", &gpt_config("chars", 4, (1, 2, 16, 8), "0.0"));
+    let sets = [
+        format!("data.path={}", data.display()),
+        format!("run.out_dir={}", dir.path().join("out").display()),
+    ];
+    let mut args = vec!["--config".to_owned(), cfg.display().to_string()];
+    for s in sets {
+        args.extend(["--set".to_owned(), s]);
+    }
+    let (code, t) = run_args(&args, dir.path());
+    assert_eq!(code, Some(2), "{t}");
+    assert!(
+        t.contains("has 18 distinct tokens (data.vocab = \"chars\"); set the vocabulary size to at least 18"),
+        "{t}"
+    );
+    assert!(!t.contains("Chars"), "{t}");
+}

@@ -422,8 +422,9 @@ pub(crate) fn describe(actual: &figment::error::Actual) -> String {
 /// serde's Rust type names in words a config author knows.
 pub(crate) fn readable_type(expected: &str) -> String {
     match expected {
-        "u8" | "u16" | "u32" | "u64" | "usize" => format!("a non-negative integer ({expected})"),
-        "i8" | "i16" | "i32" | "i64" | "isize" => format!("an integer ({expected})"),
+        "u8" => "an integer from 0 to 255".to_owned(),
+        "u16" | "u32" | "u64" | "usize" => "a non-negative integer".to_owned(),
+        "i8" | "i16" | "i32" | "i64" | "isize" => "an integer".to_owned(),
         "f32" | "f64" => "a number".to_owned(),
         "a boolean" => "true or false".to_owned(),
         other if other.starts_with("struct ") => "a table".to_owned(),

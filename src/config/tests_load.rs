@@ -328,6 +328,8 @@ fn wrong_types_and_enum_values_are_named() {
         config_err(load_text(&MINIMAL.replace("max_steps = 10", "max_steps = \"ten\""), &[], &[]).0);
     assert_eq!(key, "train.max_steps");
     assert!(msg.contains("expected a non-negative integer") && msg.contains("\"ten\""), "{msg}");
+    // In a config author's words, not Rust's.
+    assert!(!["usize", "u64", "u32", "i64"].iter().any(|t| msg.contains(t)), "{msg}");
     let (file, key, msg) = config_err(load_text(MINIMAL, &["run.device=gpu"], &[]).0);
     assert_eq!((file.as_str(), key.as_str()), ("--set", "run.device"));
     assert!(msg.contains("\"gpu\"") && msg.contains("auto, cpu, cuda"), "{msg}");

@@ -101,6 +101,22 @@ pub fn load(dir: &Path, split: Split, norm: &Normalize, nhwc: bool, num_classes:
     }
     check_bytes(&path, "x", &x, xe)?;
     check_bytes(&path, "y", &y, Elem::Int { bytes: ybytes, signed, big })?;
+    // Channels last read as channels first (or the reverse) shows as a channel
+    // count the model does not take while the other layout's fits: say so.
+    let other = if nhwc { dims[1] } else { dims[3] };
+    let channels = norm.mean.len();
+    if c != channels && other == channels {
+        let (looks, fix) = if nhwc {
+            ("[N, C, H, W]", "leave `data.layout` out (or \"nchw\")")
+        } else {
+            ("[N, H, W, C]", "set `data.layout = \"nhwc\"`")
+        };
+        return Err(err(format!(
+            "array `x` has shape {:?}: {c} channel(s) of {h}x{w} in this layout, but the model takes \
+             {channels} (model.input_shape[0]); the images look like {looks}: {fix}",
+            x.shape
+        )));
+    }
     norm.check(&path, c)?;
 
     let mut labels = Vec::with_capacity(n);

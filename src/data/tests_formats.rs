@@ -339,6 +339,33 @@ fn npz_bad_arrays_are_named_with_what_is_wrong() {
     );
 }
 
+/// Channels-last images without `data.layout = "nhwc"` (and channels-first
+/// ones with it) are named as such, not as a normalization count mismatch.
+#[test]
+fn images_in_the_other_layout_are_named_with_the_key_to_set() {
+    let x: Vec<u8> = (0..2 * 4 * 4 * 3).map(|v| v as u8).collect();
+    let y = npy("<i8", &[2], &i64s(&[1, 0]), false);
+    let three = Normalize::broadcast(&[0.5], &[0.5], 3);
+    let dir = TempDir::new().unwrap();
+    write_npz(
+        &dir.path().join("train.npz"),
+        &[("x", npy("|u1", &[2, 4, 4, 3], &x, false)), ("y", y.clone())],
+        false,
+    );
+    let msg = err_text(npz::load(dir.path(), Split::Train, &three, false, 10));
+    assert!(
+        msg.contains(
+            "array `x` has shape [2, 4, 4, 3]: 4 channel(s) of 4x3 in this layout, but the model takes 3"
+        ) && msg.contains("the images look like [N, H, W, C]: set `data.layout = \"nhwc\"`"),
+        "{msg}"
+    );
+    write_npz(&dir.path().join("train.npz"), &[("x", npy("|u1", &[2, 3, 4, 4], &x, false)), ("y", y)], false);
+    let msg = err_text(npz::load(dir.path(), Split::Train, &three, true, 10));
+    assert!(msg.contains("the images look like [N, C, H, W]: leave `data.layout` out"), "{msg}");
+    // Read in the right layout, the same bytes load.
+    assert_eq!(npz::load(dir.path(), Split::Train, &three, false, 10).unwrap().sample_shape, vec![3, 4, 4]);
+}
+
 /// Headers no numpy array of images could have: a structured dtype, and a
 /// shape whose byte count does not fit 64 bits (checked before any
 /// allocation of that size is tried), whether or not the element count

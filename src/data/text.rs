@@ -104,6 +104,16 @@ pub enum VocabKind {
     Chars,
 }
 
+impl VocabKind {
+    /// Its `data.vocab` value.
+    pub fn name(self) -> &'static str {
+        match self {
+            VocabKind::Bytes => "bytes",
+            VocabKind::Chars => "chars",
+        }
+    }
+}
+
 /// A text corpus read and tokenized, split for training and validation.
 #[derive(Debug, Clone)]
 pub struct Corpus {

@@ -164,9 +164,9 @@ fn check_vocab(cfg: &Config, resolved: &[config::model::ResolvedLayer], ds: &Dat
             cfg.config_path.display().to_string(),
             format!("{}.out_features", last.key),
             format!(
-                "the model outputs {logits} logits but the text in {} has {need} distinct tokens (data.vocab = {:?}); set the vocabulary size to at least {need}",
+                "the model outputs {logits} logits but the text in {} has {need} distinct tokens (data.vocab = \"{}\"); set the vocabulary size to at least {need}",
                 cfg.data.path.display(),
-                cfg.data.vocab.unwrap_or_default()
+                cfg.data.vocab.unwrap_or_default().name()
             ),
         ));
     }
