@@ -265,26 +265,19 @@ fn launch(args: &[&str]) -> Command {
     c
 }
 
+/// The environment `launch` with `flags` gives each rank, as the ranks print it.
+fn print_env(flags: &[&str]) -> String {
+    let o = launch(&[flags, &["--", "dist-selftest", "--print-env"]].concat()).output().unwrap();
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    out
+}
+
 #[test]
 fn launch_sets_the_torchrun_environment_and_prefixes_output() {
     let port = free_port().to_string();
-    let o = launch(&[
-        "--nproc-per-node",
-        "2",
-        "--nnodes",
-        "2",
-        "--node-rank",
-        "1",
-        "--master-port",
-        &port,
-        "--",
-        "dist-selftest",
-        "--print-env",
-    ])
-    .output()
-    .unwrap();
-    let (out, err) = text(&o);
-    assert!(o.status.success(), "{err}");
+    let out =
+        print_env(&["--nproc-per-node", "2", "--nnodes", "2", "--node-rank", "1", "--master-port", &port]);
     let cores = std::thread::available_parallelism().unwrap().get();
     let threads = (cores / 2).max(1);
     for (g, l) in [(2, 0), (3, 1)] {
@@ -306,6 +299,32 @@ fn launch_sets_the_torchrun_environment_and_prefixes_output() {
         }
     }
     assert!(!out.contains("[rank 0]"));
+}
+
+/// torchrun's single-node spelling: `--standalone` picks a free local
+/// rendezvous, `--rdzv-id` reaches the ranks; elastic `--nnodes` is refused.
+#[test]
+fn launch_standalone_forms_the_job_and_elastic_sizes_are_refused() {
+    let out = print_env(&["--standalone", "--nproc-per-node", "2", "--rdzv-id", "job7"]);
+    for r in 0..2 {
+        for kv in ["WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1", "TORCHELASTIC_RUN_ID=job7"] {
+            assert!(
+                out.lines().any(|l| l == format!("[rank {r}] {kv}")),
+                "missing `[rank {r}] {kv}` in:\n{out}"
+            );
+        }
+    }
+    let port = |r: usize| {
+        out.lines().find_map(|l| l.strip_prefix(&format!("[rank {r}] MASTER_PORT="))).map(str::to_owned)
+    };
+    assert!(port(0).is_some() && port(0) == port(1) && port(0).as_deref() != Some("29500"), "{out}");
+    let o = launch(&["--nnodes", "1:2", "--", "dist-selftest"]).output().unwrap();
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("1:2: nodes joining or leaving a running job (elastic membership) is not supported"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -18,6 +18,14 @@ const TORCHRUN_NAMES: &[&str] = &[
     "--master_port",
     "--max-restarts",
     "--max_restarts",
+    "--rdzv-endpoint",
+    "--rdzv_endpoint",
+    "--rdzv-id",
+    "--rdzv_id",
+    "--rdzv-backend",
+    "--rdzv_backend",
+    "--monitor-interval",
+    "--monitor_interval",
 ];
 
 /// Whether `help` shows `flag` as a whole word (not as the start of a longer flag).
@@ -61,6 +69,7 @@ fn launch_help_documents_every_accepted_flag() {
         }
     }
     assert!(flags >= 7, "launch's flags were not found: {flags}");
+    assert!(shows(&help, "--standalone"), "torchrun's `--standalone` is not in the help:\n{help}");
     for name in TORCHRUN_NAMES {
         assert!(shows(&help, name), "torchrun's `{name}` is not in the help:\n{help}");
         let parsed = cmd.clone().try_get_matches_from(["launch", name, "1", "--", "x"]);

@@ -47,7 +47,7 @@ pub struct SelftestArgs {
     pub bench_numel: Vec<usize>,
 }
 
-const ENV_VARS: [&str; 9] = [
+const ENV_VARS: [&str; 12] = [
     "RANK",
     "WORLD_SIZE",
     "LOCAL_RANK",
@@ -57,6 +57,9 @@ const ENV_VARS: [&str; 9] = [
     "MASTER_PORT",
     "OMP_NUM_THREADS",
     "RAYON_NUM_THREADS",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS",
+    "TORCHELASTIC_RUN_ID",
 ];
 
 fn say(line: String) {

@@ -14,8 +14,11 @@
 //! Ranks are started from the launcher's main thread and die with it (Linux
 //! parent-death signal), so a killed launcher leaves no orphans.
 
+mod job;
+
 use crate::error::{Error, Result};
 use crate::train::stop::StopSignal;
+use job::Job;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -33,12 +36,29 @@ when unset: the cores split evenly). Exit code: 0 when every rank succeeded, 1 w
 the restarts), 2 for a bad flag, 128+N after forwarding signal N."
 )]
 pub struct LaunchArgs {
-    /// Ranks to start on this node (torchrun --nproc-per-node).
-    #[arg(long, visible_alias = "nproc_per_node", value_name = "N", default_value_t = 1)]
-    pub nproc_per_node: usize,
-    /// Nodes in the job; WORLD_SIZE is nnodes x nproc-per-node (torchrun --nnodes).
-    #[arg(long, value_name = "N", default_value_t = 1)]
-    pub nnodes: usize,
+    /// Ranks to start on this node: a number, `gpu` (one per visible GPU), `cpu` (one per
+    /// core) or `auto` (gpu when a GPU is visible, else cpu) (torchrun --nproc-per-node).
+    #[arg(long, visible_alias = "nproc_per_node", value_name = "N|auto|gpu|cpu", default_value = "1")]
+    pub nproc_per_node: String,
+    /// Nodes in the job, N or MIN:MAX with MIN = MAX (no elastic resizing); WORLD_SIZE is
+    /// nnodes x nproc-per-node (torchrun --nnodes).
+    #[arg(long, value_name = "N", default_value = "1")]
+    pub nnodes: String,
+    /// One node, rendezvous on a free local port: --nnodes 1, --master-addr 127.0.0.1
+    /// (torchrun --standalone).
+    #[arg(long)]
+    pub standalone: bool,
+    /// Rendezvous at HOST:PORT, the same as --master-addr HOST --master-port PORT
+    /// (torchrun --rdzv-endpoint).
+    #[arg(long, visible_alias = "rdzv_endpoint", value_name = "HOST:PORT")]
+    pub rdzv_endpoint: Option<String>,
+    /// The job's id, given to every rank as TORCHELASTIC_RUN_ID (torchrun --rdzv-id).
+    #[arg(long, visible_alias = "rdzv_id", value_name = "ID", default_value = "none")]
+    pub rdzv_id: String,
+    /// The rendezvous backend: `c10d` or `static` both mean rank 0's TCP rendezvous at
+    /// --master-addr/--master-port (torchrun --rdzv-backend).
+    #[arg(long, visible_alias = "rdzv_backend", value_name = "NAME", default_value = "static")]
+    pub rdzv_backend: String,
     /// This node's index among the `--nnodes`, GROUP_RANK (torchrun --node-rank).
     #[arg(long, visible_alias = "node_rank", value_name = "I", default_value_t = 0)]
     pub node_rank: usize,
@@ -51,6 +71,9 @@ pub struct LaunchArgs {
     /// Restart all local ranks up to this many times after a failure (torchrun --max-restarts).
     #[arg(long, visible_alias = "max_restarts", value_name = "K", default_value_t = 0)]
     pub max_restarts: u32,
+    /// Seconds between looks at the ranks' state (torchrun --monitor-interval).
+    #[arg(long, visible_alias = "monitor_interval", value_name = "SECONDS", default_value_t = 0.1)]
+    pub monitor_interval: f64,
     /// Seconds a rank has to exit after a forwarded SIGINT/SIGTERM (time to
     /// finish its step and write a checkpoint) or after a peer failed, before
     /// it is killed (no torchrun equivalent).
@@ -176,16 +199,8 @@ fn stopped_code(ranks: &[Rank]) -> Option<u8> {
 }
 
 pub fn run(a: &LaunchArgs) -> Result<u8> {
+    let j = Job::of(a)?;
     let bad = |key: &str, msg: String| Error::config("the command line", key, msg);
-    if a.nproc_per_node == 0 {
-        return Err(bad("--nproc-per-node", "must be at least 1".into()));
-    }
-    if a.nnodes == 0 {
-        return Err(bad("--nnodes", "must be at least 1".into()));
-    }
-    if a.node_rank >= a.nnodes {
-        return Err(bad("--node-rank", format!("{} is not below --nnodes {}", a.node_rank, a.nnodes)));
-    }
     if !(a.stop_grace_s >= 0.0 && a.stop_grace_s.is_finite()) {
         return Err(bad("--stop-grace-s", format!("{} is not a number of seconds", a.stop_grace_s)));
     }
@@ -193,10 +208,11 @@ pub fn run(a: &LaunchArgs) -> Result<u8> {
         return Err(bad("DDPTRAIN_ARGS", "a rank cannot itself be `launch`".into()));
     }
     let exe = std::env::current_exe().map_err(|e| Error::io("cannot find the ddptrain executable", e))?;
-    let world = a.nnodes * a.nproc_per_node;
+    let world = j.nnodes * j.nproc_per_node;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let threads = (cores / a.nproc_per_node).max(1).to_string();
+    let threads = (cores / j.nproc_per_node).max(1).to_string();
     let grace = Duration::from_secs_f64(a.stop_grace_s);
+    let poll = Duration::from_secs_f64(a.monitor_interval);
 
     let caught = Arc::new(AtomicUsize::new(0));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
@@ -205,20 +221,22 @@ pub fn run(a: &LaunchArgs) -> Result<u8> {
     }
 
     for attempt in 0..=a.max_restarts {
-        let mut ranks = Vec::with_capacity(a.nproc_per_node);
+        let mut ranks = Vec::with_capacity(j.nproc_per_node);
         let mut pumps = Vec::new();
-        for local in 0..a.nproc_per_node {
-            let global = a.node_rank * a.nproc_per_node + local;
+        for local in 0..j.nproc_per_node {
+            let global = a.node_rank * j.nproc_per_node + local;
             let mut cmd = Command::new(&exe);
             cmd.args(&a.args)
                 .env("RANK", global.to_string())
                 .env("WORLD_SIZE", world.to_string())
                 .env("LOCAL_RANK", local.to_string())
-                .env("LOCAL_WORLD_SIZE", a.nproc_per_node.to_string())
+                .env("LOCAL_WORLD_SIZE", j.nproc_per_node.to_string())
                 .env("GROUP_RANK", a.node_rank.to_string())
-                .env("MASTER_ADDR", &a.master_addr)
-                .env("MASTER_PORT", a.master_port.to_string())
+                .env("MASTER_ADDR", &j.master_addr)
+                .env("MASTER_PORT", j.master_port.to_string())
                 .env("TORCHELASTIC_RESTART_COUNT", attempt.to_string())
+                .env("TORCHELASTIC_MAX_RESTARTS", a.max_restarts.to_string())
+                .env("TORCHELASTIC_RUN_ID", &a.rdzv_id)
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped());
@@ -291,7 +309,7 @@ pub fn run(a: &LaunchArgs) -> Result<u8> {
             if failed.is_some() || ranks.iter().all(|r| r.status.is_some()) {
                 break failed;
             }
-            std::thread::sleep(Duration::from_millis(20));
+            std::thread::sleep(poll);
         };
         let Some((rank, pid, status)) = failed else {
             pumps.into_iter().for_each(|p| drop(p.join()));
@@ -316,7 +334,7 @@ pub fn run(a: &LaunchArgs) -> Result<u8> {
         if attempt < a.max_restarts {
             crate::errln!(
                 "launch: restarting all {} local ranks (restart {} of {})",
-                a.nproc_per_node,
+                j.nproc_per_node,
                 attempt + 1,
                 a.max_restarts
             );
