@@ -141,16 +141,6 @@ fn kill_9_mid_run_then_resume_continues_from_the_latest_timed_checkpoint_bitwise
     );
 }
 
-/// `ddptrain launch` of two local ranks running `a`.
-fn launch2(a: &[String]) -> Vec<String> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let mut l: Vec<String> = ["launch", "--nproc-per-node", "2", "--master-port", &port.to_string(), "--"]
-        .map(String::from)
-        .to_vec();
-    l.extend_from_slice(a);
-    l
-}
-
 #[test]
 fn two_ranks_save_on_rank_0s_clock_at_the_same_step_and_train_as_without() {
     let dir = tempfile::tempdir().unwrap();

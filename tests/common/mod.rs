@@ -130,6 +130,16 @@ pub fn ckpt_args(out: &Path, extra: &[&str]) -> Vec<String> {
     a
 }
 
+/// `ddptrain launch` of two local ranks running `a`.
+pub fn launch2(a: &[String]) -> Vec<String> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut l: Vec<String> = ["launch", "--nproc-per-node", "2", "--master-port", &port.to_string(), "--"]
+        .map(String::from)
+        .to_vec();
+    l.extend_from_slice(a);
+    l
+}
+
 pub fn run_args(a: &[String], cwd: &Path) -> (Option<i32>, String) {
     let refs: Vec<&str> = a.iter().map(String::as_str).collect();
     let o = ddptrain(&refs, cwd);
