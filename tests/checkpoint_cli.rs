@@ -251,16 +251,6 @@ fn eval_finds_the_weights_and_the_config_a_run_left() {
     assert!(t.contains("holds no checkpoint (state.json), no ckpt/latest and no model.safetensors"), "{t}");
 }
 
-/// `ddptrain launch` of two local ranks running `a`.
-fn launch2(a: &[String]) -> Vec<String> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let mut l: Vec<String> = ["launch", "--nproc-per-node", "2", "--master-port", &port.to_string(), "--"]
-        .map(String::from)
-        .to_vec();
-    l.extend_from_slice(a);
-    l
-}
-
 /// The "rank R: final state sha256 X | loss scale ..." lines of a run's ranks, sorted.
 fn final_digests(t: &str) -> Vec<String> {
     let mut d: Vec<String> =

@@ -86,10 +86,11 @@ fn a_finished_run_is_not_trained_over_and_resume_auto_still_finds_it_complete() 
 fn a_run_without_checkpoints_run_again_is_refused_without_offering_a_resume() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
-    // As the shipped configs run: no checkpoint.
-    trained(dir.path(), &out, &["checkpoint.every_steps=0"]);
+    // Checkpoints off: nothing to resume.
+    trained(dir.path(), &out, &["checkpoint.every_steps=0", "checkpoint.every_minutes=0"]);
     let before = snapshot(&out, true);
-    let (code, t) = run_args(&args(&out, &["checkpoint.every_steps=0"]), dir.path());
+    let (code, t) =
+        run_args(&args(&out, &["checkpoint.every_steps=0", "checkpoint.every_minutes=0"]), dir.path());
     assert_eq!(code, Some(2), "{t}");
     assert!(
         t.contains(&format!(
@@ -108,7 +109,7 @@ fn a_run_without_checkpoints_run_again_is_refused_without_offering_a_resume() {
 fn another_config_into_a_runs_out_dir_is_refused_naming_both() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
-    trained(dir.path(), &out, &["run.name=first", "checkpoint.every_steps=0"]);
+    trained(dir.path(), &out, &["run.name=first", "checkpoint.every_steps=0", "checkpoint.every_minutes=0"]);
     let before = snapshot(&out, true);
     let metrics = std::fs::read_to_string(out.join("metrics.jsonl")).unwrap();
     let (code, t) = run_args(&args(&out, &["run.name=second", "optimizer.lr=0.1"]), dir.path());
@@ -269,13 +270,16 @@ fn run_overwrite_is_a_boolean_and_cannot_remove_the_checkpoint_it_resumes() {
 fn under_launch_the_refusal_is_the_jobs_exit_2_and_no_rank_waits() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
-    trained(dir.path(), &out, &["checkpoint.every_steps=0"]);
+    trained(dir.path(), &out, &["checkpoint.every_steps=0", "checkpoint.every_minutes=0"]);
     let before = snapshot(&out, true);
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let mut a: Vec<String> = ["launch", "--nproc-per-node", "2", "--master-port", &port.to_string(), "--"]
         .map(String::from)
         .to_vec();
-    a.extend(args(&out, &["checkpoint.every_steps=0", "parallel.timeout_s=60"]));
+    a.extend(args(
+        &out,
+        &["checkpoint.every_steps=0", "checkpoint.every_minutes=0", "parallel.timeout_s=60"],
+    ));
     let t0 = std::time::Instant::now();
     let (code, t) = run_args(&a, dir.path());
     assert_eq!(code, Some(2), "a rank's exit 2 is the job's: {t}");
@@ -310,7 +314,7 @@ fn run_restarted(a: &[String], dir: &Path, count: &str) -> (Option<i32>, String)
 fn a_restarted_job_starts_over_what_its_failed_attempt_left_without_a_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
-    let a = args(&out, &["checkpoint.every_steps=0"]);
+    let a = args(&out, &["checkpoint.every_steps=0", "checkpoint.every_minutes=0"]);
     // The first attempt fails after step 3 and leaves its logs, no checkpoint.
     let mut failed = a.clone();
     failed.push("--halt-after-steps=3".into());

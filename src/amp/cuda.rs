@@ -245,7 +245,7 @@ impl DeviceScaler {
 pub struct ScalerSnapshot {
     scale: cudarc::driver::PinnedHostSlice<f32>,
     counters: cudarc::driver::PinnedHostSlice<i64>,
-    /// The ranks' stop vote of the step (src/train/stop.rs), zero until
+    /// The ranks' stop and save vote of the step (src/train/stop.rs), zero until
     /// [`ScalerSnapshot::copy_vote`] copies one.
     vote: cudarc::driver::PinnedHostSlice<f32>,
     /// Recorded after both copies: the one wait of [`ScalerSnapshot::read`].
@@ -264,7 +264,7 @@ pub struct SnapshotValues {
     pub state: ScalerState,
     /// The error the scaler recorded, if any ([`scaler_error`]).
     pub error: Option<(i64, i64)>,
-    /// The step's stop vote, summed over the ranks.
+    /// The step's stop and save vote, summed over the ranks (`stop::Agreed::from_sum` reads it).
     pub vote: [f32; VOTE_LEN],
 }
 

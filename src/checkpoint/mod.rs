@@ -26,6 +26,7 @@ mod share;
 mod state;
 #[cfg(test)]
 mod tests_share;
+mod timed;
 
 pub(crate) use io::ckpt_err;
 pub use io::{entries_to_bytes, load_safetensors, save_safetensors, write_atomic};

@@ -47,6 +47,8 @@ pub struct RankStates {
 pub struct Checkpointer {
     pub(super) every_steps: u64,
     pub(super) every_epochs: u64,
+    /// Rank 0's clock for `every_minutes` (timed.rs).
+    pub(super) clock: super::timed::SaveClock,
     pub(super) keep_last: usize,
     pub(super) resume: Resume,
     /// `run.out_dir`, `run.name` and `run.overwrite`: what `claim.rs` needs.
@@ -142,6 +144,7 @@ impl Checkpointer {
         Checkpointer {
             every_steps: cfg.checkpoint.every_steps,
             every_epochs: cfg.checkpoint.every_epochs,
+            clock: super::timed::SaveClock::new(cfg.checkpoint.every_minutes, shape.rank),
             keep_last: cfg.checkpoint.keep_last.max(1),
             // run.overwrite wins over "auto", as Hugging Face's
             // overwrite_output_dir does: the run starts from step 0. Every
@@ -206,7 +209,7 @@ impl Checkpointer {
     }
 
     fn enabled(&self) -> bool {
-        self.every_steps > 0 || self.every_epochs > 0
+        self.every_steps > 0 || self.every_epochs > 0 || self.clock.on()
     }
 
     /// Whether [`Checkpointer::after_step`] saves after optimizer step `step`
@@ -288,7 +291,7 @@ impl Checkpointer {
         Ok(())
     }
 
-    fn save_and_log(
+    pub(super) fn save_and_log(
         &mut self,
         model: &Model,
         opt: &Optimizer,
@@ -300,6 +303,8 @@ impl Checkpointer {
         // Every rank is here (the save points depend on step and epoch only):
         // rank 0 collects the loss accumulators and pending gradients, which differ per rank.
         let ranks = if comm.world_size() > 1 { gather_ranks(comm, model, p)? } else { RankStates::default() };
+        // Any save, periodic or timed, is the latest state a kill would lose.
+        self.clock.reset();
         if self.shape.rank != 0 {
             // As rank 0's save does: `finish` must skip a save on every rank or on none.
             self.last_saved = Some((p.step, p.epoch));

@@ -95,6 +95,7 @@ const MEANINGS: &[(&str, &str)] = &[
     // [checkpoint]
     ("checkpoint.every_steps", "Write a checkpoint every this many optimizer steps (0: never)."),
     ("checkpoint.every_epochs", "Write a checkpoint every this many epochs (0: never)."),
+    ("checkpoint.every_minutes", "Write a checkpoint when this many minutes of wall time have passed since the run's start or its last checkpoint, as rank 0's clock says (0: never); every rank saves at the same step. A run that checkpoints also ends with a checkpoint of its final state."),
     ("checkpoint.keep_last", "Checkpoints kept; older ones are deleted."),
     ("checkpoint.resume", "Resume from `ckpt/latest` when present, start over, or resume from this checkpoint."),
     // [logging]

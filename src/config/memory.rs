@@ -236,7 +236,7 @@ pub fn estimate(cfg: &Config, layers: &[ResolvedLayer], m: &Machine) -> Result<E
         .ok_or_else(|| size_err(&file, "data.prefetch"))?;
     let data = Part { what: "dataset", bytes: dataset, key: Some(data_key) };
     let prefetch_part = Part { what: "prefetch", bytes: prefetch, key: Some("data.prefetch") };
-    let ckpt_on = cfg.checkpoint.every_steps > 0 || cfg.checkpoint.every_epochs > 0;
+    let ckpt_on = cfg.checkpoint.periodic();
     // A save serializes the weights and the optimizer state once more; DDP's
     // buckets hold one more copy of the gradients.
     let checkpoint = if ckpt_on { weights / 2 + fp32_params } else { 0 };

@@ -506,10 +506,22 @@ pub struct CheckpointConfig {
     /// 0 = off.
     #[serde(default)]
     pub every_epochs: u64,
+    /// Minutes of wall time between timed saves, as rank 0's clock measures
+    /// them since the run's start or its last save (0 = off): on by default,
+    /// so a killed run loses at most this much.
+    #[serde(default = "default_every_minutes")]
+    pub every_minutes: f64,
     #[serde(default = "default_keep_last")]
     pub keep_last: usize,
     #[serde(default)]
     pub resume: Resume,
+}
+
+impl CheckpointConfig {
+    /// Whether the run saves checkpoints of its own accord (a signal's stop saves regardless).
+    pub fn periodic(&self) -> bool {
+        self.every_steps > 0 || self.every_epochs > 0 || self.every_minutes > 0.0
+    }
 }
 
 impl Default for CheckpointConfig {
@@ -517,6 +529,7 @@ impl Default for CheckpointConfig {
         CheckpointConfig {
             every_steps: 0,
             every_epochs: 0,
+            every_minutes: default_every_minutes(),
             keep_last: default_keep_last(),
             resume: Resume::default(),
         }
@@ -672,6 +685,9 @@ fn default_bucket_cap_mb() -> f64 {
 }
 fn default_first_bucket_mb() -> f64 {
     1.0
+}
+fn default_every_minutes() -> f64 {
+    10.0
 }
 fn default_keep_last() -> usize {
     3

@@ -92,6 +92,7 @@ fn defaults_are_pytorch_defaults() {
     assert!(!p.sync_batchnorm && p.broadcast_buffers && !p.allreduce_fp32);
     let k = &c.checkpoint;
     assert_eq!((k.every_steps, k.every_epochs, k.keep_last, k.resume.clone()), (0, 0, 3, Resume::Auto));
+    assert_eq!(k.every_minutes, 10.0);
     assert_eq!(
         (c.logging.every_steps, c.logging.progress, c.logging.tensorboard),
         (50, ProgressSetting::Auto, true)

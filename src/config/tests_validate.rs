@@ -72,6 +72,13 @@ const CASES: &[(&[&str], &str, &str)] = &[
     (&["parallel.first_bucket_mb=-1"], "parallel.first_bucket_mb", "positive"),
     (&["parallel.gradient_predivide_factor=0"], "parallel.gradient_predivide_factor", "positive"),
     (&["checkpoint.keep_last=0"], "checkpoint.keep_last", "at least 1"),
+    (
+        &["checkpoint.every_minutes=-1"],
+        "checkpoint.every_minutes",
+        "0 or more (0 turns timed saves off), got -1",
+    ),
+    (&["checkpoint.every_minutes=nan"], "checkpoint.every_minutes", "got NaN"),
+    (&["checkpoint.every_minutes=inf"], "checkpoint.every_minutes", "got inf"),
     (&["checkpoint.resume=\"\""], "checkpoint.resume", "checkpoint directory"),
     (
         &["checkpoint.resume=ato"],

@@ -478,6 +478,13 @@ impl Config {
                 return Err(bad(key, format!("must be a positive number, got {v}")));
             }
         }
+        let m = self.checkpoint.every_minutes;
+        if !(m.is_finite() && m >= 0.0) {
+            return Err(bad(
+                "checkpoint.every_minutes",
+                format!("must be a number of minutes, 0 or more (0 turns timed saves off), got {m}"),
+            ));
+        }
         if self.checkpoint.keep_last == 0 {
             return Err(bad("checkpoint.keep_last", "must be at least 1"));
         }

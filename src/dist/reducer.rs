@@ -17,9 +17,9 @@
 //! rounds once on the way back (apex's `allreduce_always_fp32`).
 //!
 //! The last bucket carries [`VOTE_LEN`] more elements after its gradients:
-//! each rank's stop request (src/train/stop.rs), summed unscaled with the
-//! gradients, so the ranks agree on the step to stop after without a
-//! collective of its own.
+//! each rank's stop request and rank 0's call for a timed checkpoint
+//! (src/train/stop.rs), summed unscaled with the gradients, so the ranks
+//! agree on the step to stop or save after without a collective of its own.
 //!
 //! Buffers are handed to the communicator by value, so each bucket is a flat
 //! buffer the gradients are copied into (a few hundred KB for the seed
@@ -236,7 +236,7 @@ impl Reducer {
         self.buckets.iter().map(|b| b.data.dtype()).collect()
     }
 
-    /// This rank's stop vote (`StopSignal::vote`), sent with the next step's last bucket.
+    /// This rank's vote (`stop::Vote::elements`), sent with the next step's last bucket.
     pub fn set_vote(&mut self, vote: [f32; VOTE_LEN]) {
         self.vote = vote;
     }

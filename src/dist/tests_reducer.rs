@@ -237,22 +237,26 @@ fn two_ranks_average_gradients_and_overlap_backward() {
 }
 
 #[test]
-fn the_stop_vote_rides_the_last_bucket_unscaled_and_reaches_every_rank() {
-    use crate::train::stop::StopSignal;
+fn the_stop_and_save_vote_rides_the_last_bucket_unscaled_and_reaches_every_rank() {
+    use crate::train::stop::{Agreed, StopSignal, Vote};
     // The last bucket is the f16 one (reduced in f16, or in f32 with
     // allreduce_fp32), predivided by 2: the votes must come back as cast, not scaled.
     for fp32 in [false, true] {
         let out = on_pair(|rank, comm| {
             let mut r = Reducer::new(comm, &[(2, F16), (1, F32)], &opts(25.0, 25.0, 2.0, fp32));
             let mut agreed = Vec::new();
-            // Step 1: rank 1 caught SIGTERM; step 2: rank 0 caught SIGINT; step 3: nobody.
-            for (step, vote) in [(1, [0.0, 0.0]), (2, [1.0, 0.0]), (3, [0.0, 0.0])] {
+            // Step 1: rank 1 caught SIGTERM; step 2: rank 0 caught SIGINT;
+            // step 3: nobody; step 4: rank 0's clock calls for a save; step 5:
+            // a save and rank 1's SIGINT together.
+            for step in 1..=5 {
                 let mine = match (step, rank) {
-                    (1, 1) => StopSignal::vote(Some(StopSignal::Term)),
-                    _ if rank == 0 => vote,
-                    _ => StopSignal::vote(None),
+                    (1, 1) => Vote { stop: Some(StopSignal::Term), save: false },
+                    (2, 0) => Vote { stop: Some(StopSignal::Int), save: false },
+                    (4, 0) | (5, 0) => Vote { stop: None, save: true },
+                    (5, 1) => Vote { stop: Some(StopSignal::Int), save: false },
+                    _ => Vote::default(),
                 };
-                r.set_vote(mine);
+                r.set_vote(mine.elements());
                 let k = (rank + 1) as f32;
                 let mut g = vec![f16_tensor(&[0.5 * k, 0.25 * k]), Tensor::from_vec(&[1], vec![k]).unwrap()];
                 r.mark_ready(1, &g[1]).unwrap();
@@ -264,11 +268,22 @@ fn the_stop_vote_rides_the_last_bucket_unscaled_and_reaches_every_rank() {
                     vec![vec![0.75, 0.375], vec![1.5]],
                     "the vote leaves the gradients alone"
                 );
-                agreed.push(StopSignal::from_vote(r.agreed_vote()));
+                agreed.push(Agreed::from_sum(r.agreed_vote()));
             }
             agreed
         });
-        assert_eq!(out[0], vec![Some(StopSignal::Term), Some(StopSignal::Int), None], "fp32 {fp32}");
+        let (term, int) = (Some(StopSignal::Term), Some(StopSignal::Int));
+        assert_eq!(
+            out[0],
+            vec![
+                Agreed { stop: term, save: false },
+                Agreed { stop: int, save: false },
+                Agreed::default(),
+                Agreed { stop: None, save: true },
+                Agreed { stop: int, save: true },
+            ],
+            "fp32 {fp32}"
+        );
         assert_eq!(out[0], out[1]);
     }
 }

@@ -4,7 +4,7 @@
 
 use super::active_wait::ActiveWait;
 use super::engine::{Engine, Host, HostSync, Look, ScalerLook, Skip, Stepped};
-use super::stop::StopSignal;
+use super::stop::Agreed;
 use super::{evaluate_shard, Ddp, EvalResult};
 use crate::amp::{Amp, StepOutcome};
 use crate::config::Config;
@@ -175,8 +175,8 @@ impl Engine for CpuEngine {
         Ok(ddp.allreduce_hidden_fraction())
     }
 
-    fn agreed_stop(&mut self, ddp: &Ddp, _settle: bool) -> Result<Option<StopSignal>> {
-        Ok(ddp.agreed_stop())
+    fn agreed(&mut self, ddp: &Ddp, _settle: bool) -> Result<Agreed> {
+        Ok(ddp.agreed())
     }
 
     fn finish(&mut self) -> Result<()> {

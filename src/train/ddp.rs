@@ -8,7 +8,7 @@
 //! BatchNorm) after the replicas are made equal, and the buckets follow the
 //! gradients' dtypes.
 
-use super::stop::{self, StopSignal};
+use super::stop::{self, Agreed, Vote};
 use super::EvalResult;
 use crate::config::Config;
 use crate::dist::reducer::{Reducer, ReducerOptions};
@@ -53,8 +53,10 @@ pub struct Ddp {
     synced_steps: u64,
     /// The step at which this rank injects an inf ([`INJECT_GRAD_INF_VAR`]).
     inject_inf_at: Option<u64>,
-    /// The stop the ranks agreed on in the last synchronizing backward.
-    agreed_stop: Option<StopSignal>,
+    /// What the ranks agreed on in the last synchronizing backward.
+    agreed: Agreed,
+    /// This rank's vote for a timed checkpoint, sent with the next synchronizing backward.
+    save_vote: bool,
 }
 
 impl Ddp {
@@ -79,7 +81,8 @@ impl Ddp {
             hidden: (0.0, 0),
             synced_steps: 0,
             inject_inf_at,
-            agreed_stop: None,
+            agreed: Agreed::default(),
+            save_vote: false,
         };
         if world > 1 {
             ddp.broadcast_state(model, true)?;
@@ -197,30 +200,42 @@ impl Ddp {
             }
             return Ok(());
         }
+        let vote = self.vote();
         let reducer = self.reducer_for(model);
         if inject {
             reducer.inject_inf_next();
         }
-        reducer.set_vote(StopSignal::vote(stop::requested()));
+        reducer.set_vote(vote.elements());
         model.backward_hooked(saved, dlogits, &mut |i, grad| reducer.mark_ready(i, grad))?;
         let mut params = model.params_mut();
         let mut grads: Vec<&mut Tensor> = params.iter_mut().map(|p| &mut p.grad).collect();
         reducer.finish(&mut grads)?;
-        let agreed = StopSignal::from_vote(reducer.agreed_vote());
+        let agreed = Agreed::from_sum(reducer.agreed_vote());
         let hidden = reducer.last_overlap().hidden_fraction();
-        self.agreed_stop = agreed;
+        self.agreed = agreed;
         self.hidden.0 += hidden;
         self.hidden.1 += 1;
         Ok(())
     }
 
-    /// The stop every rank agreed on through the last step's gradient
-    /// all-reduce; at world size 1, this process's own request.
-    pub fn agreed_stop(&self) -> Option<StopSignal> {
+    /// What every rank agreed on through the last step's gradient
+    /// all-reduce; at world size 1, this process's own stop request (its
+    /// timed saves need no vote: see `stop::after_step`).
+    pub fn agreed(&self) -> Agreed {
         if self.world_size() == 1 {
-            return stop::requested();
+            return Agreed { stop: stop::requested(), save: false };
         }
-        self.agreed_stop
+        self.agreed
+    }
+
+    /// This rank's vote for the next synchronizing backward (either device's).
+    pub fn vote(&self) -> Vote {
+        Vote { stop: stop::requested(), save: self.save_vote }
+    }
+
+    /// Sets this rank's vote for a timed checkpoint in the next steps.
+    pub fn set_save_vote(&mut self, save: bool) {
+        self.save_vote = save;
     }
 
     /// The reducer for `model`'s parameters as they are now, built on first

@@ -6,7 +6,7 @@
 //! ([`super::cuda`]) only queues work, so the host learns what a step did
 //! when the loop looks ([`Engine::look`]), and a skipped step one step late.
 
-use super::stop::StopSignal;
+use super::stop::Agreed;
 use super::{Ddp, EvalResult};
 use crate::amp::{Amp, ScalerState};
 use crate::error::Result;
@@ -140,12 +140,12 @@ pub trait Engine {
     /// DDP only: the share of gradient all-reduce time hidden behind backward.
     fn allreduce_hidden_fraction(&self, ddp: &Ddp) -> Result<Option<f64>>;
 
-    /// At world size > 1: the stop the ranks agreed on through a step's
-    /// gradient all-reduce, as far as the host knows it. The CPU knows the
+    /// At world size > 1: the stop and timed save the ranks agreed on
+    /// through a step's gradient all-reduce, as far as the host knows it. The CPU knows the
     /// step just taken; the GPU learns a step's vote from its loss-scaler
     /// snapshot when the next step is taken, or, with `settle`, at once
     /// (waiting for the device: the loop settles only at an epoch's end).
-    fn agreed_stop(&mut self, ddp: &Ddp, settle: bool) -> Result<Option<StopSignal>>;
+    fn agreed(&mut self, ddp: &Ddp, settle: bool) -> Result<Agreed>;
 
     /// After the last collective: nothing of the run may still be queued.
     fn finish(&mut self) -> Result<()>;

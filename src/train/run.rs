@@ -209,15 +209,20 @@ pub(crate) fn run(cfg: &Config, opts: &RunOptions, setup: Setup, engine: &mut dy
             if step >= total_steps {
                 break;
             }
-            if let Some(sig) = stop::after_step(opts, engine, &ddp)? {
+            let agreed = stop::after_step(opts, engine, &mut ddp, &mut ckpt)?;
+            if let Some(sig) = agreed.stop {
+                // Its checkpoint is the timed save's too.
                 stopping = Some((sig, done));
                 break;
+            }
+            if agreed.save {
+                stop::timed_checkpoint(engine, &mut ckpt, &mut c, done, &mut metrics_out, &ddp)?;
             }
             t0 = Instant::now();
         }
         // A stop the device told of only now still comes before the evaluation.
         if stopping.is_none() && c.step < total_steps {
-            stopping = stop::agreed(engine, &ddp, true)?.map(|sig| (sig, skip + batches));
+            stopping = stop::settled(engine, &ddp)?.map(|sig| (sig, skip + batches));
         }
         if let Some((sig, batches_in_epoch)) = stopping {
             let line =

@@ -14,6 +14,10 @@
 //! The handlers are installed when the loop starts: a signal before then
 //! ends the process as it always did (nothing is trained yet), and one
 //! after the last step lets the run complete (exit 0).
+//!
+//! The same vote carries rank 0's call for a timed checkpoint
+//! (`checkpoint.every_minutes`, src/checkpoint/timed.rs), acted on where the
+//! stop is, so every rank saves after the same step.
 
 use super::engine::{Engine, HostSync};
 use super::{Ddp, RunOptions};
@@ -24,9 +28,61 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 /// Extra elements of a step's last gradient bucket: how many ranks were asked
-/// to stop by SIGINT, and by SIGTERM (0 or 1 each per rank, so the sum is
-/// exact even in an f16 bucket).
-pub const VOTE_LEN: usize = 2;
+/// to stop by SIGINT, by SIGTERM, and voted for a timed checkpoint (0 or 1
+/// each per rank, so the sum is exact even in an f16 bucket). [`Vote`] and
+/// [`Agreed`] are what they mean.
+pub const VOTE_LEN: usize = 3;
+/// Where each count sits in the vote.
+const INT: usize = 0;
+const TERM: usize = 1;
+const SAVE: usize = 2;
+
+/// This rank's share of a step's vote: the stop it was asked for, and
+/// whether its clock says a timed checkpoint is due (rank 0's only, see
+/// src/checkpoint/timed.rs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Vote {
+    pub stop: Option<StopSignal>,
+    pub save: bool,
+}
+
+impl Vote {
+    /// The vote as the elements the all-reduce sums.
+    pub fn elements(self) -> [f32; VOTE_LEN] {
+        let mut v = [0.0; VOTE_LEN];
+        match self.stop {
+            None => {}
+            Some(StopSignal::Int) => v[INT] = 1.0,
+            Some(StopSignal::Term) => v[TERM] = 1.0,
+        }
+        if self.save {
+            v[SAVE] = 1.0;
+        }
+        v
+    }
+}
+
+/// What the ranks agreed on from their summed votes: SIGTERM (a
+/// scheduler's notice) wins over SIGINT, so every rank exits with the same
+/// code; one rank's vote for a save is a save on every rank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Agreed {
+    pub stop: Option<StopSignal>,
+    pub save: bool,
+}
+
+impl Agreed {
+    pub fn from_sum(sum: [f32; VOTE_LEN]) -> Agreed {
+        let stop = if sum[TERM] > 0.0 {
+            Some(StopSignal::Term)
+        } else if sum[INT] > 0.0 {
+            Some(StopSignal::Int)
+        } else {
+            None
+        };
+        Agreed { stop, save: sum[SAVE] > 0.0 }
+    }
+}
 
 /// The signal a run stopped for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -54,27 +110,6 @@ impl StopSignal {
         match self {
             StopSignal::Int => 130,
             StopSignal::Term => 143,
-        }
-    }
-
-    /// This rank's share of a step's vote.
-    pub fn vote(local: Option<StopSignal>) -> [f32; VOTE_LEN] {
-        match local {
-            None => [0.0, 0.0],
-            Some(StopSignal::Int) => [1.0, 0.0],
-            Some(StopSignal::Term) => [0.0, 1.0],
-        }
-    }
-
-    /// What the ranks agreed on from their summed votes: SIGTERM (a
-    /// scheduler's notice) wins over SIGINT, so every rank exits with the same code.
-    pub fn from_vote(sum: [f32; VOTE_LEN]) -> Option<StopSignal> {
-        if sum[1] > 0.0 {
-            Some(StopSignal::Term)
-        } else if sum[0] > 0.0 {
-            Some(StopSignal::Int)
-        } else {
-            None
         }
     }
 }
@@ -133,25 +168,52 @@ pub fn requested() -> Option<StopSignal> {
     }
 }
 
-/// After each step but the last: the stop every rank agrees on, if any.
+/// After each step but the last: the stop and the timed save every rank
+/// agrees on, if any; and this rank's vote on a timed save for the next step.
 pub(crate) fn after_step(
     opts: &RunOptions,
     engine: &mut dyn Engine,
-    ddp: &Ddp,
-) -> Result<Option<StopSignal>> {
+    ddp: &mut Ddp,
+    ckpt: &mut Checkpointer,
+) -> Result<Agreed> {
     if let Some(d) = opts.step_pause {
         std::thread::sleep(d);
     }
-    agreed(engine, ddp, false)
+    if ddp.world_size() == 1 {
+        return Ok(Agreed { stop: requested(), save: ckpt.timed_save_due() });
+    }
+    let agreed = engine.agreed(ddp, false)?;
+    // Cast before this step's save resets the clock: the clock then holds
+    // back a second vote while the first one's save is still to come.
+    ddp.set_save_vote(ckpt.timed_save_vote());
+    Ok(agreed)
 }
 
-/// The stop every rank agrees on after the step just taken (`settle`: at an
-/// epoch's end, before its evaluation), if any.
-pub(crate) fn agreed(engine: &mut dyn Engine, ddp: &Ddp, settle: bool) -> Result<Option<StopSignal>> {
+/// The stop every rank agrees on after the step just taken, at an epoch's
+/// end before its evaluation (the device is waited for), if any. A timed
+/// save it might also tell of is left to the next step's [`after_step`],
+/// which learns it again then on the GPU (on the CPU it was this step's).
+pub(crate) fn settled(engine: &mut dyn Engine, ddp: &Ddp) -> Result<Option<StopSignal>> {
     if ddp.world_size() == 1 {
         return Ok(requested());
     }
-    engine.agreed_stop(ddp, settle)
+    Ok(engine.agreed(ddp, true)?.stop)
+}
+
+/// The timed save the ranks agreed on, after step `c.step`, `batches_in_epoch` into its epoch.
+pub(crate) fn timed_checkpoint(
+    engine: &mut dyn Engine,
+    ckpt: &mut Checkpointer,
+    c: &mut TrainProgress,
+    batches_in_epoch: usize,
+    metrics: &mut MetricsWriter,
+    ddp: &Ddp,
+) -> Result<()> {
+    // As at a stop: the device's loss sums since the last look belong to the checkpoint's window.
+    engine.fold_loss(&mut c.window_loss)?;
+    let host = engine.host(HostSync::WeightsAndGrads)?;
+    let p = TrainProgress { batches_in_epoch, ..c.clone() };
+    ckpt.timed(host.model, host.optimizer, host.amp, &p, metrics, ddp.communicator())
 }
 
 /// The run stops after step `c.step`, `batches_in_epoch` into its epoch:
@@ -183,19 +245,39 @@ pub(crate) fn checkpoint(
 mod tests {
     use super::*;
 
+    fn sum(votes: &[Vote]) -> [f32; VOTE_LEN] {
+        let mut s = [0.0; VOTE_LEN];
+        for v in votes {
+            s.iter_mut().zip(v.elements()).for_each(|(s, e)| *s += e);
+        }
+        s
+    }
+
     #[test]
     fn votes_sum_to_one_agreed_signal_and_its_exit_code() {
-        let sum = |a: [f32; 2], b: [f32; 2]| [a[0] + b[0], a[1] + b[1]];
-        let (none, int, term) = (
-            StopSignal::vote(None),
-            StopSignal::vote(Some(StopSignal::Int)),
-            StopSignal::vote(Some(StopSignal::Term)),
-        );
-        assert_eq!(StopSignal::from_vote(sum(none, none)), None);
-        assert_eq!(StopSignal::from_vote(sum(none, int)), Some(StopSignal::Int));
-        assert_eq!(StopSignal::from_vote(sum(int, term)), Some(StopSignal::Term));
-        assert_eq!(StopSignal::from_vote([f32::NAN, 0.0]), None);
+        let vote = |stop| Vote { stop, save: false };
+        let (none, int, term) = (vote(None), vote(Some(StopSignal::Int)), vote(Some(StopSignal::Term)));
+        let stop = |votes: &[Vote]| Agreed::from_sum(sum(votes)).stop;
+        assert_eq!(stop(&[none, none]), None);
+        assert_eq!(stop(&[none, int]), Some(StopSignal::Int));
+        assert_eq!(stop(&[int, term]), Some(StopSignal::Term));
+        assert_eq!(Agreed::from_sum([f32::NAN, 0.0, f32::NAN]), Agreed::default());
         assert_eq!((StopSignal::Int.exit_code(), StopSignal::Term.exit_code()), (130, 143));
         assert_eq!(serde_json::to_value(StopSignal::Term).unwrap(), "SIGTERM");
+    }
+
+    #[test]
+    fn one_ranks_save_vote_is_every_ranks_save_and_leaves_the_stop_alone() {
+        let save = Vote { stop: None, save: true };
+        assert_eq!(Agreed::from_sum(sum(&[Vote::default(), Vote::default()])), Agreed::default());
+        assert_eq!(Agreed::from_sum(sum(&[save, Vote::default()])), Agreed { stop: None, save: true });
+        let term = Vote { stop: Some(StopSignal::Term), save: false };
+        assert_eq!(
+            Agreed::from_sum(sum(&[save, term])),
+            Agreed { stop: Some(StopSignal::Term), save: true },
+            "a stop and a save in one step: both are known (the stop's checkpoint serves both)"
+        );
+        // Every element is 0 or 1 per rank: exact in f16 as in f32.
+        assert!(save.elements().iter().chain(&term.elements()).all(|&e| e == 0.0 || e == 1.0));
     }
 }

@@ -100,7 +100,8 @@ pub fn write(dir: &Path, name: &str, body: &str) -> PathBuf {
     p
 }
 
-/// Synthetic run of 6 steps, a checkpoint every 2.
+/// Synthetic run of 6 steps, a checkpoint every 2 (and not after each epoch,
+/// as the shipped config also saves).
 pub fn ckpt_args(out: &Path, extra: &[&str]) -> Vec<String> {
     let mut a: Vec<String> = vec![
         "--config".into(),
@@ -115,6 +116,7 @@ pub fn ckpt_args(out: &Path, extra: &[&str]) -> Vec<String> {
         "data.batch_size=50",
         "train.max_steps=6",
         "checkpoint.every_steps=2",
+        "checkpoint.every_epochs=0",
         "logging.progress=never",
         "logging.tensorboard=false",
         "expect.min_test_accuracy=0.0",
@@ -126,6 +128,16 @@ pub fn ckpt_args(out: &Path, extra: &[&str]) -> Vec<String> {
         a.push(s.to_string());
     }
     a
+}
+
+/// `ddptrain launch` of two local ranks running `a`.
+pub fn launch2(a: &[String]) -> Vec<String> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut l: Vec<String> = ["launch", "--nproc-per-node", "2", "--master-port", &port.to_string(), "--"]
+        .map(String::from)
+        .to_vec();
+    l.extend_from_slice(a);
+    l
 }
 
 pub fn run_args(a: &[String], cwd: &Path) -> (Option<i32>, String) {
@@ -187,7 +199,7 @@ fn max_diff(
 
 /// A small conv net under O2 (f16 and f32 gradient buckets, fp32 masters,
 /// the dynamic loss scaler) on `train_size` synthetic 8x8 images in batches
-/// of 16 per rank, with no periodic checkpoint: the one the stop writes is
+/// of 16 per rank, with no periodic or timed checkpoint: the one the stop writes is
 /// the only one: the runs tests/signals.rs and tests/mpi_backend.rs stop.
 pub fn stop_config(dir: &Path, device: &str, train_size: usize, total_steps: u64) -> PathBuf {
     let body = format!(
@@ -222,6 +234,7 @@ every_steps = 1
 tensorboard = false
 [checkpoint]
 every_steps = 0
+every_minutes = 0
 [parallel]
 timeout_s = 120
 "#

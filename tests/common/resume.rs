@@ -28,6 +28,8 @@ pub fn cfg_of(config: &Path, out: &Path, device: &str, extra: &[&str]) -> Config
         "logging.progress=never",
         "logging.tensorboard=false",
         "checkpoint.every_steps=5",
+        // Not also after each epoch, as the shipped config saves.
+        "checkpoint.every_epochs=0",
     ];
     load(config, &sets, device, out, extra)
 }
@@ -50,6 +52,8 @@ pub fn catsdogs(out: &Path, device: &str, extra: &[&str]) -> Config {
         "logging.progress=never",
         "logging.tensorboard=false",
         "checkpoint.every_steps=3",
+        // Not also after each epoch, as the shipped config saves.
+        "checkpoint.every_epochs=0",
     ];
     load(&repo_root().join("configs/resnet20_catsdogs_o2.toml"), &sets, device, out, extra)
 }

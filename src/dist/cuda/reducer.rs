@@ -8,8 +8,8 @@
 //! and `predivide/world` after it, f16 buckets reduced in f16 unless
 //! `allreduce_fp32`, which reduces an f32 copy and rounds once on the way back.
 //!
-//! The last bucket's all-reduce also sums the ranks' stop votes, two
-//! elements after its gradients (never scaled), and copies the sum into
+//! The last bucket's all-reduce also sums the ranks' votes (a stop, a timed
+//! save), `VOTE_LEN` elements after its gradients (never scaled), and copies the sum into
 //! [`DeviceReducer::vote`] for the step's loss-scaler snapshot: the host
 //! learns it one step late without a collective of its own (src/train/stop.rs).
 //!
@@ -176,7 +176,7 @@ impl DeviceReducer {
         self.inject_inf = true;
     }
 
-    /// This rank's stop vote (`StopSignal::vote`), sent with the next step's last bucket.
+    /// This rank's vote (`stop::Vote::elements`), sent with the next step's last bucket.
     pub fn set_vote(&mut self, vote: [f32; VOTE_LEN]) {
         self.vote_local = vote;
     }

@@ -12,7 +12,7 @@
 //! allocation). Buckets of one dtype, in order, tile that dtype's group:
 //! bucket `b` holds the gradients of the values at
 //! `group_offset..group_offset + numel` of its group. The last bucket has
-//! `VOTE_LEN` more elements after its gradients: the ranks' stop vote,
+//! `VOTE_LEN` more elements after its gradients: the ranks' stop and save vote,
 //! all-reduced with them (src/train/stop.rs).
 
 use super::layer::internal;

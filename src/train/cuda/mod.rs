@@ -16,7 +16,7 @@ pub mod eval;
 pub mod step;
 
 use super::engine::{Engine, Host, HostSync, Look, ScalerLook, Skip, Stepped};
-use super::stop::{self, StopSignal};
+use super::stop::Agreed;
 use super::{Ddp, EvalResult};
 use crate::amp::{self, Amp, ScalerState};
 use crate::config::Config;
@@ -90,8 +90,8 @@ pub struct CudaEngine {
     /// DDP's broadcast_buffers (without SyncBatchNorm, at world size > 1).
     broadcast_buffers: bool,
     inject_inf_at: Option<u64>,
-    /// The stop the ranks agreed on, as of the last snapshot the host read.
-    agreed_stop: Option<StopSignal>,
+    /// The stop and timed save the ranks agreed on, as of the last snapshot the host read.
+    agreed: Agreed,
 }
 
 impl CudaEngine {
@@ -184,7 +184,7 @@ impl CudaEngine {
             eval_batch_size: d.eval_batch_size,
             last_step: 0,
             inject_inf_at: ddp.inject_inf_at(),
-            agreed_stop: None,
+            agreed: Agreed::default(),
         })
     }
 
@@ -224,7 +224,7 @@ impl Engine for CudaEngine {
 
     fn forward_backward(
         &mut self,
-        _ddp: &mut Ddp,
+        ddp: &mut Ddp,
         rows: usize,
         sync: bool,
         step: u64,
@@ -248,7 +248,7 @@ impl Engine for CudaEngine {
             r.inject_inf_next();
         }
         if let (true, Some(r)) = (sync, &mut self.reducer) {
-            r.set_vote(StopSignal::vote(stop::requested()));
+            r.set_vote(ddp.vote().elements());
         }
         {
             let grad_scale = self.step_dev.grad_scale();
@@ -286,7 +286,7 @@ impl Engine for CudaEngine {
         }
         let skip = self.skips.seen(snap.step, snap.state);
         self.skips.scale_in_use = snap.state.scale;
-        self.agreed_stop = StopSignal::from_vote(snap.vote);
+        self.agreed = Agreed::from_sum(snap.vote);
         let lr = schedule.lr_at(step.saturating_sub(1).saturating_sub(snap.state.overflow_steps));
         let vote = self.reducer.as_ref().map(|r| r.vote());
         self.step_dev.step(gpu, &mut self.dev.params, lr, step, vote)?;
@@ -353,12 +353,13 @@ impl Engine for CudaEngine {
         Ok(self.reducer.as_ref().map(|r| r.last_hidden_fraction()).transpose()?.flatten())
     }
 
-    fn agreed_stop(&mut self, _ddp: &Ddp, settle: bool) -> Result<Option<StopSignal>> {
+    fn agreed(&mut self, _ddp: &Ddp, settle: bool) -> Result<Agreed> {
         if settle {
-            // The last step's own snapshot (the device is waited for).
-            self.agreed_stop = StopSignal::from_vote(self.step_dev.snapshot.read()?.vote);
+            // The last step's own snapshot (the device is waited for); the
+            // next step's reads it again, so a save it tells of is not lost.
+            self.agreed = Agreed::from_sum(self.step_dev.snapshot.read()?.vote);
         }
-        Ok(self.agreed_stop)
+        Ok(self.agreed)
     }
 
     fn finish(&mut self) -> Result<()> {
