@@ -273,9 +273,9 @@ impl Checkpointer {
         Ok(())
     }
 
-    /// A run stopped by a signal after step `p.step`: saved whether or not
-    /// `[checkpoint]` saves periodically (unless this step is saved already),
-    /// so `resume = "auto"` continues from it.
+    /// A run stopped by a signal after step `p.step`, or a timed save:
+    /// saved whether or not `[checkpoint]` saves periodically (unless this
+    /// step is saved already), so `resume = "auto"` continues from it.
     pub fn on_stop(
         &mut self,
         model: &Model,

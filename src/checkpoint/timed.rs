@@ -6,13 +6,7 @@
 //! counts, and it reaches the others as one element of the step's vote
 //! (src/train/stop.rs), so every rank saves at the step the vote says.
 
-use super::{Checkpointer, TrainProgress};
-use crate::amp::Amp;
-use crate::dist::Communicator;
-use crate::error::Result;
-use crate::metrics::MetricsWriter;
-use crate::nn::Model;
-use crate::optim::Optimizer;
+use super::Checkpointer;
 use std::time::{Duration, Instant};
 
 /// Rank 0's clock for timed saves.
@@ -74,23 +68,11 @@ impl Checkpointer {
         self.clock.vote()
     }
 
-    /// The timed save the ranks agreed on, after step `p.step` (every rank
-    /// calls it at the same step). A step already saved (by `every_steps`)
-    /// is not saved twice; either way the period restarts.
-    pub fn timed(
-        &mut self,
-        model: &Model,
-        opt: &Optimizer,
-        amp: &Amp,
-        p: &TrainProgress,
-        metrics: &mut MetricsWriter,
-        comm: &dyn Communicator,
-    ) -> Result<()> {
-        if self.last_saved == Some((p.step, p.epoch)) {
-            self.clock.reset();
-            return Ok(());
-        }
-        self.save_and_log(model, opt, amp, p, metrics, comm)
+    /// The timed save the ranks agreed on restarts the period, whether it
+    /// writes a checkpoint or finds the step saved already (by
+    /// `every_steps`); the save itself is [`Checkpointer::on_stop`]'s.
+    pub fn restart_clock(&mut self) {
+        self.clock.reset();
     }
 }
 

@@ -216,7 +216,9 @@ pub(crate) fn run(cfg: &Config, opts: &RunOptions, setup: Setup, engine: &mut dy
                 break;
             }
             if agreed.save {
-                stop::timed_checkpoint(engine, &mut ckpt, &mut c, done, &mut metrics_out, &ddp)?;
+                // The period restarts whether or not the step was saved already.
+                ckpt.restart_clock();
+                stop::save_now(engine, &mut ckpt, &mut c, done, &mut metrics_out, &ddp)?;
             }
             t0 = Instant::now();
         }

@@ -200,8 +200,10 @@ pub(crate) fn settled(engine: &mut dyn Engine, ddp: &Ddp) -> Result<Option<StopS
     Ok(engine.agreed(ddp, true)?.stop)
 }
 
-/// The timed save the ranks agreed on, after step `c.step`, `batches_in_epoch` into its epoch.
-pub(crate) fn timed_checkpoint(
+/// Rank 0 checkpoints step `c.step`, `batches_in_epoch` into its epoch,
+/// unless it is saved already (every rank takes part): at a stop, and at
+/// the timed save the ranks agreed on.
+pub(crate) fn save_now(
     engine: &mut dyn Engine,
     ckpt: &mut Checkpointer,
     c: &mut TrainProgress,
@@ -209,11 +211,11 @@ pub(crate) fn timed_checkpoint(
     metrics: &mut MetricsWriter,
     ddp: &Ddp,
 ) -> Result<()> {
-    // As at a stop: the device's loss sums since the last look belong to the checkpoint's window.
+    // What the device summed since the last look belongs to the checkpoint's loss window.
     engine.fold_loss(&mut c.window_loss)?;
     let host = engine.host(HostSync::WeightsAndGrads)?;
     let p = TrainProgress { batches_in_epoch, ..c.clone() };
-    ckpt.timed(host.model, host.optimizer, host.amp, &p, metrics, ddp.communicator())
+    ckpt.on_stop(host.model, host.optimizer, host.amp, &p, metrics, ddp.communicator())
 }
 
 /// The run stops after step `c.step`, `batches_in_epoch` into its epoch:
@@ -227,11 +229,7 @@ pub(crate) fn checkpoint(
     metrics: &mut MetricsWriter,
     ddp: &Ddp,
 ) -> Result<String> {
-    // What the device summed since the last look belongs to the checkpoint's loss window.
-    engine.fold_loss(&mut c.window_loss)?;
-    let host = engine.host(HostSync::WeightsAndGrads)?;
-    let p = TrainProgress { batches_in_epoch, ..c.clone() };
-    ckpt.on_stop(host.model, host.optimizer, host.amp, &p, metrics, ddp.communicator())?;
+    save_now(engine, ckpt, c, batches_in_epoch, metrics, ddp)?;
     Ok(format!(
         "{}: stopping after step {} (epoch {}); checkpoint written, no evaluation; exit code {}",
         sig.name(),
