@@ -120,9 +120,11 @@ pub enum ReduceOp {
     Avg,
 }
 
-/// Start and end of an operation on the communication thread, for overlap accounting.
+/// When an operation was submitted (on the caller's thread), and its start
+/// and end on the communication thread, for overlap accounting.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct WorkTiming {
+    pub submitted: Option<Instant>,
     pub started: Option<Instant>,
     pub finished: Option<Instant>,
 }
@@ -144,7 +146,8 @@ impl Work {
     /// A pending operation and the completer its executor fulfils.
     pub fn pending(what: impl Into<String>) -> (Work, WorkCompleter) {
         let (tx, rx) = mpsc::channel();
-        let timing = Arc::new(Mutex::new(WorkTiming::default()));
+        let timing =
+            Arc::new(Mutex::new(WorkTiming { submitted: Some(Instant::now()), ..Default::default() }));
         (Work { rx, timing: timing.clone(), what: what.into() }, WorkCompleter { tx, timing })
     }
 

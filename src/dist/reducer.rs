@@ -129,6 +129,14 @@ pub struct StepOverlap {
 }
 
 impl StepOverlap {
+    /// Buckets whose all-reduce was submitted before backward finished: the
+    /// reducer's own ordering, whatever the scheduler did with the
+    /// communication thread.
+    pub fn submitted_during_backward(&self) -> usize {
+        let Some(done) = self.backward_done else { return 0 };
+        self.buckets.iter().filter(|t| t.submitted.is_some_and(|s| s < done)).count()
+    }
+
     /// Buckets whose all-reduce had started before backward finished.
     pub fn started_during_backward(&self) -> usize {
         let Some(done) = self.backward_done else { return 0 };

@@ -216,7 +216,7 @@ fn two_ranks_average_gradients_and_overlap_backward() {
                     reducer.finish(&mut grads).unwrap();
                     let averaged: Vec<Vec<f32>> = grads.iter().map(|g| g.to_f32_vec()).collect();
                     let o = reducer.last_overlap();
-                    (local, averaged, o.started_during_backward(), o.buckets.len())
+                    (local, averaged, o.submitted_during_backward(), o.buckets.len())
                 })
             })
             .collect();
@@ -231,9 +231,12 @@ fn two_ranks_average_gradients_and_overlap_backward() {
         }
     }
     assert_eq!(*buckets, 10, "one bucket per parameter");
-    // fc's buckets are launched as soon as fc's backward is done, before the
-    // two conv blocks' backward (milliseconds of work) even begins.
-    assert!(*early0 >= 2, "only {early0} of {buckets} all-reduces started before backward ended");
+    // fc's buckets are submitted as soon as fc's backward is done, before the
+    // two conv blocks' backward even begins; every bucket but the last one
+    // (conv1's bias, produced last) is in flight before backward ends. When
+    // the communication thread runs them is the scheduler's business on a
+    // shared machine, so the count is of submissions.
+    assert_eq!(*early0, 10, "only {early0} of {buckets} all-reduces were submitted before backward ended");
 }
 
 #[test]
