@@ -359,8 +359,12 @@ impl Checkpointer {
             }
         };
         let (fingerprint, json) = super::save::resume_identity(&saved);
+        let changes = super::compat::Changes::between(&json, &self.config_json);
         let compared = if fingerprint == self.fingerprint {
             Compared { same: true, text: ", trained with this run's config".into() }
+        } else if changes.math.is_empty() {
+            let text = format!(", trained with this run's config but for {}", changes.extends.join("; "));
+            Compared { same: true, text }
         } else {
             let diff = crate::config::describe_diff(&json, &self.config_json, ("its config", "this run"))
                 .unwrap_or_else(|| "its config.toml differs".into());

@@ -4,7 +4,7 @@
 
 use super::io::{ckpt_err, parse_safetensors};
 use super::pending;
-use super::save::{schedule_state, Checkpointer};
+use super::save::Checkpointer;
 use super::state::{CheckpointState, TrainProgress, FORMAT_VERSION};
 use super::MASTER_PREFIX;
 use super::{parse_step_dir, step_dir_name};
@@ -173,7 +173,7 @@ fn shape_map(entries: &[StateEntry]) -> BTreeMap<&str, &[usize]> {
     entries.iter().map(|e| (e.name.as_str(), e.shape.as_slice())).collect()
 }
 
-fn check_model_shapes(c: &LoadedCheckpoint, model: &Model) -> Result<()> {
+pub(super) fn check_model_shapes(c: &LoadedCheckpoint, model: &Model) -> Result<()> {
     let ours = model.state_dict()?;
     let (theirs, ours) = (shape_map(&c.model), shape_map(&ours));
     let mut diffs = Vec::new();
@@ -287,48 +287,6 @@ impl Checkpointer {
         latest_step.into_iter().chain(steps).map(|s| self.root.join(step_dir_name(s))).collect()
     }
 
-    fn check_compatible(&self, c: &LoadedCheckpoint, model: &Model, opt: &Optimizer) -> Result<()> {
-        let st = &c.state;
-        let fail = |msg: String| Err(ckpt_err(&c.dir, msg));
-        if st.opt_level != self.opt_level {
-            return fail(format!(
-                "the opt level differs: the checkpoint was trained at {}, this run is {} (amp.opt_level)",
-                st.opt_level, self.opt_level
-            ));
-        }
-        if st.world_size != self.shape.world_size {
-            return fail(format!(
-                "the world size differs: the checkpoint was trained by {} processes, this run has {}",
-                st.world_size, self.shape.world_size
-            ));
-        }
-        check_model_shapes(c, model)?;
-        if st.config_fingerprint != self.fingerprint {
-            let what =
-                crate::config::describe_diff(&st.config, &self.config_json, ("checkpoint", "this run"))
-                    .unwrap_or_else(|| "state.json's config record is damaged".into());
-            return fail(format!("the config differs from the checkpoint's: {what}"));
-        }
-        let ours = schedule_state(&self.shape);
-        if st.schedule != ours {
-            return fail(format!(
-                "the run's length differs (did the training data change?): the checkpoint has {} samples, \
-                 {} steps per epoch, {} steps in all; this run has {}, {}, {}",
-                st.schedule.train_samples,
-                st.schedule.steps_per_epoch,
-                st.schedule.total_steps,
-                ours.train_samples,
-                ours.steps_per_epoch,
-                ours.total_steps
-            ));
-        }
-        let kind = format!("{:?}", opt.config().kind);
-        if st.optimizer.name != kind {
-            return fail(format!("the optimizer differs: checkpoint {}, this run {kind}", st.optimizer.name));
-        }
-        Ok(())
-    }
-
     /// Checks `c` against this run and restores it. Everything that can be
     /// refused is checked before anything is changed.
     pub(super) fn apply(
@@ -338,7 +296,7 @@ impl Checkpointer {
         opt: &mut Optimizer,
         amp: &mut Amp,
     ) -> Result<TrainProgress> {
-        self.check_compatible(&c, model, opt)?;
+        let changes = self.check_compatible(&c, model, opt)?;
         let optim_path = c.dir.join("optim.safetensors");
         let index: HashMap<String, usize> =
             model.params().iter().enumerate().map(|(i, p)| (p.name.clone(), i)).collect();
@@ -428,6 +386,7 @@ impl Checkpointer {
             p.epoch,
             p.batches_in_epoch
         );
+        self.report_changes(&changes);
         self.last_saved = Some((p.step, p.epoch));
         self.resumed_from = Some(c.dir);
         Ok(p)

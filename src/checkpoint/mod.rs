@@ -16,6 +16,7 @@
 //! detected on load.
 
 mod claim;
+mod compat;
 mod io;
 mod load;
 mod locate;

@@ -7,7 +7,7 @@ use super::state::{
 };
 use super::{parse_step_dir, pending, step_dir_name, MASTER_PREFIX};
 use crate::amp::Amp;
-use crate::config::{Config, Resume};
+use crate::config::{Config, Resume, ResumeChanges};
 use crate::dist::{Buffer, Communicator};
 use crate::error::{Error, Result};
 use crate::metrics::MetricsWriter;
@@ -51,6 +51,7 @@ pub struct Checkpointer {
     pub(super) clock: super::timed::SaveClock,
     pub(super) keep_last: usize,
     pub(super) resume: Resume,
+    pub(super) resume_changes: ResumeChanges,
     /// `run.out_dir`, `run.name` and `run.overwrite`: what `claim.rs` needs.
     pub(super) out_dir: PathBuf,
     pub(super) run_name: String,
@@ -153,6 +154,7 @@ impl Checkpointer {
                 Resume::Auto if cfg.run.overwrite => Resume::Never,
                 r => r.clone(),
             },
+            resume_changes: cfg.checkpoint.resume_changes,
             out_dir: cfg.run.out_dir.clone(),
             run_name: cfg.run.name.clone(),
             overwrite: cfg.run.overwrite,

@@ -98,6 +98,7 @@ const MEANINGS: &[(&str, &str)] = &[
     ("checkpoint.every_minutes", "Write a checkpoint when this many minutes of wall time have passed since the run's start or its last checkpoint, as rank 0's clock says (0: never); every rank saves at the same step. A run that checkpoints also ends with a checkpoint of its final state."),
     ("checkpoint.keep_last", "Checkpoints kept; older ones are deleted."),
     ("checkpoint.resume", "Resume from `ckpt/latest` when present, start over, or resume from this checkpoint."),
+    ("checkpoint.resume_changes", "A resume may change `train.epochs`, `train.max_steps`, the evaluation, logging and checkpoint keys and the gates (each change is logged); `\"refuse\"` refuses one that changes what the run computed so far (model, data, optimizer, schedule, batch, world size, seed), naming the keys; `\"allow\"` resumes anyway, with a warning that it no longer continues bitwise."),
     // [logging]
     ("logging.every_steps", "Log a training line and a metrics record every this many optimizer steps."),
     ("logging.progress", "The progress bar, drawn on stderr where it is a terminal: `auto` and `always` show it there, `never` hides it; the log lines go to stdout and `train.log` either way."),

@@ -53,7 +53,8 @@ pub use preflight::preflight;
 pub use schema::{
     AmpConfig, Backend, CheckpointConfig, Config, DataConfig, DatasetKind, Device, Expect, Layout,
     LoggingConfig, LossScale, ModelConfig, OptLevel, OptimizerConfig, OptimizerName, ParallelConfig,
-    ProgressSetting, RandomCrop, Resume, RunConfig, SchedulerConfig, SchedulerName, TrainConfig,
+    ProgressSetting, RandomCrop, Resume, ResumeChanges, RunConfig, SchedulerConfig, SchedulerName,
+    TrainConfig,
 };
 
 impl Config {

@@ -515,6 +515,10 @@ pub struct CheckpointConfig {
     pub keep_last: usize,
     #[serde(default)]
     pub resume: Resume,
+    /// Whether a resume may change settings that alter what the run computed
+    /// so far (the model's data, optimizer, batch, world size, seed, ...).
+    #[serde(default)]
+    pub resume_changes: ResumeChanges,
 }
 
 impl CheckpointConfig {
@@ -532,8 +536,19 @@ impl Default for CheckpointConfig {
             every_minutes: default_every_minutes(),
             keep_last: default_keep_last(),
             resume: Resume::default(),
+            resume_changes: ResumeChanges::default(),
         }
     }
+}
+
+/// `"refuse"`: a resume with settings that change the math so far is
+/// refused, naming them; `"allow"`: it goes on with a warning.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ResumeChanges {
+    #[default]
+    Refuse,
+    Allow,
 }
 
 /// `"auto"` resumes from `<out_dir>/ckpt/latest` when it exists, `"never"`

@@ -78,6 +78,10 @@ pub(crate) fn run(cfg: &Config, opts: &RunOptions, setup: Setup, engine: &mut dy
         stop::install()?;
     }
     let mut interrupted: Option<stop::StopSignal> = None;
+    // Micro-batches of its last epoch a run that ended inside it consumed:
+    // the final checkpoint's position, so that a longer run resumed from it
+    // goes on with the rest of that epoch.
+    let mut final_batches = 0;
     // A language model's figures are per token; its evaluation is the validation loss.
     let text = Text::of(cfg);
     // The step of the last `train.eval_every` evaluation (none at an epoch's end twice).
@@ -97,6 +101,7 @@ pub(crate) fn run(cfg: &Config, opts: &RunOptions, setup: Setup, engine: &mut dy
         engine.begin_epoch(c.epoch, indices)?;
         // A SIGTERM/SIGINT the ranks agreed on, and the micro-batches of the epoch done by then.
         let mut stopping: Option<(stop::StopSignal, usize)> = None;
+        let mut ended_inside: Option<usize> = None;
         let mut t0 = Instant::now();
         for k in 0..batches {
             let rows = (rows_left - k * d.batch_size).min(d.batch_size);
@@ -207,6 +212,7 @@ pub(crate) fn run(cfg: &Config, opts: &RunOptions, setup: Setup, engine: &mut dy
                 ddp.communicator(),
             )?;
             if step >= total_steps {
+                ended_inside = (done < skip + batches).then_some(done);
                 break;
             }
             let agreed = stop::after_step(opts, engine, &mut ddp, &mut ckpt)?;
@@ -231,6 +237,15 @@ pub(crate) fn run(cfg: &Config, opts: &RunOptions, setup: Setup, engine: &mut dy
                 stop::checkpoint(sig, engine, &mut ckpt, &mut c, batches_in_epoch, &mut metrics_out, &ddp)?;
             progress.println(&line);
             interrupted = Some(sig);
+            break 'train;
+        }
+        if let Some(done) = ended_inside {
+            report(engine.scaler()?.skip);
+            if evaluated_at != Some(c.step) {
+                evaluate_now(engine, &mut ddp, &mut c, &mut metrics_out)?;
+            }
+            engine.fold_loss(&mut c.window_loss)?;
+            final_batches = done;
             break 'train;
         }
         c.epoch += 1;
@@ -262,7 +277,7 @@ pub(crate) fn run(cfg: &Config, opts: &RunOptions, setup: Setup, engine: &mut dy
             host.model,
             host.optimizer,
             host.amp,
-            &TrainProgress { batches_in_epoch: 0, ..c.clone() },
+            &TrainProgress { batches_in_epoch: final_batches, ..c.clone() },
             &mut metrics_out,
             ddp.communicator(),
         )?;
@@ -407,7 +422,7 @@ fn already_complete(
     let text = Text::of(cfg);
     if ddp.is_primary() {
         crate::errln!(
-            "ddptrain: {} is complete ({} of {} steps, checkpoint {}); nothing to train (set run.overwrite = true to train it again from step 0, or train into another run.out_dir)",
+            "ddptrain: {} is complete ({} of {} steps, checkpoint {}); nothing to train (raise train.epochs or train.max_steps to train it further, set run.overwrite = true to train it again from step 0, or train into another run.out_dir)",
             cfg.run.name,
             p.step,
             p.step,
