@@ -348,8 +348,8 @@ fn run_train(args: &TrainArgs) -> anyhow::Result<u8> {
         summary.wall_s,
         cfg.run.out_dir.display()
     ));
-    let verdicts = train::expect::check(&cfg.expect, &summary);
-    for v in &verdicts {
+    let verdicts = &summary.gates;
+    for v in verdicts {
         report(format!("{} {}", if v.passed { "PASS" } else { "FAIL" }, v.line));
     }
     Ok(if verdicts.iter().any(|v| !v.passed) { EXIT_EXPECT } else { 0 })

@@ -86,3 +86,69 @@ fn a_change_to_the_math_so_far_is_refused_unless_allowed() {
     );
     assert_eq!(summary(&out)["steps"], 8);
 }
+
+fn records(out: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(out.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// A run resumed from an older checkpoint (the newest is corrupt) records
+/// each evaluation once, numbers epochs alike across record kinds, and its
+/// summary tells the whole run from the last segment.
+#[test]
+fn a_resumed_run_keeps_one_record_per_evaluation_and_reports_every_segment() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let sets = ["logging.every_steps=1", "train.max_steps=10"];
+    assert_eq!(run_args(&ckpt_args(&out, &sets), dir.path()).0, Some(0));
+    let first = summary(&out);
+    assert_eq!((first["eval_step"].as_u64(), first.get("resumed_from_step")), (Some(10), None), "{first}");
+    let newest = out.join("ckpt/step_00000010/model.safetensors");
+    let mut b = std::fs::read(&newest).unwrap();
+    let n = b.len();
+    b[n - 3] ^= 0x40;
+    std::fs::write(&newest, b).unwrap();
+    let (code, t) = run_args(&ckpt_args(&out, &sets), dir.path());
+    assert_eq!(code, Some(0), "{t}");
+    assert!(t.contains("resuming from the previous good checkpoint"), "{t}");
+
+    let recs = records(&out);
+    let at = |kind: &str| -> Vec<(u64, u64)> {
+        recs.iter()
+            .filter(|r| r["kind"] == kind)
+            .map(|r| (r["step"].as_u64().unwrap(), r["epoch"].as_u64().unwrap()))
+            .collect()
+    };
+    // 4 steps an epoch: evaluations at epoch 0's and 1's ends and at the
+    // run's; the resume from step 8 (saved before its epoch's evaluation)
+    // evaluated step 8 again.
+    assert_eq!(at("eval"), [(4, 0), (8, 1), (10, 2)], "{recs:?}");
+    let train = at("train");
+    assert_eq!(train.iter().map(|t| t.0).collect::<Vec<_>>(), (1..=10).collect::<Vec<_>>(), "{recs:?}");
+    let saves = at("checkpoint");
+    assert_eq!(saves.iter().map(|t| t.0).collect::<Vec<_>>(), [2, 4, 6, 8, 10], "{recs:?}");
+    for (step, epoch) in at("eval").into_iter().chain(saves) {
+        assert!(train.contains(&(step, epoch)), "the record of step {step} says epoch {epoch}: {train:?}");
+    }
+
+    let s = summary(&out);
+    assert_eq!(s["resumed_from_step"], 8, "{s}");
+    assert_eq!(
+        (s["last_segment"]["from_step"].as_u64(), s["last_segment"]["steps"].as_u64()),
+        (Some(8), Some(2))
+    );
+    assert_eq!(s["eval_step"], 10, "{s}");
+    let (whole, last) = (s["wall_s"].as_f64().unwrap(), s["last_segment"]["wall_s"].as_f64().unwrap());
+    assert!(whole > last && last > 0.0, "{s}");
+    assert!(s["last_segment"]["images_per_s"].as_f64().unwrap() > 0.0, "{s}");
+    let gates = s["gates"].as_array().unwrap();
+    assert_eq!(gates.len(), 1, "{s}");
+    assert_eq!(
+        (gates[0]["gate"].as_str(), gates[0]["passed"].as_bool()),
+        (Some("min_test_accuracy"), Some(true))
+    );
+    assert!(gates[0]["line"].as_str().unwrap().starts_with("expect.min_test_accuracy: expected >= 0.0000"));
+}

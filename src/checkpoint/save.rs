@@ -313,7 +313,11 @@ impl Checkpointer {
             return Ok(());
         }
         let dir = self.save(model, opt, amp, p, ranks)?;
-        metrics.write(&json!({"kind": "checkpoint", "step": p.step, "epoch": p.epoch, "path": dir}))
+        // The epoch its step was taken in, as the other records number it: a
+        // save at an epoch's end (no batch of the next consumed) is the epoch's.
+        let epoch = if p.batches_in_epoch == 0 { p.epoch.saturating_sub(1) } else { p.epoch };
+        metrics.write(&json!({"kind": "checkpoint", "step": p.step, "epoch": epoch,
+            "batches_in_epoch": p.batches_in_epoch, "path": dir}))
     }
 
     /// Writes a checkpoint of the current state and points `latest` at it.
@@ -561,7 +565,7 @@ fn point_latest(root: &Path, name: &str) -> Result<()> {
 pub fn open_metrics(cfg: &Config, out_dir: &Path, resumed: Option<&TrainProgress>) -> Result<MetricsWriter> {
     let writer = match resumed {
         Some(p) => {
-            cut_metrics(&out_dir.join("metrics.jsonl"), p.step, p.epoch)?;
+            cut_metrics(&out_dir.join("metrics.jsonl"), p)?;
             MetricsWriter::append(out_dir)?
         }
         None => MetricsWriter::create(out_dir)?,
@@ -573,16 +577,29 @@ pub fn open_metrics(cfg: &Config, out_dir: &Path, resumed: Option<&TrainProgress
     }
 }
 
-fn cut_metrics(path: &Path, step: u64, epoch: u64) -> Result<()> {
+/// Keeps the records written up to checkpoint `p`: what a run resumed from
+/// it writes again is cut, a fallback to an older checkpoint included.
+fn cut_metrics(path: &Path, p: &TrainProgress) -> Result<()> {
     let Ok(text) = std::fs::read_to_string(path) else { return Ok(()) };
+    let (step, epoch) = (p.step, p.epoch);
+    // An evaluation at the checkpoint's own step came before it when the
+    // checkpoint carries it (older checkpoints: when it closed an epoch).
+    let eval_at_step_kept = match p.last_eval.and_then(|e| e.step) {
+        Some(s) => s == step,
+        None => p.batches_in_epoch == 0,
+    };
     let mut kept = String::new();
     for line in text.lines() {
         let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else { continue };
         let s = v["step"].as_u64().unwrap_or(0);
         let e = v["epoch"].as_u64().unwrap_or(0);
         let keep = match v["kind"].as_str() {
-            Some("eval") => e <= epoch,
-            Some("checkpoint") => s < step || (s == step && e <= epoch),
+            Some("eval") => s < step || (s == step && eval_at_step_kept),
+            // Of two saves of one step, the one inside the epoch comes first.
+            Some("checkpoint") => match v["batches_in_epoch"].as_u64() {
+                Some(b) => s < step || (s == step && (b > 0 || p.batches_in_epoch == 0)),
+                None => s < step || (s == step && e <= epoch),
+            },
             _ => s <= step,
         };
         if keep {

@@ -68,6 +68,9 @@ pub struct TrainProgress {
     /// written before it was kept).
     #[serde(with = "exact_f64", default = "nan")]
     pub initial_loss: f64,
+    /// Wall time of the run up to this checkpoint, over every segment.
+    #[serde(with = "exact_f64", default)]
+    pub wall_s: f64,
 }
 
 fn nan() -> f64 {
@@ -92,6 +95,7 @@ impl TrainProgress {
             train_time_s: 0.0,
             window_time_s: 0.0,
             initial_loss: f64::NAN,
+            wall_s: 0.0,
         }
     }
 }
@@ -104,11 +108,14 @@ pub struct EvalState {
     pub loss: f64,
     pub correct: usize,
     pub total: usize,
+    /// The step it evaluated (absent in checkpoints written before it was kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<u64>,
 }
 
 impl From<EvalResult> for EvalState {
     fn from(e: EvalResult) -> Self {
-        EvalState { accuracy: e.accuracy, loss: e.loss, correct: e.correct, total: e.total }
+        EvalState { accuracy: e.accuracy, loss: e.loss, correct: e.correct, total: e.total, step: None }
     }
 }
 
@@ -265,16 +272,24 @@ mod tests {
             window_n: 2,
             window_images: 200,
             final_loss: f64::NAN,
-            last_eval: Some(EvalState { accuracy: 1.0 / 3.0, loss: 2.0 / 7.0, correct: 1, total: 3 }),
+            last_eval: Some(EvalState {
+                accuracy: 1.0 / 3.0,
+                loss: 2.0 / 7.0,
+                correct: 1,
+                total: 3,
+                step: Some(4),
+            }),
             grad_norm: Some(1.0f32 / 7.0),
             train_images: 300,
             train_time_s: 1e-300,
             window_time_s: 1.0 / 9.0,
             initial_loss: 2.0f64.sqrt(),
+            wall_s: 0.1 + 0.7,
         };
         let back: TrainProgress = serde_json::from_str(&serde_json::to_string(&p).unwrap()).unwrap();
         assert_eq!(back.window_time_s.to_bits(), p.window_time_s.to_bits());
         assert_eq!(back.initial_loss.to_bits(), p.initial_loss.to_bits());
+        assert_eq!(back.wall_s.to_bits(), p.wall_s.to_bits());
         assert_eq!(back.step_loss.to_bits(), p.step_loss.to_bits());
         assert_eq!(back.window_loss.to_bits(), p.window_loss.to_bits());
         assert!(back.final_loss.is_nan());

@@ -67,6 +67,7 @@ fn progress(step: u64) -> TrainProgress {
         train_time_s: 0.75,
         window_time_s: 0.25,
         initial_loss: 2.75,
+        wall_s: 12.5,
     }
 }
 

@@ -4,7 +4,7 @@
 use super::Summary;
 use crate::config::Expect;
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize)]
 pub struct Verdict {
     pub gate: &'static str,
     pub passed: bool,

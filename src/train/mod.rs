@@ -10,6 +10,7 @@ mod ddp;
 pub mod engine;
 mod eval;
 pub mod expect;
+mod records;
 mod run;
 pub mod stop;
 pub mod trace;
@@ -41,6 +42,10 @@ pub struct Summary {
     pub val_loss: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub perplexity: Option<f64>,
+    /// The step of the evaluation those figures come from (a run stopped
+    /// by a signal reports its last one, which may be steps back).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub eval_step: Option<u64>,
     /// Training images (text: windows) per second over all ranks, counting training steps only (not evaluation).
     pub images_per_s: f64,
     /// `dataset = "text"`: `images_per_s` times `block_size`.
@@ -53,7 +58,15 @@ pub struct Summary {
     /// Full passes over the training set (a run that stops inside an epoch
     /// does not count it).
     pub epochs: u64,
+    /// Wall time over every segment of the run (each resumed one's up to
+    /// the checkpoint it resumed from: what a killed run redid is not counted twice).
     pub wall_s: f64,
+    /// A resumed run: the step its last segment resumed after, and that
+    /// segment's own figures (`images_per_s` and `wall_s` are the whole run's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resumed_from_step: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_segment: Option<records::Segment>,
     pub opt_level: String,
     pub world_size: usize,
     pub device: String,
@@ -81,6 +94,9 @@ pub struct Summary {
     /// the last epoch's, if one ended.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub interrupted: Option<stop::StopSignal>,
+    /// Each `[expect]` gate's verdict; the binary exits 3 when one failed.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub gates: Vec<expect::Verdict>,
     /// This process's rank: rank 0 reports the run (`done:`, the gates'
     /// verdicts) for the job, as it writes its files.
     #[serde(skip)]

@@ -95,6 +95,7 @@ pub fn final_state(out: &Path) -> (Vec<u8>, Vec<u8>, serde_json::Value) {
     let dir = out.join("ckpt/latest");
     let mut state: serde_json::Value = serde_json::from_slice(&read(&dir.join("state.json"))).unwrap();
     state.as_object_mut().unwrap().remove("train_time_s");
+    state.as_object_mut().unwrap().remove("wall_s");
     (read(&dir.join("model.safetensors")), read(&dir.join("optim.safetensors")), state)
 }
 
