@@ -152,3 +152,42 @@ fn a_resumed_run_keeps_one_record_per_evaluation_and_reports_every_segment() {
     );
     assert!(gates[0]["line"].as_str().unwrap().starts_with("expect.min_test_accuracy: expected >= 0.0000"));
 }
+
+/// A one-process run resumed by two ranks with `resume_changes = "allow"`:
+/// the rest of its epoch is dealt to the two, and its length recounted.
+#[test]
+fn another_world_size_is_refused_or_allowed_and_reshards_the_epoch() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    // 200 samples at batch 50: 4 steps an epoch alone; step 6 is 2 batches into epoch 1.
+    let (code, t) = run_args(&ckpt_args(&out, &["train.epochs=3"]), dir.path());
+    assert_eq!(code, Some(0), "{t}");
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port().to_string();
+    let two = |extra: &[&str]| {
+        let mut a: Vec<String> = ["launch", "--nproc-per-node", "2", "--master-port", &port, "--"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        a.extend(ckpt_args(&out, &[&["train.epochs=3", "train.max_steps=100"], extra].concat()));
+        run_args(&a, dir.path())
+    };
+    let (code, t) = two(&[]);
+    assert_eq!(code, Some(2), "{t}");
+    assert!(t.contains("the world size: checkpoint 1 processes, this run 2"), "{t}");
+    let (code, t) = two(&["checkpoint.resume_changes=allow"]);
+    assert_eq!(code, Some(0), "{t}");
+    assert!(
+        t.contains("warning: checkpoint.resume_changes = \"allow\"") && t.contains("the world size"),
+        "{t}"
+    );
+    // Two ranks: 100 samples left of epoch 1 is one step of 2 x 50, then
+    // epoch 2 is 2 steps: 6 + 1 + 2.
+    let s = summary(&out);
+    assert_eq!(
+        (s["steps"].as_u64(), s["world_size"].as_u64(), s["resumed_from_step"].as_u64()),
+        (Some(9), Some(2), Some(6)),
+        "{s}"
+    );
+    assert_eq!(s["epochs"], 3, "{s}");
+    assert!(t.contains("done: 9 steps, 3 epochs"), "{t}");
+}

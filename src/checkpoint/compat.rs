@@ -35,6 +35,22 @@ pub(super) const EXTENDS: [&str; 6] = [
     "parallel.timeout_s",
 ];
 
+/// A resume with `resume_changes = "allow"` under another world size or
+/// batch: the resumed epoch's rest is dealt to this job's ranks from the
+/// epoch's order, after the samples the checkpoint's job visited
+/// ([`crate::data::DistributedSampler::indices_after`]), so no sample of the
+/// epoch is visited twice or skipped; later epochs are this job's own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reshard {
+    /// Positions of the epoch's order the checkpoint's job visited.
+    pub consumed: usize,
+    pub from_world: usize,
+}
+
+fn batch_size(config: &serde_json::Value) -> Option<u64> {
+    config["data"]["batch_size"].as_u64()
+}
+
 /// Keys named in one refusal or warning; the rest are counted.
 const MAX_NAMED: usize = 5;
 
@@ -130,14 +146,41 @@ impl Checkpointer {
                 named(&changes.math)
             ));
         }
-        if st.world_size != self.shape.world_size {
+        if self.reshard_of(c).is_some() && st.pending_grads {
             return fail(format!(
-                "the world size differs: the checkpoint was trained by {} processes, this run has {}; \
-                 resume it with {} processes",
-                st.world_size, self.shape.world_size, st.world_size
+                "it holds the gradients of micro-batches accumulated but not yet stepped on, which a job of \
+                 another world size or batch cannot split (the checkpoint's: {} processes x batch {}); \
+                 resume it as it was trained, past its next step's checkpoint",
+                st.world_size,
+                batch_size(&st.config).map_or_else(|| "?".to_string(), |b| b.to_string())
             ));
         }
         Ok(changes)
+    }
+
+    /// Where a resume that changed the world size or the batch picks up
+    /// its epoch: after the samples the checkpoint's job visited of it.
+    pub(super) fn reshard_of(&self, c: &LoadedCheckpoint) -> Option<Reshard> {
+        let st = &c.state;
+        let theirs = batch_size(&st.config)?;
+        let ours = batch_size(&self.config_json)?;
+        if (st.world_size, theirs) == (self.shape.world_size, ours) {
+            return None;
+        }
+        let consumed =
+            st.progress.batches_in_epoch.saturating_mul(theirs as usize).saturating_mul(st.world_size);
+        Some(Reshard { consumed, from_world: st.world_size })
+    }
+
+    /// A resume under another world size or batch: see [`Reshard`].
+    pub fn reshard(&self) -> Option<Reshard> {
+        self.reshard
+    }
+
+    /// The run's length and schedule once a reshard has recounted them.
+    pub fn set_plan(&mut self, total_steps: u64, schedule: crate::optim::LrSchedule) {
+        self.shape.total_steps = total_steps;
+        self.shape.schedule = schedule;
     }
 
     /// Rank 0 lists what this resume changes: the extensions, and with

@@ -337,7 +337,8 @@ impl Checkpointer {
             );
         }
         let ranks = c.state.rank_losses.len();
-        if self.shape.world_size > 1 && ranks != self.shape.world_size {
+        let same_world = c.state.world_size == self.shape.world_size;
+        if self.shape.world_size > 1 && ranks != self.shape.world_size && same_world {
             return Err(ckpt_err(
                 &c.dir.join("state.json"),
                 format!("it records the losses of {ranks} ranks, this run has {}", self.shape.world_size),
@@ -376,9 +377,15 @@ impl Checkpointer {
         }
         amp.scaler = scaler;
         let mut p = c.state.progress.clone();
-        if let Some(mine) = c.state.rank_losses.get(self.shape.rank) {
+        if let Some(mine) = c.state.rank_losses.get(self.shape.rank).filter(|_| same_world) {
             (p.step_loss, p.window_loss) = (mine.step_loss, mine.window_loss);
+        } else if !same_world && ranks > 0 {
+            // Another job size: every rank takes the ranks' mean, which the logged loss is.
+            let n = ranks as f64;
+            p.step_loss = c.state.rank_losses.iter().map(|r| r.step_loss).sum::<f64>() / n;
+            p.window_loss = c.state.rank_losses.iter().map(|r| r.window_loss).sum::<f64>() / n;
         }
+        self.reshard = self.reshard_of(&c);
         crate::errln!(
             "resuming from {} (step {}, epoch {}, batch {} of the epoch)",
             c.dir.display(),

@@ -29,6 +29,7 @@ mod state;
 mod tests_share;
 mod timed;
 
+pub use compat::Reshard;
 pub(crate) use io::ckpt_err;
 pub use io::{entries_to_bytes, load_safetensors, save_safetensors, write_atomic};
 pub use load::{

@@ -65,6 +65,7 @@ pub struct Checkpointer {
     pub(super) last_saved: Option<(u64, u64)>,
     pub(super) written: Vec<PathBuf>,
     pub(super) resumed_from: Option<PathBuf>,
+    pub(super) reshard: Option<super::compat::Reshard>,
     save_pause: Option<Duration>,
     halt_after: Option<u64>,
     /// Rank 0's hold on `run.out_dir` ([`Checkpointer::claim`]): kept here
@@ -167,6 +168,7 @@ impl Checkpointer {
             last_saved: None,
             written: Vec::new(),
             resumed_from: None,
+            reshard: None,
             save_pause: None,
             halt_after: None,
             lock: None,

@@ -45,6 +45,24 @@ impl DistributedSampler {
     /// This rank's dataset indices for `epoch`, in visiting order. Empty when
     /// `rank >= num_replicas`.
     pub fn indices(&self, epoch: u64) -> Vec<usize> {
+        let all = self.permutation(epoch);
+        self.deal(all, self.total_size())
+    }
+
+    /// This rank's share of what is left of `epoch` once its first
+    /// `consumed` positions are visited (a job of another size visited them:
+    /// a resume that changed the world size or the batch). The rest is
+    /// padded or cut to a multiple of `num_replicas` as a whole epoch is.
+    pub fn indices_after(&self, epoch: u64, consumed: usize) -> Vec<usize> {
+        let mut all = self.permutation(epoch);
+        let rest = all.split_off(consumed.min(all.len()));
+        let w = self.num_replicas.max(1);
+        let total = if self.drop_last { rest.len() / w * w } else { rest.len().div_ceil(w) * w };
+        self.deal(rest, total)
+    }
+
+    /// The epoch's order of the whole dataset.
+    fn permutation(&self, epoch: u64) -> Vec<usize> {
         let mut all: Vec<usize> = (0..self.len).collect();
         if self.shuffle {
             let mut rng = stream(self.seed, Purpose::Sampler, epoch);
@@ -54,7 +72,11 @@ impl DistributedSampler {
                 all.swap(i, j);
             }
         }
-        let total = self.total_size();
+        all
+    }
+
+    /// `all` cut or padded to `total`, then every `num_replicas`-th from `rank`.
+    fn deal(&self, mut all: Vec<usize>, total: usize) -> Vec<usize> {
         if total <= all.len() {
             all.truncate(total);
         } else if !all.is_empty() {

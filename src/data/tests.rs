@@ -460,3 +460,25 @@ fn real_mnist_if_fetched() {
         assert!(mean.abs() < 0.1, "mean {mean}");
     }
 }
+
+#[test]
+fn a_resharded_epoch_deals_the_rest_of_its_order_to_the_new_ranks() {
+    // One rank visited 3 batches of 4 of epoch 2; three ranks take the rest.
+    let whole = sampler(37, 1, 0, true, false).indices(2);
+    let consumed = 12;
+    let ranks: Vec<Vec<usize>> =
+        (0..3).map(|r| sampler(37, 3, r, true, false).indices_after(2, consumed)).collect();
+    assert!(ranks.iter().all(|r| r.len() == 9), "25 left, padded to 27: {ranks:?}");
+    let mut dealt: Vec<usize> = (0..9).flat_map(|i| ranks.iter().map(move |r| r[i])).collect();
+    assert_eq!(dealt[..25], whole[12..], "the rest of the epoch, in its order");
+    assert_eq!(dealt[25..], whole[12..14], "padded from the rest's start");
+    dealt.truncate(25);
+    let cut: Vec<Vec<usize>> =
+        (0..3).map(|r| sampler(37, 3, r, true, true).indices_after(2, consumed)).collect();
+    assert!(cut.iter().all(|r| r.len() == 8), "drop_last cuts 25 to 24: {cut:?}");
+    assert!(
+        sampler(37, 3, 0, true, false).indices_after(2, 40).is_empty(),
+        "a visited epoch has nothing left"
+    );
+    assert_eq!(sampler(37, 1, 0, true, false).indices_after(2, 0), whole);
+}

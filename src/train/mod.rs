@@ -337,6 +337,11 @@ pub(crate) fn start(cfg: &Config, opts: &RunOptions) -> Result<Started> {
     ckpt.claim(ddp.communicator())?;
     // After the cast, so the checkpoint's masters replace the ones the cast made.
     let resumed = ckpt.resume(&mut model, &mut optimizer, &mut amp, ddp.communicator())?;
+    let mut plan = plan;
+    if let (Some(r), Some(p)) = (ckpt.reshard(), resumed.as_ref()) {
+        plan.reshard(cfg, p, r)?;
+        ckpt.set_plan(plan.total_steps, plan.schedule.clone());
+    }
     Ok(Started { model, train_ds, test_ds, ddp, plan, optimizer, ckpt, amp, resumed })
 }
 
@@ -471,6 +476,37 @@ impl RunPlan {
         let schedule = lr_schedule(cfg, total_steps);
         schedule.validate()?;
         Ok(RunPlan { sampler, accum, steps_per_epoch, total_steps, schedule })
+    }
+
+    /// After a resume under another world size or batch (`r`): the run's
+    /// length recounted from the checkpoint's step, as the rest of its epoch
+    /// is dealt to this job and this job's epochs follow, and the schedule over it.
+    pub fn reshard(
+        &mut self,
+        cfg: &Config,
+        p: &crate::checkpoint::TrainProgress,
+        r: crate::checkpoint::Reshard,
+    ) -> Result<()> {
+        let (bs, accum) = (cfg.data.batch_size.max(1), self.accum.max(1));
+        let rest = self.sampler.indices_after(p.epoch, r.consumed).len();
+        let batches = if cfg.data.drop_last { rest / bs } else { rest.div_ceil(bs) };
+        // The epoch's micro-batches go on being numbered from the checkpoint's.
+        let b = p.batches_in_epoch;
+        let in_epoch = (b.saturating_add(batches) / accum - b / accum) as u64;
+        let by_epochs = cfg.train.epochs.map(|e| match e.checked_sub(p.epoch + 1) {
+            None => p.step,
+            Some(later) => {
+                p.step.saturating_add(in_epoch).saturating_add(later.saturating_mul(self.steps_per_epoch))
+            }
+        });
+        self.total_steps = match (by_epochs, cfg.train.max_steps) {
+            (Some(a), Some(b)) => a.min(b),
+            (Some(a), None) => a,
+            (None, Some(b)) => b,
+            (None, None) => 0,
+        };
+        self.schedule = lr_schedule(cfg, self.total_steps);
+        self.schedule.validate()
     }
 }
 

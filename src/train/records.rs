@@ -101,6 +101,9 @@ pub(super) struct Closing<'a> {
     pub device: String,
     pub num_params: usize,
     pub steps_per_epoch: u64,
+    /// Epochs completed when steps do not count them: a resume under another
+    /// world size or batch changed the steps an epoch takes.
+    pub epochs: Option<u64>,
     pub start: SegmentStart,
     /// This segment's wall time (0 for a finished run run again).
     pub segment_wall_s: f64,
@@ -150,7 +153,7 @@ impl Closing<'_> {
             tokens_per_s: text.tokens_per_s(images_per_s),
             allreduce_hidden_fraction: self.allreduce_hidden_fraction,
             steps: c.step,
-            epochs: full_epochs(c.step, self.steps_per_epoch),
+            epochs: self.epochs.unwrap_or_else(|| full_epochs(c.step, self.steps_per_epoch)),
             wall_s: self.start.wall_s + self.segment_wall_s,
             resumed_from_step: self.start.step,
             last_segment: segment,

@@ -14,7 +14,6 @@ use super::records::{header_line, Closing, Rate, SegmentStart, Text};
 use super::{stop, trace, Ddp, RunOptions, RunPlan, Summary};
 use crate::checkpoint::{Checkpointer, TrainProgress};
 use crate::config::{self, Config};
-use crate::data::DistributedSampler;
 use crate::error::{Error, Result};
 use crate::metrics::{self, MetricsWriter, Progress, ProgressMode};
 use crate::optim::LrSchedule;
@@ -123,6 +122,8 @@ pub(crate) fn run(cfg: &Config, opts: &RunOptions, setup: Setup, engine: &mut dy
     };
     // Batches of the current epoch a resumed checkpoint already consumed.
     let mut resume_at = resumed.as_ref().map(|p| p.batches_in_epoch);
+    // A resume under another world size or batch: where its epoch picks up.
+    let mut resharded = l.ckpt.reshard().map(|r| r.consumed);
     let mut interrupted = None;
     // Micro-batches of its last epoch a run that ended inside it consumed:
     // the final checkpoint's place, so that a longer run resumed from it
@@ -130,7 +131,11 @@ pub(crate) fn run(cfg: &Config, opts: &RunOptions, setup: Setup, engine: &mut dy
     let mut final_batches = 0;
     while l.c.step < total_steps {
         let skip = resume_at.take().unwrap_or(0);
-        match l.epoch(&sampler, accum, &schedule, skip)? {
+        let indices = match resharded.take() {
+            Some(consumed) => sampler.indices_after(l.c.epoch, consumed),
+            None => crate::checkpoint::skip_batches(sampler.indices(l.c.epoch), skip, cfg.data.batch_size),
+        };
+        match l.epoch(indices, accum, &schedule, skip)? {
             EpochEnd::Complete => l.end_epoch()?,
             EpochEnd::RunEndedInside(done) => {
                 l.evaluate_at_end(l.c.epoch)?;
@@ -166,18 +171,17 @@ impl Loop<'_> {
         self.c.wall_s = self.start.wall_s + self.wall.elapsed().as_secs_f64();
     }
 
-    /// One pass over epoch `c.epoch`'s batches, the first `skip` of which a
-    /// resumed checkpoint consumed already.
+    /// One pass over `indices`, what is left of epoch `c.epoch` once a
+    /// resumed checkpoint's `skip` micro-batches of it are done.
     fn epoch(
         &mut self,
-        sampler: &DistributedSampler,
+        indices: Vec<usize>,
         accum: usize,
         schedule: &LrSchedule,
         skip: usize,
     ) -> Result<EpochEnd> {
         let cfg = self.cfg;
         let d = &cfg.data;
-        let indices = crate::checkpoint::skip_batches(sampler.indices(self.c.epoch), skip, d.batch_size);
         let batches =
             if d.drop_last { indices.len() / d.batch_size } else { indices.len().div_ceil(d.batch_size) };
         let rows_left = indices.len();
@@ -440,6 +444,7 @@ impl Loop<'_> {
             device,
             num_params,
             steps_per_epoch: self.steps_per_epoch,
+            epochs: self.ckpt.reshard().map(|_| self.c.epoch),
             start: self.start,
             segment_wall_s: self.wall.elapsed().as_secs_f64(),
             checkpoints: self.ckpt.kept(),
@@ -493,6 +498,7 @@ fn already_complete(
         device,
         num_params,
         steps_per_epoch,
+        epochs: None,
         // Nothing trained: the run's figures are the checkpoint's.
         start: SegmentStart { step: None, ..SegmentStart::of(Some(p)) },
         segment_wall_s: 0.0,
