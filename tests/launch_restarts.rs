@@ -229,3 +229,20 @@ fn sigterm_to_launch_checkpoints_the_ranks_and_exits_143() {
     }
     assert!(!out.contains("done:"), "{out}");
 }
+
+/// A rank killed by a signal has no code of its own: launch exits 1 once
+/// the restarts (here none) are spent, naming the signal.
+#[test]
+fn a_rank_killed_without_restarts_left_is_exit_1() {
+    let hang = ["dist-selftest", "--fail-rank", "9", "--hang-s", "60"].map(String::from);
+    let mut l = launch(&[], &hang).spawn().unwrap();
+    let err = collect(l.stderr.take().unwrap());
+    let _out = collect(l.stdout.take().unwrap());
+    let pid = wait_until(&err, Duration::from_secs(30), "rank 1's start", |e| rank1_pid(e, 1));
+    sigkill(pid);
+    let status = l.wait().unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let err = err.lock().unwrap().clone();
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(err.contains("error: launch: rank 1 failed with signal 9"), "{err}");
+}
