@@ -11,10 +11,8 @@
 
 mod common;
 use common::*;
-use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 const LAUNCHER_VARS: [&str; 9] = [
@@ -429,21 +427,6 @@ impl Drop for Ranks {
             let _ = c.wait();
         }
     }
-}
-
-/// What a child wrote so far, line by line.
-type Lines = Arc<Mutex<String>>;
-
-/// Collects a stream's lines as they come, so a test can wait for one.
-fn collect(from: impl Read + Send + 'static) -> Lines {
-    let seen = Arc::new(Mutex::new(String::new()));
-    let s = seen.clone();
-    std::thread::spawn(move || {
-        for line in BufReader::new(from).lines().map_while(Result::ok) {
-            s.lock().unwrap().push_str(&(line + "\n"));
-        }
-    });
-    seen
 }
 
 fn wait_for(seen: &Lines, what: &str, within: Duration) {

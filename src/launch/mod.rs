@@ -32,8 +32,9 @@ use std::time::{Duration, Instant};
 #[command(
     after_help = "Each rank gets torchrun's environment: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, \
 GROUP_RANK, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT (and OMP_NUM_THREADS / RAYON_NUM_THREADS \
-when unset: the cores split evenly). Exit code: 0 when every rank succeeded, 1 when one failed (after \
-the restarts), 2 for a bad flag, 128+N after forwarding signal N."
+when unset: the cores split evenly). Exit code: 0 when every rank succeeded; else the failing rank's own code \
+(2 for a config error and 3 for a failed gate, neither restarted; 1 for a rank killed by a signal), after \
+the restarts; 2 for a bad flag; the ranks' 128+N after forwarding signal N."
 )]
 pub struct LaunchArgs {
     /// Ranks to start on this node: a number, `gpu` (one per visible GPU), `cpu` (one per

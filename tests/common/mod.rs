@@ -3,8 +3,10 @@
 
 pub mod resume;
 
+use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::sync::{Arc, Mutex};
 
 /// The checkout the tests read `configs/`, `kernels/` and `data/` from:
 /// `DDPTRAIN_REPO`, else the one this test binary was built in. A bundled
@@ -40,6 +42,21 @@ pub fn ddptrain(args: &[&str], cwd: &Path) -> Output {
         .env_remove("WORLD_SIZE")
         .output()
         .expect("cannot run the ddptrain binary")
+}
+
+/// What a child wrote so far, line by line.
+pub type Lines = Arc<Mutex<String>>;
+
+/// Collects a child's stream as its lines come, so a test can wait for one.
+pub fn collect(from: impl Read + Send + 'static) -> Lines {
+    let seen = Arc::new(Mutex::new(String::new()));
+    let s = seen.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(from).lines().map_while(Result::ok) {
+            s.lock().unwrap().push_str(&(line + "\n"));
+        }
+    });
+    seen
 }
 
 pub fn text(o: &Output) -> String {
