@@ -16,11 +16,13 @@
 //! detected on load.
 
 mod claim;
+mod disk;
 mod io;
 mod load;
 mod locate;
 mod lock;
 mod pending;
+mod publish;
 mod save;
 mod share;
 mod state;
