@@ -30,6 +30,7 @@ mod state;
 mod tests_share;
 mod timed;
 
+pub use claim::check_out_dir;
 pub(crate) use io::ckpt_err;
 pub use io::{entries_to_bytes, load_safetensors, save_safetensors, write_atomic};
 pub use load::{
