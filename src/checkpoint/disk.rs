@@ -121,15 +121,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_failed_write_leaves_no_partial_file_and_names_the_bytes() {
+    fn a_failed_write_names_the_path_and_the_bytes_needed_and_free() {
         let dir = tempfile::tempdir().unwrap();
-        // A directory in place of the file: the write fails as a full disk would, before any byte.
-        let path = dir.path().join("blocked");
-        std::fs::create_dir(&path).unwrap();
-        let e = put(&path.join("missing/file"), "file", b"abc", true).unwrap_err();
-        let msg = write_failed(&path.join("missing/file"), 3, &e).to_string();
-        assert!(msg.starts_with(&format!("cannot write {}: ", path.join("missing/file").display())), "{msg}");
-        assert!(msg.contains("it needs 3 bytes and the filesystem of "), "{msg}");
+        // A file in a folder that does not exist: the write fails before any byte, and is reported as any.
+        let path = dir.path().join("missing/file");
+        let e = put(&path, "file", b"abc", true).unwrap_err();
+        let msg = write_failed(&path, 3, &e).to_string();
+        assert!(msg.starts_with(&format!("cannot write {}: ", path.display())), "{msg}");
+        assert!(
+            msg.contains(&format!(
+                "it needs 3 bytes and the filesystem of {} has ",
+                dir.path().join("missing").display()
+            )),
+            "{msg}"
+        );
         assert!(msg.contains(" bytes free; nothing of it was left behind"), "{msg}");
         put(&dir.path().join("ok"), "ok", b"abc", false).unwrap();
         assert_eq!(std::fs::read(dir.path().join("ok")).unwrap(), b"abc");
