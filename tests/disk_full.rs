@@ -133,4 +133,15 @@ fn two_ranks_stop_together_when_rank_0s_save_meets_a_full_disk() {
     assert!(t.contains("[rank 0]") && t.contains("[rank 1]"), "{t}");
     assert!(t.contains("rank 0 could not write the checkpoint of step 4, so rank 1 stops too"), "{t}");
     assert!(t0.elapsed() < Duration::from_secs(90), "took {:?}: {t}", t0.elapsed());
+
+    // Rank 0's closing write fails while rank 1 waits at the last barrier: it learns at once.
+    let out = dir.path().join("closing");
+    let t0 = Instant::now();
+    let (code, t) = run_full(&launch2(&ckpt_args(&out, &[])), dir.path(), "summary.json:1");
+    assert_eq!(code, Some(1), "{t}");
+    let summary = out.join("summary.json");
+    assert!(t.contains(&format!("[rank 0] error: cannot write {}: No space left", summary.display())), "{t}");
+    assert!(t.contains("[rank 1] error: rank 0 lost during barrier"), "{t}");
+    assert!(!summary.exists() && !out.join("summary.json.tmp").exists(), "{:?}", names_in(&out));
+    assert!(t0.elapsed() < Duration::from_secs(90), "took {:?}: {t}", t0.elapsed());
 }
