@@ -151,3 +151,31 @@ fn an_out_dir_that_is_a_file_is_in_use_or_holds_another_run_is_refused_as_traini
     let (code, t) = run_args(&check, dir.path());
     assert_eq!(code, Some(0), "{t}");
 }
+
+#[test]
+fn cifar_files_are_checked_by_size_and_labels_and_a_truncated_one_is_refused_as_training_refuses_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let config = repo_root().join("configs/resnet20_catsdogs_o2.toml");
+    let data = dir.path().join("catsdogs");
+    std::fs::create_dir(&data).unwrap();
+    for f in ["data_batch_1.bin", "test_batch.bin"] {
+        std::fs::copy(catsdogs_dir().join(f), data.join(f)).unwrap();
+    }
+    let mut check = vec!["check".to_owned()];
+    check.extend(args(&config, &out, &[data_at(&data)]));
+    let (code, t) = run_args(&check, dir.path());
+    assert_eq!(code, Some(0), "{t}");
+
+    // A label past CIFAR-10's classes in the last record, then a cut file.
+    let test = data.join("test_batch.bin");
+    let mut bytes = std::fs::read(&test).unwrap();
+    let last = bytes.len() - 3073;
+    bytes[last] = 10;
+    std::fs::write(&test, &bytes).unwrap();
+    let line = refused_like_training(&args(&config, &out, &[data_at(&data)]), dir.path(), &out);
+    assert!(line.contains("label 10 of record") && line.contains("is out of range"), "{line}");
+    std::fs::write(&test, &bytes[..bytes.len() - 5]).unwrap();
+    let line = refused_like_training(&args(&config, &out, &[data_at(&data)]), dir.path(), &out);
+    assert!(line.contains(&format!("{}: truncated: ", test.display())), "{line}");
+}

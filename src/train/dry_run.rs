@@ -1,7 +1,8 @@
 //! `ddptrain check`'s dry run: what training would refuse after the config
 //! is valid, found without training or writing anything. The data is
-//! opened as training opens it (MNIST-style files by their headers and
-//! labels, a text by its vocabulary against the model's logits), and
+//! opened as training opens it (MNIST-style and CIFAR files by their
+//! headers, sizes and labels, a text by its vocabulary against the model's
+//! logits; a user's .npz arrays load whole), and
 //! `run.out_dir` is looked at as the run's claim would look at it (its
 //! lock, another run's files in it, whether it can be written). Each
 //! refusal is training's own error, from training's own functions.
@@ -19,25 +20,29 @@ pub fn dry_run(cfg: &Config) -> Vec<Error> {
 
 fn check_data(cfg: &Config) -> Result<()> {
     let d = &cfg.data;
-    let idx = match d.dataset {
-        DatasetKind::Synthetic => return Ok(()),
+    let channels = cfg.model.input_shape.first().copied().unwrap_or(1);
+    let norm = Normalize::broadcast(&d.mean, &d.std, channels);
+    let inspect = |split: Split| match d.dataset {
+        DatasetKind::Mnist => data::inspect_idx(data::IdxSet::Mnist, &d.path, split, &norm),
+        DatasetKind::FashionMnist => data::inspect_idx(data::IdxSet::FashionMnist, &d.path, split, &norm),
+        DatasetKind::Cifar10 => data::cifar::inspect(&d.path, data::cifar::Cifar::Ten, split, &norm),
+        _ => data::cifar::inspect(&d.path, data::cifar::Cifar::Hundred, split, &norm),
+    };
+    match d.dataset {
+        DatasetKind::Synthetic => Ok(()),
         DatasetKind::Text => {
             let resolved = config::model::resolve(&cfg.model)?;
             let (train, _) = load_text(cfg)?;
-            return check_vocab(cfg, &resolved, &train);
+            check_vocab(cfg, &resolved, &train)
         }
-        DatasetKind::Mnist => data::IdxSet::Mnist,
-        DatasetKind::FashionMnist => data::IdxSet::FashionMnist,
-        // No header-only reader for these yet: they load as for training.
-        DatasetKind::Cifar10 | DatasetKind::Cifar100 | DatasetKind::Npz => {
-            return load_datasets(cfg).map(drop)
+        // No header-only reader for a user's arrays yet: they load as for training.
+        DatasetKind::Npz => load_datasets(cfg).map(drop),
+        DatasetKind::Mnist | DatasetKind::FashionMnist | DatasetKind::Cifar10 | DatasetKind::Cifar100 => {
+            for split in [Split::Train, Split::Test] {
+                let seen = inspect(split)?;
+                check_split(cfg, split, &seen.sample_shape, seen.max_label)?;
+            }
+            Ok(())
         }
-    };
-    let channels = cfg.model.input_shape.first().copied().unwrap_or(1);
-    let norm = Normalize::broadcast(&d.mean, &d.std, channels);
-    for split in [Split::Train, Split::Test] {
-        let seen = data::inspect_idx(idx, &d.path, split, &norm)?;
-        check_split(cfg, split, &seen.sample_shape, seen.max_label)?;
     }
-    Ok(())
 }
