@@ -64,6 +64,12 @@ pub enum Error {
     #[error("run.out_dir {} {msg}", dir.display())]
     OutDir { dir: PathBuf, msg: String },
 
+    /// A file or checkpoint of the run could not be written (a full disk, a
+    /// read-only filesystem): `msg` says why, the bytes it needed and those
+    /// free, and what was left of it (nothing half-written).
+    #[error("cannot write {}: {msg}", path.display())]
+    Write { path: PathBuf, msg: String },
+
     /// A broken invariant inside ddptrain (a bug, not something a user did).
     #[error("internal error: {0}")]
     Internal(String),

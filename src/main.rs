@@ -144,7 +144,8 @@ enum Command {
     Eval(EvalArgs),
     /// Generate text from a text run's checkpoint, as nanoGPT's sample.py (prompt, temperature, top-k).
     Sample(SampleArgs),
-    /// Validate the config; print the resolved config and the model summary.
+    /// Validate the config and dry-run the start of training (the data's files, run.out_dir),
+    /// writing nothing; print the resolved config and the model summary.
     Check(CheckArgs),
     /// Print every config key (section, key, type, default, meaning) as markdown: docs/CONFIG.md.
     Keys,
@@ -183,6 +184,14 @@ fn check(args: &CheckArgs) -> anyhow::Result<u8> {
     ddptrain::outln!("# model\n{}", config::model::summary(&layers));
     ddptrain::outln!("# state_dict at {}\n{}", policy.opt_level, desc.state_dict_table());
     ddptrain::outln!("{estimate}");
+    // What training would refuse next: its data and its out_dir, each with training's own message.
+    let refused = train::dry_run(&cfg);
+    for e in &refused {
+        ddptrain::errln!("error: {}", ddptrain::error::cut_message(&e.to_string(), 1000, 200));
+    }
+    if !refused.is_empty() {
+        return Ok(EXIT_CONFIG);
+    }
     ddptrain::outln!("config OK");
     Ok(0)
 }

@@ -257,6 +257,8 @@ fn mutated_configs_exit_cleanly_from_check_and_training() {
         .collect();
     seeds.sort();
     let dir = tempfile::tempdir().unwrap();
+    // `check` opens the data, at the seeds' paths relative to the repository.
+    std::os::unix::fs::symlink(repo_root().join("data"), dir.path().join("data")).unwrap();
     let (mut trained, mut by_code) = (0, std::collections::BTreeMap::new());
     for case in 0..cases {
         let what = format!("seed {seed:#x} case {case}");

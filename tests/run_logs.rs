@@ -75,7 +75,9 @@ fn a_stdout_closed_under_the_run_loses_lines_not_the_run() {
 fn check_into_a_closed_pipe_exits_cleanly() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = repo_root().join("configs/mnist_o0.toml");
-    let check = ["check", "--config", cfg.to_str().unwrap()].map(String::from);
+    // check opens the data: the config's data.path is relative to the repository.
+    let data = format!("data.path={}", mnist_dir().display());
+    let check = ["check", "--config", cfg.to_str().unwrap(), "--set", &data].map(String::from);
     let o = with_closed_stdout(&check, dir.path());
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(0), "{stderr}");

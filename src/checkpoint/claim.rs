@@ -209,6 +209,45 @@ fn check_directory(dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// The error [`RunLock::acquire`] would meet where this process may not
+/// write `dir` (or, when it does not exist yet, the folder it would be made in).
+fn check_writable(dir: &Path) -> Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let Some(at) = dir.ancestors().find(|a| a.as_os_str().is_empty() || a.exists()) else { return Ok(()) };
+    let at = if at.as_os_str().is_empty() { Path::new(".") } else { at };
+    let Ok(c) = std::ffi::CString::new(at.as_os_str().as_bytes()) else { return Ok(()) };
+    // SAFETY: `c` is a valid NUL-terminated path that outlives the call.
+    if unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) } == 0 {
+        return Ok(());
+    }
+    let e = std::io::Error::last_os_error();
+    Err(if at == dir {
+        Error::io(format!("cannot open the run lock {}", dir.join(super::LOCK_FILE).display()), e)
+    } else {
+        Error::io(format!("cannot create {}", dir.display()), e)
+    })
+}
+
+/// `ddptrain check`: what claiming `cfg`'s `run.out_dir` would refuse,
+/// without locking it or writing anything.
+pub fn check_out_dir(cfg: &crate::config::Config) -> Result<()> {
+    // A check never saves, and the shape only shapes saves.
+    let shape = super::RunShape {
+        world_size: 1,
+        rank: 0,
+        steps_per_epoch: 0,
+        total_steps: 0,
+        train_samples: 0,
+        schedule: crate::optim::LrSchedule {
+            base_lr: 0.0,
+            kind: crate::optim::ScheduleKind::Constant,
+            warmup_steps: 0,
+            total_steps: 0,
+        },
+    };
+    Checkpointer::new(cfg, shape).check_claim()
+}
+
 impl Checkpointer {
     /// Claims `run.out_dir` for this run before anything writes there (see
     /// the module's doc): rank 0 looks and locks, and every rank returns its
@@ -266,19 +305,40 @@ impl Checkpointer {
         }
     }
 
-    fn overwrite(&mut self, found: Found) -> Result<()> {
-        if let Resume::Path(p) = &self.resume {
-            if inside(p, &self.out_dir) {
-                return Err(Error::OutDir {
-                    dir: self.out_dir.clone(),
-                    msg: format!(
-                        "cannot be overwritten and resumed from at once: run.overwrite = true would remove \
-                         the checkpoint checkpoint.resume names ({}); leave out one of them",
-                        p.display()
-                    ),
-                });
-            }
+    /// What [`Checkpointer::claim_local`] would refuse, looked at without
+    /// locking or writing anything (`ddptrain check`).
+    pub(super) fn check_claim(&self) -> Result<()> {
+        let dir = &self.out_dir;
+        check_directory(dir)?;
+        check_writable(dir)?;
+        RunLock::probe(dir)?;
+        if self.overwrite {
+            return self.overwrite_conflict();
         }
+        let found = Found::inspect(dir, &self.root);
+        match self.why_not_continued(&found) {
+            Some(why) => Err(self.refusal(&found, why)),
+            None => Ok(()),
+        }
+    }
+
+    /// run.overwrite = true would remove the checkpoint the resume names.
+    fn overwrite_conflict(&self) -> Result<()> {
+        match &self.resume {
+            Resume::Path(p) if inside(p, &self.out_dir) => Err(Error::OutDir {
+                dir: self.out_dir.clone(),
+                msg: format!(
+                    "cannot be overwritten and resumed from at once: run.overwrite = true would remove the \
+                     checkpoint checkpoint.resume names ({}); leave out one of them",
+                    p.display()
+                ),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    fn overwrite(&mut self, found: Found) -> Result<()> {
+        self.overwrite_conflict()?;
         if !found.holds_run() && found.links.is_empty() && found.probes.is_empty() {
             return Ok(());
         }

@@ -2,10 +2,10 @@
 //! user can `load_state_dict(load_file(path), strict=True)` and back; and the
 //! fsync helpers the checkpoint writer needs for its durability guarantee.
 
+use super::disk;
 use crate::error::{Error, Result};
 use crate::nn::{StateEntry, StateValue};
 use safetensors::{tensor::TensorView, Dtype, SafeTensors};
-use std::io::Write;
 use std::path::Path;
 
 pub(crate) fn ckpt_err(path: &Path, msg: impl Into<String>) -> Error {
@@ -60,15 +60,20 @@ pub fn save_safetensors(path: &Path, entries: &[StateEntry]) -> Result<()> {
 }
 
 /// Writes `data` beside `path` and renames it into place, so a reader
-/// never sees half a file.
+/// never sees half a file; a write that fails (a full disk) removes its
+/// temporary file and leaves an earlier `path` as it was.
 pub fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
-    let mut name = path.file_name().unwrap_or_default().to_os_string();
-    name.push(".tmp");
-    let tmp = path.with_file_name(name);
-    std::fs::write(&tmp, data).map_err(|e| Error::io(format!("cannot write {}", tmp.display()), e))?;
-    std::fs::rename(&tmp, path)
-        .map_err(|e| Error::io(format!("cannot rename {} into place", tmp.display()), e))?;
-    Ok(())
+    let name = path.file_name().unwrap_or_default().to_os_string();
+    let mut tmp_name = name.clone();
+    tmp_name.push(".tmp");
+    let tmp = path.with_file_name(tmp_name);
+    let needed = data.len() as u64;
+    disk::put(&tmp, &name.to_string_lossy(), data, false)
+        .map_err(|e| disk::write_failed(path, needed, &e))?;
+    std::fs::rename(&tmp, path).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        Error::io(format!("cannot rename {} into place", tmp.display()), e)
+    })
 }
 
 /// The safetensors encoding of `entries` (f32 tensors, i64 scalars); `path`
@@ -95,17 +100,9 @@ pub fn entries_to_bytes(entries: &[StateEntry], path: &Path) -> Result<Vec<u8>> 
 }
 
 /// Writes `data` to `path` and fsyncs it, so a rename that follows cannot
-/// publish a file whose contents are still only in the page cache.
+/// publish a file whose contents are still only in the page cache; a write
+/// that fails removes what it wrote.
 pub(crate) fn write_synced(path: &Path, data: &[u8]) -> Result<()> {
-    let io = |e| Error::io(format!("cannot write {}", path.display()), e);
-    let mut f = std::fs::File::create(path).map_err(io)?;
-    f.write_all(data).map_err(io)?;
-    f.sync_all().map_err(io)
-}
-
-/// fsyncs a directory, making the renames and creations inside it durable.
-pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| Error::io(format!("cannot fsync directory {}", dir.display()), e))
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    disk::put(path, &name, data, true).map_err(|e| disk::write_failed(path, data.len() as u64, &e))
 }

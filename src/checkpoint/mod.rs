@@ -17,11 +17,13 @@
 
 mod claim;
 mod compat;
+mod disk;
 mod io;
 mod load;
 mod locate;
 mod lock;
 mod pending;
+mod publish;
 mod save;
 mod share;
 mod state;
@@ -29,6 +31,7 @@ mod state;
 mod tests_share;
 mod timed;
 
+pub use claim::check_out_dir;
 pub use compat::Reshard;
 pub(crate) use io::ckpt_err;
 pub use io::{entries_to_bytes, load_safetensors, save_safetensors, write_atomic};

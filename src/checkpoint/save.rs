@@ -1,7 +1,7 @@
 //! The checkpoint writer: when to save, the atomic save itself, `latest`,
 //! pruning to `keep_last`, and the metrics file a resumed run continues.
 
-use super::io::{ckpt_err, entries_to_bytes, sync_dir, write_synced};
+use super::io::{ckpt_err, entries_to_bytes, write_synced};
 use super::state::{
     CheckpointState, FileDigest, OptimizerState, RankLosses, ScheduleState, TrainProgress, FORMAT_VERSION,
 };
@@ -312,9 +312,19 @@ impl Checkpointer {
         if self.shape.rank != 0 {
             // As rank 0's save does: `finish` must skip a save on every rank or on none.
             self.last_saved = Some((p.step, p.epoch));
-            return Ok(());
+            return saved_on_rank_0(comm, p.step);
         }
-        let dir = self.save(model, opt, amp, p, ranks)?;
+        let saved = self.save(model, opt, amp, p, ranks);
+        if comm.world_size() > 1 {
+            // The other ranks wait for the verdict, so a failed save stops
+            // them with its reason rather than at their next collective.
+            let word = if saved.is_ok() { 0.0 } else { 1.0 };
+            let sent = comm.broadcast(Buffer::F32(vec![word]), 0, "checkpoint: rank 0's save");
+            if saved.is_ok() {
+                sent?;
+            }
+        }
+        let dir = saved?;
         // The epoch its step was taken in, as the other records number it: a
         // save at an epoch's end (no batch of the next consumed) is the epoch's.
         let epoch = if p.batches_in_epoch == 0 { p.epoch.saturating_sub(1) } else { p.epoch };
@@ -332,43 +342,24 @@ impl Checkpointer {
         p: &TrainProgress,
         ranks: RankStates,
     ) -> Result<PathBuf> {
-        let root = &self.root;
-        std::fs::create_dir_all(root)
-            .map_err(|e| Error::io(format!("cannot create {}", root.display()), e))?;
         let name = step_dir_name(p.step);
-        let final_dir = root.join(&name);
-        let tmp = root.join(format!(".tmp-{name}.{}", std::process::id()));
-        if tmp.exists() {
-            remove_dir(&tmp)?;
-        }
-        std::fs::create_dir(&tmp).map_err(|e| Error::io(format!("cannot create {}", tmp.display()), e))?;
-
+        let final_dir = self.root.join(&name);
         let (optim_entries, pending_grads) = optim_entries(model, opt, amp, &ranks.pending_grads)?;
+        // Every file is encoded before the first is written, so a save that
+        // fails for room can say how much the whole checkpoint needs.
+        let weights = entries_to_bytes(&model.state_dict()?, &final_dir.join("model.safetensors"))?;
+        let optim = entries_to_bytes(&optim_entries, &final_dir.join("optim.safetensors"))?;
+        drop(optim_entries);
         let mut files = BTreeMap::new();
-        for (i, (file, entries)) in
-            [("model.safetensors", model.state_dict()?), ("optim.safetensors", optim_entries)]
-                .into_iter()
-                .enumerate()
-        {
-            if i == 1 {
-                if let Some(d) = self.save_pause {
-                    std::thread::sleep(d);
-                }
-            }
-            let path = tmp.join(file);
-            let bytes = entries_to_bytes(&entries, &path)?;
-            write_synced(&path, &bytes)?;
+        for (file, bytes) in [("model.safetensors", &weights), ("optim.safetensors", &optim)] {
             files.insert(
                 file.to_string(),
-                FileDigest { bytes: bytes.len() as u64, sha256: sha256_hex(&bytes) },
+                FileDigest { bytes: bytes.len() as u64, sha256: sha256_hex(bytes) },
             );
         }
-        for f in &self.extra_files {
-            write_synced(&tmp.join(f.name), &f.contents)?;
-            if f.digested {
-                let digest = FileDigest { bytes: f.contents.len() as u64, sha256: sha256_hex(&f.contents) };
-                files.insert(f.name.to_string(), digest);
-            }
+        for f in self.extra_files.iter().filter(|f| f.digested) {
+            let digest = FileDigest { bytes: f.contents.len() as u64, sha256: sha256_hex(&f.contents) };
+            files.insert(f.name.to_string(), digest);
         }
         let state = CheckpointState {
             version: FORMAT_VERSION,
@@ -389,13 +380,13 @@ impl Checkpointer {
             config: self.config_json.clone(),
         };
         let text = serde_json::to_string_pretty(&state)
-            .map_err(|e| ckpt_err(&tmp, format!("cannot encode state.json: {e}")))?;
-        write_synced(&tmp.join("state.json"), text.as_bytes())?;
-        sync_dir(&tmp)?;
-
-        publish_dir(&tmp, &final_dir)?;
-        sync_dir(root)?;
-        point_latest(root, &name)?;
+            .map_err(|e| ckpt_err(&final_dir, format!("cannot encode state.json: {e}")))?;
+        // state.json last: a directory without it is an incomplete checkpoint.
+        let mut contents: Vec<(&str, &[u8])> =
+            vec![("model.safetensors", &weights), ("optim.safetensors", &optim)];
+        contents.extend(self.extra_files.iter().map(|f| (f.name, f.contents.as_slice())));
+        contents.push(("state.json", text.as_bytes()));
+        super::publish::write_checkpoint(&self.root, &name, &contents, self.save_pause)?;
         self.prune(p.step)?;
         self.last_saved = Some((p.step, p.epoch));
         self.written.push(final_dir.clone());
@@ -456,6 +447,18 @@ fn gather_ranks(comm: &dyn Communicator, model: &Model, p: &TrainProgress) -> Re
     Ok(RankStates { losses, pending_grads })
 }
 
+/// A rank other than 0 after rank 0's save: its verdict.
+fn saved_on_rank_0(comm: &dyn Communicator, step: u64) -> Result<()> {
+    let verdict = comm.broadcast(Buffer::F32(vec![0.0]), 0, "checkpoint: rank 0's save")?.into_f32()?;
+    if verdict.first().is_some_and(|&w| w == 0.0) {
+        return Ok(());
+    }
+    Err(Error::Training(format!(
+        "rank 0 could not write the checkpoint of step {step}, so rank {} stops too: rank 0's error says why",
+        comm.rank()
+    )))
+}
+
 fn remove_dir(path: &Path) -> Result<()> {
     std::fs::remove_dir_all(path).map_err(|e| Error::io(format!("cannot remove {}", path.display()), e))
 }
@@ -499,66 +502,6 @@ fn optim_entries(
     let pending = !grads.is_empty();
     out.extend(grads);
     Ok((out, pending))
-}
-
-/// Moves the finished temporary directory to its final name. A checkpoint of
-/// the same step already there (the step's mid-run save, replaced by its
-/// end-of-epoch save) is swapped out atomically where the OS can, so the name
-/// never stops naming a complete checkpoint.
-fn publish_dir(tmp: &Path, final_dir: &Path) -> Result<()> {
-    let io = |e| Error::io(format!("cannot rename {} to {}", tmp.display(), final_dir.display()), e);
-    if !final_dir.exists() {
-        return std::fs::rename(tmp, final_dir).map_err(io);
-    }
-    if !exchange(tmp, final_dir) {
-        remove_dir(final_dir)?;
-        return std::fs::rename(tmp, final_dir).map_err(io);
-    }
-    remove_dir(tmp)
-}
-
-#[cfg(target_os = "linux")]
-fn exchange(a: &Path, b: &Path) -> bool {
-    use std::os::unix::ffi::OsStrExt;
-    let (Ok(ca), Ok(cb)) =
-        (std::ffi::CString::new(a.as_os_str().as_bytes()), std::ffi::CString::new(b.as_os_str().as_bytes()))
-    else {
-        return false;
-    };
-    // SAFETY: both are valid NUL-terminated paths that outlive the call.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_renameat2,
-            libc::AT_FDCWD,
-            ca.as_ptr(),
-            libc::AT_FDCWD,
-            cb.as_ptr(),
-            libc::RENAME_EXCHANGE,
-        )
-    };
-    rc == 0
-}
-
-#[cfg(not(target_os = "linux"))]
-fn exchange(_a: &Path, _b: &Path) -> bool {
-    false
-}
-
-/// `latest` is a relative symlink to the newest checkpoint directory, so
-/// `ckpt/latest/model.safetensors` opens the weights directly. It is replaced
-/// by renaming a new symlink over it: readers see the old or the new target.
-fn point_latest(root: &Path, name: &str) -> Result<()> {
-    let tmp = root.join(format!(".latest.{}", std::process::id()));
-    let _ = std::fs::remove_file(&tmp);
-    #[cfg(unix)]
-    std::os::unix::fs::symlink(name, &tmp)
-        .map_err(|e| Error::io(format!("cannot create symlink {}", tmp.display()), e))?;
-    #[cfg(not(unix))]
-    std::fs::write(&tmp, name).map_err(|e| Error::io(format!("cannot write {}", tmp.display()), e))?;
-    let latest = root.join("latest");
-    std::fs::rename(&tmp, &latest)
-        .map_err(|e| Error::io(format!("cannot rename {} to {}", tmp.display(), latest.display()), e))?;
-    sync_dir(root)
 }
 
 /// Opens `metrics.jsonl` (and TensorBoard when `logging.tensorboard`). A resumed

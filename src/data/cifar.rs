@@ -127,42 +127,80 @@ pub fn load(dir: &Path, kind: Cifar, split: Split, norm: &Normalize) -> Result<D
     Ok(Dataset::images(norm.apply(&pixels, PLANE), labels, CIFAR_SHAPE, kind.classes()))
 }
 
+/// [`load`]'s checks of one split without reading the pixels (`ddptrain
+/// check`): each file's size, and each record's label byte, read where it
+/// stands.
+pub fn inspect(dir: &Path, kind: Cifar, split: Split, norm: &Normalize) -> Result<super::Inspected> {
+    use std::os::unix::fs::FileExt;
+    let paths = files(dir, kind, split)?;
+    let first = paths.first().map_or_else(|| dir.to_path_buf(), Clone::clone);
+    norm.check(&first, CIFAR_SHAPE[0])?;
+    let mut max_label = None;
+    for path in &paths {
+        let cannot = |e: std::io::Error| Error::data(path, format!("cannot read: {e}"));
+        let f = std::fs::File::open(path).map_err(cannot)?;
+        let len = f.metadata().map_err(cannot)?.len();
+        let len = usize::try_from(len)
+            .map_err(|_| Error::data(path, format!("{len} bytes do not fit in memory")))?;
+        check_size(path, kind, len)?;
+        let mut label = [0u8];
+        for k in 0..len / kind.record() {
+            let at = k * kind.record() + kind.label_bytes() - 1;
+            f.read_exact_at(&mut label, at as u64).map_err(cannot)?;
+            check_label(path, kind, k, label[0])?;
+            max_label = max_label.max(Some(u32::from(label[0])));
+        }
+    }
+    Ok(super::Inspected { sample_shape: CIFAR_SHAPE.to_vec(), max_label })
+}
+
+/// A file of `len` bytes holds whole records, at least one.
+fn check_size(path: &Path, kind: Cifar, len: usize) -> Result<()> {
+    let record = kind.record();
+    if len == 0 {
+        return Err(Error::data(path, format!("empty file: no {} records", kind.name())));
+    }
+    if !len.is_multiple_of(record) {
+        return Err(Error::data(
+            path,
+            format!(
+                "truncated: {len} bytes is {} whole {record}-byte {} records and {} bytes over; \
+                 fetch the file again",
+                len / record,
+                kind.name(),
+                len % record
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Record `k`'s label is one of `kind`'s classes.
+fn check_label(path: &Path, kind: Cifar, k: usize, label: u8) -> Result<()> {
+    if usize::from(label) >= kind.classes() {
+        return Err(Error::data(
+            path,
+            format!(
+                "label {label} of record {k} is out of range: {} labels are 0..={} (is this a {} file?)",
+                kind.name(),
+                kind.classes() - 1,
+                kind.name()
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Appends the records of one file.
 fn read_file(path: &Path, kind: Cifar, pixels: &mut Vec<u8>, labels: &mut Vec<u32>) -> Result<()> {
     let bytes = std::fs::read(path).map_err(|e| Error::data(path, format!("cannot read: {e}")))?;
     let record = kind.record();
-    if bytes.is_empty() {
-        return Err(Error::data(path, format!("empty file: no {} records", kind.name())));
-    }
-    if !bytes.len().is_multiple_of(record) {
-        return Err(Error::data(
-            path,
-            format!(
-                "truncated: {} bytes is {} whole {record}-byte {} records and {} bytes over; \
-                 fetch the file again",
-                bytes.len(),
-                bytes.len() / record,
-                kind.name(),
-                bytes.len() % record
-            ),
-        ));
-    }
+    check_size(path, kind, bytes.len())?;
     pixels.reserve(bytes.len() / record * PIXELS);
     for (k, rec) in bytes.chunks_exact(record).enumerate() {
         // CIFAR-100: coarse label first, then the fine one.
         let label = rec[kind.label_bytes() - 1];
-        if usize::from(label) >= kind.classes() {
-            return Err(Error::data(
-                path,
-                format!(
-                    "label {label} of record {k} is out of range: {} labels are 0..={} \
-                     (is this a {} file?)",
-                    kind.name(),
-                    kind.classes() - 1,
-                    kind.name()
-                ),
-            ));
-        }
+        check_label(path, kind, k, label)?;
         labels.push(u32::from(label));
         pixels.extend_from_slice(&rec[kind.label_bytes()..]);
     }

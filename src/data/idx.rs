@@ -7,7 +7,7 @@ use crate::error::{Error, Result};
 use flate2::read::MultiGzDecoder;
 use flate2::write::GzEncoder;
 use flate2::Compression;
-use std::io::{Read, Write};
+use std::io::{Read, Seek, Write};
 use std::path::{Path, PathBuf};
 
 pub const LABELS_MAGIC: u32 = 0x0000_0801;
@@ -138,9 +138,42 @@ fn check_header_len(path: &Path, compressed: bool, kind: &str, header: usize, le
 
 pub fn read_images(path: &Path) -> Result<IdxImages> {
     let (mut bytes, gz) = read_bytes(path)?;
-    check_magic(path, &bytes, IMAGES_MAGIC)?;
-    check_header_len(path, gz, "image", IMAGES_HEADER, bytes.len())?;
-    let (count, rows, cols) = (be_u32(&bytes, 4), be_u32(&bytes, 8), be_u32(&bytes, 12));
+    let (count, rows, cols) = images_header(path, &bytes, bytes.len(), gz)?;
+    bytes.drain(..IMAGES_HEADER);
+    Ok(IdxImages { path: path.to_path_buf(), count, rows, cols, pixels: bytes })
+}
+
+/// [`read_images`]'s checks without keeping the pixels (`ddptrain check`):
+/// (count, rows, cols). A raw file's length is its size on disk; a gzip
+/// file is decompressed to count its bytes, but not kept.
+pub fn read_images_header(path: &Path) -> Result<(usize, usize, usize)> {
+    let mut f = std::fs::File::open(path).map_err(|e| Error::data(path, format!("cannot read: {e}")))?;
+    let cannot = |e: std::io::Error| Error::data(path, format!("cannot read: {e}"));
+    let mut head = Vec::with_capacity(IMAGES_HEADER);
+    (&mut f).take(IMAGES_HEADER as u64).read_to_end(&mut head).map_err(cannot)?;
+    if !head.starts_with(&GZIP_MAGIC) {
+        let len = f.metadata().map_err(cannot)?.len();
+        let len = usize::try_from(len)
+            .map_err(|_| Error::data(path, format!("{len} bytes do not fit in memory")))?;
+        return images_header(path, &head, len, false);
+    }
+    f.seek(std::io::SeekFrom::Start(0)).map_err(cannot)?;
+    let mut gz = MultiGzDecoder::new(std::io::BufReader::new(f));
+    let mut head = Vec::with_capacity(IMAGES_HEADER);
+    let corrupt = |e: std::io::Error| Error::data(path, format!("corrupt gzip data: {e}"));
+    (&mut gz).take(IMAGES_HEADER as u64).read_to_end(&mut head).map_err(corrupt)?;
+    let rest = std::io::copy(&mut gz, &mut std::io::sink()).map_err(corrupt)?;
+    let len = usize::try_from(rest).ok().and_then(|r| r.checked_add(head.len()));
+    let len = len.ok_or_else(|| Error::data(path, format!("{rest} bytes do not fit in memory")))?;
+    images_header(path, &head, len, true)
+}
+
+/// (count, rows, cols) of an IDX3 file whose first bytes are `head` and
+/// whose (decompressed) length is `len`, checked against each other.
+fn images_header(path: &Path, head: &[u8], len: usize, gz: bool) -> Result<(usize, usize, usize)> {
+    check_magic(path, head, IMAGES_MAGIC)?;
+    check_header_len(path, gz, "image", IMAGES_HEADER, len)?;
+    let (count, rows, cols) = (be_u32(head, 4), be_u32(head, 8), be_u32(head, 12));
     if rows == 0 || cols == 0 {
         return Err(Error::data(path, format!("header says images of {rows}x{cols}: empty images")));
     }
@@ -148,15 +181,8 @@ pub fn read_images(path: &Path) -> Result<IdxImages> {
         .checked_mul(rows as u64)
         .and_then(|v| v.checked_mul(cols as u64))
         .and_then(|v| v.checked_add(IMAGES_HEADER as u64));
-    check_len(path, gz, &format!("{count} images of {rows}x{cols}"), expected, bytes.len())?;
-    bytes.drain(..IMAGES_HEADER);
-    Ok(IdxImages {
-        path: path.to_path_buf(),
-        count: count as usize,
-        rows: rows as usize,
-        cols: cols as usize,
-        pixels: bytes,
-    })
+    check_len(path, gz, &format!("{count} images of {rows}x{cols}"), expected, len)?;
+    Ok((count as usize, rows as usize, cols as usize))
 }
 
 pub fn read_labels(path: &Path) -> Result<IdxLabels> {
@@ -208,4 +234,35 @@ pub fn write_labels(path: &Path, labels: &[u8]) -> Result<()> {
     out.extend_from_slice(&to_u32(path, "count", labels.len())?.to_be_bytes());
     out.extend_from_slice(labels);
     write_bytes(path, &out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_header_only_read_checks_what_the_whole_read_checks() {
+        let dir = tempfile::tempdir().unwrap();
+        let pixels: Vec<u8> = (0..3 * 4 * 5).map(|i| i as u8).collect();
+        for name in ["raw", "packed.gz"] {
+            let path = dir.path().join(name);
+            write_images(&path, 4, 5, &pixels).unwrap();
+            let whole = read_images(&path).unwrap();
+            assert_eq!(read_images_header(&path).unwrap(), (whole.count, whole.rows, whole.cols), "{name}");
+            assert_eq!((whole.count, whole.rows, whole.cols), (3, 4, 5));
+        }
+        // Cut short, raw and compressed, and too short for a header: the same refusals.
+        let raw = dir.path().join("raw");
+        let bytes = std::fs::read(&raw).unwrap();
+        let gz = dir.path().join("short.gz");
+        write_bytes(&gz, &bytes[..bytes.len() - 7]).unwrap();
+        std::fs::write(&raw, &bytes[..bytes.len() - 7]).unwrap();
+        let tiny = dir.path().join("tiny");
+        std::fs::write(&tiny, &bytes[..10]).unwrap();
+        for path in [raw, gz, tiny] {
+            let whole = read_images(&path).unwrap_err().to_string();
+            assert_eq!(read_images_header(&path).unwrap_err().to_string(), whole);
+            assert!(whole.contains("truncated"), "{whole}");
+        }
+    }
 }

@@ -31,7 +31,7 @@ pub use sampler::DistributedSampler;
 pub use synthetic::synthetic;
 
 use crate::error::{Error, Result};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// MNIST's digit classes.
 pub const MNIST_CLASSES: usize = 10;
@@ -224,33 +224,71 @@ pub fn load_mnist(dir: &Path, split: Split, norm: &Normalize) -> Result<Dataset>
 /// [`load_mnist`] for either IDX dataset (Fashion-MNIST has the same files,
 /// shapes and 10 classes).
 pub fn load_idx(set: IdxSet, dir: &Path, split: Split, norm: &Normalize) -> Result<Dataset> {
+    let (images_path, labels_path) = idx_files(set, dir, split, norm)?;
+    let images = idx::read_images(&images_path)?;
+    let labels = idx::read_labels(&labels_path)?;
+    check_idx(set, (&images_path, images.count, images.rows, images.cols), &labels_path, &labels.labels)?;
+    Ok(Dataset::images(
+        norm.apply(&images.pixels, images.rows * images.cols),
+        labels.labels.iter().map(|&l| l as u32).collect(),
+        [1, images.rows, images.cols],
+        MNIST_CLASSES,
+    ))
+}
+
+/// What a split holds, as `ddptrain check` reads it without the pixels.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Inspected {
+    pub sample_shape: Vec<usize>,
+    /// The largest label, when the labels were read.
+    pub max_label: Option<u32>,
+}
+
+/// [`load_idx`]'s checks, reading the images' header only (the labels are
+/// small and read whole).
+pub fn inspect_idx(set: IdxSet, dir: &Path, split: Split, norm: &Normalize) -> Result<Inspected> {
+    let (images_path, labels_path) = idx_files(set, dir, split, norm)?;
+    let (count, rows, cols) = idx::read_images_header(&images_path)?;
+    let labels = idx::read_labels(&labels_path)?;
+    check_idx(set, (&images_path, count, rows, cols), &labels_path, &labels.labels)?;
+    Ok(Inspected {
+        sample_shape: vec![1, rows, cols],
+        max_label: labels.labels.iter().max().map(|&l| u32::from(l)),
+    })
+}
+
+/// A split's images and labels files, and the normalization checked against them.
+fn idx_files(set: IdxSet, dir: &Path, split: Split, norm: &Normalize) -> Result<(PathBuf, PathBuf)> {
     let prefix = split.mnist_prefix();
     let images_path = idx::find_with(dir, &format!("{prefix}-images-idx3-ubyte"), set.fetch())?;
     let labels_path = idx::find_with(dir, &format!("{prefix}-labels-idx1-ubyte"), set.fetch())?;
     norm.check(&images_path, 1)?;
-    let images = idx::read_images(&images_path)?;
-    if (images.rows, images.cols) != (MNIST_SIDE, MNIST_SIDE) {
+    Ok((images_path, labels_path))
+}
+
+/// Images of `set`'s size, as many labels as images, labels in range.
+fn check_idx(
+    set: IdxSet,
+    (images_path, count, rows, cols): (&Path, usize, usize, usize),
+    labels_path: &Path,
+    labels: &[u8],
+) -> Result<()> {
+    if (rows, cols) != (MNIST_SIDE, MNIST_SIDE) {
         return Err(Error::data(
-            &images_path,
-            format!(
-                "images are {}x{}, but {} images are {MNIST_SIDE}x{MNIST_SIDE}",
-                images.rows,
-                images.cols,
-                set.name()
-            ),
+            images_path,
+            format!("images are {rows}x{cols}, but {} images are {MNIST_SIDE}x{MNIST_SIDE}", set.name()),
         ));
     }
-    let labels = idx::read_labels(&labels_path)?;
-    if labels.labels.len() != images.count {
+    if labels.len() != count {
         let name = images_path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default();
         return Err(Error::data(
-            &labels_path,
-            format!("count mismatch: {} labels but {name} has {} images", labels.labels.len(), images.count),
+            labels_path,
+            format!("count mismatch: {} labels but {name} has {count} images", labels.len()),
         ));
     }
-    if let Some((i, &l)) = labels.labels.iter().enumerate().find(|(_, &l)| l as usize >= MNIST_CLASSES) {
+    if let Some((i, &l)) = labels.iter().enumerate().find(|(_, &l)| l as usize >= MNIST_CLASSES) {
         return Err(Error::data(
-            &labels_path,
+            labels_path,
             format!(
                 "label {l} at index {i} is out of range: {} labels are 0..={}",
                 set.name(),
@@ -258,10 +296,5 @@ pub fn load_idx(set: IdxSet, dir: &Path, split: Split, norm: &Normalize) -> Resu
             ),
         ));
     }
-    Ok(Dataset::images(
-        norm.apply(&images.pixels, images.rows * images.cols),
-        labels.labels.iter().map(|&l| l as u32).collect(),
-        [1, images.rows, images.cols],
-        MNIST_CLASSES,
-    ))
+    Ok(())
 }

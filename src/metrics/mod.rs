@@ -65,7 +65,8 @@ impl MetricsWriter {
 pub fn write_json(path: &Path, value: &impl serde::Serialize) -> Result<()> {
     let text = serde_json::to_string_pretty(value)
         .map_err(|e| Error::io("cannot encode JSON", std::io::Error::other(e)))?;
-    std::fs::write(path, text + "\n").map_err(|e| Error::io(format!("cannot write {}", path.display()), e))
+    // Through a rename, so a full disk leaves no half summary behind.
+    crate::checkpoint::write_atomic(path, (text + "\n").as_bytes())
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -7,6 +7,7 @@ mod active_wait;
 mod cpu;
 pub mod cuda;
 mod ddp;
+mod dry_run;
 pub mod engine;
 mod eval;
 pub mod expect;
@@ -16,6 +17,7 @@ pub mod stop;
 pub mod trace;
 
 pub use ddp::Ddp;
+pub use dry_run::dry_run;
 pub use eval::{evaluate, evaluate_shard, EvalResult};
 pub use trace::RunOptions;
 
@@ -218,37 +220,43 @@ pub fn load_datasets(cfg: &Config) -> Result<(Arc<Dataset>, Arc<Dataset>)> {
     };
     let train = load(Split::Train)?;
     let test = load(Split::Test)?;
-    let file = cfg.config_path.display().to_string();
-    for (ds, split) in [(&train, "train"), (&test, "test")] {
-        if ds.sample_shape[..] != [c, h, w] {
-            return Err(Error::config(
-                file,
-                "model.input_shape",
-                format!(
-                    "is {:?} but the {split} images in {} are {:?}",
-                    [c, h, w],
-                    d.path.display(),
-                    ds.sample_shape
-                ),
-            ));
-        }
-        // The model has data.num_classes logits: a larger label has no logit to score.
-        if let Some(&top) = ds.labels.iter().max() {
-            if top as usize >= d.num_classes {
-                return Err(Error::config(
-                    file,
-                    "data.num_classes",
-                    format!(
-                        "is {} but the {split} labels in {} go up to {top}; set it to at least {}",
-                        d.num_classes,
-                        d.path.display(),
-                        u64::from(top) + 1
-                    ),
-                ));
-            }
-        }
+    for (ds, split) in [(&train, Split::Train), (&test, Split::Test)] {
+        check_split(cfg, split, &ds.sample_shape, ds.labels.iter().max().copied())?;
     }
     Ok((Arc::new(train), Arc::new(test)))
+}
+
+/// A split's images against `model.input_shape`, its largest label against
+/// `data.num_classes`.
+fn check_split(cfg: &Config, split: Split, sample_shape: &[usize], max_label: Option<u32>) -> Result<()> {
+    let d = &cfg.data;
+    let file = cfg.config_path.display().to_string();
+    let split = if split == Split::Train { "train" } else { "test" };
+    if sample_shape != cfg.model.input_shape {
+        return Err(Error::config(
+            file,
+            "model.input_shape",
+            format!(
+                "is {:?} but the {split} images in {} are {sample_shape:?}",
+                cfg.model.input_shape,
+                d.path.display(),
+            ),
+        ));
+    }
+    // The model has data.num_classes logits: a larger label has no logit to score.
+    if let Some(top) = max_label.filter(|&top| top as usize >= d.num_classes) {
+        return Err(Error::config(
+            file,
+            "data.num_classes",
+            format!(
+                "is {} but the {split} labels in {} go up to {top}; set it to at least {}",
+                d.num_classes,
+                d.path.display(),
+                u64::from(top) + 1
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// The run's training-time transforms, `None` when the config has none.

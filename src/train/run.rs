@@ -512,6 +512,25 @@ fn already_complete(
         log: None,
     }
     .summary(p);
+    // A run whose closing writes failed (a full disk) gets them now, from
+    // its final checkpoint; a complete out_dir is left as it is.
+    let out_dir = &cfg.run.out_dir;
+    if ddp.is_primary() {
+        let weights = out_dir.join("model.safetensors");
+        if !weights.exists() {
+            let host = engine.host(HostSync::WeightsAndGrads)?;
+            crate::checkpoint::save_safetensors(&weights, &host.amp.state_dict(host.model)?)?;
+            for f in ckpt.extra_files() {
+                crate::checkpoint::write_atomic(&out_dir.join(f.name), &f.contents)?;
+            }
+            crate::errln!("wrote {}, which the run's end had not", weights.display());
+        }
+        let path = out_dir.join("summary.json");
+        if !path.exists() {
+            metrics::write_json(&path, &summary)?;
+            crate::errln!("wrote {}, which the run's end had not", path.display());
+        }
+    }
     ddp.barrier("end of training")?;
     engine.finish()?;
     Ok(summary)
