@@ -62,6 +62,8 @@ pub(super) struct Changes {
     pub(super) extends: Vec<String>,
     /// The rest, and a world size or data size that differs.
     pub(super) math: Vec<String>,
+    /// Where the resumed epoch picks up under another world size or batch.
+    pub(super) reshard: Option<Reshard>,
 }
 
 impl Changes {
@@ -146,7 +148,8 @@ impl Checkpointer {
                 named(&changes.math)
             ));
         }
-        if self.reshard_of(c).is_some() && st.pending_grads {
+        changes.reshard = self.reshard_of(c);
+        if changes.reshard.is_some() && st.pending_grads {
             return fail(format!(
                 "it holds the gradients of micro-batches accumulated but not yet stepped on, which a job of \
                  another world size or batch cannot split (the checkpoint's: {} processes x batch {}); \
@@ -160,7 +163,7 @@ impl Checkpointer {
 
     /// Where a resume that changed the world size or the batch picks up
     /// its epoch: after the samples the checkpoint's job visited of it.
-    pub(super) fn reshard_of(&self, c: &LoadedCheckpoint) -> Option<Reshard> {
+    fn reshard_of(&self, c: &LoadedCheckpoint) -> Option<Reshard> {
         let st = &c.state;
         let theirs = batch_size(&st.config)?;
         let ours = batch_size(&self.config_json)?;

@@ -385,7 +385,7 @@ impl Checkpointer {
             p.step_loss = c.state.rank_losses.iter().map(|r| r.step_loss).sum::<f64>() / n;
             p.window_loss = c.state.rank_losses.iter().map(|r| r.window_loss).sum::<f64>() / n;
         }
-        self.reshard = self.reshard_of(&c);
+        self.reshard = changes.reshard;
         crate::errln!(
             "resuming from {} (step {}, epoch {}, batch {} of the epoch)",
             c.dir.display(),
